@@ -1,0 +1,86 @@
+"""The small interface every scheduling policy implements, and what a policy may know."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar, Iterable
+
+
+@dataclass(frozen=True)
+class AgentInfo:
+    """What a policy knows about an agent when it arrives."""
+
+    agent_id: str
+    agent_type: str
+    seq: int  # arrival order among agents
+    arrival_s: float
+    predicted_cost: float  # predicted total cost, in the cost model's unit
+
+
+@dataclass(frozen=True, eq=False)
+class RequestInfo:
+    """What a policy knows about one request."""
+
+    request_id: str
+    agent_id: str
+    seq: int  # arrival order among requests
+    prompt_tokens: int
+    predicted_cost: float  # predicted cost of this request, in the cost model's unit
+
+
+@dataclass(frozen=True)
+class Charge:
+    """Service a request was given: tokens computed and KV token-time held."""
+
+    prefill_tokens: int = 0
+    decode_tokens: int = 0
+    kv_token_iters: int = 0
+
+    def amount(self, cost: str) -> int:
+        """The service in a cost model's unit: ``kv`` token-iterations or ``compute`` tokens."""
+        if cost == "kv":
+            return self.kv_token_iters
+        return self.prefill_tokens + 2 * self.decode_tokens
+
+    def __add__(self, other: "Charge") -> "Charge":
+        return Charge(
+            self.prefill_tokens + other.prefill_tokens,
+            self.decode_tokens + other.decode_tokens,
+            self.kv_token_iters + other.kv_token_iters,
+        )
+
+
+NO_CHARGE = Charge()
+
+
+class Policy:
+    """A scheduling policy: it orders waiting requests; smaller keys are served first.
+
+    Engines call the hooks below; every hook has a do-nothing default. A policy whose keys change
+    as service is charged sets ``dynamic = True`` and must be agent-level: its order is
+    ``agent_key(agent)`` and then request arrival order inside an agent.
+    """
+
+    name: ClassVar[str]
+    agent_level: ClassVar[bool]
+    dynamic: ClassVar[bool] = False
+
+    def agent_arrived(self, agent: AgentInfo, now_s: float) -> None:
+        """An agent arrived with its predicted cost."""
+
+    def agent_finished(self, agent_id: str, now_s: float) -> None:
+        """An agent's last request finished (or it was cancelled): drop its state."""
+
+    def backlogged(self, agent_id: str, others: Iterable[str]) -> None:
+        """The agent has waiting requests again; ``others`` are the other backlogged agents."""
+
+    def charge(self, req: RequestInfo, service: Charge) -> None:
+        """The engine scheduled ``service`` for ``req`` in one or more iterations."""
+
+    def agent_key(self, agent_id: str, extra: Charge = NO_CHARGE) -> tuple:
+        """A dynamic policy's key for an agent, as if it were charged ``extra`` more."""
+        raise NotImplementedError(f"policy '{self.name}' is not dynamic")
+
+    def key(self, req: RequestInfo) -> tuple:
+        """The request's priority key now; smaller is served first."""
+        return self.agent_key(req.agent_id) + (req.seq,)

@@ -1,0 +1,106 @@
+"""Workload construction and the paper's experiments as named presets."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from justitia.arrivals import DEFAULT_TRACE, synthetic_arrivals, trace_arrivals
+from justitia.bench import RunSpec
+from justitia.policies import POLICY_NAMES
+from justitia.workflows import generate_agent, generate_agents
+from justitia.workload import Agent
+
+# Mean agent arrival rate of the first 300 requests of the Mooncake conversation trace (300 in
+# 102 s): the synthetic default, so that a machine without the trace sees a comparable load.
+DEFAULT_RATE_PER_S = 300 / 102
+
+
+def build_workload(
+    n_agents: int,
+    seed: int,
+    trace: str | Path | None = None,
+    density: float = 1.0,
+    rate_per_s: float = DEFAULT_RATE_PER_S,
+    cv: float = 1.0,
+) -> tuple[list[Agent], dict]:
+    """Agents of the nine workflows with trace or synthetic arrivals, and a description of them."""
+    if n_agents < 1:
+        raise ValueError(f"--agents must be >= 1, got {n_agents}.")
+    if density <= 0:
+        raise ValueError(f"--density must be > 0, got {density}.")
+    rng = np.random.default_rng(seed)
+    if trace is not None:
+        arrivals = trace_arrivals(trace, n_agents, density)
+        info = {"arrivals": "trace", "trace": str(trace), "density": density}
+    else:
+        arrivals = synthetic_arrivals(n_agents, rng, rate_per_s * density, cv)
+        info = {"arrivals": "synthetic", "rate_per_s": rate_per_s, "cv": cv, "density": density}
+    agents = generate_agents(arrivals, rng)
+    return agents, info | {"agents": n_agents, "seed": seed}
+
+
+def default_trace() -> Path | None:
+    """The reference Mooncake trace beside the repository, if it is there."""
+    return DEFAULT_TRACE if DEFAULT_TRACE.is_file() else None
+
+
+@dataclass
+class Preset:
+    """A named experiment: a workload and the runs to compare on it."""
+
+    name: str
+    description: str
+    agents: list[Agent]
+    workload_info: dict
+    specs: list[RunSpec]
+    notes: list[str] = field(default_factory=list)
+
+
+def _all_policies(predictor: str = "oracle") -> list[RunSpec]:
+    return [RunSpec(p, p, predictor) for p in POLICY_NAMES]
+
+
+def starvation_workload(seed: int, small_agents: int = 240, rate_per_s: float = 1.0) -> list[Agent]:
+    """One large map-reduce elephant at t=0, then small agents arriving ``rate_per_s`` apart."""
+    rng = np.random.default_rng(seed)
+    elephant = generate_agent("mrs", "large", "elephant", 0.0, rng)
+    smalls = [
+        generate_agent(
+            str(rng.choice(["mrs", "sc", "cc", "fv"])), "small", f"mouse-{i:04d}", (i + 1) / rate_per_s, rng
+        )
+        for i in range(small_agents)
+    ]
+    return [elephant, *smalls]
+
+
+def make_preset(name: str, seed: int = 0) -> Preset:
+    """Build the preset called ``name``: main, starvation, noise or ablation."""
+    trace = default_trace()
+    if name == "main":
+        agents, info = build_workload(300, seed, trace, 1.0)
+        return Preset(name, "300 agents of nine workflows at 1x density, all seven policies", agents, info,
+                      _all_policies())
+    if name == "starvation":
+        agents = starvation_workload(seed)
+        info = {"arrivals": "elephant at 0 s, small agents 1/s", "agents": len(agents), "seed": seed}
+        specs = [RunSpec(p, p) for p in ("fcfs", "vtc", "srjf", "justitia", "las")]
+        return Preset(name, "one large mrs elephant among small agents arriving at 1/s", agents, info, specs)
+    if name == "noise":
+        agents, info = build_workload(300, seed, trace, 1.0)
+        specs = [RunSpec("vtc", "vtc")] + [
+            RunSpec("justitia" if lam == 1 else f"justitia@noisy:{lam:g}", "justitia", f"noisy:{lam:g}")
+            for lam in (1, 1.5, 2, 3)
+        ]
+        return Preset(name, "Justitia with predictions off by up to a factor lambda", agents, info, specs)
+    if name == "ablation":
+        agents, info = build_workload(300, seed, trace, 2.0)
+        specs = [RunSpec("vtc", "vtc"), RunSpec("justitia", "justitia"),
+                 RunSpec("justitia/C", "justitia", cost="compute")]
+        return Preset(name, "KV token-time against compute-token cost (Justitia/C), 2x density", agents, info, specs)
+    raise ValueError(f"unknown preset '{name}'; expected one of: main, starvation, noise, ablation.")
+
+
+PRESET_NAMES = ("main", "starvation", "noise", "ablation")

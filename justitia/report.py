@@ -1,0 +1,40 @@
+"""The table ``justitia bench`` prints, in the shape of the paper's main table."""
+
+from __future__ import annotations
+
+from rich.console import Console
+from rich.table import Table
+
+
+def results_table(doc: dict, title: str = "") -> Table:
+    """Mean/p50/p90/p99 JCT, improvement against VTC and finish-time fairness per run."""
+    table = Table(title=title or None)
+    for col in ("run", "mean JCT s", "p50 s", "p90 s", "p99 s", "makespan s", "vs VTC",
+                "not delayed", "mean delay (delayed)", "max delay"):
+        table.add_column(col, justify="left" if col == "run" else "right")
+    for label, e in doc["policies"].items():
+        fair = doc["fairness"].get(f"{label}_vs_vtc")
+        imp = e.get("improvement_vs_vtc")
+        table.add_row(
+            label,
+            f"{e['mean_jct_s']:.1f}", f"{e['p50_jct_s']:.1f}", f"{e['p90_jct_s']:.1f}",
+            f"{e['p99_jct_s']:.1f}", f"{e['makespan_s']:.1f}",
+            "-" if imp is None or label == "vtc" else f"{imp:+.1%}",
+            f"{fair['not_delayed_frac']:.1%}" if fair else "-",
+            f"{fair['mean_delay_of_delayed']:.1%}" if fair else "-",
+            f"{fair['max_delay']:.1%}" if fair else "-",
+        )
+    return table
+
+
+def print_results(doc: dict, title: str = "", console: Console | None = None) -> None:
+    """Print the table, and the delay-bound check when Justitia ran."""
+    console = console or Console()
+    console.print(results_table(doc, title))
+    j = doc["policies"].get("justitia")
+    if j and "delay_bound_s" in j:
+        console.print(
+            f"Justitia delay bound 2c_max + C_max/M = {j['delay_bound_s']:.1f} s; "
+            f"largest finish - GPS finish = {j['max_delay_vs_gps_s']:.1f} s; "
+            f"agents over the bound: {j['bound_violations']} of {len(j['agents'])}."
+        )

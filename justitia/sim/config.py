@@ -1,0 +1,124 @@
+"""Engine parameters and named iteration-latency profiles.
+
+A profile predicts one engine iteration's latency from what it computes:
+
+    iteration_ms = scale * (max(floor_ms, base_ms + per_batched_token_ms * batched_tokens)
+                            + per_context_token_ms * decode_context_tokens)
+
+``batched_tokens`` counts every token computed in the iteration (prefill chunks and one per decode);
+``decode_context_tokens`` sums the KV tokens that the decoding requests attend to. The first term is
+the weight-streaming floor or the linear GEMM cost, the second the attention reads of the KV cache.
+Latencies are kept as integer picoseconds so that summing iterations one by one and summing a span
+of them in closed form give identical times.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+PS_PER_S = 10**12
+PS_PER_MS = 10**9
+
+
+@dataclass(frozen=True)
+class LatencyProfile:
+    """Iteration latency model of one model on one device, with its KV-cache size."""
+
+    name: str
+    floor_ms: float
+    base_ms: float
+    per_batched_token_ms: float
+    per_context_token_ms: float
+    scale: float
+    kv_blocks: int
+    source: str
+    _ps: tuple[int, int, int, int] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        coeffs = (self.floor_ms, self.base_ms, self.per_batched_token_ms, self.per_context_token_ms)
+        if any(c < 0 or not math.isfinite(c) for c in coeffs) or self.scale <= 0:
+            raise ValueError(f"profile '{self.name}': coefficients must be finite and >= 0, scale > 0.")
+        object.__setattr__(self, "_ps", tuple(round(c * self.scale * PS_PER_MS) for c in coeffs))
+
+    def iteration_ps(self, batched_tokens: int, decode_context_tokens: int) -> int:
+        """One iteration's latency in integer picoseconds."""
+        floor, base, per_tok, per_ctx = self._ps
+        return max(floor, base + per_tok * batched_tokens) + per_ctx * decode_context_tokens
+
+    def iteration_s(self, batched_tokens: int, decode_context_tokens: int) -> float:
+        """One iteration's latency in seconds."""
+        return self.iteration_ps(batched_tokens, decode_context_tokens) / PS_PER_S
+
+    def coefficients_ps(self) -> tuple[int, int, int, int]:
+        """(floor, base, per batched token, per context token), scaled, in picoseconds."""
+        return self._ps
+
+
+PROFILES: dict[str, LatencyProfile] = {
+    "llama7b-a100-40gb": LatencyProfile(
+        name="llama7b-a100-40gb",
+        floor_ms=9.4,
+        base_ms=2.3,
+        per_batched_token_ms=0.064,
+        per_context_token_ms=3.7e-4,
+        scale=1.3,
+        kv_blocks=2700,
+        source=(
+            "LLaMA-7B fp16 on an A100: floor, base and per-token terms fitted to DistServe's vLLM "
+            "decode/prefill profiles and Vidur's LLaMA-2-7B profiles (80 GB card); x1.3 for the "
+            "40 GB card's lower memory bandwidth. 2,700 blocks of 16 tokens (~43k tokens) is what "
+            "vLLM leaves for the KV cache on 40 GB at gpu_memory_utilization 0.9."
+        ),
+    ),
+}
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """A vLLM-like engine: paged KV cache, token budget per step, cap on running requests."""
+
+    profile: LatencyProfile = PROFILES["llama7b-a100-40gb"]
+    kv_blocks: int | None = None  # None: the profile's
+    block_size: int = 16
+    max_num_batched_tokens: int = 2048
+    max_num_seqs: int = 256
+
+    def __post_init__(self) -> None:
+        for name in ("block_size", "max_num_batched_tokens", "max_num_seqs"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"engine config: '{name}' must be >= 1.")
+        if self.blocks < 1:
+            raise ValueError("engine config: 'kv_blocks' must be >= 1.")
+
+    @property
+    def blocks(self) -> int:
+        """KV-cache capacity in blocks."""
+        return self.profile.kv_blocks if self.kv_blocks is None else self.kv_blocks
+
+    @property
+    def kv_tokens(self) -> int:
+        """KV-cache capacity in tokens: M in the paper."""
+        return self.blocks * self.block_size
+
+    @property
+    def nominal_iteration_s(self) -> float:
+        """Latency of a memory-saturated decode iteration: max_num_seqs requests holding the whole cache."""
+        return self.profile.iteration_s(min(self.max_num_seqs, self.max_num_batched_tokens), self.kv_tokens)
+
+    def capacity_per_s(self, cost: str) -> float:
+        """Service a saturated engine gives per second, in the cost model's unit (the clock's M)."""
+        per_iteration = self.kv_tokens if cost == "kv" else self.max_num_batched_tokens
+        return per_iteration / self.nominal_iteration_s
+
+    def to_json(self) -> dict:
+        """The configuration as a results-file document."""
+        return {
+            "profile": self.profile.name,
+            "kv_blocks": self.blocks,
+            "block_size": self.block_size,
+            "kv_tokens": self.kv_tokens,
+            "max_num_batched_tokens": self.max_num_batched_tokens,
+            "max_num_seqs": self.max_num_seqs,
+            "nominal_iteration_s": self.nominal_iteration_s,
+        }

@@ -1,0 +1,167 @@
+"""Agents, their stages and tasks, and the JSONL workload file that carries them.
+
+A workload file holds one agent per line:
+
+    {"agent_id": str, "type": str, "arrival_s": float,
+     "stages": [[{"prompt": str, "prompt_tokens": int, "output_tokens": int}, ...], ...]}
+
+Stages run one after another; the tasks inside a stage run in parallel. ``output_tokens`` is the
+task's true decode length: engines use it, predictors must not.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Iterable
+
+from justitia.cost import CostModel
+
+
+class WorkloadError(ValueError):
+    """A workload file or document that does not match the schema."""
+
+
+@dataclass(frozen=True)
+class Task:
+    """One inference request of an agent."""
+
+    prompt: str
+    prompt_tokens: int
+    output_tokens: int
+
+
+@dataclass(frozen=True)
+class Agent:
+    """A task-parallel agent: stages run in order, the tasks of a stage in parallel."""
+
+    agent_id: str
+    type: str
+    arrival_s: float
+    stages: tuple[tuple[Task, ...], ...]
+    meta: dict = field(default_factory=dict, compare=False)
+
+    @property
+    def tasks(self) -> list[Task]:
+        """All tasks, stage by stage."""
+        return [t for stage in self.stages for t in stage]
+
+    def cost(self, model: CostModel) -> float:
+        """The agent's true total cost under ``model``."""
+        return sum(model.request_cost(t.prompt_tokens, t.output_tokens) for t in self.tasks)
+
+    def to_json(self) -> dict:
+        """The agent as a workload-file document."""
+        doc = {
+            "agent_id": self.agent_id,
+            "type": self.type,
+            "arrival_s": self.arrival_s,
+            "stages": [[asdict(t) for t in stage] for stage in self.stages],
+        }
+        if self.meta:
+            doc["meta"] = self.meta
+        return doc
+
+
+_AGENT_FIELDS = {"agent_id": str, "type": str, "arrival_s": (int, float), "stages": list}
+_TASK_FIELDS = {"prompt": str, "prompt_tokens": int, "output_tokens": int}
+
+
+def _type_name(t) -> str:
+    if isinstance(t, tuple):
+        return "a number"
+    return {str: "a string", int: "an integer", list: "a list"}[t]
+
+
+def agent_from_json(doc: object, where: str) -> Agent:
+    """Validate one workload document and build the agent; ``where`` names it in errors."""
+    if not isinstance(doc, dict):
+        raise WorkloadError(f"{where}: expected a JSON object for the agent, got {type(doc).__name__}.")
+    for name, typ in _AGENT_FIELDS.items():
+        if name not in doc:
+            raise WorkloadError(f"{where}: field '{name}' is missing; expected {_type_name(typ)}.")
+        value = doc[name]
+        if isinstance(value, bool) or not isinstance(value, typ):
+            raise WorkloadError(
+                f"{where}: field '{name}' must be {_type_name(typ)}, got {json.dumps(value)[:60]}."
+            )
+    unknown = set(doc) - set(_AGENT_FIELDS) - {"meta"}
+    if unknown:
+        raise WorkloadError(f"{where}: unknown field '{sorted(unknown)[0]}'.")
+    if not doc["agent_id"]:
+        raise WorkloadError(f"{where}: field 'agent_id' must be a non-empty string.")
+    arrival = float(doc["arrival_s"])
+    if not math.isfinite(arrival) or arrival < 0:
+        raise WorkloadError(f"{where}: field 'arrival_s' must be a finite number >= 0, got {arrival}.")
+    if not doc["stages"]:
+        raise WorkloadError(f"{where}: field 'stages' must hold at least one stage.")
+    stages = []
+    for si, stage in enumerate(doc["stages"]):
+        if not isinstance(stage, list) or not stage:
+            raise WorkloadError(f"{where}: field 'stages[{si}]' must be a non-empty list of tasks.")
+        tasks = []
+        for ti, task in enumerate(stage):
+            at = f"stages[{si}][{ti}]"
+            if not isinstance(task, dict):
+                raise WorkloadError(f"{where}: field '{at}' must be an object.")
+            for name, typ in _TASK_FIELDS.items():
+                if name not in task:
+                    raise WorkloadError(f"{where}: field '{at}.{name}' is missing; expected {_type_name(typ)}.")
+                value = task[name]
+                if isinstance(value, bool) or not isinstance(value, typ):
+                    raise WorkloadError(
+                        f"{where}: field '{at}.{name}' must be {_type_name(typ)}, got {json.dumps(value)[:60]}."
+                    )
+            unknown = set(task) - set(_TASK_FIELDS)
+            if unknown:
+                raise WorkloadError(f"{where}: unknown field '{at}.{sorted(unknown)[0]}'.")
+            if task["prompt_tokens"] < 1:
+                raise WorkloadError(f"{where}: field '{at}.prompt_tokens' must be >= 1.")
+            if task["output_tokens"] < 1:
+                raise WorkloadError(f"{where}: field '{at}.output_tokens' must be >= 1.")
+            tasks.append(Task(task["prompt"], task["prompt_tokens"], task["output_tokens"]))
+        stages.append(tuple(tasks))
+    meta = doc.get("meta", {})
+    if not isinstance(meta, dict):
+        raise WorkloadError(f"{where}: field 'meta' must be an object.")
+    return Agent(doc["agent_id"], doc["type"], arrival, tuple(stages), meta)
+
+
+def load_workload(path: str | Path) -> list[Agent]:
+    """Read and validate a JSONL workload; the first bad line raises and nothing is returned."""
+    path = Path(path)
+    if not path.is_file():
+        raise WorkloadError(f"{path}: no such workload file.")
+    agents: list[Agent] = []
+    seen: dict[str, int] = {}
+    with path.open(encoding="utf-8") as fh:
+        for lineno, line in enumerate(fh, start=1):
+            if not line.strip():
+                continue
+            where = f"{path}:{lineno}"
+            try:
+                doc = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise WorkloadError(f"{where}: not valid JSON ({exc.msg} at column {exc.colno}).") from None
+            agent = agent_from_json(doc, where)
+            if agent.agent_id in seen:
+                raise WorkloadError(
+                    f"{where}: field 'agent_id' repeats '{agent.agent_id}' from line {seen[agent.agent_id]}."
+                )
+            seen[agent.agent_id] = lineno
+            agents.append(agent)
+    if not agents:
+        raise WorkloadError(f"{path}: the workload holds no agents.")
+    return sorted(agents, key=lambda a: a.arrival_s)
+
+
+def save_workload(agents: Iterable[Agent], path: str | Path) -> Path:
+    """Write agents as a JSONL workload file."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w", encoding="utf-8") as fh:
+        for agent in agents:
+            fh.write(json.dumps(agent.to_json(), ensure_ascii=False) + "\n")
+    return path

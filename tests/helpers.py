@@ -1,0 +1,35 @@
+"""Small workloads and engines shared by the tests."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from justitia.sim import EngineConfig, LatencyProfile
+from justitia.workload import Agent, Task
+
+CONSTANT = LatencyProfile("const-10ms", 10.0, 0.0, 0.0, 0.0, 1.0, 64, "tests: every iteration 10 ms")
+
+
+def engine(blocks: int = 64, budget: int = 256, seqs: int = 64, profile: LatencyProfile = CONSTANT) -> EngineConfig:
+    """A small engine; by default every iteration takes 10 ms."""
+    return EngineConfig(profile=profile, kv_blocks=blocks, max_num_batched_tokens=budget, max_num_seqs=seqs)
+
+
+def agent(agent_id: str, arrival_s: float, *stages: list[tuple[int, int]], type: str = "t") -> Agent:
+    """An agent from stages given as lists of (prompt_tokens, output_tokens)."""
+    return Agent(agent_id, type, arrival_s, tuple(tuple(Task(f"{agent_id} task", p, d) for p, d in s) for s in stages))
+
+
+def random_agents(rng: np.random.Generator, n: int, max_stages: int = 3, max_tasks: int = 8,
+                  max_prompt: int = 300, max_output: int = 120, mean_gap_s: float = 0.3) -> list[Agent]:
+    """Random multi-stage agents with Poisson arrivals."""
+    t = 0.0
+    out = []
+    for i in range(n):
+        t += float(rng.exponential(mean_gap_s))
+        stages = [
+            [(int(rng.integers(1, max_prompt)), int(rng.integers(1, max_output))) for _ in range(rng.integers(1, max_tasks + 1))]
+            for _ in range(rng.integers(1, max_stages + 1))
+        ]
+        out.append(agent(f"a{i:03d}", round(t, 3), *stages))
+    return out
