@@ -11,7 +11,7 @@ def results_table(doc: dict, title: str = "") -> Table:
     table = Table(title=title or None)
     for col in ("run", "mean JCT s", "p50 s", "p90 s", "p99 s", "makespan s", "vs VTC",
                 "not delayed", "mean delay (delayed)", "max delay"):
-        table.add_column(col, justify="left" if col == "run" else "right")
+        table.add_column(col, justify="left" if col == "run" else "right", no_wrap=col == "run")
     for label, e in doc["policies"].items():
         fair = doc["fairness"].get(f"{label}_vs_vtc")
         imp = e.get("improvement_vs_vtc")
@@ -29,7 +29,10 @@ def results_table(doc: dict, title: str = "") -> Table:
 
 def print_results(doc: dict, title: str = "", console: Console | None = None) -> None:
     """Print the table, and the delay-bound check when Justitia ran."""
-    console = console or Console()
+    if console is None:
+        console = Console()
+        if not console.is_terminal:
+            console = Console(width=150)  # files and pipes get the whole table unwrapped
     console.print(results_table(doc, title))
     j = doc["policies"].get("justitia")
     if j and "delay_bound_s" in j:

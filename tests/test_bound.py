@@ -1,6 +1,7 @@
 """Theorem B.1: under Justitia, finish - GPS finish <= 2 c_max + C_max / M for every agent."""
 
 import numpy as np
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -43,15 +44,17 @@ def test_justitia_keeps_every_task_parallel_agent_within_the_bound(seed, blocks,
     assert not late, f"agents over the {bound:.2f} s bound by: {late}"
 
 
-def test_srjf_breaks_the_bound_that_justitia_keeps():
-    # An elephant among a stream of mice: SRJF holds it back far past its GPS finish + bound.
+@pytest.mark.parametrize("policy", ["srjf", "sjf"])
+def test_shortest_first_starves_an_elephant_that_justitia_keeps_within_the_bound(policy):
+    # An elephant among a stream of mice: shortest-first, agent-level (SRJF) or request-level
+    # (SJF), holds it back past its GPS finish + bound until the mice stop coming.
     # The mice alone keep the 640-token cache busy most of the time until the stream ends at 30 s.
     elephant = agent("elephant", 0.0, [(100, 120)] * 20)
     mice = [agent(f"m{i:03d}", 0.15 * (i + 1), [(60, 40)] * 2) for i in range(200)]
     cfg = engine(blocks=40, budget=512)
-    late, _ = violations([elephant, *mice], cfg, "srjf")
+    late, _ = violations([elephant, *mice], cfg, policy)
     assert "elephant" in late
-    pol = make_policy("srjf")
+    pol = make_policy(policy)
     res = Simulator(cfg, pol, make_predictor("oracle")).run([elephant, *mice])
     elephant_finish = next(a.finish_s for a in res.agents if a.agent_id == "elephant")
     assert elephant_finish > mice[-1].arrival_s  # starved until the mice stopped coming

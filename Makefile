@@ -1,0 +1,29 @@
+# make run: set up .venv and run the paper's main experiment on the simulator.
+# make test: set up .venv and run the test suite.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+
+.PHONY: setup run test speed presets clean
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet -e '.[test]'
+	touch $@
+
+setup: $(VENV)/.installed
+
+run: setup
+	$(BIN)/justitia bench --preset main --out results/main
+
+test: setup
+	$(BIN)/python -m pytest
+
+speed: setup
+	$(BIN)/python scripts/bench_speed.py --out results/speed.json
+
+presets: setup
+	for p in main starvation noise ablation; do $(BIN)/justitia bench --preset $$p --out results/$$p || exit 1; done
+
+clean:
+	rm -rf $(VENV) results

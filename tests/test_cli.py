@@ -1,0 +1,72 @@
+"""The command line: generate a workload, bench it, and the results schema."""
+
+import json
+
+import pytest
+
+from justitia.cli import main
+
+REQUIRED = ("mean_jct_s", "p50_jct_s", "p90_jct_s", "p99_jct_s", "makespan_s", "agents")
+
+
+def test_generate_then_bench_writes_results_and_plots(tmp_path, capsys):
+    wl = tmp_path / "w.jsonl"
+    assert main(["workload", "generate", "--agents", "12", "--seed", "3", "--out", str(wl)]) == 0
+    assert len(wl.read_text().splitlines()) == 12
+    out = tmp_path / "out"
+    rc = main(["bench", "--workload", str(wl), "--policies", "vtc,justitia,srjf", "--out", str(out), "--no-progress"])
+    assert rc == 0
+    doc = json.loads((out / "results.json").read_text())
+    assert doc["schema"] == "justitia.results/1"
+    for name in ("vtc", "justitia", "srjf"):
+        assert all(k in doc["policies"][name] for k in REQUIRED)
+        assert len(doc["policies"][name]["agents"]) == 12
+    agent = doc["policies"]["justitia"]["agents"][0]
+    assert {"agent_id", "type", "arrival_s", "finish_s", "jct_s", "cost_token_iters", "gps_finish_s"} <= set(agent)
+    assert doc["policies"]["justitia"]["delay_bound_s"] > 0
+    fair = doc["fairness"]["justitia_vs_vtc"]
+    assert 0 <= fair["not_delayed_frac"] <= 1 and fair["max_delay"] >= 0
+    assert (out / "jct_cdf.png").stat().st_size > 1000
+    assert (out / "justitia_vs_vtc.png").stat().st_size > 1000
+    printed = capsys.readouterr().out
+    assert "justitia" in printed and "mean JCT" in printed
+
+
+def test_same_seed_gives_the_same_results(tmp_path):
+    docs = []
+    for i in range(2):
+        out = tmp_path / f"r{i}"
+        main(["bench", "--agents", "10", "--seed", "5", "--policies", "justitia,las", "--predictor", "noisy:3",
+              "--out", str(out), "--no-plots", "--no-progress"])
+        doc = json.loads((out / "results.json").read_text())
+        docs.append({k: v["agents"] for k, v in doc["policies"].items()})
+    assert docs[0] == docs[1]
+
+
+def test_bad_input_is_one_clear_sentence_and_nothing_runs(tmp_path, capsys):
+    wl = tmp_path / "bad.jsonl"
+    wl.write_text('{"agent_id": "a", "type": "t", "arrival_s": 0, "stages": [[{"prompt": "p", "prompt_tokens": "ten", "output_tokens": 3}]]}\n')
+    out = tmp_path / "out"
+    assert main(["bench", "--workload", str(wl), "--out", str(out), "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert "bad.jsonl:1: field 'stages[0][0].prompt_tokens' must be an integer" in err
+    assert not out.exists()
+    assert main(["bench", "--agents", "3", "--policies", "fcfs,magic", "--out", str(out)]) == 2
+    assert "unknown policy 'magic'" in capsys.readouterr().err
+    assert main(["bench", "--agents", "3", "--predictor", "noisy:x", "--out", str(out)]) == 2
+    assert "noisy:L" in capsys.readouterr().err
+    assert not out.exists()
+
+
+def test_compute_cost_switch_runs(tmp_path):
+    out = tmp_path / "c"
+    assert main(["bench", "--agents", "8", "--policies", "justitia", "--cost", "compute", "--out", str(out),
+                 "--no-plots", "--no-progress"]) == 0
+    doc = json.loads((out / "results.json").read_text())
+    assert doc["policies"]["justitia"]["cost"] == "compute"
+
+
+@pytest.mark.parametrize("argv", [["bench", "--preset", "nope"], ["bench", "--engine", "gpu"]])
+def test_argparse_rejects_unknown_choices(argv):
+    with pytest.raises(SystemExit):
+        main(argv)
