@@ -63,14 +63,17 @@ def _all_policies(predictor: str = "oracle") -> list[RunSpec]:
     return [RunSpec(p, p, predictor) for p in POLICY_NAMES]
 
 
-def starvation_workload(seed: int, small_agents: int = 240, rate_per_s: float = 1.0) -> list[Agent]:
-    """One large map-reduce elephant at t=0, then small agents arriving ``rate_per_s`` apart."""
+# Light small agents: together they ask for about 40 % of the engine, so that under GPS the
+# elephant gets most of it, while a shortest-first policy always has a mouse to serve first.
+MICE_TYPES = ("search", "kqa", "fv", "alfworld")
+
+
+def starvation_workload(seed: int, small_agents: int = 400, rate_per_s: float = 1.0) -> list[Agent]:
+    """One large map-reduce elephant at t=0, then small agents arriving at ``rate_per_s``."""
     rng = np.random.default_rng(seed)
     elephant = generate_agent("mrs", "large", "elephant", 0.0, rng)
     smalls = [
-        generate_agent(
-            str(rng.choice(["mrs", "sc", "cc", "fv"])), "small", f"mouse-{i:04d}", (i + 1) / rate_per_s, rng
-        )
+        generate_agent(str(rng.choice(MICE_TYPES)), "small", f"mouse-{i:04d}", (i + 1) / rate_per_s, rng)
         for i in range(small_agents)
     ]
     return [elephant, *smalls]
