@@ -55,6 +55,8 @@ class AgentScheduler:
     def charge(self, req: RequestInfo, service: Charge) -> None:
         """Report service the engine scheduled for ``req``."""
         self.policy.charge(req, service)
+        if self.policy.dynamic:
+            self.waiting.touch(req.agent_id)
 
     def request_finished(self, req: RequestInfo) -> None:
         """A running or waiting request finished or was aborted."""
@@ -64,7 +66,7 @@ class AgentScheduler:
 
     def agent_finished(self, agent_id: str, now_s: float) -> None:
         """The agent is done (or cancelled): release every bit of its policy state."""
-        for req in [r for r in self.waiting if r.agent_id == agent_id]:
+        for req in self.waiting.requests_of(agent_id):
             self.request_finished(req)
         self._agents.pop(agent_id, None)
         self._open.pop(agent_id, None)

@@ -58,7 +58,8 @@ class Policy:
 
     Engines call the hooks below; every hook has a do-nothing default. A policy whose keys change
     as service is charged sets ``dynamic = True`` and must be agent-level: its order is
-    ``agent_key(agent)`` and then request arrival order inside an agent.
+    ``agent_key(agent)`` and then request arrival order inside an agent, and an agent's key must
+    move one way only as service is added (the simulator's event skipping relies on it).
     """
 
     name: ClassVar[str]
