@@ -50,7 +50,7 @@ class NoisyPredictor(OraclePredictor):
 
     def __init__(self, lam: float, seed: int = 0):
         if not (lam >= 1 and math.isfinite(lam)):
-            raise ValueError(f"noise factor must be a number >= 1, got {lam}.")
+            raise ValueError(f"predictor noisy:{lam:g}: the noise factor L must be a number >= 1.")
         self.lam = lam
         self.seed = seed
         self.name = f"noisy:{lam:g}"

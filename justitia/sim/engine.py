@@ -122,6 +122,7 @@ class Simulator:
         self.on_agent_finish = on_agent_finish
         # Only policies that read service need it reported; the others skip that work.
         self._charged = type(policy).charge is not Policy.charge
+        self._lifts = self._charged and type(policy).backlogged is not Policy.backlogged
 
     # ----------------------------------------------------------------------------------- run
     def run(self, agents: list[Agent]) -> SimResult:
@@ -136,6 +137,8 @@ class Simulator:
         self.iterations = self.steps = self.preemptions = 0
         self.results: list[AgentResult] = []
         self._admitted = 0
+        self._waiting_blocks: list[tuple[int, int, _Req]] = []  # fast mode: smallest need first
+        self._queued_count = 0
         self._lazy_reset()
         runs = sorted(
             (_AgentRun(a, round(a.arrival_s * PS_PER_S)) for a in agents), key=lambda r: r.arrival_ps
@@ -190,15 +193,17 @@ class Simulator:
             self._start_stage(run)
 
     def _start_stage(self, run: _AgentRun) -> None:
-        self._flush_charges(self.iterations, also=run.agent.agent_id)  # VTC's lift rule reads keys
         a = run.agent
+        if self._lifts and not self.core.waiting.is_backlogged(a.agent_id):
+            self._flush_charges(self.iterations, also=a.agent_id)  # VTC's lift rule reads counters
         stage = a.stages[run.stage]
         run.open = len(stage)
         for i, task in enumerate(stage):
             rid = f"{a.agent_id}/{run.stage}/{i}"
             predicted = self.predictor.request_cost(a, run.stage, i, self.cost)
             info = self.core.request_arrived(rid, a.agent_id, task.prompt_tokens, predicted)
-            self.reqs[rid] = _Req(info, run, task.prompt_tokens, task.output_tokens)
+            self.reqs[rid] = r = _Req(info, run, task.prompt_tokens, task.output_tokens)
+            self._queued(r)
 
     def _admit(self, r: _Req, n: int) -> None:
         """Move a waiting request into the running list and give it blocks for ``n`` tokens."""
@@ -256,6 +261,7 @@ class Simulator:
         victim.blocks = 0
         victim.computed = 0
         self.core.requeue(victim.info)
+        self._queued(victim)
         self.preemptions += 1
         return scheduled.pop(victim, 0)
 
@@ -327,6 +333,23 @@ class Simulator:
     # holds (iteration count after the step that samples the last token, ...). For policies that
     # read service, ``_agent_dec`` keeps per agent [decoders, their computed tokens as of
     # ``charged_it``, charged_it], and service is charged lazily, before any key is read.
+
+    def _queued(self, r: _Req) -> None:
+        """Note the blocks a request that just joined the waiting queue needs to be admitted."""
+        if self.event_skipping:
+            need = _ceil_div(r.num_tokens, self.config.block_size)
+            self._queued_count += 1
+            heapq.heappush(self._waiting_blocks, (need, self._queued_count, r))
+
+    def _smallest_waiting_need(self) -> int:
+        """The fewest free blocks that would let some waiting request in (any policy order)."""
+        heap, waiting, bs = self._waiting_blocks, self.core.waiting, self.config.block_size
+        while heap:
+            need, _, r = heap[0]
+            if r.info in waiting and need == _ceil_div(r.num_tokens, bs):
+                return need
+            heapq.heappop(heap)  # admitted, finished, or queued again with another length
+        return 1 << 62
 
     def _lazy_reset(self) -> None:
         self._decoders: dict[_Req, None] = {}
@@ -451,7 +474,8 @@ class Simulator:
             for r, n in chunks:
                 self.core.charge(r.info, self._charge_for(r, n))
         budget = cfg.max_num_batched_tokens - n_dec - sum(n for _, n in chunks)
-        if not preempted and len(self.core.waiting) and budget > 0 and len(self.running) < cfg.max_num_seqs:
+        if (not preempted and len(self.core.waiting) and budget > 0 and len(self.running) < cfg.max_num_seqs
+                and self._smallest_waiting_need() <= self.free):
             self._flush_charges(it + 1)  # this step's decodes are charged before admission
             admitted = self._admit_waiting(budget)
             chunks += admitted
@@ -567,6 +591,8 @@ class Simulator:
         n = len(self._decoders)
         if not len(waiting) or len(self.running) >= cfg.max_num_seqs or cfg.max_num_batched_tokens - n <= 0:
             return k
+        if self._smallest_waiting_need() > free_after:
+            return k  # nothing waiting fits, whatever the order
 
         def fits(info: RequestInfo) -> bool:
             return _ceil_div(self.reqs[info.request_id].num_tokens, cfg.block_size) <= free_after
