@@ -385,7 +385,7 @@ class Simulator:
         r.sync_it = self.iterations
 
     def _undecode(self, r: _Req) -> None:
-        """Stop keeping a decoder lazily (it finishes); its counts become exact."""
+        """Stop keeping a decoder lazily (it finishes or is preempted); its counts become exact."""
         self._sync(r)
         del self._decoders[r]
         self._dec_ctx -= r.computed
@@ -614,18 +614,18 @@ class Simulator:
             cnt, csum = rates[a]
             return Charge(0, iters * cnt, iters * csum + cnt * iters * (iters + 1) // 2)
 
-        head = waiting.peek({a: extra(a, 1) for a in rates})
-        if fits(head):
+        key = self.policy.agent_key
+        best_still = waiting.best_agent(set(rates))
+        candidates = list(rates) + ([best_still] if best_still is not None else [])
+        head = min(candidates, key=lambda a: key(a, extra(a, 1)) if a in rates else key(a))
+        if fits(waiting.agent_head(head)):
             return 0
         if not rates:
             return k
-        best_still = waiting.best_agent(set(rates))
-        candidates = list(rates) + ([best_still] if best_still is not None else [])
         fitting = [a for a in candidates if fits(waiting.agent_head(a))]
         if not fitting:
             return k
         blocked = [a for a in candidates if a not in fitting]
-        key = self.policy.agent_key
 
         def span(a: str, e: int) -> tuple[tuple, tuple]:
             if a not in rates:
