@@ -75,21 +75,26 @@ def _type_name(t) -> str:
     return {str: "a string", int: "an integer", list: "a list"}[t]
 
 
+def _check_fields(doc: dict, fields: dict, where: str, prefix: str = "", optional: frozenset = frozenset()) -> None:
+    """Every field present with its type, and no unknown ones."""
+    for name, typ in fields.items():
+        if name not in doc:
+            raise WorkloadError(f"{where}: field '{prefix}{name}' is missing; expected {_type_name(typ)}.")
+        value = doc[name]
+        if isinstance(value, bool) or not isinstance(value, typ):
+            raise WorkloadError(
+                f"{where}: field '{prefix}{name}' must be {_type_name(typ)}, got {json.dumps(value)[:60]}."
+            )
+    unknown = set(doc) - set(fields) - optional
+    if unknown:
+        raise WorkloadError(f"{where}: unknown field '{prefix}{sorted(unknown)[0]}'.")
+
+
 def agent_from_json(doc: object, where: str) -> Agent:
     """Validate one workload document and build the agent; ``where`` names it in errors."""
     if not isinstance(doc, dict):
         raise WorkloadError(f"{where}: expected a JSON object for the agent, got {type(doc).__name__}.")
-    for name, typ in _AGENT_FIELDS.items():
-        if name not in doc:
-            raise WorkloadError(f"{where}: field '{name}' is missing; expected {_type_name(typ)}.")
-        value = doc[name]
-        if isinstance(value, bool) or not isinstance(value, typ):
-            raise WorkloadError(
-                f"{where}: field '{name}' must be {_type_name(typ)}, got {json.dumps(value)[:60]}."
-            )
-    unknown = set(doc) - set(_AGENT_FIELDS) - {"meta"}
-    if unknown:
-        raise WorkloadError(f"{where}: unknown field '{sorted(unknown)[0]}'.")
+    _check_fields(doc, _AGENT_FIELDS, where, optional=frozenset({"meta"}))
     if not doc["agent_id"]:
         raise WorkloadError(f"{where}: field 'agent_id' must be a non-empty string.")
     arrival = float(doc["arrival_s"])
@@ -106,17 +111,7 @@ def agent_from_json(doc: object, where: str) -> Agent:
             at = f"stages[{si}][{ti}]"
             if not isinstance(task, dict):
                 raise WorkloadError(f"{where}: field '{at}' must be an object.")
-            for name, typ in _TASK_FIELDS.items():
-                if name not in task:
-                    raise WorkloadError(f"{where}: field '{at}.{name}' is missing; expected {_type_name(typ)}.")
-                value = task[name]
-                if isinstance(value, bool) or not isinstance(value, typ):
-                    raise WorkloadError(
-                        f"{where}: field '{at}.{name}' must be {_type_name(typ)}, got {json.dumps(value)[:60]}."
-                    )
-            unknown = set(task) - set(_TASK_FIELDS)
-            if unknown:
-                raise WorkloadError(f"{where}: unknown field '{at}.{sorted(unknown)[0]}'.")
+            _check_fields(task, _TASK_FIELDS, where, prefix=f"{at}.")
             if task["prompt_tokens"] < 1:
                 raise WorkloadError(f"{where}: field '{at}.prompt_tokens' must be >= 1.")
             if task["output_tokens"] < 1:

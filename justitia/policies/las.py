@@ -1,10 +1,10 @@
 """Program-level least attained service (Autellix's PLAS), a non-clairvoyant baseline."""
 
-from justitia.policies.base import NO_CHARGE, AgentInfo, Charge, Policy
+from justitia.policies.base import NO_CHARGE, AgentInfo, Charge, Policy, RequestInfo
 
 
 class LAS(Policy):
-    """Serve the agent that has held the least KV token-time so far; needs no prediction."""
+    """Serve the agent that has received the least service so far; needs no prediction."""
 
     name = "las"
     agent_level = True
@@ -25,8 +25,8 @@ class LAS(Policy):
         self._attained.pop(agent_id, None)
         self._seq.pop(agent_id, None)
 
-    def charge(self, req, service: Charge) -> None:
-        """Add the KV token-time held."""
+    def charge(self, req: RequestInfo, service: Charge) -> None:
+        """Add the service received (KV token-time under the default cost model)."""
         if req.agent_id in self._attained:
             self._attained[req.agent_id] += service.amount(self.cost)
 
