@@ -70,3 +70,13 @@ def test_compute_cost_switch_runs(tmp_path):
 def test_argparse_rejects_unknown_choices(argv):
     with pytest.raises(SystemExit):
         main(argv)
+
+
+def test_presets_fall_back_to_synthetic_arrivals_without_the_shared_trace(monkeypatch, tmp_path):
+    import justitia.presets as presets
+
+    monkeypatch.setattr(presets, "DEFAULT_TRACE", tmp_path / "absent.jsonl")
+    preset = presets.make_preset("noise")
+    assert preset.workload_info["arrivals"] == "synthetic"
+    assert len(preset.agents) == 300
+    assert [s.label for s in preset.specs] == ["vtc", "justitia", "justitia@noisy:1.5", "justitia@noisy:2", "justitia@noisy:3"]
