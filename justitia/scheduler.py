@@ -48,6 +48,19 @@ class AgentScheduler:
         """The registered agent."""
         return self._agents[agent_id]
 
+    def has_agent(self, agent_id: str) -> bool:
+        """Whether the agent has arrived and not finished."""
+        return agent_id in self._agents
+
+    def open_requests(self, agent_id: str) -> int:
+        """The agent's requests that have arrived and not finished."""
+        return self._open.get(agent_id, 0)
+
+    @property
+    def uses_service(self) -> bool:
+        """Whether the policy reads the service charged to it (engines may skip charging if not)."""
+        return type(self.policy).charge is not Policy.charge
+
     def requeue(self, req: RequestInfo) -> None:
         """Put a preempted request back among the waiting."""
         self.waiting.add(req)

@@ -120,9 +120,6 @@ class Simulator:
         self.cost = cost if isinstance(cost, CostModel) else cost_model(cost)
         self.event_skipping = event_skipping
         self.on_agent_finish = on_agent_finish
-        # Only policies that read service need it reported; the others skip that work.
-        self._charged = type(policy).charge is not Policy.charge
-        self._lifts = self._charged and type(policy).backlogged is not Policy.backlogged
 
     # ----------------------------------------------------------------------------------- run
     def run(self, agents: list[Agent]) -> SimResult:
@@ -130,6 +127,8 @@ class Simulator:
         self._validate(agents)
         wall0 = time.perf_counter()
         self.core = AgentScheduler(self.policy)
+        self._charged = self.core.uses_service  # the other policies skip that work
+        self._lifts = self._charged and type(self.policy).backlogged is not Policy.backlogged
         self.now_ps = 0
         self.free = self.config.blocks
         self.running: list[_Req] = []
