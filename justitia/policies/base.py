@@ -36,6 +36,15 @@ class Charge:
     decode_tokens: int = 0
     kv_token_iters: int = 0
 
+    @staticmethod
+    def for_step(computed_tokens: int, new_tokens: int, seq_tokens: int, output_tokens: int) -> "Charge":
+        """What one engine step gives a request that had ``computed_tokens`` of its ``seq_tokens``
+        (prompt + ``output_tokens`` so far) in the KV cache and computes ``new_tokens`` more."""
+        held = computed_tokens + new_tokens
+        if output_tokens >= 1 and computed_tokens == seq_tokens - 1:  # a decode step
+            return Charge(0, 1, held)
+        return Charge(new_tokens, 1 if held == seq_tokens else 0, held)
+
     def amount(self, cost: str) -> int:
         """The service in a cost model's unit: ``kv`` token-iterations or ``compute`` tokens."""
         if cost == "kv":

@@ -247,10 +247,7 @@ class Simulator:
 
     # ----------------------------------------------------------- one iteration, plain reference
     def _charge_for(self, r: _Req, n: int) -> Charge:
-        held = r.computed + n
-        if r.decoding:
-            return Charge(0, 1, held)
-        return Charge(n, 1 if held == r.num_tokens else 0, held)
+        return Charge.for_step(r.computed, n, r.num_tokens, r.generated)
 
     def _preempt(self, victim: _Req, scheduled: dict[_Req, int]) -> int:
         """Free the victim's blocks and requeue it; return the token budget it gives back."""

@@ -164,9 +164,6 @@ class JustitiaScheduler(Scheduler):
                 request = self.requests.get(request_id)
                 if info is None or request is None:
                     continue
-                held = request.num_computed_tokens  # vLLM has already added this step's tokens
-                if held - n >= request.num_prompt_tokens and n == 1:
-                    self.core.charge(info, Charge(0, 1, held))
-                else:
-                    self.core.charge(info, Charge(n, 1 if held >= request.num_tokens else 0, held))
+                before = request.num_computed_tokens - n  # vLLM has already added this step's
+                self.core.charge(info, Charge.for_step(before, n, request.num_tokens, request.num_output_tokens))
         return output
