@@ -24,11 +24,13 @@ def finish_order(policy: str) -> list[str]:
     return doc["finish_order"]
 
 
-def test_fcfs_makes_the_mouse_wait_behind_the_elephant():
-    assert finish_order("fcfs")[-1] == "mouse"
+@pytest.mark.parametrize("policy", ["fcfs", "parrot"])
+def test_first_come_first_served_makes_the_mouse_wait_behind_the_elephant(policy):
+    assert finish_order(policy)[-1] == "mouse"
 
 
-def test_justitia_serves_the_mouse_before_the_waiting_elephant_requests():
+@pytest.mark.parametrize("policy", ["justitia", "srjf"])
+def test_mouse_goes_ahead_of_the_waiting_elephant_requests(policy):
     # Requests reach the engine one by one, so up to two elephant requests (max_num_seqs) may
     # already run when the mouse arrives; nothing is preempted, but it goes ahead of the rest.
-    assert finish_order("justitia").index("mouse") <= 2
+    assert finish_order(policy).index("mouse") <= 2
