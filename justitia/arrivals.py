@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
-from justitia.workload import WorkloadError
+from justitia.workload import WorkloadError, read_jsonl
 
 DEFAULT_TRACE: Path = Path(__file__).resolve().parents[1].parent / "shared/traces/mooncake_conversation_trace.jsonl"
 
@@ -29,33 +29,25 @@ def trace_arrivals(path: str | Path, n: int, density: float = 1.0) -> list[float
         raise WorkloadError(f"{path}: no such trace file.")
     stamps_ms: list[float] = []
     prev_line = 0
-    with path.open(encoding="utf-8") as fh:
-        for lineno, line in enumerate(fh, start=1):
-            if len(stamps_ms) == n:
-                break
-            if not line.strip():
-                continue
-            where = f"{path}:{lineno}"
-            try:
-                doc = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise WorkloadError(f"{where}: not valid JSON ({exc.msg} at column {exc.colno}).") from None
-            if not isinstance(doc, dict):
-                raise WorkloadError(f"{where}: expected a JSON object for the record, got {type(doc).__name__}.")
-            if "timestamp" not in doc:
-                raise WorkloadError(f"{where}: field 'timestamp' is missing; expected a number of milliseconds >= 0.")
-            ts = doc["timestamp"]
-            if isinstance(ts, bool) or not isinstance(ts, (int, float)) or not math.isfinite(ts) or ts < 0:
-                raise WorkloadError(
-                    f"{where}: field 'timestamp' must be a number of milliseconds >= 0, got {json.dumps(ts)[:60]}."
-                )
-            if stamps_ms and ts < stamps_ms[-1]:
-                raise WorkloadError(
-                    f"{where}: field 'timestamp' is {ts}, earlier than {stamps_ms[-1]} on line {prev_line}; "
-                    "timestamps must be non-decreasing."
-                )
-            stamps_ms.append(float(ts))
-            prev_line = lineno
+    for lineno, where, doc in read_jsonl(path):
+        if not isinstance(doc, dict):
+            raise WorkloadError(f"{where}: expected a JSON object for the record, got {type(doc).__name__}.")
+        if "timestamp" not in doc:
+            raise WorkloadError(f"{where}: field 'timestamp' is missing; expected a number of milliseconds >= 0.")
+        ts = doc["timestamp"]
+        if isinstance(ts, bool) or not isinstance(ts, (int, float)) or not math.isfinite(ts) or ts < 0:
+            raise WorkloadError(
+                f"{where}: field 'timestamp' must be a number of milliseconds >= 0, got {json.dumps(ts)[:60]}."
+            )
+        if stamps_ms and ts < stamps_ms[-1]:
+            raise WorkloadError(
+                f"{where}: field 'timestamp' is {ts}, earlier than {stamps_ms[-1]} on line "
+                f"{prev_line}; timestamps must be non-decreasing."
+            )
+        stamps_ms.append(float(ts))
+        prev_line = lineno
+        if len(stamps_ms) == n:
+            break  # lines after the n-th record are never read
     if len(stamps_ms) < n:
         raise WorkloadError(f"{path}: asked for {n} arrivals but the trace holds only {len(stamps_ms)} records.")
     first = stamps_ms[0]

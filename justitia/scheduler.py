@@ -44,10 +44,6 @@ class AgentScheduler:
         self.waiting.add(req)
         return req
 
-    def agent(self, agent_id: str) -> AgentInfo:
-        """The registered agent."""
-        return self._agents[agent_id]
-
     def has_agent(self, agent_id: str) -> bool:
         """Whether the agent has arrived and not finished."""
         return agent_id in self._agents
@@ -88,8 +84,3 @@ class AgentScheduler:
     def victim(self, running: Iterable[RequestInfo]) -> RequestInfo:
         """The running request to preempt first: the one with the lowest priority."""
         return max(running, key=self.policy.key)
-
-    @property
-    def agents_in_flight(self) -> int:
-        """Agents that have arrived and not finished."""
-        return len(self._agents)

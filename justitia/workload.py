@@ -15,7 +15,7 @@ import json
 import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Iterable
+from typing import Iterable, Iterator
 
 from justitia.cost import CostModel
 
@@ -124,6 +124,19 @@ def agent_from_json(doc: object, where: str) -> Agent:
     return Agent(doc["agent_id"], doc["type"], arrival, tuple(stages), meta)
 
 
+def read_jsonl(path: Path) -> Iterator[tuple[int, str, object]]:
+    """Yield (line number, "file:line", parsed document) for each non-blank line of a JSONL file."""
+    with path.open(encoding="utf-8") as fh:
+        for lineno, line in enumerate(fh, start=1):
+            if not line.strip():
+                continue
+            where = f"{path}:{lineno}"
+            try:
+                yield lineno, where, json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise WorkloadError(f"{where}: not valid JSON ({exc.msg} at column {exc.colno}).") from None
+
+
 def load_workload(path: str | Path) -> list[Agent]:
     """Read and validate a JSONL workload; the first bad line raises and nothing is returned."""
     path = Path(path)
@@ -131,22 +144,12 @@ def load_workload(path: str | Path) -> list[Agent]:
         raise WorkloadError(f"{path}: no such workload file.")
     agents: list[Agent] = []
     seen: dict[str, int] = {}
-    with path.open(encoding="utf-8") as fh:
-        for lineno, line in enumerate(fh, start=1):
-            if not line.strip():
-                continue
-            where = f"{path}:{lineno}"
-            try:
-                doc = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise WorkloadError(f"{where}: not valid JSON ({exc.msg} at column {exc.colno}).") from None
-            agent = agent_from_json(doc, where)
-            if agent.agent_id in seen:
-                raise WorkloadError(
-                    f"{where}: field 'agent_id' repeats '{agent.agent_id}' from line {seen[agent.agent_id]}."
-                )
-            seen[agent.agent_id] = lineno
-            agents.append(agent)
+    for lineno, where, doc in read_jsonl(path):
+        agent = agent_from_json(doc, where)
+        if agent.agent_id in seen:
+            raise WorkloadError(f"{where}: field 'agent_id' repeats '{agent.agent_id}' from line {seen[agent.agent_id]}.")
+        seen[agent.agent_id] = lineno
+        agents.append(agent)
     if not agents:
         raise WorkloadError(f"{path}: the workload holds no agents.")
     return sorted(agents, key=lambda a: a.arrival_s)

@@ -51,13 +51,6 @@ class Charge:
             return self.kv_token_iters
         return self.prefill_tokens + 2 * self.decode_tokens
 
-    def __add__(self, other: "Charge") -> "Charge":
-        return Charge(
-            self.prefill_tokens + other.prefill_tokens,
-            self.decode_tokens + other.decode_tokens,
-            self.kv_token_iters + other.kv_token_iters,
-        )
-
 
 NO_CHARGE = Charge()
 
