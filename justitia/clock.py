@@ -21,10 +21,11 @@ import math
 class VirtualClock:
     """Exact GPS virtual time for agents sharing ``capacity`` cost units per second."""
 
-    def __init__(self, capacity: float):
+    def __init__(self, capacity: float, record: bool = True):
         if not (capacity > 0 and math.isfinite(capacity)):
             raise ValueError(f"capacity must be a positive finite number, got {capacity}.")
         self.capacity = float(capacity)
+        self.record = record  # keep every GPS finish time (off for long-running servers)
         self._now_s = 0.0
         self._v = 0.0
         self._tags: list[tuple[float, int, str]] = []  # (finish tag, arrival seq, agent id)
@@ -50,7 +51,8 @@ class VirtualClock:
             self._now_s, self._v = reach_s, tag
             while self._tags and self._tags[0][0] <= tag:
                 _, _, agent_id = heapq.heappop(self._tags)
-                self._gps_finish_s[agent_id] = reach_s
+                if self.record:
+                    self._gps_finish_s[agent_id] = reach_s
         self._now_s = now_s
 
     def virtual_time(self, now_s: float) -> float:
@@ -65,7 +67,8 @@ class VirtualClock:
         self._advance(now_s)
         tag = self._v + cost
         if cost == 0:
-            self._gps_finish_s[agent_id] = now_s
+            if self.record:
+                self._gps_finish_s[agent_id] = now_s
         else:
             heapq.heappush(self._tags, (tag, self._seq, agent_id))
         self._seq += 1

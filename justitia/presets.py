@@ -11,7 +11,7 @@ from justitia.arrivals import DEFAULT_TRACE, synthetic_arrivals, trace_arrivals
 from justitia.bench import RunSpec
 from justitia.policies import POLICY_NAMES
 from justitia.workflows import generate_agent, generate_agents
-from justitia.workload import Agent
+from justitia.workload import Agent, scale_tokens
 
 # Mean agent arrival rate of the first 300 requests of the Mooncake conversation trace (300 in
 # 102 s): the synthetic default, so that a machine without the trace sees a comparable load.
@@ -57,6 +57,9 @@ class Preset:
     workload_info: dict
     specs: list[RunSpec]
     notes: list[str] = field(default_factory=list)
+    engine: str = "sim"  # sim | vllm
+    engine_options: dict = field(default_factory=dict)  # vllm: EngineSpec fields
+    calibration_agents: list[Agent] = field(default_factory=list)  # vllm: the calibration run's workload
 
 
 def _all_policies(predictor: str = "oracle") -> list[RunSpec]:
@@ -80,7 +83,7 @@ def starvation_workload(seed: int, small_agents: int = 400, rate_per_s: float = 
 
 
 def make_preset(name: str, seed: int = 0) -> Preset:
-    """Build the preset called ``name``: main, starvation, noise or ablation."""
+    """Build the preset called ``name``: main, starvation, noise, ablation (simulator) or cpu (vLLM)."""
     trace = default_trace()
     if name == "main":
         agents, info = build_workload(300, seed, trace, 1.0)
@@ -103,7 +106,19 @@ def make_preset(name: str, seed: int = 0) -> Preset:
         specs = [RunSpec("vtc", "vtc"), RunSpec("justitia", "justitia"),
                  RunSpec("justitia/C", "justitia", cost="compute")]
         return Preset(name, "KV token-time against compute-token cost (Justitia/C), 2x density", agents, info, specs)
-    raise ValueError(f"unknown preset '{name}'; expected one of: main, starvation, noise, ablation.")
+    if name == "cpu":
+        # Sized for a 2-core CPU running the tiny model: ~1 agent/s (a third of the trace's density),
+        # token lengths / 8, and a 24-block KV cache (3,072 tokens) that a few agents fill.
+        agents, info = build_workload(CPU_AGENTS, seed, trace, CPU_DENSITY)
+        agents = scale_tokens(agents, CPU_SCALE)
+        calib, _ = build_workload(CPU_CALIBRATION_AGENTS, seed + 1, trace, CPU_DENSITY)
+        info |= {"token_scale": CPU_SCALE}
+        return Preset(name, f"{CPU_AGENTS} agents on real vLLM (tiny model, CPU), all seven policies + front-end tagging",
+                      agents, info, _all_policies(), engine="vllm",
+                      engine_options={"model": "tiny", "kv_blocks": 24, "max_num_seqs": 64, "max_num_batched_tokens": 2048},
+                      calibration_agents=scale_tokens(calib, CPU_SCALE))
+    raise ValueError(f"unknown preset '{name}'; expected one of: {', '.join(PRESET_NAMES)}.")
 
 
-PRESET_NAMES = ("main", "starvation", "noise", "ablation")
+CPU_AGENTS, CPU_CALIBRATION_AGENTS, CPU_DENSITY, CPU_SCALE = 30, 20, 1 / 3, 8
+PRESET_NAMES = ("main", "starvation", "noise", "ablation", "cpu")

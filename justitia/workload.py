@@ -163,3 +163,25 @@ def save_workload(agents: Iterable[Agent], path: str | Path) -> Path:
         for agent in agents:
             fh.write(json.dumps(agent.to_json(), ensure_ascii=False) + "\n")
     return path
+
+
+def scale_tokens(agents: Iterable[Agent], factor: float) -> list[Agent]:
+    """The agents with every ``prompt_tokens`` and ``output_tokens`` divided by ``factor`` (at least 1).
+
+    For engines far smaller than the paper's (a 2-core CPU): the same agent shapes, shorter texts.
+    """
+    if not (factor > 0 and math.isfinite(factor)):
+        raise ValueError(f"--scale must be a number > 0, got {factor}.")
+    if factor == 1:
+        return list(agents)
+
+    def shrink(n: int) -> int:
+        return max(1, round(n / factor))
+
+    return [
+        Agent(a.agent_id, a.type, a.arrival_s,
+              tuple(tuple(Task(t.prompt, shrink(t.prompt_tokens), shrink(t.output_tokens)) for t in stage)
+                    for stage in a.stages),
+              a.meta)
+        for a in agents
+    ]

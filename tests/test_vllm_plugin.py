@@ -1,4 +1,5 @@
-"""The Justitia plug-in inside a real vLLM engine (tiny model, CPU)."""
+"""The Justitia plug-in inside a real vLLM engine (tiny model, CPU): each policy's known behaviour,
+and release of policy state. The engines run in subprocesses (vLLM spawns processes of its own)."""
 
 import json
 import os
@@ -10,27 +11,68 @@ import pytest
 
 pytest.importorskip("vllm")
 
-SCENARIO = Path(__file__).with_name("vllm_scenario.py")
+HERE = Path(__file__).parent
 
 
-def finish_order(policy: str) -> list[str]:
-    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1]))
-    proc = subprocess.run([sys.executable, str(SCENARIO), policy], capture_output=True, text=True,
-                          timeout=600, env=env)
-    lines = [line for line in proc.stdout.splitlines() if line.startswith('{"finish_order"')]
-    assert proc.returncode == 0 and lines, proc.stderr[-3000:]
-    doc = json.loads(lines[-1])
-    assert doc["tokens"] == [60] * 8 + [10]  # forced decode lengths were served in full
-    return doc["finish_order"]
+def run_script(name: str) -> tuple[dict, str]:
+    env = dict(os.environ, PYTHONPATH=str(HERE.parent))
+    proc = subprocess.run([sys.executable, str(HERE / name)], capture_output=True, text=True, timeout=900, env=env)
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
+    assert proc.returncode == 0 and lines, (proc.stdout + proc.stderr)[-4000:]
+    return json.loads(lines[-1][len("RESULT "):]), proc.stdout + proc.stderr
+
+
+@pytest.fixture(scope="module")
+def policies() -> dict:
+    """Per policy, per agent: finish and JCT of the elephant-and-mice workload (tests/vllm_policies_run.py)."""
+    return run_script("vllm_policies_run.py")[0]
+
+
+def mice(run: dict) -> dict:
+    return {a: r for a, r in run.items() if a.startswith("mouse")}
+
+
+def mean_mouse_jct(run: dict) -> float:
+    m = mice(run)
+    return sum(r["jct_s"] for r in m.values()) / len(m)
+
+
+PAMPER_MICE = ["sjf", "vtc", "srjf", "justitia", "las"]
 
 
 @pytest.mark.parametrize("policy", ["fcfs", "parrot"])
-def test_first_come_first_served_makes_the_mouse_wait_behind_the_elephant(policy):
-    assert finish_order(policy)[-1] == "mouse"
+def test_first_come_first_served_makes_mice_wait_behind_the_elephant(policies, policy):
+    run = policies[policy]
+    fastest = min(mean_mouse_jct(policies[p]) for p in PAMPER_MICE)
+    assert mean_mouse_jct(run) > 5 * fastest
+    # the first mouse, 0.3 s behind the elephant, waits for most of the elephant's work
+    assert run["mouse-00"]["jct_s"] > 0.5 * run["elephant"]["jct_s"]
 
 
-@pytest.mark.parametrize("policy", ["justitia", "srjf"])
-def test_mouse_goes_ahead_of_the_waiting_elephant_requests(policy):
-    # Requests reach the engine one by one, so up to two elephant requests (max_num_seqs) may
-    # already run when the mouse arrives; nothing is preempted, but it goes ahead of the rest.
-    assert finish_order(policy).index("mouse") <= 2
+@pytest.mark.parametrize("policy", PAMPER_MICE)
+def test_a_mouse_arriving_after_the_elephant_finishes_first(policies, policy):
+    run = policies[policy]
+    assert run["mouse-00"]["finish_s"] < run["elephant"]["finish_s"]
+    assert mean_mouse_jct(run) < 0.2 * mean_mouse_jct(policies["fcfs"])
+
+
+def test_srjf_holds_the_elephant_back_behind_the_stream_of_mice(policies):
+    srjf, fcfs = policies["srjf"], policies["fcfs"]
+    assert srjf["elephant"]["finish_s"] > max(r["finish_s"] for r in mice(srjf).values())
+    # under fcfs the elephant's requests came first: mice still in the stream finish after it
+    assert fcfs["elephant"]["finish_s"] < max(r["finish_s"] for r in mice(fcfs).values())
+
+
+def test_finished_aborted_and_unlabelled_requests_release_all_policy_state():
+    doc, log = run_script("vllm_release_run.py")
+    assert doc["finished"] == ["later", "plain", "quiet-0", "quiet-1"]  # aborted ones never finish
+    after_run = doc["after_run"]
+    assert after_run["infos"] == 0 and after_run["waiting"] == 0
+    # aborted agent (agent_done) and the unlabelled request are gone; "quiet" waits for the idle timeout
+    assert after_run["agents"] == {"aborted": False, "quiet": True, "plain": False}
+    after_idle = doc["after_idle"]
+    assert not any(after_idle["agents"].values())
+    assert after_idle["core_agents"] == after_idle["core_open"] == 0
+    assert after_idle["idle_since"] == after_idle["agent_done"] == 0
+    assert after_idle["policy_state"] and not any(after_idle["policy_state"].values())
+    assert "justitia" not in "".join(line for line in log.splitlines() if "ERROR" in line)

@@ -11,7 +11,7 @@ class Justitia(Policy):
     agent_level = True
 
     def __init__(self, capacity_per_s: float) -> None:
-        self.clock = VirtualClock(capacity_per_s)
+        self.clock = VirtualClock(capacity_per_s, record=False)  # engines may run for days
         self._tags: dict[str, tuple[float, int]] = {}
 
     def agent_arrived(self, agent: AgentInfo, now_s: float) -> None:

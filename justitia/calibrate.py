@@ -1,0 +1,70 @@
+"""Fit a simulator latency profile to the steps a real engine took.
+
+The plug-in's step log has one row per engine step: when it was scheduled, the tokens it computed
+(``batched_tokens``), the KV tokens its decoding requests attend to (``decode_context_tokens``) and
+whether the next step followed at once. A step's duration is the time to the next step's start, so
+it includes everything the engine does per step (scheduling, the forward pass, sampling, output
+processing), which is what the simulator's iteration time stands for. Only steps followed at once
+count; a step before an idle gap has no measurable duration.
+
+The fit is least squares of ``step_ms = base + per_batched_token * batched + per_context_token * ctx``
+with every coefficient kept >= 0 (a negative one is dropped and the rest refitted). The profile's
+floor is 0: on a CPU there is no weight-streaming floor separate from the per-token cost.
+"""
+
+from __future__ import annotations
+
+from typing import Iterable, Sequence
+
+import numpy as np
+
+from justitia.sim.config import LatencyProfile
+
+
+def step_durations(rows: Sequence[tuple[float, ...]]) -> np.ndarray:
+    """(batched_tokens, decode_context_tokens, duration_ms) of every step followed at once."""
+    out = []
+    for k in range(len(rows) - 1):
+        t, batched, ctx, _prefills, _decodes, busy = rows[k][:6]
+        if busy and batched > 0:
+            out.append((batched, ctx, (rows[k + 1][0] - t) * 1000.0))
+    return np.asarray(out, dtype=float).reshape(-1, 3)
+
+
+def fit_profile(
+    runs: Iterable[Sequence[tuple[float, ...]]],
+    name: str,
+    kv_blocks: int,
+    block_size: int,
+    source: str,
+) -> tuple[LatencyProfile, dict]:
+    """Fit a profile to the steps of one or more runs; also return fit statistics."""
+    data = np.concatenate([step_durations(rows) for rows in runs] or [np.zeros((0, 3))])
+    if len(data) < 10:
+        raise ValueError(f"calibration needs at least 10 busy engine steps, got {len(data)}.")
+    x = np.column_stack([np.ones(len(data)), data[:, 0], data[:, 1]])
+    y = data[:, 2]
+    keep = [0, 1, 2]
+    while True:
+        coef, *_ = np.linalg.lstsq(x[:, keep], y, rcond=None)
+        if (coef >= 0).all() or len(keep) == 1:
+            break
+        keep.pop(int(np.argmin(coef)))
+    full = np.zeros(3)
+    full[keep] = np.maximum(coef, 0)
+    pred = x @ full
+    resid = y - pred
+    r2 = 1 - float((resid**2).sum() / max(((y - y.mean()) ** 2).sum(), 1e-12))
+    profile = LatencyProfile(
+        name=name, floor_ms=0.0, base_ms=float(full[0]), per_batched_token_ms=float(full[1]),
+        per_context_token_ms=float(full[2]), scale=1.0, kv_blocks=kv_blocks, block_size=block_size, source=source,
+    )
+    stats = {
+        "steps": int(len(data)),
+        "r2": r2,
+        "median_abs_rel_error": float(np.median(np.abs(resid) / np.maximum(y, 1e-9))),
+        "mean_step_ms": float(y.mean()),
+        "total_measured_s": float(y.sum() / 1000),
+        "total_fitted_s": float(pred.sum() / 1000),
+    }
+    return profile, stats

@@ -1,0 +1,116 @@
+"""``justitia bench --engine vllm`` and ``justitia calibrate``: policies on a real vLLM engine.
+
+One engine (with the plug-in) serves every run; a second one, stock vLLM, serves the front-end
+tagging run when asked. Each run's mean JCT is set against the simulator's on the same workload,
+with a latency profile fitted to a separate calibration run of the same engine (or one given).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import replace
+
+from justitia.bench import RunSpec, progress_bar, simulate, summarize
+from justitia.calibrate import fit_profile
+from justitia.sim import EngineConfig
+from justitia.sim.config import LatencyProfile
+from justitia.vllm.runner import EngineSpec, VllmEngine
+from justitia.workload import Agent
+
+TAGGING_LABEL = "justitia@tagging"
+
+
+async def _calibrate(engine: VllmEngine, agents: list[Agent], seed: int, repeats: int = 1) -> tuple[LatencyProfile, dict]:
+    runs = []
+    for _ in range(repeats):
+        runs.append((await engine.run(agents, "fcfs", seed=seed)).steps)
+    spec = engine.spec
+    name = f"{spec.model}-cpu-calibrated"
+    source = (f"fitted by 'justitia calibrate' to {sum(len(r) for r in runs)} steps of {len(agents)} agents "
+              f"under fcfs on vLLM ({spec.model}, {spec.kv_blocks} blocks of {engine.block_size}, "
+              f"max_num_seqs {spec.max_num_seqs}, max_num_batched_tokens {spec.max_num_batched_tokens})")
+    return fit_profile(runs, name, spec.usable_blocks, engine.block_size, source)
+
+
+def calibrate(engine_spec: EngineSpec, agents: list[Agent], seed: int = 0, repeats: int = 1) -> tuple[LatencyProfile, dict]:
+    """Run ``agents`` under fcfs on the engine and fit a latency profile to its steps."""
+
+    async def go():
+        async with VllmEngine(engine_spec) as engine:
+            return await _calibrate(engine, agents, seed, repeats)
+
+    return asyncio.run(go())
+
+
+def engine_config(profile: LatencyProfile, spec: EngineSpec, block_size: int) -> EngineConfig:
+    """The simulator's view of the vLLM engine ``spec`` describes."""
+    return EngineConfig(profile=profile, kv_blocks=spec.usable_blocks, block_size=block_size,
+                        max_num_batched_tokens=spec.max_num_batched_tokens, max_num_seqs=spec.max_num_seqs)
+
+
+def run_bench_vllm(
+    agents: list[Agent],
+    specs: list[RunSpec],
+    engine_spec: EngineSpec,
+    workload_info: dict,
+    seed: int = 0,
+    progress: bool = True,
+    profile: LatencyProfile | None = None,
+    calibration_agents: list[Agent] | None = None,
+    tagging: bool = False,
+) -> dict:
+    """Run every spec on one vLLM engine (plus a tagging run on stock vLLM) and compare with the simulator."""
+    labels = [s.label for s in specs]
+    if len(set(labels)) != len(labels):
+        raise ValueError(f"run labels must be unique, got {labels}.")
+    if profile is None and not calibration_agents:
+        raise ValueError("the vLLM bench needs a latency profile (--sim-profile) or calibration agents.")
+    runs, lags, walls = {}, {}, {}
+    calibration: dict = {}
+
+    async def go():
+        nonlocal profile, calibration
+        async with VllmEngine(replace(engine_spec, mode="plugin")) as engine:
+            block_size = engine.block_size
+            if profile is None:
+                t = time.perf_counter()
+                profile, stats = await _calibrate(engine, calibration_agents, seed)
+                calibration = {"agents": len(calibration_agents), "wall_s": time.perf_counter() - t} | stats
+            config = engine_config(profile, engine_spec, block_size)
+            total = len(agents) * (len(specs) + tagging)
+            with progress_bar(total, progress, "vllm") as advance:
+                for spec in specs:
+                    t = time.perf_counter()
+                    run = await engine.run(agents, spec.policy, spec.predictor, spec.cost,
+                                           config.capacity_per_s(spec.cost), seed,
+                                           on_agent_finish=lambda _r, s=spec: advance(s.label))
+                    runs[spec.label], lags[spec.label], walls[spec.label] = run.result, run.max_arrival_lag_s, time.perf_counter() - t
+                if tagging:
+                    async with VllmEngine(replace(engine_spec, mode="tagging")) as stock:
+                        t = time.perf_counter()
+                        run = await stock.run(agents, "justitia", specs[0].predictor if specs else "oracle", "kv",
+                                              config.capacity_per_s("kv"), seed,
+                                              on_agent_finish=lambda _r: advance(TAGGING_LABEL))
+                        runs[TAGGING_LABEL], lags[TAGGING_LABEL], walls[TAGGING_LABEL] = run.result, run.max_arrival_lag_s, time.perf_counter() - t
+        return config
+
+    config = asyncio.run(go())
+    all_specs = list(specs)
+    if tagging:
+        all_specs.append(RunSpec(TAGGING_LABEL, "justitia", specs[0].predictor if specs else "oracle"))
+    doc = summarize(agents, all_specs, runs, config, workload_info, engine="vllm")
+    doc["vllm"] = engine_spec.to_json() | {"block_size": config.block_size, "kv_tokens": config.kv_tokens}
+    doc["profile"] = profile.to_json()
+    if calibration:
+        doc["calibration"] = calibration
+    for spec in all_specs:
+        sim = simulate(agents, spec, config, seed)
+        entry = doc["policies"][spec.label]
+        sim_mean = sum(a.jct_s for a in sim.agents) / len(sim.agents)
+        entry["mode"] = "tagging" if spec.label == TAGGING_LABEL else "plugin"
+        entry["run_wall_s"] = walls[spec.label]
+        entry["max_arrival_lag_s"] = lags[spec.label]
+        entry["sim_mean_jct_s"] = sim_mean
+        entry["sim_error"] = sim_mean / entry["mean_jct_s"] - 1
+    return doc

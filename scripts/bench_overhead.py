@@ -1,0 +1,107 @@
+"""How much time the Justitia plug-in adds to vLLM's scheduler per engine step.
+
+    python scripts/bench_overhead.py [--requests 1000] [--out results/overhead.json]
+
+Runs the same burst of requests (all queued at once) through one in-process vLLM engine per
+scheduler: stock vLLM's (priority policy) and the plug-in under each policy. Every scheduler
+method the plug-in overrides or feeds (``add_request``, ``schedule``, ``update_from_output``,
+``finish_requests``) is timed with ``perf_counter``; the report is the mean scheduler time per
+step, the plug-in's extra time over stock per step, and that extra as a share of the mean step.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+from pathlib import Path
+
+TIMED = ("add_request", "schedule", "update_from_output", "finish_requests")
+
+
+def timed(cls):
+    """A subclass of scheduler ``cls`` that adds up the time spent in the ``TIMED`` methods."""
+
+    def wrap(name):
+        base = getattr(cls, name)
+
+        def method(self, *args, **kwargs):
+            t = time.perf_counter()
+            try:
+                return base(self, *args, **kwargs)
+            finally:
+                self.sched_s += time.perf_counter() - t
+                if name == "schedule":
+                    self.steps += 1
+                    self.max_waiting = max(self.max_waiting, len(self.waiting))
+
+        return method
+
+    def init(self, *args, **kwargs):
+        cls.__init__(self, *args, **kwargs)
+        self.sched_s, self.steps, self.max_waiting = 0.0, 0, 0
+
+    return type(f"Timed{cls.__name__}", (cls,), {"__init__": init} | {n: wrap(n) for n in TIMED})
+
+
+def run(label: str, scheduler_cls, model: str, n: int, policy: str | None) -> dict:
+    from vllm import LLM, SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    if policy:
+        os.environ["JUSTITIA_POLICY"] = policy
+    llm = LLM(model=model, scheduler_cls=timed(scheduler_cls), scheduling_policy="priority",
+              num_gpu_blocks_override=64, max_model_len=2048, max_num_seqs=32, enforce_eager=True,
+              enable_prefix_caching=False, async_scheduling=False)
+    prompts, params = [], []
+    for i in range(n):
+        prompts.append(TokensPrompt(prompt_token_ids=[3 + (i + k) % 1000 for k in range(64)]))
+        params.append(SamplingParams(max_tokens=32, ignore_eos=True, detokenize=False,
+                                     extra_args={"agent_id": f"a{i // 8}", "agent_cost": 5000.0 + i}))
+    llm.generate(prompts[:32], params[:32], use_tqdm=False)  # warm-up
+    sched = llm.llm_engine.engine_core.engine_core.scheduler
+    sched.sched_s, sched.steps, sched.max_waiting = 0.0, 0, 0
+    t = time.perf_counter()
+    llm.generate(prompts, params, use_tqdm=False)
+    wall = time.perf_counter() - t
+    out = {"run": label, "steps": sched.steps, "max_waiting": sched.max_waiting, "wall_s": wall,
+           "step_ms": 1000 * wall / sched.steps, "scheduler_ms_per_step": 1000 * sched.sched_s / sched.steps}
+    llm.llm_engine.engine_core.shutdown()
+    del llm
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--requests", type=int, default=1000)
+    ap.add_argument("--policies", default="fcfs,justitia,vtc,srjf")
+    ap.add_argument("--out", type=Path, default=Path("results/overhead.json"))
+    args = ap.parse_args()
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # the scheduler lives in this process
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "0-1")
+    from vllm.v1.core.sched.scheduler import Scheduler
+
+    from justitia.vllm.models import tiny_model
+    from justitia.vllm.scheduler import JustitiaScheduler
+
+    model = str(tiny_model())
+    rows = [run("stock vLLM (priority)", Scheduler, model, args.requests, None)]
+    for policy in args.policies.split(","):
+        rows.append(run(f"plug-in {policy}", JustitiaScheduler, model, args.requests, policy))
+    stock = rows[0]["scheduler_ms_per_step"]
+    for row in rows:
+        row["extra_ms_per_step"] = row["scheduler_ms_per_step"] - stock
+        row["extra_share_of_step"] = row["extra_ms_per_step"] / row["step_ms"]
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps({"requests": args.requests, "runs": rows}, indent=1))
+    print(f"{'run':<24}{'steps':>7}{'max queued':>11}{'step ms':>9}{'sched ms':>10}{'extra ms':>10}{'extra %':>9}")
+    for r in rows:
+        print(f"{r['run']:<24}{r['steps']:>7}{r['max_waiting']:>11}{r['step_ms']:>9.2f}{r['scheduler_ms_per_step']:>10.3f}"
+              f"{r['extra_ms_per_step']:>10.3f}{r['extra_share_of_step']:>9.1%}")
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()

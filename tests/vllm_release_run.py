@@ -1,0 +1,60 @@
+"""Check that the plug-in releases policy state for finished, aborted and unlabelled requests; print JSON.
+
+    python tests/vllm_release_run.py
+
+In-process engine (``VLLM_ENABLE_V1_MULTIPROCESSING=0``) so the scheduler can be inspected:
+- agent ``aborted``: three requests, its last stage (``agent_done``), all aborted mid-flight;
+- agent ``quiet``: two requests that finish, but it never says ``agent_done``: released by the idle
+  timeout (``JUSTITIA_AGENT_IDLE_S=0.5``) once the engine schedules again;
+- one request with no metadata at all: served as a one-request agent.
+"""
+
+import json
+import os
+import time
+
+if __name__ == "__main__":
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    os.environ["JUSTITIA_POLICY"] = "vtc"  # a dynamic policy: the most state to release
+    os.environ["JUSTITIA_AGENT_IDLE_S"] = "0.5"
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "0-1")
+    from vllm import LLM, SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    from justitia.vllm.models import tiny_model
+    from justitia.vllm.scheduler import JustitiaScheduler
+
+    llm = LLM(model=str(tiny_model()), scheduler_cls=JustitiaScheduler, scheduling_policy="priority",
+              num_gpu_blocks_override=16, max_model_len=1024, max_num_seqs=4, enforce_eager=True, dtype="float32")
+    engine = llm.llm_engine
+    sched = engine.engine_core.engine_core.scheduler
+
+    def add(rid, tokens, meta):
+        params = SamplingParams(max_tokens=tokens, ignore_eos=True, extra_args=meta)
+        engine.add_request(rid, TokensPrompt(prompt_token_ids=list(range(3, 67))), params)
+
+    for i in range(3):
+        add(f"aborted-{i}", 200, {"agent_id": "aborted", "agent_cost": 3e4, "agent_done": True})
+    for i in range(2):
+        add(f"quiet-{i}", 8, {"agent_id": "quiet", "agent_cost": 1e3})
+    add("plain", 8, None)
+    finished = set()
+    steps = 0
+    while engine.has_unfinished_requests():
+        finished |= {o.request_id for o in engine.step() if o.finished}
+        steps += 1
+        if steps == 5:
+            engine.abort_request([f"aborted-{i}" for i in range(3)])
+    after_run = {"infos": len(sched.infos), "waiting": len(sched.waiting),
+                 "agents": {a: sched.core.has_agent(a) for a in ("aborted", "quiet", "plain")}}
+    time.sleep(0.6)
+    add("later", 4, None)  # the next schedule() sweeps idle agents
+    while engine.has_unfinished_requests():
+        finished |= {o.request_id for o in engine.step() if o.finished}
+    after_idle = {"infos": len(sched.infos), "waiting": len(sched.waiting),
+                  "agents": {a: sched.core.has_agent(a) for a in ("aborted", "quiet", "plain", "later")},
+                  "core_agents": len(sched.core._agents), "core_open": len(sched.core._open),
+                  "policy_state": {k: len(v) for k, v in vars(sched.core.policy).items() if isinstance(v, (dict, set, list))},
+                  "idle_since": len(sched.idle_since), "agent_done": len(sched.agent_done)}
+    print("RESULT " + json.dumps({"finished": sorted(finished), "after_run": after_run, "after_idle": after_idle}))
