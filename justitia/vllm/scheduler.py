@@ -11,6 +11,7 @@ Configuration comes from the environment (vLLM starts the scheduler in its own p
     JUSTITIA_ITERATION_S   nominal seconds of a memory-saturated step (default 0.02)
     JUSTITIA_AGENT_IDLE_S  an agent with no open request for this long is released even if
                            it never sent ``agent_done`` (default 60)
+    JUSTITIA_LOG_AGENTS    1: log one INFO line per agent arrival and release
     JUSTITIA_CONTROL       1: accept ``justitia_control`` requests (below); off by default,
                            because on a shared server any client could send one
 
@@ -51,7 +52,7 @@ from justitia.cost import cost_model
 from justitia.policies import Charge, RequestInfo, make_policy
 from justitia.scheduler import AgentScheduler
 
-logger = init_logger(__name__)
+logger = init_logger("vllm.justitia")  # under "vllm": vLLM configures handlers for that tree only
 
 
 def _meta(request: Request) -> dict:
@@ -115,6 +116,11 @@ class _CoreQueue(RequestQueue):
         return iter(list(self.requests.values()))
 
 
+def _probe(agent_id: str) -> RequestInfo:
+    """A stand-in request of ``agent_id``, to read the agent's current key."""
+    return RequestInfo("", agent_id, -1, 0, 0.0)
+
+
 class JustitiaScheduler(Scheduler):
     """vLLM's v1 scheduler whose waiting order and preemption victims follow a justitia policy."""
 
@@ -124,6 +130,7 @@ class JustitiaScheduler(Scheduler):
         blocks = self.kv_cache_manager.block_pool.get_num_free_blocks()
         self.kv_tokens = blocks * self.cache_config.block_size
         self.allow_control = os.environ.get("JUSTITIA_CONTROL") == "1"
+        self.log_agents = os.environ.get("JUSTITIA_LOG_AGENTS") == "1"
         self.idle_release_s = float(os.environ.get("JUSTITIA_AGENT_IDLE_S", "60"))
         capacity = os.environ.get("JUSTITIA_CAPACITY")
         if capacity is None:
@@ -173,7 +180,10 @@ class JustitiaScheduler(Scheduler):
             request_cost = float(meta.get("request_cost", cost_model(self.cost).request_cost(request.num_prompt_tokens, max_tokens)))
             if not self.core.has_agent(agent_id):
                 cost = float(meta.get("agent_cost", request_cost))
-                self.core.agent_arrived(agent_id, str(meta.get("agent_type", "")), cost, self._now())
+                agent = self.core.agent_arrived(agent_id, str(meta.get("agent_type", "")), cost, self._now())
+                if self.log_agents:
+                    logger.info("justitia: agent %s arrived: type=%r predicted_cost=%.6g key=%s", agent_id,
+                                agent.agent_type, cost, self.core.policy.key(_probe(agent_id)))
             self.idle_since.pop(agent_id, None)
             if meta.get("agent_done") or "agent_id" not in meta:
                 self.agent_done.add(agent_id)
@@ -199,6 +209,8 @@ class JustitiaScheduler(Scheduler):
         return super()._free_request(request, *args, **kwargs)
 
     def _release(self, agent_id: str) -> None:
+        if self.log_agents:
+            logger.info("justitia: agent %s released", agent_id)
         self.agent_done.discard(agent_id)
         self.idle_since.pop(agent_id, None)
         self.core.agent_finished(agent_id, self._now())
