@@ -27,6 +27,21 @@ def results_table(doc: dict, title: str = "") -> Table:
     return table
 
 
+def engine_table(doc: dict) -> Table:
+    """vLLM runs: the simulator's mean JCT on the same workload against the engine's."""
+    cal = doc.get("calibration")
+    title = f"simulator ({doc['profile']['name']}) against the engine ({doc['bench_wall_s']:.0f} s for the whole bench)"
+    if cal:
+        title += f"; profile fitted to {cal['steps']} steps, R^2 {cal['r2']:.2f}"
+    table = Table(title=title)
+    for col in ("run", "mode", "engine mean JCT s", "sim mean JCT s", "sim error", "preemptions", "run wall s"):
+        table.add_column(col, justify="left" if col in ("run", "mode") else "right", no_wrap=True)
+    for label, e in doc["policies"].items():
+        table.add_row(label, e["mode"], f"{e['mean_jct_s']:.2f}", f"{e['sim_mean_jct_s']:.2f}", f"{e['sim_error']:+.1%}",
+                      str(e["preemptions"]) if e["mode"] == "plugin" else "-", f"{e['run_wall_s']:.1f}")
+    return table
+
+
 def print_results(doc: dict, title: str = "", console: Console | None = None) -> None:
     """Print the table, and the delay-bound check when Justitia ran."""
     if console is None:
@@ -34,6 +49,8 @@ def print_results(doc: dict, title: str = "", console: Console | None = None) ->
         if not console.is_terminal:
             console = Console(width=150)  # files and pipes get the whole table unwrapped
     console.print(results_table(doc, title))
+    if doc.get("engine") == "vllm":
+        console.print(engine_table(doc))
     j = doc["policies"].get("justitia")
     if j and "delay_bound_s" in j:
         console.print(

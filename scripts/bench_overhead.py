@@ -53,7 +53,7 @@ def run(label: str, scheduler_cls, model: str, n: int, policy: str | None) -> di
         os.environ["JUSTITIA_POLICY"] = policy
     llm = LLM(model=model, scheduler_cls=timed(scheduler_cls), scheduling_policy="priority",
               num_gpu_blocks_override=64, max_model_len=2048, max_num_seqs=32, enforce_eager=True,
-              enable_prefix_caching=False, async_scheduling=False)
+              enable_prefix_caching=False, async_scheduling=False, dtype="float32")
     prompts, params = [], []
     for i in range(n):
         prompts.append(TokensPrompt(prompt_token_ids=[3 + (i + k) % 1000 for k in range(64)]))

@@ -78,7 +78,10 @@ class Policy:
         """The agent has waiting requests again; ``others`` are the other backlogged agents."""
 
     def charge(self, req: RequestInfo, service: Charge) -> None:
-        """The engine scheduled ``service`` for ``req`` in one or more iterations."""
+        """The engine scheduled ``service`` for ``req`` in one or more iterations.
+
+        Charges add up, and policies that read them are agent-level: an engine may report the
+        service of several requests of one agent in one call, through any of those requests."""
 
     def agent_key(self, agent_id: str, extra: Charge = NO_CHARGE) -> tuple:
         """A dynamic policy's key for an agent, as if it were charged ``extra`` more."""

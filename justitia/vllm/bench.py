@@ -95,13 +95,16 @@ def run_bench_vllm(
                         runs[TAGGING_LABEL], lags[TAGGING_LABEL], walls[TAGGING_LABEL] = run.result, run.max_arrival_lag_s, time.perf_counter() - t
         return config
 
+    t0 = time.perf_counter()
     config = asyncio.run(go())
+    bench_wall_s = time.perf_counter() - t0
     all_specs = list(specs)
     if tagging:
         all_specs.append(RunSpec(TAGGING_LABEL, "justitia", specs[0].predictor if specs else "oracle"))
     doc = summarize(agents, all_specs, runs, config, workload_info, engine="vllm")
     doc["vllm"] = engine_spec.to_json() | {"block_size": config.block_size, "kv_tokens": config.kv_tokens}
     doc["profile"] = profile.to_json()
+    doc["bench_wall_s"] = bench_wall_s  # engine start-ups, calibration and every run
     if calibration:
         doc["calibration"] = calibration
     for spec in all_specs:

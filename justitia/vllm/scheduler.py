@@ -143,6 +143,7 @@ class JustitiaScheduler(Scheduler):
     def _reset(self, policy: str, cost: str, capacity_per_s: float, step_log: str | None) -> None:
         """Fresh policy state and clock (at start-up, or on a control request to an idle engine)."""
         self.core = AgentScheduler(make_policy(policy, capacity_per_s, cost))
+        self.uses_service = self.core.uses_service
         self.cost = cost
         self.infos: dict[str, RequestInfo] = {}
         self.agent_done: set[str] = set()  # agents whose last stage has been submitted
@@ -228,16 +229,21 @@ class JustitiaScheduler(Scheduler):
         now_s = self._now()
         if self.idle_since and now_s >= self._next_sweep_s:
             self._sweep_idle_agents(now_s)
-        if self.core.policy.dynamic:
-            key = self.core.policy.key
+        policy = self.core.policy
+        if policy.dynamic:  # a dynamic policy's key is its agent's key, then the request's seq
+            agent_keys: dict[str, tuple] = {}
             for request in self.running:
                 info = self.infos.get(request.request_id)
                 if info is not None:
-                    request.priority = key(info)
+                    head = agent_keys.get(info.agent_id)
+                    if head is None:
+                        head = agent_keys[info.agent_id] = policy.agent_key(info.agent_id)
+                    request.priority = head + (info.seq,)
         output = super().schedule(*args, **kwargs)
-        charge = self.core.uses_service
+        charge = self.uses_service
         if charge or self._step_log is not None:
             batched = ctx = prefills = decodes = 0
+            per_agent: dict[str, list] = {}  # agent -> [a request, prefill, decode, kv]: charges add up
             for request_id, n in output.num_scheduled_tokens.items():
                 request = self.requests.get(request_id)
                 if request is None:
@@ -245,13 +251,21 @@ class JustitiaScheduler(Scheduler):
                 before = request.num_computed_tokens - n  # vLLM has already added this step's
                 step = Charge.for_step(before, n, request.num_tokens, request.num_output_tokens)
                 if charge and (info := self.infos.get(request_id)) is not None:
-                    self.core.charge(info, step)
+                    acc = per_agent.get(info.agent_id)
+                    if acc is None:
+                        per_agent[info.agent_id] = [info, step.prefill_tokens, step.decode_tokens, step.kv_token_iters]
+                    else:
+                        acc[1] += step.prefill_tokens
+                        acc[2] += step.decode_tokens
+                        acc[3] += step.kv_token_iters
                 batched += n
                 if step.prefill_tokens:
                     prefills += 1
                 else:
                     decodes += 1
                     ctx += step.kv_token_iters
+            for info, prefill, decode, kv in per_agent.values():
+                self.core.charge(info, Charge(prefill, decode, kv))
             if self._step_log is not None:
                 self._last_step = [now_s, batched, ctx, prefills, decodes]
         return output

@@ -1,0 +1,81 @@
+"""Fitting a latency profile to engine steps, profile files, token scaling, and vLLM CLI checks."""
+
+import json
+
+import numpy as np
+import pytest
+
+from justitia.calibrate import fit_profile, step_durations
+from justitia.cli import main
+from justitia.sim.config import LatencyProfile, load_profile
+from justitia.workload import Agent, Task, scale_tokens
+
+
+def synthetic_steps(base_ms, per_tok_ms, per_ctx_ms, n=400, seed=0, idle_every=0):
+    """A step log whose durations follow the profile exactly; every ``idle_every``-th step is followed by a gap."""
+    rng = np.random.default_rng(seed)
+    rows, t = [], 0.0
+    for k in range(n):
+        batched, ctx = int(rng.integers(1, 2048)), int(rng.integers(0, 20000))
+        idle = idle_every and k % idle_every == idle_every - 1
+        rows.append((t, batched, ctx, 1, 3, 0 if idle else 1, 0))
+        t += (base_ms + per_tok_ms * batched + per_ctx_ms * ctx) / 1000 + (5.0 if idle else 0.0)
+    return rows
+
+
+def test_the_fit_recovers_the_coefficients_and_ignores_steps_before_an_idle_gap():
+    rows = synthetic_steps(7.5, 0.03, 0.0004, idle_every=10)
+    assert len(step_durations(rows)) == 400 - 40  # steps before an idle gap (the last one among them) drop out
+    profile, stats = fit_profile([rows], "fit", 23, 128, "test")
+    assert profile.base_ms == pytest.approx(7.5, rel=1e-6)
+    assert profile.per_batched_token_ms == pytest.approx(0.03, rel=1e-6)
+    assert profile.per_context_token_ms == pytest.approx(0.0004, rel=1e-6)
+    assert stats["r2"] == pytest.approx(1.0)
+    assert profile.block_size == 128 and profile.kv_blocks == 23
+
+
+def test_a_coefficient_the_data_would_make_negative_is_dropped():
+    rows = synthetic_steps(7.5, 0.03, 0.0, n=200)
+    rows = [(t, b, 0, p, d, busy, pre) for t, b, _c, p, d, busy, pre in rows]  # context never varies
+    profile, _ = fit_profile([rows], "fit", 23, 128, "test")
+    assert profile.per_context_token_ms == 0.0 and profile.base_ms > 0 and profile.per_batched_token_ms > 0
+
+
+def test_too_few_steps_is_a_clear_error():
+    with pytest.raises(ValueError, match="at least 10 busy engine steps"):
+        fit_profile([synthetic_steps(1, 0, 0, n=5)], "fit", 23, 128, "test")
+
+
+def test_profile_files_round_trip_and_bad_ones_are_refused(tmp_path):
+    profile, _ = fit_profile([synthetic_steps(7.5, 0.03, 0.0004)], "fit", 23, 128, "test")
+    path = tmp_path / "p.json"
+    path.write_text(json.dumps(profile.to_json()))
+    loaded = load_profile(str(path))
+    assert loaded == profile and loaded.coefficients_ps() == profile.coefficients_ps()
+    doc = profile.to_json()
+    del doc["base_ms"]
+    path.write_text(json.dumps(doc))
+    with pytest.raises(ValueError, match="'base_ms' is missing"):
+        load_profile(str(path))
+    path.write_text("{not json")
+    with pytest.raises(ValueError, match="not valid JSON"):
+        load_profile(str(path))
+    with pytest.raises(ValueError, match="unknown profile"):
+        load_profile(str(tmp_path / "absent.json"))
+    assert isinstance(load_profile("llama7b-a100-40gb"), LatencyProfile)
+
+
+def test_scale_tokens_divides_lengths_and_keeps_at_least_one_token():
+    agent = Agent("a", "fv", 1.0, ((Task("p", 1000, 3), Task("q", 17, 200)),))
+    (scaled,) = scale_tokens([agent], 8)
+    assert [(t.prompt_tokens, t.output_tokens) for t in scaled.tasks] == [(125, 1), (2, 25)]
+    assert scaled.agent_id == "a" and scaled.arrival_s == 1.0
+    with pytest.raises(ValueError):
+        scale_tokens([agent], 0)
+
+
+def test_vllm_bench_flags_are_checked_before_any_engine_starts(capsys):
+    assert main(["bench", "--engine", "vllm", "--agents", "2", "--kv-blocks", "0"]) == 2
+    assert "--kv-blocks must be >= 1" in capsys.readouterr().err
+    assert main(["bench", "--engine", "vllm", "--agents", "2", "--profile", "nope.json"]) == 2
+    assert "unknown profile 'nope.json'" in capsys.readouterr().err
