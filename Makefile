@@ -4,7 +4,7 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: setup run test speed presets clean
+.PHONY: setup run test speed presets cpu overhead clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -25,6 +25,14 @@ test: setup
 
 speed: setup
 	$(BIN)/python scripts/bench_speed.py --out results/speed.json
+
+# Real vLLM (tiny model on this CPU): all seven policies + front-end tagging, against the simulator.
+cpu: setup
+	$(BIN)/justitia bench --preset cpu --out results/cpu
+
+# Time the plug-in adds to vLLM's scheduler per step, 1,000 requests queued.
+overhead: setup
+	$(BIN)/python scripts/bench_overhead.py --requests 1000 --out results/overhead.json
 
 presets: setup
 	for p in main starvation noise ablation; do $(BIN)/justitia bench --preset $$p --out results/$$p || exit 1; done
