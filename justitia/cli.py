@@ -47,6 +47,7 @@ def _parser() -> argparse.ArgumentParser:
     _add_engine_args(b)
     b.add_argument("--tagging", action="store_true", help="vllm: also run justitia by front-end tagging on stock vLLM")
     b.add_argument("--calibration-agents", type=int, default=20, help="vllm: agents in the calibration run (default 20)")
+    b.add_argument("--repeats", type=int, help="vllm: runs per policy, JCTs averaged per agent (default 1; cpu preset 2)")
     b.add_argument("--out", type=Path, default=Path("results/bench"), help="output directory")
     b.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
     b.add_argument("--no-progress", action="store_true", help="hide the progress bar")
@@ -176,7 +177,9 @@ def _bench_vllm(args, agents, specs, info, preset) -> dict:
         calibration, _ = build_workload(args.calibration_agents, args.seed + 1, args.trace, CPU_DENSITY)
         calibration = scale_tokens(calibration, args.scale)
     tagging = args.tagging or (preset is not None and preset.name == "cpu")
-    return run_bench_vllm(agents, specs, spec, info, args.seed, not args.no_progress, profile, calibration, tagging)
+    repeats = args.repeats or (preset.repeats if preset else 1)
+    return run_bench_vllm(agents, specs, spec, info, args.seed, not args.no_progress, profile, calibration, tagging,
+                          repeats)
 
 
 def _cmd_calibrate(args) -> int:

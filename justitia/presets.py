@@ -60,6 +60,7 @@ class Preset:
     engine: str = "sim"  # sim | vllm
     engine_options: dict = field(default_factory=dict)  # vllm: EngineSpec fields
     calibration_agents: list[Agent] = field(default_factory=list)  # vllm: the calibration run's workload
+    repeats: int = 1  # vllm: runs per policy, JCTs averaged per agent
 
 
 def _all_policies(predictor: str = "oracle") -> list[RunSpec]:
@@ -108,7 +109,8 @@ def make_preset(name: str, seed: int = 0) -> Preset:
         return Preset(name, "KV token-time against compute-token cost (Justitia/C), 2x density", agents, info, specs)
     if name == "cpu":
         # Sized for a 2-core CPU running the tiny model: ~1 agent/s (a third of the trace's density),
-        # token lengths / 8, and a 24-block KV cache (3,072 tokens) that a few agents fill.
+        # token lengths / 8, and a 24-block KV cache (3,072 tokens) that a few agents fill. Each
+        # policy runs twice (JCTs averaged per agent): single runs here vary by tens of percent.
         agents, info = build_workload(CPU_AGENTS, seed, trace, CPU_DENSITY)
         agents = scale_tokens(agents, CPU_SCALE)
         calib, _ = build_workload(CPU_CALIBRATION_AGENTS, seed + 1, trace, CPU_DENSITY)
@@ -116,9 +118,9 @@ def make_preset(name: str, seed: int = 0) -> Preset:
         return Preset(name, f"{CPU_AGENTS} agents on real vLLM (tiny model, CPU), all seven policies + front-end tagging",
                       agents, info, _all_policies(), engine="vllm",
                       engine_options={"model": "tiny", "kv_blocks": 24, "max_num_seqs": 64, "max_num_batched_tokens": 2048},
-                      calibration_agents=scale_tokens(calib, CPU_SCALE))
+                      calibration_agents=scale_tokens(calib, CPU_SCALE), repeats=CPU_REPEATS)
     raise ValueError(f"unknown preset '{name}'; expected one of: {', '.join(PRESET_NAMES)}.")
 
 
-CPU_AGENTS, CPU_CALIBRATION_AGENTS, CPU_DENSITY, CPU_SCALE = 30, 20, 1 / 3, 8
+CPU_AGENTS, CPU_CALIBRATION_AGENTS, CPU_DENSITY, CPU_SCALE, CPU_REPEATS = 24, 20, 1 / 3, 8, 2
 PRESET_NAMES = ("main", "starvation", "noise", "ablation", "cpu")

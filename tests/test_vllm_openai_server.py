@@ -80,3 +80,14 @@ def test_a_request_without_metadata_is_served_as_its_own_agent(server):
     text = log.read_text()
     assert re.search(r"justitia: agent \S+ arrived: type=''", text)
     assert not [line for line in text.splitlines() if "ERROR" in line]
+
+
+def test_bad_costs_in_vllm_xargs_are_logged_and_replaced_and_the_server_keeps_serving(server):
+    client, model, log = server
+    for i, bad in enumerate(["lots", -5, "1e999"]):
+        out = client.completions.create(model=model, prompt="Check this.", max_tokens=4, extra_body={
+            "ignore_eos": True, "vllm_xargs": {"agent_id": f"bad-{i}", "agent_cost": bad, "agent_done": 1}})
+        assert out.usage.completion_tokens == 4
+    text = log.read_text()
+    assert text.count("is not a finite number >= 0") == 3
+    assert client.models.list().data

@@ -39,6 +39,7 @@ victim. Pinned to vLLM 0.32: the scheduler internals it relies on are not a publ
 
 from __future__ import annotations
 
+import math
 import os
 import time
 from typing import Iterable, Iterator
@@ -116,6 +117,22 @@ class _CoreQueue(RequestQueue):
         return iter(list(self.requests.values()))
 
 
+def _cost(meta: dict, key: str, default: float, request_id: str) -> float:
+    """A cost from request metadata; a bad value is logged and replaced (it must not stop the engine)."""
+    value = meta.get(key)
+    if value is None:
+        return default
+    try:
+        cost = float(value)
+    except (TypeError, ValueError):
+        cost = math.nan
+    if not (math.isfinite(cost) and cost >= 0):
+        logger.warning("justitia: request %s: %s=%r is not a finite number >= 0; using %.6g",
+                       request_id, key, value, default)
+        return default
+    return cost
+
+
 def _probe(agent_id: str) -> RequestInfo:
     """A stand-in request of ``agent_id``, to read the agent's current key."""
     return RequestInfo("", agent_id, -1, 0, 0.0)
@@ -164,8 +181,11 @@ class JustitiaScheduler(Scheduler):
         if any(rid != request.request_id for rid in self.requests) or self.infos:
             logger.warning("justitia: control request %s ignored: the engine is not idle", request.request_id)
             return
-        self._reset(str(control.get("policy", "justitia")), str(control.get("cost", "kv")),
-                    float(control["capacity_per_s"]), control.get("step_log"))
+        try:
+            self._reset(str(control.get("policy", "justitia")), str(control.get("cost", "kv")),
+                        float(control["capacity_per_s"]), control.get("step_log"))
+        except (AttributeError, KeyError, TypeError, ValueError, OSError) as exc:
+            logger.warning("justitia: control request %s ignored: %s", request.request_id, exc)
 
     def _queue(self, request: Request) -> None:
         """Register a request with the core (first time) or requeue it, and stamp its key."""
@@ -178,9 +198,10 @@ class JustitiaScheduler(Scheduler):
                 self._control(request, meta)
             agent_id = str(meta.get("agent_id") or request.request_id)
             max_tokens = getattr(request.sampling_params, "max_tokens", None) or 256
-            request_cost = float(meta.get("request_cost", cost_model(self.cost).request_cost(request.num_prompt_tokens, max_tokens)))
+            estimate = cost_model(self.cost).request_cost(request.num_prompt_tokens, max_tokens)
+            request_cost = _cost(meta, "request_cost", estimate, request.request_id)
             if not self.core.has_agent(agent_id):
-                cost = float(meta.get("agent_cost", request_cost))
+                cost = _cost(meta, "agent_cost", request_cost, request.request_id)
                 agent = self.core.agent_arrived(agent_id, str(meta.get("agent_type", "")), cost, self._now())
                 if self.log_agents:
                     logger.info("justitia: agent %s arrived: type=%r predicted_cost=%.6g key=%s", agent_id,
