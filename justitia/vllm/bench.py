@@ -23,6 +23,7 @@ TAGGING_LABEL = "justitia@tagging"
 
 
 async def _calibrate(engine: VllmEngine, agents: list[Agent], seed: int, repeats: int = 1) -> tuple[LatencyProfile, dict]:
+    await engine.run(agents, "fcfs", seed=seed)  # warm-up: a fresh engine's first steps of each shape are slow
     runs = []
     for _ in range(repeats):
         runs.append((await engine.run(agents, "fcfs", seed=seed)).steps)
@@ -112,6 +113,10 @@ def run_bench_vllm(
                         walls[spec.label] = walls.get(spec.label, 0.0) + time.perf_counter() - t
                 if tagging:
                     async with VllmEngine(replace(engine_spec, mode="tagging")) as stock:
+                        # A fresh engine's first steps of each batch shape are slow (CPU kernels get
+                        # built); the plug-in engine warmed up before calibrating, this one does here.
+                        await stock.run(calibration_agents or agents, "justitia", predictor, "kv",
+                                        config.capacity_per_s("kv"), seed)
                         for _ in range(repeats):
                             t = time.perf_counter()
                             run = await stock.run(agents, "justitia", predictor, "kv", config.capacity_per_s("kv"),
