@@ -40,7 +40,8 @@ def _parser() -> argparse.ArgumentParser:
     _add_workload_args(b)
     b.add_argument("--scale", type=float, default=1.0, help="divide every token length by this (small engines)")
     b.add_argument("--policies", default=",".join(POLICY_NAMES), help="comma-separated policies")
-    b.add_argument("--predictor", default="oracle", help="oracle or noisy:L (default oracle)")
+    b.add_argument("--predictor", default="oracle",
+                   help="oracle, noisy:L, mlp:DIR, mean:FILE or linear:FILE (default oracle)")
     b.add_argument("--cost", choices=["kv", "compute"], default="kv", help="cost model (default kv)")
     b.add_argument("--profile", help=f"simulator latency profile: {', '.join(sorted(PROFILES))} (sim default) "
                    "or a file from 'justitia calibrate' (vllm default: calibrate first)")
@@ -51,6 +52,19 @@ def _parser() -> argparse.ArgumentParser:
     b.add_argument("--out", type=Path, default=Path("results/bench"), help="output directory")
     b.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
     b.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+
+    pr = sub.add_parser("predictor", help="train and evaluate the learned cost predictor")
+    pr_sub = pr.add_subparsers(dest="predictor_command", required=True)
+    tr = pr_sub.add_parser("train", help="fit per-type TF-IDF + MLP models to a profile (or workload) file")
+    tr.add_argument("--profile", type=Path, required=True, help="JSONL profile or workload file")
+    tr.add_argument("--out", type=Path, required=True, help="predictor directory to write")
+    tr.add_argument("--seed", type=int, default=0)
+    tr.add_argument("--alpha", type=float, default=1e-3, help="L2 penalty of the MLP (default 1e-3)")
+    ev = pr_sub.add_parser("eval", help="hold out agents per type; compare mlp, mean and linear predictors")
+    ev.add_argument("--profile", type=Path, required=True, help="JSONL profile or workload file")
+    ev.add_argument("--test-frac", type=float, default=0.2, help="share of each type held out (default 0.2)")
+    ev.add_argument("--seed", type=int, default=0)
+    ev.add_argument("--out", type=Path, help="also write the evaluation as JSON here")
 
     c = sub.add_parser("calibrate", help="fit the simulator's latency profile to a real vLLM engine")
     _add_workload_args(c, agents=20, density=1 / 3)
@@ -182,6 +196,52 @@ def _bench_vllm(args, agents, specs, info, preset) -> dict:
                           repeats)
 
 
+def _cmd_predictor(args) -> int:
+    import json
+
+    from justitia.cost import cost_model
+    from justitia.learned import LearnedPredictor, evaluate
+    from justitia.workload import load_workload
+
+    agents = load_workload(args.profile)
+    kv = cost_model("kv")
+    if args.predictor_command == "train":
+        import time
+
+        t = time.perf_counter()
+        pred = LearnedPredictor.train(agents, kv, args.seed, args.alpha)
+        took = time.perf_counter() - t
+        pred.save(args.out)
+        kinds = sorted(k for k in pred.models if k != "*")
+        print(f"trained {len(kinds)} per-type models ({', '.join(kinds)}) and an all-types one on "
+              f"{len(agents)} agents in {took:.1f} s: {args.out}  (use: --predictor mlp:{args.out})")
+        return 0
+    if not 0 < args.test_frac < 1:
+        raise ValueError(f"--test-frac must be between 0 and 1, got {args.test_frac}.")
+    doc = evaluate(agents, kv, args.test_frac, args.seed)
+    from rich.console import Console
+    from rich.table import Table
+
+    names = list(doc["predictors"])
+    types = sorted(doc["predictors"][names[0]]["per_type_mean_rel_error"])
+    table = Table(title=f"mean relative error of the agent cost, {doc['test_agents']} held-out agents "
+                        f"({doc['train_agents']} trained on)")
+    table.add_column("type")
+    for n in names:
+        table.add_column(n, justify="right")
+    for t in types:
+        table.add_row(t, *(f"{doc['predictors'][n]['per_type_mean_rel_error'][t]:.0%}" for n in names))
+    table.add_row("all", *(f"{doc['predictors'][n]['mean_rel_error']:.0%}" for n in names))
+    table.add_row("p50 latency ms", *(f"{doc['predictors'][n]['latency_ms_p50']:.3f}" for n in names))
+    table.add_row("p99 latency ms", *(f"{doc['predictors'][n]['latency_ms_p99']:.3f}" for n in names))
+    table.add_row("training s", *(f"{doc['predictors'][n]['train_s']:.1f}" for n in names))
+    Console(width=120).print(table)
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(doc, indent=1))
+    return 0
+
+
 def _cmd_calibrate(args) -> int:
     import json
 
@@ -219,6 +279,8 @@ def main(argv: list[str] | None = None) -> int:
             return _cmd_generate(args)
         if args.command == "calibrate":
             return _cmd_calibrate(args)
+        if args.command == "predictor":
+            return _cmd_predictor(args)
         return _cmd_bench(args)
     except (WorkloadError, ValueError) as exc:
         print(f"justitia: error: {exc}", file=sys.stderr)

@@ -8,9 +8,9 @@ prediction uses only numpy on weights stored in a non-executable format:
     DIR/weights.npz      idf vector and layer matrices, loaded with ``allow_pickle=False``
 
 Loading never unpickles anything; a weights file whose hash does not match the manifest is
-refused. What a model sees of an agent at arrival: the text of its first stage's prompts (TF-IDF,
-sublinear tf, l2-normalized, as sklearn computes it), plus two numbers, log(1 + first-stage prompt
-tokens) and log(1 + first-stage tasks). Target: log C, standardized; predictions are
+refused. What a model sees of an agent at arrival: the first 600 characters of each first-stage
+prompt, 4,000 in all (TF-IDF, sublinear tf, l2-normalized, as sklearn computes it), plus two
+numbers, log(1 + first-stage prompt tokens) and log(1 + first-stage tasks). Target: log C, standardized; predictions are
 ``exp(.)``, so they are never negative. The first hidden layer's width scales with the type's mean
 prompt length (``clip(mean_tokens / 8, 32, 256)``), then 64 and 32.
 
@@ -27,6 +27,8 @@ import json
 import math
 import re
 import time
+import warnings
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -40,6 +42,12 @@ SCHEMA = "justitia.predictor/1"
 ALL_TYPES = "*"
 TOKEN = re.compile(r"(?u)\b\w\w+\b")  # sklearn's default token_pattern
 CORRECTION_WEIGHT = 0.3  # weight of the newest observation in the per-type correction
+MAX_FEATURES = 1024  # TF-IDF vocabulary per model
+# Prompts put their instructions (and length hints) first; reading only the head keeps a
+# prediction well under a millisecond however long the documents are. Lengths enter as numbers.
+PROMPT_HEAD_CHARS = 600
+AGENT_TEXT_CHARS = 4000
+MAX_REQUESTS_PER_TYPE = 500  # requests sampled per type to fit the request-cost model
 
 
 class PredictorFileError(ValueError):
@@ -47,8 +55,13 @@ class PredictorFileError(ValueError):
 
 
 def agent_text(agent: Agent) -> str:
-    """What the predictor reads of an agent at arrival: its first stage's prompts."""
-    return "\n".join(t.prompt for t in agent.stages[0])
+    """What the predictor reads of an agent at arrival: the head of each first-stage prompt."""
+    return "\n".join(t.prompt[:PROMPT_HEAD_CHARS] for t in agent.stages[0])[:AGENT_TEXT_CHARS]
+
+
+def request_text(task: Task) -> str:
+    """What the predictor reads of a request: the head of its prompt."""
+    return task.prompt[:AGENT_TEXT_CHARS]
 
 
 def agent_numbers(agent: Agent) -> list[float]:
@@ -75,11 +88,12 @@ class Model:
 
     def features(self, text: str, numbers: list[float]) -> np.ndarray:
         """TF-IDF (sublinear tf, l2 norm) of ``text`` followed by ``numbers``."""
+        vocab = self.vocab
         counts: dict[int, int] = {}
-        for token in TOKEN.findall(text.lower()):
-            j = self.vocab.get(token)
+        for token, n in Counter(TOKEN.findall(text.lower())).items():  # distinct tokens only
+            j = vocab.get(token)
             if j is not None:
-                counts[j] = counts.get(j, 0) + 1
+                counts[j] = n
         x = np.zeros(len(self.idf) + len(numbers))
         if counts:
             idx = np.fromiter(counts, dtype=np.int64)
@@ -91,12 +105,11 @@ class Model:
 
     def predict(self, text: str, numbers: list[float]) -> float:
         """The predicted cost (>= 0, finite)."""
-        h = self.features(text, numbers)
-        last = len(self.weights) - 1
-        for k, (w, b) in enumerate(zip(self.weights, self.biases)):
-            h = h @ w + b
-            if k < last:
-                h = np.maximum(h, 0.0)
+        x = self.features(text, numbers)
+        nz = np.flatnonzero(x)  # the first layer touches only the rows of present terms
+        h = x[nz] @ self.weights[0][nz] + self.biases[0]
+        for w, b in zip(self.weights[1:], self.biases[1:]):
+            h = np.maximum(h, 0.0) @ w + b
         z = float(np.clip(h[0] * self.std + self.mean, -50.0, 60.0))  # guard exp() on wild inputs
         return math.exp(z)
 
@@ -106,14 +119,16 @@ def _fit(texts: list[str], numbers: list[list[float]], costs: list[float], width
     from sklearn.feature_extraction.text import TfidfVectorizer
     from sklearn.neural_network import MLPRegressor
 
-    vec = TfidfVectorizer(lowercase=True, sublinear_tf=True, max_features=4096, norm="l2", dtype=np.float64)
+    vec = TfidfVectorizer(lowercase=True, sublinear_tf=True, max_features=MAX_FEATURES, norm="l2", dtype=np.float64)
     tfidf = vec.fit_transform(texts).toarray()
     x = np.hstack([tfidf, np.asarray(numbers, dtype=float)])
     y = np.log(np.maximum(np.asarray(costs, dtype=float), 1.0))
     mean, std = float(y.mean()), float(y.std() or 1.0)
-    mlp = MLPRegressor(hidden_layer_sizes=(width, 64, 32), activation="relu", alpha=alpha, max_iter=600,
-                       learning_rate_init=1e-3, random_state=seed, n_iter_no_change=30, tol=1e-5)
-    mlp.fit(x, (y - mean) / std)
+    mlp = MLPRegressor(hidden_layer_sizes=(width, 64, 32), activation="relu", alpha=alpha, max_iter=300,
+                       learning_rate_init=1e-3, random_state=seed, n_iter_no_change=15, tol=1e-4)
+    with warnings.catch_warnings():  # stopping at max_iter is the intended budget, not a failure
+        warnings.simplefilter("ignore", category=UserWarning)
+        mlp.fit(x, (y - mean) / std)
     vocab = {term: int(j) for term, j in vec.vocabulary_.items()}
     return Model(vocab, np.asarray(vec.idf_, dtype=float), [np.asarray(w) for w in mlp.coefs_],
                  [np.asarray(b) for b in mlp.intercepts_], mean, std)
@@ -151,7 +166,7 @@ class LearnedPredictor(Predictor):
         """Predicted cost of one request."""
         self._check(model)
         task = agent.stages[stage][index]
-        return self._model(agent.type, "request").predict(task.prompt, request_numbers(task))
+        return self._model(agent.type, "request").predict(request_text(task), request_numbers(task))
 
     def observe(self, agent_type: str, predicted: float, actual: float) -> None:
         """An agent of ``agent_type`` finished: move the type's correction toward log(actual / predicted)."""
@@ -175,12 +190,15 @@ class LearnedPredictor(Predictor):
         models = {}
         for agent_type, group in groups.items():
             tasks = [t for a in group for t in a.tasks]
+            if len(tasks) > MAX_REQUESTS_PER_TYPE:  # requests of one type are alike; a sample suffices
+                pick = np.random.default_rng(seed).choice(len(tasks), MAX_REQUESTS_PER_TYPE, replace=False)
+                tasks = [tasks[i] for i in sorted(pick)]
             mean_tokens = sum(t.prompt_tokens for a in group for t in a.stages[0]) / len(group)
             width = int(min(max(mean_tokens / 8, 32), 256))
             models[agent_type] = {
                 "agent": _fit([agent_text(a) for a in group], [agent_numbers(a) for a in group],
                               [a.cost(cost) for a in group], width, seed, alpha),
-                "request": _fit([t.prompt for t in tasks], [request_numbers(t) for t in tasks],
+                "request": _fit([request_text(t) for t in tasks], [request_numbers(t) for t in tasks],
                                 [cost.request_cost(t.prompt_tokens, t.output_tokens) for t in tasks], width, seed, alpha),
             }
         meta = {"agents": len(agents), "types": {t: len(g) for t, g in by_type.items()}, "alpha": alpha, "seed": seed}
@@ -247,3 +265,106 @@ class LearnedPredictor(Predictor):
         if ALL_TYPES not in models:
             raise PredictorFileError(f"{d}: the all-types model '{ALL_TYPES}' is missing.")
         return cls(models, str(manifest.get("cost", "kv")), manifest.get("meta"))
+
+
+class MeanPredictor(Predictor):
+    """Baseline: the mean cost of the agent's type in the training data (all types' mean if unseen)."""
+
+    name = "mean"
+
+    def __init__(self, agent_means: dict[str, float], request_means: dict[str, float]):
+        self.agent_means, self.request_means = agent_means, request_means
+
+    @classmethod
+    def train(cls, agents: list[Agent], cost: CostModel) -> "MeanPredictor":
+        """Per-type means of agent and request costs."""
+        agent_means: dict[str, float] = {}
+        request_means: dict[str, float] = {}
+        for agent_type in {a.type for a in agents} | {ALL_TYPES}:
+            group = [a for a in agents if agent_type in (ALL_TYPES, a.type)]
+            agent_means[agent_type] = float(np.mean([a.cost(cost) for a in group]))
+            request_means[agent_type] = float(np.mean([cost.request_cost(t.prompt_tokens, t.output_tokens)
+                                                       for a in group for t in a.tasks]))
+        return cls(agent_means, request_means)
+
+    def agent_cost(self, agent: Agent, model: CostModel) -> float:
+        """The type's mean agent cost."""
+        return self.agent_means.get(agent.type, self.agent_means[ALL_TYPES])
+
+    def request_cost(self, agent: Agent, stage: int, index: int, model: CostModel) -> float:
+        """The type's mean request cost."""
+        return self.request_means.get(agent.type, self.request_means[ALL_TYPES])
+
+
+class LinearPredictor(Predictor):
+    """Baseline: per type, log C linear in log(first-stage prompt tokens) and log(first-stage tasks)."""
+
+    name = "linear"
+
+    def __init__(self, coefs: dict[str, np.ndarray], request_coefs: dict[str, np.ndarray]):
+        self.coefs, self.request_coefs = coefs, request_coefs
+
+    @classmethod
+    def train(cls, agents: list[Agent], cost: CostModel) -> "LinearPredictor":
+        """Least squares per type (and over all types)."""
+        coefs, request_coefs = {}, {}
+        for agent_type in {a.type for a in agents} | {ALL_TYPES}:
+            group = [a for a in agents if agent_type in (ALL_TYPES, a.type)]
+            x = np.array([[1.0, *agent_numbers(a)] for a in group])
+            y = np.log(np.maximum([a.cost(cost) for a in group], 1.0))
+            coefs[agent_type] = np.linalg.lstsq(x, y, rcond=None)[0]
+            tasks = [t for a in group for t in a.tasks]
+            xr = np.array([[1.0, request_numbers(t)[0]] for t in tasks])
+            yr = np.log(np.maximum([cost.request_cost(t.prompt_tokens, t.output_tokens) for t in tasks], 1.0))
+            request_coefs[agent_type] = np.linalg.lstsq(xr, yr, rcond=None)[0]
+        return cls(coefs, request_coefs)
+
+    def agent_cost(self, agent: Agent, model: CostModel) -> float:
+        """exp of the type's linear fit."""
+        c = self.coefs.get(agent.type, self.coefs[ALL_TYPES])
+        return math.exp(float(np.clip(c @ np.array([1.0, *agent_numbers(agent)]), -50, 60)))
+
+    def request_cost(self, agent: Agent, stage: int, index: int, model: CostModel) -> float:
+        """exp of the type's linear fit on the request's prompt length."""
+        c = self.request_coefs.get(agent.type, self.request_coefs[ALL_TYPES])
+        task = agent.stages[stage][index]
+        return math.exp(float(np.clip(c @ np.array([1.0, request_numbers(task)[0]]), -50, 60)))
+
+
+def evaluate(agents: list[Agent], cost: CostModel, test_frac: float = 0.2, seed: int = 0) -> dict:
+    """Train mlp, mean and linear on a per-type split of ``agents``; score them on the held-out part.
+
+    Per predictor, per type and overall: mean relative error |predicted - true| / true of the agent
+    cost, median and p99 prediction latency, and training time.
+    """
+    rng = np.random.default_rng(seed)
+    train, test = [], []
+    for agent_type in sorted({a.type for a in agents}):
+        group = [a for a in agents if a.type == agent_type]
+        order = rng.permutation(len(group))
+        n_test = max(1, round(test_frac * len(group)))
+        test += [group[i] for i in order[:n_test]]
+        train += [group[i] for i in order[n_test:]]
+    out = {"train_agents": len(train), "test_agents": len(test), "predictors": {}}
+    for name, trainer in (("mlp", lambda: LearnedPredictor.train(train, cost, seed)),
+                          ("mean", lambda: MeanPredictor.train(train, cost)),
+                          ("linear", lambda: LinearPredictor.train(train, cost))):
+        t = time.perf_counter()
+        pred = trainer()
+        train_s = time.perf_counter() - t
+        per_type: dict[str, list[float]] = {}
+        latencies = []
+        for a in test:
+            t = time.perf_counter()
+            p = pred.agent_cost(a, cost)
+            latencies.append(time.perf_counter() - t)
+            per_type.setdefault(a.type, []).append(abs(p - a.cost(cost)) / a.cost(cost))
+        errors = [e for es in per_type.values() for e in es]
+        out["predictors"][name] = {
+            "train_s": train_s,
+            "mean_rel_error": float(np.mean(errors)),
+            "per_type_mean_rel_error": {t: float(np.mean(es)) for t, es in sorted(per_type.items())},
+            "latency_ms_p50": 1000 * float(np.median(latencies)),
+            "latency_ms_p99": 1000 * float(np.percentile(latencies, 99)),
+        }
+    return out

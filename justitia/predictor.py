@@ -29,6 +29,9 @@ class Predictor:
         """The predicted cost of task ``index`` of stage ``stage`` of ``agent``."""
         raise NotImplementedError
 
+    def observe(self, agent_type: str, predicted: float, actual: float) -> None:
+        """An agent finished: what was predicted for it and what it cost (learning predictors use it)."""
+
 
 class OraclePredictor(Predictor):
     """The true cost."""
@@ -73,13 +76,27 @@ def _hash(text: str) -> int:
 
 
 def make_predictor(spec: str, seed: int = 0) -> Predictor:
-    """Build a predictor from its name: ``oracle`` or ``noisy:L`` (L >= 1)."""
+    """Build a predictor from its name: ``oracle``, ``noisy:L`` (L >= 1), ``mlp:DIR`` (a trained
+    predictor directory), or the baselines ``mean:FILE`` / ``linear:FILE`` (trained on the spot on a
+    profile or workload file)."""
     if spec == "oracle":
         return OraclePredictor()
+    kind, _, arg = spec.partition(":")
+    if kind in ("mlp", "mean", "linear") and arg:
+        from justitia import learned
+
+        if kind == "mlp":
+            return learned.LearnedPredictor.load(arg)
+        from justitia.cost import cost_model
+        from justitia.workload import load_workload
+
+        trainer = learned.MeanPredictor if kind == "mean" else learned.LinearPredictor
+        return trainer.train(load_workload(arg), cost_model("kv"))
     if spec.startswith("noisy:"):
         try:
             lam = float(spec.split(":", 1)[1])
         except ValueError:
             raise ValueError(f"predictor '{spec}': expected noisy:L with a number L >= 1, e.g. noisy:3.") from None
         return NoisyPredictor(lam, seed)
-    raise ValueError(f"unknown predictor '{spec}'; expected 'oracle' or 'noisy:L' (e.g. noisy:3).")
+    raise ValueError(f"unknown predictor '{spec}'; expected oracle, noisy:L (e.g. noisy:3), mlp:DIR, mean:FILE "
+                     "or linear:FILE.")

@@ -242,6 +242,7 @@ class Simulator:
             sum(kv_token_iters(t.prompt_tokens, t.output_tokens) for t in a.tasks), run.predicted_cost,
         )
         self.results.append(result)
+        self.predictor.observe(a.type, run.predicted_cost, a.cost(self.cost))
         if self.on_agent_finish:
             self.on_agent_finish(result)
 

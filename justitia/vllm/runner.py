@@ -222,6 +222,7 @@ class VllmEngine:
             result = AgentResult(agent.agent_id, agent.type, agent.arrival_s, finish_s, finish_s - agent.arrival_s,
                                  agent.cost(model), predicted)
             results.append(result)
+            pred.observe(agent.type, predicted, agent.cost(model))
             if on_agent_finish is not None:
                 on_agent_finish(result)
 
