@@ -144,7 +144,6 @@ class LearnedPredictor(Predictor):
         self.cost = cost
         self.meta = meta or {}
         self.correction: dict[str, float] = {}  # type -> log factor
-        self.latencies_s: list[float] = []
 
     # ----------------------------------------------------------------------------- predict
     def _model(self, agent_type: str, target: str) -> Model:
@@ -157,9 +156,7 @@ class LearnedPredictor(Predictor):
     def agent_cost(self, agent: Agent, model: CostModel) -> float:
         """Predicted total cost of ``agent``, corrected by what its type has shown so far."""
         self._check(model)
-        t = time.perf_counter()
         raw = self._model(agent.type, "agent").predict(agent_text(agent), agent_numbers(agent))
-        self.latencies_s.append(time.perf_counter() - t)
         return raw * math.exp(self.correction.get(agent.type, 0.0))
 
     def request_cost(self, agent: Agent, stage: int, index: int, model: CostModel) -> float:
