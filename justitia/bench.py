@@ -102,6 +102,13 @@ def summarize(
     return doc
 
 
+def check_labels(specs: list[RunSpec]) -> None:
+    """Every run of a bench needs its own label: results are keyed by it."""
+    labels = [s.label for s in specs]
+    if len(set(labels)) != len(labels):
+        raise ValueError(f"run labels must be unique, got {labels}.")
+
+
 def run_bench(
     agents: list[Agent],
     specs: list[RunSpec],
@@ -111,9 +118,7 @@ def run_bench(
     progress: bool = True,
 ) -> dict:
     """Run every spec on the simulator and return the results document."""
-    labels = [s.label for s in specs]
-    if len(set(labels)) != len(labels):
-        raise ValueError(f"run labels must be unique, got {labels}.")
+    check_labels(specs)
     runs: dict[str, SimResult] = {}
     with progress_bar(len(agents) * len(specs), progress, "simulating") as advance:
         for spec in specs:

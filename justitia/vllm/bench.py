@@ -11,7 +11,7 @@ import asyncio
 import time
 from dataclasses import replace
 
-from justitia.bench import RunSpec, progress_bar, simulate, summarize
+from justitia.bench import RunSpec, check_labels, progress_bar, simulate, summarize
 from justitia.calibrate import fit_profile
 from justitia.sim import EngineConfig
 from justitia.sim.config import LatencyProfile
@@ -82,9 +82,7 @@ def run_bench_vllm(
     """
     if repeats < 1:
         raise ValueError(f"--repeats must be >= 1, got {repeats}.")
-    labels = [s.label for s in specs]
-    if len(set(labels)) != len(labels):
-        raise ValueError(f"run labels must be unique, got {labels}.")
+    check_labels(specs)
     if profile is None and not calibration_agents:
         raise ValueError("the vLLM bench needs a latency profile (--sim-profile) or calibration agents.")
     tries: dict[str, list] = {}  # label -> EngineRun per repeat
