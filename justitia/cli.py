@@ -55,16 +55,32 @@ def _parser() -> argparse.ArgumentParser:
 
     pr = sub.add_parser("predictor", help="train and evaluate the learned cost predictor")
     pr_sub = pr.add_subparsers(dest="predictor_command", required=True)
-    tr = pr_sub.add_parser("train", help="fit per-type TF-IDF + MLP models to a profile (or workload) file")
+    tr = pr_sub.add_parser("train", help="fit per-type TF-IDF + MLP models (or the lm baseline) to a profile file")
     tr.add_argument("--profile", type=Path, required=True, help="JSONL profile or workload file")
+    tr.add_argument("--kind", choices=["mlp", "lm"], default="mlp",
+                    help="mlp: per-type TF-IDF + MLP (default); lm: MiniLM embedding + MLP baseline")
     tr.add_argument("--out", type=Path, required=True, help="predictor directory to write")
     tr.add_argument("--seed", type=int, default=0)
     tr.add_argument("--alpha", type=float, default=1e-3, help="L2 penalty of the MLP (default 1e-3)")
-    ev = pr_sub.add_parser("eval", help="hold out agents per type; compare mlp, mean and linear predictors")
+    ev = pr_sub.add_parser("eval", help="hold out agents per type; compare the predictors on them")
+    ev.add_argument("--predictors", default="mlp,lm,mean,linear",
+                    help="comma-separated, of mlp, lm, mean, linear (default all four)")
     ev.add_argument("--profile", type=Path, required=True, help="JSONL profile or workload file")
     ev.add_argument("--test-frac", type=float, default=0.2, help="share of each type held out (default 0.2)")
     ev.add_argument("--seed", type=int, default=0)
     ev.add_argument("--out", type=Path, help="also write the evaluation as JSON here")
+
+    pf = sub.add_parser("profile", help="run generated agents through a real model (vLLM) and record their costs")
+    pf.add_argument("--model", default="smollm2", help="tiny, smollm2 or a model directory (default smollm2)")
+    pf.add_argument("--agents-per-type", type=int, default=30, help="agents of each workflow (default 30)")
+    pf.add_argument("--types", help="comma-separated workflows (default all nine)")
+    pf.add_argument("--size", choices=["small", "medium", "large"], default="small", help="size class (default small)")
+    pf.add_argument("--scale", type=float, default=8.0, help="divide every drawn length by this (default 8)")
+    pf.add_argument("--max-tokens", type=int, default=128, help="cap on any one answer (default 128)")
+    pf.add_argument("--concurrency", type=int, default=32, help="agents in flight (default 32)")
+    pf.add_argument("--seed", type=int, default=0)
+    pf.add_argument("--out", type=Path, required=True, help="profile file (.jsonl or .jsonl.gz); resumed if it exists")
+    pf.add_argument("--no-progress", action="store_true", help="hide the progress bar")
 
     c = sub.add_parser("calibrate", help="fit the simulator's latency profile to a real vLLM engine")
     _add_workload_args(c, agents=20, density=1 / 3)
@@ -134,6 +150,8 @@ def _cmd_bench(args) -> int:
         preset = make_preset(args.preset, args.seed)
         agents, info, specs = preset.agents, preset.workload_info, preset.specs
         title = f"preset '{preset.name}': {preset.description}"
+        for note in preset.notes:
+            print(f"note: {note}", file=sys.stderr)
         if args.workload:
             raise ValueError("--preset builds its own workload; drop --workload.")
     else:
@@ -160,6 +178,8 @@ def _cmd_bench(args) -> int:
         doc = run_bench(agents, specs, _sim_config(args), info, args.seed, progress=not args.no_progress)
     if args.preset:
         doc["preset"] = args.preset
+        if preset.notes:
+            doc["notes"] = preset.notes
     path = write_results(doc, args.out, plots=not args.no_plots)
     print_results(doc, title)
     if args.preset == "starvation":
@@ -209,16 +229,20 @@ def _cmd_predictor(args) -> int:
         import time
 
         t = time.perf_counter()
-        pred = LearnedPredictor.train(agents, kv, args.seed, args.alpha)
-        took = time.perf_counter() - t
-        pred.save(args.out)
-        kinds = sorted(k for k in pred.models if k != "*")
-        print(f"trained {len(kinds)} per-type models ({', '.join(kinds)}) and an all-types one on "
-              f"{len(agents)} agents in {took:.1f} s: {args.out}  (use: --predictor mlp:{args.out})")
+        if args.kind == "lm":
+            from justitia.embedding import LmPredictor
+
+            LmPredictor.train(agents, kv, args.seed, args.alpha).save(args.out)
+            what = "the embedding (all-MiniLM-L6-v2) + MLP model over all types"
+        else:
+            pred = LearnedPredictor.train(agents, kv, args.seed, args.alpha)
+            pred.save(args.out)
+            kinds = sorted(k for k in pred.models if k != "*")
+            what = f"{len(kinds)} per-type models ({', '.join(kinds)}) and an all-types one"
+        print(f"trained {what} on {len(agents)} agents in {time.perf_counter() - t:.1f} s: {args.out}  "
+              f"(use: --predictor {args.kind}:{args.out})")
         return 0
-    if not 0 < args.test_frac < 1:
-        raise ValueError(f"--test-frac must be between 0 and 1, got {args.test_frac}.")
-    doc = evaluate(agents, kv, args.test_frac, args.seed)
+    doc = evaluate(agents, kv, args.test_frac, args.seed, tuple(n for n in args.predictors.split(",") if n))
     from rich.console import Console
     from rich.table import Table
 
@@ -239,6 +263,21 @@ def _cmd_predictor(args) -> int:
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(doc, indent=1))
+    return 0
+
+
+def _cmd_profile(args) -> int:
+    from justitia.vllm.profile import ProfileSpec, run_profile
+    from justitia.workflows import WORKFLOW_TYPES
+
+    types = tuple(args.types.split(",")) if args.types else WORKFLOW_TYPES
+    if args.max_tokens < 1 or args.concurrency < 1:
+        raise ValueError("--max-tokens and --concurrency must be >= 1.")
+    spec = ProfileSpec(args.model, types, args.agents_per_type, args.size, args.scale, args.max_tokens, args.seed,
+                       args.concurrency)
+    summary = run_profile(spec, args.out, not args.no_progress)
+    print(f"profile: {summary['agents']} agents in {args.out} ({summary['new']} new, {summary['wall_s'] / 60:.1f} min)  "
+          f"(next: justitia predictor eval --profile {args.out})")
     return 0
 
 
@@ -281,6 +320,8 @@ def main(argv: list[str] | None = None) -> int:
             return _cmd_calibrate(args)
         if args.command == "predictor":
             return _cmd_predictor(args)
+        if args.command == "profile":
+            return _cmd_profile(args)
         return _cmd_bench(args)
     except (WorkloadError, ValueError) as exc:
         print(f"justitia: error: {exc}", file=sys.stderr)

@@ -107,21 +107,22 @@ class Model:
         """The predicted cost (>= 0, finite)."""
         x = self.features(text, numbers)
         nz = np.flatnonzero(x)  # the first layer touches only the rows of present terms
-        h = x[nz] @ self.weights[0][nz] + self.biases[0]
-        for w, b in zip(self.weights[1:], self.biases[1:]):
-            h = np.maximum(h, 0.0) @ w + b
-        z = float(np.clip(h[0] * self.std + self.mean, -50.0, 60.0))  # guard exp() on wild inputs
-        return math.exp(z)
+        return mlp_cost(x[nz] @ self.weights[0][nz] + self.biases[0], self.weights, self.biases, self.mean, self.std)
 
 
-def _fit(texts: list[str], numbers: list[list[float]], costs: list[float], width: int, seed: int,
-         alpha: float) -> Model:
-    from sklearn.feature_extraction.text import TfidfVectorizer
+def mlp_cost(h: np.ndarray, weights: list[np.ndarray], biases: list[np.ndarray], mean: float, std: float) -> float:
+    """Finish an MLP forward pass from its first layer's pre-activation ``h``; undo the log target."""
+    for w, b in zip(weights[1:], biases[1:]):
+        h = np.maximum(h, 0.0) @ w + b
+    z = float(np.clip(h[0] * std + mean, -50.0, 60.0))  # guard exp() on wild inputs
+    return math.exp(z)
+
+
+def fit_mlp(x: np.ndarray, costs: list[float], width: int, seed: int, alpha: float):
+    """MLPRegressor (``width``, 64, 32), MSE + L2 ``alpha``, on standardized log costs; returns
+    (weights, biases, mean, std)."""
     from sklearn.neural_network import MLPRegressor
 
-    vec = TfidfVectorizer(lowercase=True, sublinear_tf=True, max_features=MAX_FEATURES, norm="l2", dtype=np.float64)
-    tfidf = vec.fit_transform(texts).toarray()
-    x = np.hstack([tfidf, np.asarray(numbers, dtype=float)])
     y = np.log(np.maximum(np.asarray(costs, dtype=float), 1.0))
     mean, std = float(y.mean()), float(y.std() or 1.0)
     mlp = MLPRegressor(hidden_layer_sizes=(width, 64, 32), activation="relu", alpha=alpha, max_iter=300,
@@ -129,9 +130,48 @@ def _fit(texts: list[str], numbers: list[list[float]], costs: list[float], width
     with warnings.catch_warnings():  # stopping at max_iter is the intended budget, not a failure
         warnings.simplefilter("ignore", category=UserWarning)
         mlp.fit(x, (y - mean) / std)
+    return [np.asarray(w) for w in mlp.coefs_], [np.asarray(b) for b in mlp.intercepts_], mean, std
+
+
+def write_weights(out: Path, arrays: dict[str, np.ndarray], manifest: dict) -> None:
+    """``weights.npz`` and ``predictor.json`` (``manifest`` plus the weights' SHA-256) into ``out``."""
+    out.mkdir(parents=True, exist_ok=True)
+    weights = out / "weights.npz"
+    np.savez(weights, **arrays)
+    manifest = manifest | {"weights_sha256": hashlib.sha256(weights.read_bytes()).hexdigest()}
+    (out / "predictor.json").write_text(json.dumps(manifest, indent=1))
+
+
+def read_weights(d: Path, schema: str) -> tuple[dict, dict[str, np.ndarray]]:
+    """The manifest and arrays of a directory from ``write_weights``; never unpickles anything."""
+    manifest_path, weights = d / "predictor.json", d / "weights.npz"
+    if not manifest_path.is_file() or not weights.is_file():
+        raise PredictorFileError(f"{d}: not a predictor directory (needs predictor.json and weights.npz).")
+    try:
+        manifest = json.loads(manifest_path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise PredictorFileError(f"{manifest_path}: not valid JSON ({exc}).") from None
+    if not isinstance(manifest, dict) or manifest.get("schema") != schema:
+        raise PredictorFileError(f"{manifest_path}: not a justitia predictor of this kind (expected schema {schema}).")
+    if hashlib.sha256(weights.read_bytes()).hexdigest() != manifest.get("weights_sha256"):
+        raise PredictorFileError(f"{weights}: its SHA-256 does not match predictor.json; refusing to load it.")
+    try:
+        with np.load(weights, allow_pickle=False) as npz:
+            return manifest, {k: npz[k] for k in npz.files}
+    except (ValueError, OSError) as exc:
+        raise PredictorFileError(f"{d}: malformed predictor ({type(exc).__name__}: {exc}).") from None
+
+
+def _fit(texts: list[str], numbers: list[list[float]], costs: list[float], width: int, seed: int,
+         alpha: float) -> Model:
+    from sklearn.feature_extraction.text import TfidfVectorizer
+
+    vec = TfidfVectorizer(lowercase=True, sublinear_tf=True, max_features=MAX_FEATURES, norm="l2", dtype=np.float64)
+    tfidf = vec.fit_transform(texts).toarray()
+    x = np.hstack([tfidf, np.asarray(numbers, dtype=float)])
+    weights, biases, mean, std = fit_mlp(x, costs, width, seed, alpha)
     vocab = {term: int(j) for term, j in vec.vocabulary_.items()}
-    return Model(vocab, np.asarray(vec.idf_, dtype=float), [np.asarray(w) for w in mlp.coefs_],
-                 [np.asarray(b) for b in mlp.intercepts_], mean, std)
+    return Model(vocab, np.asarray(vec.idf_, dtype=float), weights, biases, mean, std)
 
 
 class LearnedPredictor(Predictor):
@@ -205,7 +245,6 @@ class LearnedPredictor(Predictor):
     def save(self, out_dir: str | Path) -> Path:
         """Write ``predictor.json`` and ``weights.npz`` into ``out_dir``."""
         out = Path(out_dir)
-        out.mkdir(parents=True, exist_ok=True)
         arrays: dict[str, np.ndarray] = {}
         manifest_models = {}
         for k, (agent_type, targets) in enumerate(sorted(self.models.items())):
@@ -221,31 +260,15 @@ class LearnedPredictor(Predictor):
                     "prefix": prefix, "vocabulary": vocab, "layers": len(m.weights),
                     "target": {"transform": "log", "mean": m.mean, "std": m.std},
                 }
-        weights = out / "weights.npz"
-        np.savez(weights, **arrays)
-        manifest = {"schema": SCHEMA, "cost": self.cost, "meta": self.meta, "models": manifest_models,
-                    "weights_sha256": hashlib.sha256(weights.read_bytes()).hexdigest()}
-        (out / "predictor.json").write_text(json.dumps(manifest, indent=1))
+        write_weights(out, arrays, {"schema": SCHEMA, "cost": self.cost, "meta": self.meta, "models": manifest_models})
         return out
 
     @classmethod
     def load(cls, in_dir: str | Path) -> "LearnedPredictor":
         """Read a predictor directory written by ``save``; refuses anything else, pickles included."""
         d = Path(in_dir)
-        manifest_path, weights = d / "predictor.json", d / "weights.npz"
-        if not manifest_path.is_file() or not weights.is_file():
-            raise PredictorFileError(f"{d}: not a predictor directory (needs predictor.json and weights.npz).")
+        manifest, arrays = read_weights(d, SCHEMA)
         try:
-            manifest = json.loads(manifest_path.read_text())
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            raise PredictorFileError(f"{manifest_path}: not valid JSON ({exc}).") from None
-        if not isinstance(manifest, dict) or manifest.get("schema") != SCHEMA:
-            raise PredictorFileError(f"{manifest_path}: not a justitia predictor (expected schema {SCHEMA}).")
-        if hashlib.sha256(weights.read_bytes()).hexdigest() != manifest.get("weights_sha256"):
-            raise PredictorFileError(f"{weights}: its SHA-256 does not match predictor.json; refusing to load it.")
-        try:
-            with np.load(weights, allow_pickle=False) as npz:
-                arrays = {k: npz[k] for k in npz.files}
             models = {}
             for agent_type, targets in manifest["models"].items():
                 models[agent_type] = {}
@@ -328,12 +351,10 @@ class LinearPredictor(Predictor):
         return math.exp(float(np.clip(c @ np.array([1.0, request_numbers(task)[0]]), -50, 60)))
 
 
-def evaluate(agents: list[Agent], cost: CostModel, test_frac: float = 0.2, seed: int = 0) -> dict:
-    """Train mlp, mean and linear on a per-type split of ``agents``; score them on the held-out part.
-
-    Per predictor, per type and overall: mean relative error |predicted - true| / true of the agent
-    cost, median and p99 prediction latency, and training time.
-    """
+def split(agents: list[Agent], test_frac: float = 0.2, seed: int = 0) -> tuple[list[Agent], list[Agent]]:
+    """(train, test): ``test_frac`` of each type's agents held out (at least one), drawn with ``seed``."""
+    if not 0 < test_frac < 1:
+        raise ValueError(f"the held-out share must be between 0 and 1, got {test_frac}.")
     rng = np.random.default_rng(seed)
     train, test = [], []
     for agent_type in sorted({a.type for a in agents}):
@@ -342,12 +363,36 @@ def evaluate(agents: list[Agent], cost: CostModel, test_frac: float = 0.2, seed:
         n_test = max(1, round(test_frac * len(group)))
         test += [group[i] for i in order[:n_test]]
         train += [group[i] for i in order[n_test:]]
+    return train, test
+
+
+def trainers(seed: int = 0, names: tuple[str, ...] = ("mlp", "lm", "mean", "linear")) -> dict:
+    """name -> function(train agents, cost model) -> predictor, for every predictor that can be trained."""
+    def lm(train, cost):
+        from justitia.embedding import LmPredictor
+
+        return LmPredictor.train(train, cost, seed)
+
+    every = {"mlp": lambda train, cost: LearnedPredictor.train(train, cost, seed), "lm": lm,
+             "mean": MeanPredictor.train, "linear": LinearPredictor.train}
+    unknown = set(names) - set(every)
+    if unknown:
+        raise ValueError(f"unknown predictor '{sorted(unknown)[0]}'; expected some of: {', '.join(every)}.")
+    return {n: every[n] for n in names}
+
+
+def evaluate(agents: list[Agent], cost: CostModel, test_frac: float = 0.2, seed: int = 0,
+             names: tuple[str, ...] = ("mlp", "mean", "linear")) -> dict:
+    """Train the ``names`` predictors on a per-type split of ``agents``; score them on the held-out part.
+
+    Per predictor, per type and overall: mean relative error |predicted - true| / true of the agent
+    cost, median and p99 prediction latency, and training time.
+    """
+    train, test = split(agents, test_frac, seed)
     out = {"train_agents": len(train), "test_agents": len(test), "predictors": {}}
-    for name, trainer in (("mlp", lambda: LearnedPredictor.train(train, cost, seed)),
-                          ("mean", lambda: MeanPredictor.train(train, cost)),
-                          ("linear", lambda: LinearPredictor.train(train, cost))):
+    for name, trainer in trainers(seed, names).items():
         t = time.perf_counter()
-        pred = trainer()
+        pred = trainer(train, cost)
         train_s = time.perf_counter() - t
         per_type: dict[str, list[float]] = {}
         latencies = []

@@ -76,17 +76,21 @@ def _hash(text: str) -> int:
 
 
 def make_predictor(spec: str, seed: int = 0) -> Predictor:
-    """Build a predictor from its name: ``oracle``, ``noisy:L`` (L >= 1), ``mlp:DIR`` (a trained
-    predictor directory), or the baselines ``mean:FILE`` / ``linear:FILE`` (trained on the spot on a
+    """Build a predictor from its name: ``oracle``, ``noisy:L`` (L >= 1), ``mlp:DIR`` or ``lm:DIR``
+    (trained predictor directories), or the baselines ``mean:FILE`` / ``linear:FILE`` (trained on the spot on a
     profile or workload file)."""
     if spec == "oracle":
         return OraclePredictor()
     kind, _, arg = spec.partition(":")
-    if kind in ("mlp", "mean", "linear") and arg:
+    if kind in ("mlp", "lm", "mean", "linear") and arg:
         from justitia import learned
 
         if kind == "mlp":
             return learned.LearnedPredictor.load(arg)
+        if kind == "lm":
+            from justitia.embedding import LmPredictor
+
+            return LmPredictor.load(arg)
         from justitia.cost import cost_model
         from justitia.workload import load_workload
 
@@ -98,5 +102,5 @@ def make_predictor(spec: str, seed: int = 0) -> Predictor:
         except ValueError:
             raise ValueError(f"predictor '{spec}': expected noisy:L with a number L >= 1, e.g. noisy:3.") from None
         return NoisyPredictor(lam, seed)
-    raise ValueError(f"unknown predictor '{spec}'; expected oracle, noisy:L (e.g. noisy:3), mlp:DIR, mean:FILE "
-                     "or linear:FILE.")
+    raise ValueError(f"unknown predictor '{spec}'; expected oracle, noisy:L (e.g. noisy:3), mlp:DIR, lm:DIR, "
+                     "mean:FILE or linear:FILE.")

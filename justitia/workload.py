@@ -1,6 +1,6 @@
 """Agents, their stages and tasks, and the JSONL workload file that carries them.
 
-A workload file holds one agent per line:
+A workload file holds one agent per line (gzip-compressed when its name ends in ``.gz``):
 
     {"agent_id": str, "type": str, "arrival_s": float,
      "stages": [[{"prompt": str, "prompt_tokens": int, "output_tokens": int}, ...], ...]}
@@ -11,6 +11,7 @@ task's true decode length: engines use it, predictors must not.
 
 from __future__ import annotations
 
+import gzip
 import json
 import math
 from dataclasses import asdict, dataclass, field
@@ -126,8 +127,15 @@ def agent_from_json(doc: object, where: str) -> Agent:
 
 def read_jsonl(path: Path) -> Iterator[tuple[int, str, object]]:
     """Yield (line number, "file:line", parsed document) for each non-blank line of a JSONL file."""
-    with path.open(encoding="utf-8") as fh:
-        for lineno, line in enumerate(fh, start=1):
+    with _open(path, "rt") as fh:
+        lines = enumerate(fh, start=1)
+        while True:
+            try:
+                lineno, line = next(lines)
+            except StopIteration:
+                return
+            except (OSError, EOFError) as exc:  # a cut or corrupt .gz
+                raise WorkloadError(f"{path}: cannot be read as gzip-compressed JSONL ({exc}).") from None
             if not line.strip():
                 continue
             where = f"{path}:{lineno}"
@@ -135,6 +143,13 @@ def read_jsonl(path: Path) -> Iterator[tuple[int, str, object]]:
                 yield lineno, where, json.loads(line)
             except json.JSONDecodeError as exc:
                 raise WorkloadError(f"{where}: not valid JSON ({exc.msg} at column {exc.colno}).") from None
+
+
+def _open(path: Path, mode: str):
+    """A text file, through gzip when its name ends in ``.gz``."""
+    if path.suffix == ".gz":
+        return gzip.open(path, mode, encoding="utf-8")
+    return path.open(mode, encoding="utf-8")
 
 
 def load_workload(path: str | Path) -> list[Agent]:
@@ -159,10 +174,18 @@ def save_workload(agents: Iterable[Agent], path: str | Path) -> Path:
     """Write agents as a JSONL workload file."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("w", encoding="utf-8") as fh:
+    with _open(path, "wt") as fh:
         for agent in agents:
             fh.write(json.dumps(agent.to_json(), ensure_ascii=False) + "\n")
     return path
+
+
+def append_agent(agent: Agent, path: str | Path) -> None:
+    """Add one agent to a workload file (a new gzip member for ``.gz``: readers see one stream)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with _open(path, "at") as fh:
+        fh.write(json.dumps(agent.to_json(), ensure_ascii=False) + "\n")
 
 
 def scale_tokens(agents: Iterable[Agent], factor: float) -> list[Agent]:

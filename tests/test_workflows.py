@@ -237,3 +237,52 @@ def test_bad_parameter_file_names_file_and_field(tmp_path, monkeypatch):
     bad.write_text('{"max_context_tokens": 4096,\n oops}', encoding="utf-8")
     with pytest.raises(WorkloadError, match=r"workflows\.json:2: not valid JSON"):
         load_workflow_params()
+
+
+def _drive(workflow: str, seed: int, answer) -> list:
+    """Run ``staged_agent`` to the end, answering each task with ``answer(stage, task)``."""
+    gen = workflows.staged_agent(workflow, "small", np.random.default_rng(seed), scale=4)
+    stages = [next(gen)]
+    while True:
+        try:
+            stages.append(gen.send([answer(len(stages) - 1, i, t) for i, t in enumerate(stages[-1])]))
+        except StopIteration:
+            return stages
+
+
+@pytest.mark.parametrize("workflow", ["mrs", "kqa", "alfworld", "search"])  # stages with earlier outputs in context
+def test_staged_agent_quotes_the_real_answers(workflow):
+    def answer(s, i, task):
+        return f"ANSWER-{s}-{i} zebra quokka", 7
+
+    stages = _drive(workflow, 3, answer)
+    assert len(stages) >= 2
+    last = "".join(t.prompt for t in stages[-1])
+    assert any(f"ANSWER-{e}-" in last for e in range(len(stages) - 1)), "the last stage quotes an earlier answer"
+    assert "ANSWER-" not in "".join(t.prompt for t in stages[0])
+    # the drawn shape (fan-out, rounds) does not depend on the answers
+    assert len(_drive(workflow, 3, lambda s, i, t: ("x", 1))) == len(stages)
+
+
+def test_scale_divides_drawn_lengths_and_leaves_the_default_unchanged():
+    def draw(scale):  # one generator per agent: text lengths change how many draws each agent uses
+        return [generate_agent("mrs", "small", f"mrs-{i}", 0.0, np.random.default_rng([8, i]), scale=scale)
+                for i in range(20)]
+
+    full, small = draw(1), draw(8)
+    assert [a.to_json() for a in full] == [a.to_json() for a in draw(1.0)]
+    assert [len(a.stages[0]) for a in small] == [len(a.stages[0]) for a in full]  # same fan-out
+    ratio = sum(t.output_tokens for a in full for t in a.tasks) / sum(t.output_tokens for a in small for t in a.tasks)
+    assert 7 < ratio < 9
+    assert small[0].meta == {"size": "small", "scale": 8}
+    with pytest.raises(ValueError, match="scale"):
+        generate_agent("mrs", "small", "x", 0.0, np.random.default_rng(0), scale=0)
+
+
+def test_output_cap_per_workflow():
+    caps = {w: workflows.output_cap(w, "small") for w in WORKFLOW_TYPES}
+    assert all(c >= 32 for c in caps.values())
+    assert workflows.output_cap("mrs", "small", scale=8) < caps["mrs"]
+    assert workflows.output_cap("mrs", "small", limit=40) <= 40
+    drawn = max(t.output_tokens for a in _agents("mrs", "small", 50) for t in a.tasks)
+    assert drawn <= caps["mrs"]

