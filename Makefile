@@ -42,7 +42,7 @@ profile: setup
 
 # The predictor table in the README: mlp, lm, mean and linear on held-out agents of that profile.
 predictor-eval: setup
-	$(BIN)/justitia predictor eval --profile justitia/data/profile-smollm2.jsonl.gz --out results/predictor-eval.json
+	$(BIN)/justitia predictor eval --profile justitia/data/profile-smollm2.jsonl.gz --cold-start --out results/predictor-eval.json
 
 presets: setup
 	for p in main starvation noise ablation; do $(BIN)/justitia bench --preset $$p --out results/$$p || exit 1; done

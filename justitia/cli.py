@@ -41,7 +41,8 @@ def _parser() -> argparse.ArgumentParser:
     b.add_argument("--scale", type=float, default=1.0, help="divide every token length by this (small engines)")
     b.add_argument("--policies", default=",".join(POLICY_NAMES), help="comma-separated policies")
     b.add_argument("--predictor", default="oracle",
-                   help="oracle, noisy:L, mlp:DIR, mean:FILE or linear:FILE (default oracle)")
+                   help="oracle, noisy:L, mlp, lm, mean, linear (trained on the committed profile), mlp:DIR, "
+                        "lm:DIR, mean:FILE or linear:FILE (default oracle)")
     b.add_argument("--cost", choices=["kv", "compute"], default="kv", help="cost model (default kv)")
     b.add_argument("--profile", help=f"simulator latency profile: {', '.join(sorted(PROFILES))} (sim default) "
                    "or a file from 'justitia calibrate' (vllm default: calibrate first)")
@@ -61,13 +62,15 @@ def _parser() -> argparse.ArgumentParser:
                     help="mlp: per-type TF-IDF + MLP (default); lm: MiniLM embedding + MLP baseline")
     tr.add_argument("--out", type=Path, required=True, help="predictor directory to write")
     tr.add_argument("--seed", type=int, default=0)
-    tr.add_argument("--alpha", type=float, default=1e-3, help="L2 penalty of the MLP (default 1e-3)")
+    tr.add_argument("--alpha", type=float, help="L2 penalty of the MLP (default: mlp 10, lm 1e-3)")
     ev = pr_sub.add_parser("eval", help="hold out agents per type; compare the predictors on them")
     ev.add_argument("--predictors", default="mlp,lm,mean,linear",
                     help="comma-separated, of mlp, lm, mean, linear (default all four)")
     ev.add_argument("--profile", type=Path, required=True, help="JSONL profile or workload file")
     ev.add_argument("--test-frac", type=float, default=0.2, help="share of each type held out (default 0.2)")
     ev.add_argument("--seed", type=int, default=0)
+    ev.add_argument("--cold-start", action="store_true",
+                    help="also measure how fast an unseen type's error drops (trains one model per type)")
     ev.add_argument("--out", type=Path, help="also write the evaluation as JSON here")
 
     pf = sub.add_parser("profile", help="run generated agents through a real model (vLLM) and record their costs")
@@ -175,7 +178,8 @@ def _cmd_bench(args) -> int:
     if engine == "vllm":
         doc = _bench_vllm(args, agents, specs, info, preset)
     else:
-        doc = run_bench(agents, specs, _sim_config(args), info, args.seed, progress=not args.no_progress)
+        doc = run_bench(agents, specs, _sim_config(args, preset.sim_options if preset else {}), info, args.seed,
+                        progress=not args.no_progress)
     if args.preset:
         doc["preset"] = args.preset
         if preset.notes:
@@ -188,14 +192,17 @@ def _cmd_bench(args) -> int:
     return 0
 
 
-def _sim_config(args):
+def _sim_config(args, preset_options: dict | None = None):
+    """The simulated engine: command-line flags, then the preset's settings, then defaults."""
+    from justitia.presets import SIM_DEFAULT_PROFILE
     from justitia.sim import EngineConfig
     from justitia.sim.config import load_profile
 
-    return EngineConfig(
-        profile=load_profile(args.profile or "llama7b-a100-40gb"), kv_blocks=args.kv_blocks,
-        max_num_batched_tokens=args.max_num_batched_tokens or 2048, max_num_seqs=args.max_num_seqs or 256,
-    )
+    options = {"kv_blocks": None, "max_num_batched_tokens": 2048, "max_num_seqs": 256} | (preset_options or {})
+    for name in list(options):
+        if getattr(args, name, None) is not None:
+            options[name] = getattr(args, name)
+    return EngineConfig(profile=load_profile(args.profile or SIM_DEFAULT_PROFILE), **options)
 
 
 def _bench_vllm(args, agents, specs, info, preset) -> dict:
@@ -220,10 +227,12 @@ def _cmd_predictor(args) -> int:
     import json
 
     from justitia.cost import cost_model
-    from justitia.learned import LearnedPredictor, evaluate
+    from justitia.learned import DEFAULT_ALPHA, LearnedPredictor, evaluate
     from justitia.workload import load_workload
 
     agents = load_workload(args.profile)
+    if args.predictor_command == "eval" and not 0 < args.test_frac < 1:
+        raise ValueError(f"--test-frac must be between 0 and 1, got {args.test_frac}.")
     kv = cost_model("kv")
     if args.predictor_command == "train":
         import time
@@ -232,10 +241,10 @@ def _cmd_predictor(args) -> int:
         if args.kind == "lm":
             from justitia.embedding import LmPredictor
 
-            LmPredictor.train(agents, kv, args.seed, args.alpha).save(args.out)
+            LmPredictor.train(agents, kv, args.seed, 1e-3 if args.alpha is None else args.alpha).save(args.out)
             what = "the embedding (all-MiniLM-L6-v2) + MLP model over all types"
         else:
-            pred = LearnedPredictor.train(agents, kv, args.seed, args.alpha)
+            pred = LearnedPredictor.train(agents, kv, args.seed, DEFAULT_ALPHA if args.alpha is None else args.alpha)
             pred.save(args.out)
             kinds = sorted(k for k in pred.models if k != "*")
             what = f"{len(kinds)} per-type models ({', '.join(kinds)}) and an all-types one"
@@ -260,6 +269,14 @@ def _cmd_predictor(args) -> int:
     table.add_row("p99 latency ms", *(f"{doc['predictors'][n]['latency_ms_p99']:.3f}" for n in names))
     table.add_row("training s", *(f"{doc['predictors'][n]['train_s']:.1f}" for n in names))
     Console(width=120).print(table)
+    if args.cold_start:
+        from justitia.learned import cold_start
+
+        doc["cold_start"] = cold_start(agents, kv, args.seed)
+        cs = doc["cold_start"]["mean"]
+        print("unseen type (all-types model trained without it, then corrected by each finished agent): mean "
+              "relative error of " + ", ".join(f"agents {max(1, k - 4)}-{k}: {e:.0%}" if k > 1 else f"the first: {e:.0%}"
+                                              for k, e in cs.items()))
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(doc, indent=1))

@@ -77,11 +77,17 @@ def _hash(text: str) -> int:
 
 def make_predictor(spec: str, seed: int = 0) -> Predictor:
     """Build a predictor from its name: ``oracle``, ``noisy:L`` (L >= 1), ``mlp:DIR`` or ``lm:DIR``
-    (trained predictor directories), or the baselines ``mean:FILE`` / ``linear:FILE`` (trained on the spot on a
+    (trained predictor directories), plain ``mlp``, ``lm``, ``mean`` or ``linear`` (trained on the
+    committed SmolLM2 profile, once, then cached), or the baselines ``mean:FILE`` / ``linear:FILE`` (trained on the spot on a
     profile or workload file)."""
     if spec == "oracle":
         return OraclePredictor()
     kind, _, arg = spec.partition(":")
+    if kind in ("mlp", "lm", "mean", "linear") and not arg:  # trained on the committed profile (cached)
+        from justitia.profiles import DEFAULT_PROFILE, trained_predictors
+        from justitia.workload import load_workload
+
+        return make_predictor(trained_predictors(load_workload(DEFAULT_PROFILE), 0, (kind,))[kind], seed)
     if kind in ("mlp", "lm", "mean", "linear") and arg:
         from justitia import learned
 
@@ -102,5 +108,5 @@ def make_predictor(spec: str, seed: int = 0) -> Predictor:
         except ValueError:
             raise ValueError(f"predictor '{spec}': expected noisy:L with a number L >= 1, e.g. noisy:3.") from None
         return NoisyPredictor(lam, seed)
-    raise ValueError(f"unknown predictor '{spec}'; expected oracle, noisy:L (e.g. noisy:3), mlp:DIR, lm:DIR, "
-                     "mean:FILE or linear:FILE.")
+    raise ValueError(f"unknown predictor '{spec}'; expected oracle, noisy:L (e.g. noisy:3), mlp, lm, mean, "
+                     "linear, mlp:DIR, lm:DIR, mean:FILE or linear:FILE.")

@@ -10,11 +10,14 @@ import numpy as np
 from justitia.arrivals import DEFAULT_TRACE, synthetic_arrivals, trace_arrivals
 from justitia.bench import RunSpec
 from justitia.policies import POLICY_NAMES
+from justitia.sim.config import load_profile
 from justitia.workflows import generate_agent, generate_agents
 from justitia.workload import Agent, scale_tokens
 
 # The ablation replays the held-out 30 % of the committed profile three times.
-ABLATION_TEST_FRAC, ABLATION_COPIES, ABLATION_DENSITY = 0.3, 3, 1.0
+# Density 2 as in the paper's predictor ablation.
+ABLATION_TEST_FRAC, ABLATION_COPIES, ABLATION_DENSITY = 0.3, 3, 2.0
+SIM_DEFAULT_PROFILE = "llama7b-a100-40gb"
 
 # Mean agent arrival rate of the first 300 requests of the Mooncake conversation trace (300 in
 # 102 s): the synthetic default, so that a machine without the trace sees a comparable load.
@@ -87,6 +90,7 @@ class Preset:
     notes: list[str] = field(default_factory=list)
     engine: str = "sim"  # sim | vllm
     engine_options: dict = field(default_factory=dict)  # vllm: EngineSpec fields
+    sim_options: dict = field(default_factory=dict)  # sim: EngineConfig fields (command-line flags win)
     calibration_agents: list[Agent] = field(default_factory=list)  # vllm: the calibration run's workload
     repeats: int = 1  # vllm: runs per policy, JCTs averaged per agent
 
@@ -136,13 +140,19 @@ def make_preset(name: str, seed: int = 0) -> Preset:
         from justitia.profiles import lm_available, trained_predictors
 
         agents, info, train = profile_workload(seed, trace, ABLATION_DENSITY)
+        # The profile's agents are the generators' lengths / scale, so the engine is the paper's
+        # with its KV cache / scale too: the same memory pressure, in miniature.
+        scale = float(agents[0].meta.get("scale", 1.0))
+        blocks = round(load_profile(SIM_DEFAULT_PROFILE).kv_blocks / scale)
+        info |= {"kv_blocks": blocks, "profile_scale": scale}
         names = ("mlp", "lm", "mean", "linear") if lm_available() else ("mlp", "mean", "linear")
         specs = [RunSpec("vtc", "vtc"), RunSpec("justitia", "justitia"),
                  RunSpec("justitia/C", "justitia", cost="compute")]
         specs += [RunSpec(f"justitia@{n}", "justitia", spec) for n, spec in trained_predictors(train, seed, names).items()]
         notes = [] if "lm" in names else [f"lm predictor skipped: {_lm_missing()}"]
-        return Preset(name, "cost model (Justitia/C) and predictor ablation on real-LM (SmolLM2) agents", agents, info,
-                      specs, notes)
+        return Preset(name, f"cost model (Justitia/C) and predictor ablation on real-LM (SmolLM2) agents, "
+                      f"{ABLATION_DENSITY:g}x density, KV cache / {scale:g}", agents, info, specs, notes,
+                      sim_options={"kv_blocks": blocks})
     if name == "cpu":
         # Sized for a 2-core CPU running the tiny model: ~1 agent/s (a third of the trace's density),
         # token lengths / 8, and a 24-block KV cache (3,072 tokens) that a few agents fill. Each

@@ -102,3 +102,44 @@ def test_profile_runs_agents_through_vllm_and_resumes(tmp_path):
     again = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     assert again.returncode == 0 and "2 agents already" in again.stderr and "0 to run" in again.stderr
     assert len(load_workload(out)) == 2
+
+
+# ------------------------------------------------------------------------------ the ablation
+def test_ablation_preset_replays_held_out_profile_agents_with_trained_predictors(monkeypatch, tmp_path, capsys):
+    import justitia.presets as presets
+    import justitia.profiles as profiles
+    from justitia.cli import main
+
+    monkeypatch.setenv("JUSTITIA_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(profiles, "lm_available", lambda: False)  # the lm run is slow; its own tests are above
+    preset = presets.make_preset("ablation")
+    labels = [s.label for s in preset.specs]
+    assert labels == ["vtc", "justitia", "justitia/C", "justitia@mlp", "justitia@mean", "justitia@linear"]
+    assert preset.notes and "lm predictor skipped" in preset.notes[0]
+    held_out = {a.agent_id.split("#")[0] for a in preset.agents}
+    trained_on = {a.agent_id for a in load_workload(tmp_path / "cache" / "predictors" /
+                                                    next((tmp_path / "cache" / "predictors").iterdir()) / "train.jsonl")}
+    assert held_out and not held_out & trained_on, "predictors never see the agents they are scored on"
+    assert len(preset.agents) == 3 * len(held_out)
+    assert preset.sim_options["kv_blocks"] == round(2700 / 8)
+    # the bench runs them all on the simulator and tags every agent with its prediction
+    out = tmp_path / "abl"
+    assert main(["bench", "--preset", "ablation", "--out", str(out), "--no-plots", "--no-progress"]) == 0
+    doc = json.loads((out / "results.json").read_text())
+    assert doc["config"]["kv_blocks"] == round(2700 / 8)
+    mlp = doc["policies"]["justitia@mlp"]["agents"]
+    assert any(a["predicted_cost"] != a["cost_token_iters"] for a in mlp)
+    oracle = doc["policies"]["justitia"]["agents"]
+    assert all(a["predicted_cost"] == pytest.approx(a["cost_token_iters"]) for a in oracle)
+
+
+def test_bench_accepts_plain_predictor_names_trained_on_the_committed_profile(monkeypatch, tmp_path):
+    from justitia.cli import main
+
+    monkeypatch.setenv("JUSTITIA_CACHE", str(tmp_path / "cache"))
+    out = tmp_path / "b"
+    assert main(["bench", "--agents", "12", "--policies", "justitia,sjf", "--predictor", "mean", "--out", str(out),
+                 "--no-plots", "--no-progress"]) == 0
+    doc = json.loads((out / "results.json").read_text())
+    assert doc["policies"]["sjf"]["predictor"] == "mean"
+    assert len({a["predicted_cost"] for a in doc["policies"]["justitia"]["agents"]}) <= 9  # one mean per type

@@ -28,6 +28,13 @@ def policies() -> dict:
     return run_script("vllm_policies_run.py")[0]
 
 
+def test_the_learned_predictor_drives_the_real_engine(policies):
+    run = policies["justitia@mlp"]
+    predicted = {a: r["predicted_cost"] for a, r in run.items()}
+    assert predicted["elephant"] > max(v for a, v in predicted.items() if a != "elephant")
+    assert any(r["predicted_cost"] != pytest.approx(r["cost"]) for r in run.values())  # a model, not the truth
+
+
 def mice(run: dict) -> dict:
     return {a: r for a, r in run.items() if a.startswith("mouse")}
 
@@ -49,7 +56,7 @@ def test_first_come_first_served_makes_mice_wait_behind_the_elephant(policies, p
     assert run["mouse-00"]["jct_s"] > 0.5 * run["elephant"]["jct_s"]
 
 
-@pytest.mark.parametrize("policy", PAMPER_MICE)
+@pytest.mark.parametrize("policy", PAMPER_MICE + ["justitia@mlp"])
 def test_a_mouse_arriving_after_the_elephant_finishes_first(policies, policy):
     run = policies[policy]
     assert run["mouse-00"]["finish_s"] < run["elephant"]["finish_s"]

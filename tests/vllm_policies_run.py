@@ -1,4 +1,5 @@
-"""Replay the elephant-and-mice workload on one real vLLM engine under every policy; print JSON.
+"""Replay the elephant-and-mice workload on one real vLLM engine under every policy (and justitia
+with the learned predictor); print JSON.
 
     python tests/vllm_policies_run.py
 
@@ -24,9 +25,11 @@ if __name__ == "__main__":
     async def main():
         out = {}
         async with VllmEngine(EngineSpec(kv_blocks=8, max_num_seqs=16, max_model_len=512)) as engine:
-            for policy in POLICY_NAMES:
-                run = await engine.run(agents, policy, capacity_per_s=engine.kv_tokens / 0.015)
-                out[policy] = {r.agent_id: {"finish_s": r.finish_s, "jct_s": r.jct_s} for r in run.result.agents}
+            # every policy with true costs, then justitia with the MLP trained on the committed profile
+            for label, policy, predictor in [(p, p, "oracle") for p in POLICY_NAMES] + [("justitia@mlp", "justitia", "mlp")]:
+                run = await engine.run(agents, policy, predictor, capacity_per_s=engine.kv_tokens / 0.015)
+                out[label] = {r.agent_id: {"finish_s": r.finish_s, "jct_s": r.jct_s, "predicted_cost": r.predicted_cost,
+                                           "cost": r.cost_token_iters} for r in run.result.agents}
         return out
 
     print("RESULT " + json.dumps(asyncio.run(main())))

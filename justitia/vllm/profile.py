@@ -76,14 +76,14 @@ class Profiler:
         from vllm.v1.engine.async_llm import AsyncLLM
 
         from justitia.vllm.models import resolve_model
-        from justitia.vllm.runner import _has_gpu
+        from justitia.vllm.runner import engine_dtype
 
         model_dir = resolve_model(self.spec.model)
         self.model_name = self.spec.model if self.spec.model in ("tiny", "smollm2") else model_dir.name
         args = AsyncEngineArgs(
             model=str(model_dir), max_model_len=self.spec.max_model_len, max_num_seqs=self.spec.max_num_seqs,
             enable_prefix_caching=True, enforce_eager=True, disable_log_stats=True,
-            dtype=self.spec.dtype if self.spec.dtype != "auto" or _has_gpu() else "float32",
+            dtype=engine_dtype(self.spec.dtype),
         )
         self.llm = AsyncLLM.from_engine_args(args)
         self.tokenizer = AutoTokenizer.from_pretrained(str(model_dir))

@@ -96,7 +96,7 @@ class VllmEngine:
             enable_prefix_caching=False,  # runs of different policies replay the same prompts
             async_scheduling=False,
             disable_log_stats=True,
-            dtype=self.spec.dtype if self.spec.dtype != "auto" or _has_gpu() else "float32",
+            dtype=engine_dtype(self.spec.dtype),
         )
         if self.spec.mode == "plugin":
             args.scheduler_cls = "justitia.vllm.scheduler.JustitiaScheduler"
@@ -255,6 +255,11 @@ class EngineRun:
     result: SimResult
     steps: list[tuple[float, ...]]
     max_arrival_lag_s: float
+
+
+def engine_dtype(dtype: str) -> str:
+    """``auto`` means float32 on a CPU (bf16 matmuls are slow without AVX-512 BF16), else as given."""
+    return dtype if dtype != "auto" or _has_gpu() else "float32"
 
 
 def _has_gpu() -> bool:
