@@ -85,6 +85,20 @@ def _parser() -> argparse.ArgumentParser:
     pf.add_argument("--out", type=Path, required=True, help="profile file (.jsonl or .jsonl.gz); resumed if it exists")
     pf.add_argument("--no-progress", action="store_true", help="hide the progress bar")
 
+    sv = sub.add_parser("serve", help="serve agents over HTTP on vLLM with the Justitia scheduler")
+    sv.add_argument("--model", default="tiny", help="tiny, smollm2 or a model directory (default tiny)")
+    sv.add_argument("--policy", default="justitia", help="scheduling policy (default justitia)")
+    sv.add_argument("--predictor", default="mlp",
+                    help="cost predictor: mlp (trained on the committed profile, default), mlp:DIR, lm, mean, ...")
+    sv.add_argument("--host", default="127.0.0.1")
+    sv.add_argument("--port", type=int, default=8000)
+    sv.add_argument("--kv-blocks", type=int, help="cap the KV cache at this many blocks (default: what memory allows)")
+    sv.add_argument("--max-num-seqs", type=int, default=256)
+    sv.add_argument("--max-model-len", type=int, default=2048)
+    sv.add_argument("--max-tasks-per-agent", type=int, default=256)
+    sv.add_argument("--max-agents-in-flight", type=int, default=2048)
+    sv.add_argument("--max-body-bytes", type=int, default=1_000_000)
+
     c = sub.add_parser("calibrate", help="fit the simulator's latency profile to a real vLLM engine")
     _add_workload_args(c, agents=20, density=1 / 3)
     c.add_argument("--scale", type=float, default=8.0, help="divide every token length by this (default 8)")
@@ -298,6 +312,23 @@ def _cmd_profile(args) -> int:
     return 0
 
 
+def _cmd_serve(args) -> int:
+    import asyncio
+
+    from justitia.server.main import serve
+
+    for name in ("max_num_seqs", "max_model_len", "max_tasks_per_agent", "max_agents_in_flight", "max_body_bytes"):
+        if getattr(args, name) < 1:
+            raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}.")
+    try:
+        asyncio.run(serve(args.model, args.policy, args.predictor, args.host, args.port, args.kv_blocks,
+                          args.max_num_seqs, args.max_model_len, args.max_tasks_per_agent, args.max_agents_in_flight,
+                          args.max_body_bytes))
+    except KeyboardInterrupt:
+        pass
+    return 0
+
+
 def _cmd_calibrate(args) -> int:
     import json
 
@@ -339,6 +370,8 @@ def main(argv: list[str] | None = None) -> int:
             return _cmd_predictor(args)
         if args.command == "profile":
             return _cmd_profile(args)
+        if args.command == "serve":
+            return _cmd_serve(args)
         return _cmd_bench(args)
     except (WorkloadError, ValueError) as exc:
         print(f"justitia: error: {exc}", file=sys.stderr)

@@ -1,0 +1,274 @@
+"""The HTTP application: the agent API over one ``AsyncLLM`` running the Justitia plug-in.
+
+``create_app(engine, tokenizer, settings)`` returns a FastAPI app; ``engine`` is anything with
+AsyncLLM's ``generate(prompt, sampling_params, request_id)`` async iterator (cancelling it aborts
+the request in vLLM). Every request of an agent carries the agent's id, type and predicted cost
+in ``SamplingParams.extra_args``, the metadata the plug-in reads (``justitia.vllm.scheduler``);
+the last stage's requests say ``agent_done``, so the plug-in releases the agent when they finish.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import logging
+import time
+import uuid
+from dataclasses import dataclass, field
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, StreamingResponse
+
+from justitia.cost import cost_model
+from justitia.predictor import Predictor
+from justitia.scheduler import AgentScheduler
+from justitia.server.schema import AgentSpec, SpecError, check_agent, first_error, render
+from justitia.workload import Agent, Task
+
+log = logging.getLogger("justitia.server")
+TERMINAL = ("done", "failed", "cancelled")
+
+
+@dataclass
+class Settings:
+    """Limits and identity of one server."""
+
+    model: str = "tiny"
+    policy: str = "justitia"
+    max_model_len: int = 2048
+    max_tasks_per_agent: int = 256
+    max_agents_in_flight: int = 2048
+    max_body_bytes: int = 1_000_000
+    capacity_per_s: float = 1.0  # the virtual clock's M (KV tokens / nominal step), for virtual_finish
+    chat: bool = True  # wrap agent prompts in the model's chat template when it has one
+
+
+@dataclass
+class AgentRun:
+    """One submitted agent: what it asked, where it is, what it produced."""
+
+    agent_id: str
+    spec: AgentSpec
+    arrival_s: float
+    predicted_cost: float
+    virtual_finish: float
+    status: str = "queued"
+    error: str | None = None
+    finish_s: float | None = None
+    outputs: list[list[dict | None]] = field(default_factory=list)
+    events: list[dict] = field(default_factory=list)
+    changed: asyncio.Event = field(default_factory=asyncio.Event)
+    task: asyncio.Task | None = None
+
+    def emit(self, kind: str, **data) -> None:
+        self.events.append({"event": kind, "agent_id": self.agent_id, "t_s": round(time.monotonic(), 6)} | data)
+        self.changed.set()
+        self.changed = asyncio.Event()
+
+    def doc(self) -> dict:
+        jct = None if self.finish_s is None else self.finish_s - self.arrival_s
+        return {
+            "agent_id": self.agent_id, "type": self.spec.type, "status": self.status, "error": self.error,
+            "arrival_s": self.arrival_s, "finish_s": self.finish_s, "jct_s": jct,
+            "predicted_cost": self.predicted_cost, "virtual_finish": self.virtual_finish,
+            "stages": self.outputs,
+        }
+
+
+class AgentManager:
+    """Runs agents stage by stage on the engine and keeps their state for the API."""
+
+    def __init__(self, engine, tokenizer, settings: Settings, predictor: Predictor):
+        self.engine, self.tokenizer, self.settings, self.predictor = engine, tokenizer, settings, predictor
+        self.agents: dict[str, AgentRun] = {}
+        self.cost = cost_model("kv")
+        self.clock = AgentScheduler(_justitia_policy(settings.capacity_per_s))  # the tags, for status only
+        self.t0 = time.monotonic()
+        self._ids = itertools.count()
+
+    def now(self) -> float:
+        return time.monotonic() - self.t0
+
+    def in_flight(self) -> int:
+        return sum(a.status not in TERMINAL for a in self.agents.values())
+
+    def _ids_of(self, prompt: str) -> list[int]:
+        tok = self.tokenizer
+        if self.settings.chat and tok.chat_template:
+            ids = tok.apply_chat_template([{"role": "user", "content": prompt}], tokenize=True, add_generation_prompt=True)
+            return list(getattr(ids, "input_ids", ids))
+        return tok.encode(prompt)
+
+    def submit(self, spec: AgentSpec) -> AgentRun:
+        """Check, predict, tag and start one agent; raises SpecError on a bad one."""
+        check_agent(spec, self.settings.max_tasks_per_agent, self.settings.max_model_len - 1)
+        first = []
+        for i, t in enumerate(spec.stages[0]):
+            n = len(self._ids_of(t.prompt))
+            if n + t.max_tokens > self.settings.max_model_len:
+                raise SpecError(f"field 'stages[0][{i}].prompt': {n} prompt tokens + max_tokens {t.max_tokens} exceed "
+                                f"the model's context of {self.settings.max_model_len} tokens.")
+            first.append(n)
+        agent_id = f"agent-{uuid.uuid4().hex[:12]}"
+        # what the predictor sees at arrival: the first stage's prompts and lengths (later stages'
+        # prompts still hold their placeholders; their lengths are not known yet)
+        view = Agent(agent_id, spec.type, 0.0, tuple(
+            tuple(Task(t.prompt, first[i] if s == 0 else max(1, len(t.prompt) // 4), t.max_tokens)
+                  for i, t in enumerate(stage)) for s, stage in enumerate(spec.stages)))
+        t0 = time.perf_counter()
+        predicted = float(self.predictor.agent_cost(view, self.cost))
+        predict_ms = 1000 * (time.perf_counter() - t0)
+        now = self.now()
+        self.clock.agent_arrived(agent_id, spec.type, predicted, now)
+        run = AgentRun(agent_id, spec, now, predicted, self.clock.policy.tag(agent_id),
+                       outputs=[[None] * len(stage) for stage in spec.stages])
+        self.agents[agent_id] = run
+        run.emit("queued", predicted_cost=predicted, virtual_finish=run.virtual_finish, predict_ms=round(predict_ms, 3))
+        run.task = asyncio.get_running_loop().create_task(self._run(run, view))
+        log.info(json.dumps({"event": "agent_submitted", "agent_id": agent_id, "type": spec.type,
+                             "tasks": sum(len(s) for s in spec.stages), "predicted_cost": predicted}))
+        return run
+
+    async def _task(self, run: AgentRun, view: Agent, s: int, i: int, texts: list[list[str]]) -> None:
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+        from vllm.sampling_params import RequestOutputKind
+
+        spec = run.spec.stages[s][i]
+        prompt = render(spec.prompt, s, texts)
+        ids = self._ids_of(prompt)
+        if len(ids) + spec.max_tokens > self.settings.max_model_len:
+            raise SpecError(f"stage {s} task {i}: {len(ids)} prompt tokens (after placeholders) + max_tokens "
+                            f"{spec.max_tokens} exceed the model's context of {self.settings.max_model_len} tokens.")
+        meta = {"agent_id": run.agent_id, "agent_type": run.spec.type, "agent_cost": run.predicted_cost,
+                "request_cost": float(self.predictor.request_cost(view, s, i, self.cost))}
+        if s == len(run.spec.stages) - 1:
+            meta["agent_done"] = True
+        params = SamplingParams(max_tokens=spec.max_tokens, temperature=spec.temperature, top_p=spec.top_p,
+                                seed=spec.seed, stop=spec.stop, extra_args=meta,
+                                output_kind=RequestOutputKind.FINAL_ONLY)
+        final = None
+        async for out in self.engine.generate(TokensPrompt(prompt_token_ids=ids), params, f"{run.agent_id}/{s}/{i}"):
+            final = out
+        o = final.outputs[0]
+        run.outputs[s][i] = {"output": o.text, "prompt_tokens": len(ids), "output_tokens": len(o.token_ids),
+                             "finish_reason": o.finish_reason}
+        run.emit("task_done", stage=s, task=i, output_tokens=len(o.token_ids))
+
+    async def _run(self, run: AgentRun, view: Agent) -> None:
+        texts: list[list[str]] = []
+        try:
+            for s, stage in enumerate(run.spec.stages):
+                if s == 0:
+                    run.status = "running"
+                    run.emit("running")
+                tasks = [asyncio.ensure_future(self._task(run, view, s, i, texts)) for i in range(len(stage))]
+                try:
+                    await asyncio.gather(*tasks)
+                except BaseException:
+                    for t in tasks:  # one task failed (or the agent was cancelled): abort the others
+                        t.cancel()
+                    await asyncio.gather(*tasks, return_exceptions=True)
+                    raise
+                texts.append([o["output"] for o in run.outputs[s]])
+            run.status = "done"
+        except asyncio.CancelledError:
+            run.status = "cancelled"
+        except Exception as exc:  # noqa: BLE001  (any failure of a task fails the agent, with its reason)
+            run.status, run.error = "failed", str(exc) or type(exc).__name__
+        run.finish_s = self.now()
+        self.clock.agent_finished(run.agent_id, run.finish_s)
+        if run.status == "done":
+            actual = sum(self.cost.request_cost(o["prompt_tokens"], o["output_tokens"]) for st in run.outputs for o in st)
+            self.predictor.observe(run.spec.type, run.predicted_cost, actual)
+        run.emit(run.status, **({"error": run.error} if run.error else {}))
+        log.info(json.dumps({"event": "agent_" + run.status, "agent_id": run.agent_id,
+                             "jct_s": round(run.finish_s - run.arrival_s, 4), "error": run.error}))
+
+    async def cancel(self, agent_id: str) -> AgentRun:
+        run = self.agents[agent_id]
+        if run.status not in TERMINAL and run.task is not None:
+            run.task.cancel()
+            await asyncio.gather(run.task, return_exceptions=True)
+        return run
+
+
+def _justitia_policy(capacity_per_s: float):
+    from justitia.policies import make_policy
+
+    return make_policy("justitia", capacity_per_s, "kv")
+
+
+def _error(status: int, message: str) -> JSONResponse:
+    return JSONResponse({"error": message}, status_code=status)
+
+
+def create_app(engine, tokenizer, settings: Settings, predictor: Predictor) -> FastAPI:
+    """The FastAPI application of one server."""
+    app = FastAPI(title="Justitia", version="0.1.0",
+                  description="Agent-aware serving on vLLM: task-parallel agents scheduled by Justitia.")
+    manager = AgentManager(engine, tokenizer, settings, predictor)
+    app.state.manager = manager
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(request: Request, exc: RequestValidationError):
+        return _error(422, first_error(list(exc.errors())))
+
+    @app.middleware("http")
+    async def _limit_body(request: Request, call_next):
+        length = request.headers.get("content-length")
+        if length is not None and length.isdigit() and int(length) > settings.max_body_bytes:
+            return _error(413, f"the request body has {length} bytes, more than this server's limit of "
+                               f"{settings.max_body_bytes}.")
+        return await call_next(request)
+
+    @app.get("/health")
+    async def health():
+        return {"status": "ok", "model": settings.model, "policy": settings.policy, "agents_in_flight": manager.in_flight()}
+
+    @app.post("/v1/agents", status_code=202)
+    async def submit(spec: AgentSpec):
+        if manager.in_flight() >= settings.max_agents_in_flight:
+            return _error(429, f"{manager.in_flight()} agents are in flight, this server's limit; retry later.")
+        try:
+            run = manager.submit(spec)
+        except SpecError as exc:
+            return _error(400, str(exc))
+        return JSONResponse({"agent_id": run.agent_id, "status": run.status}, status_code=202)
+
+    @app.get("/v1/agents/{agent_id}")
+    async def status(agent_id: str):
+        run = manager.agents.get(agent_id)
+        if run is None:
+            return _error(404, f"no agent '{agent_id}'.")
+        return run.doc()
+
+    @app.delete("/v1/agents/{agent_id}")
+    async def cancel(agent_id: str):
+        if agent_id not in manager.agents:
+            return _error(404, f"no agent '{agent_id}'.")
+        return (await manager.cancel(agent_id)).doc()
+
+    @app.get("/v1/agents/{agent_id}/events")
+    async def events(agent_id: str):
+        run = manager.agents.get(agent_id)
+        if run is None:
+            return _error(404, f"no agent '{agent_id}'.")
+
+        async def stream():
+            sent = 0
+            while True:
+                changed = run.changed
+                while sent < len(run.events):
+                    e = run.events[sent]
+                    sent += 1
+                    yield f"event: {e['event']}\ndata: {json.dumps(e)}\n\n"
+                if run.status in TERMINAL and sent == len(run.events):
+                    return
+                await changed.wait()
+
+        return StreamingResponse(stream(), media_type="text/event-stream")
+
+    return app

@@ -1,0 +1,58 @@
+"""Start ``AsyncLLM`` with the Justitia plug-in and serve the app with uvicorn, in one process."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+
+
+async def serve(model: str = "tiny", policy: str = "justitia", predictor: str = "mlp", host: str = "127.0.0.1",
+                port: int = 8000, kv_blocks: int | None = None, max_num_seqs: int = 256, max_model_len: int = 2048,
+                max_tasks_per_agent: int = 256, max_agents_in_flight: int = 2048, max_body_bytes: int = 1_000_000,
+                ready: asyncio.Event | None = None) -> None:
+    """Run the server until it is stopped (Ctrl-C)."""
+    from justitia.policies import POLICY_NAMES
+    from justitia.predictor import make_predictor
+
+    if policy not in POLICY_NAMES:
+        raise ValueError(f"--policy: unknown policy '{policy}'; expected one of: {', '.join(POLICY_NAMES)}.")
+    pred = make_predictor(predictor)  # before the engine: a bad predictor fails fast
+    os.environ["JUSTITIA_POLICY"] = policy
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    import uvicorn
+    from transformers import AutoTokenizer
+    from vllm.engine.arg_utils import AsyncEngineArgs
+    from vllm.v1.engine.async_llm import AsyncLLM
+
+    from justitia.server.app import Settings, create_app
+    from justitia.vllm.models import resolve_model
+    from justitia.vllm.runner import engine_dtype
+
+    model_dir = resolve_model(model)
+    args = AsyncEngineArgs(model=str(model_dir), scheduling_policy="priority",
+                           scheduler_cls="justitia.vllm.scheduler.JustitiaScheduler",
+                           num_gpu_blocks_override=kv_blocks, max_num_seqs=max_num_seqs, max_model_len=max_model_len,
+                           enforce_eager=True, disable_log_stats=True, dtype=engine_dtype("auto"))
+    llm = AsyncLLM.from_engine_args(args)
+    try:
+        cache = llm.vllm_config.cache_config
+        kv_tokens = (cache.num_gpu_blocks or 1) * cache.block_size
+        iteration_s = float(os.environ.get("JUSTITIA_ITERATION_S", "0.02"))
+        settings = Settings(model=model, policy=policy, max_model_len=max_model_len,
+                            max_tasks_per_agent=max_tasks_per_agent, max_agents_in_flight=max_agents_in_flight,
+                            max_body_bytes=max_body_bytes,
+                            capacity_per_s=float(os.environ.get("JUSTITIA_CAPACITY", kv_tokens / iteration_s)))
+        app = create_app(llm, AutoTokenizer.from_pretrained(str(model_dir)), settings, pred)
+        logging.getLogger("justitia.server").setLevel(logging.INFO)
+        server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning"))
+        task = asyncio.create_task(server.serve())
+        while not server.started and not task.done():
+            await asyncio.sleep(0.05)
+        if server.started:
+            print(f"justitia serve: {model} with policy {policy} on http://{host}:{port} (API docs at /docs)", flush=True)
+            if ready is not None:
+                ready.set()
+        await task
+    finally:
+        llm.shutdown()

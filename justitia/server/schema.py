@@ -1,0 +1,103 @@
+"""What ``POST /v1/agents`` accepts, how it is checked, and the stage placeholders.
+
+    {"type": "mrs",
+     "stages": [[{"prompt": "Summarize: ...", "max_tokens": 128}, {"prompt": "Summarize: ...", "max_tokens": 128}],
+                [{"prompt": "Combine these summaries:\\n{{prev}}", "max_tokens": 256}]]}
+
+Stages run in order; the tasks of a stage run in parallel. A prompt may quote the outputs of
+earlier stages (stages and tasks count from 0):
+
+    {{prev}}          every output of the previous stage, in task order, separated by a blank line
+    {{prev[i]}}       task i of the previous stage
+    {{stage[k]}}      every output of stage k
+    {{stage[k][i]}}   task i of stage k
+
+A placeholder must name an earlier stage and an existing task: anything else is rejected when the
+agent is submitted, before anything runs. Other text in braces is left as it is.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated
+
+from pydantic import BaseModel, ConfigDict, Field, StrictFloat, StrictInt, StrictStr
+
+PLACEHOLDER = re.compile(r"\{\{\s*(prev|stage\[(\d+)\])(?:\[(\d+)\])?\s*\}\}")
+
+
+class TaskSpec(BaseModel):
+    """One request of an agent: the prompt and its sampling fields."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    prompt: StrictStr
+    max_tokens: Annotated[StrictInt, Field(ge=1)] = 256
+    temperature: Annotated[StrictFloat | StrictInt, Field(ge=0, le=10)] = 0.0
+    top_p: Annotated[StrictFloat | StrictInt, Field(gt=0, le=1)] = 1.0
+    seed: StrictInt | None = None
+    stop: list[StrictStr] | None = None
+
+
+class AgentSpec(BaseModel):
+    """An agent: its type (for the cost predictor) and its stages of tasks."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    type: Annotated[StrictStr, Field(min_length=1, max_length=64)] = "default"
+    stages: Annotated[list[Annotated[list[TaskSpec], Field(min_length=1)]], Field(min_length=1)]
+
+
+class SpecError(ValueError):
+    """An agent document that cannot run: the message names the field."""
+
+
+def check_agent(spec: AgentSpec, max_tasks: int, max_tokens_limit: int) -> None:
+    """Limits and placeholders that pydantic does not know about; raises SpecError."""
+    n = sum(len(stage) for stage in spec.stages)
+    if n > max_tasks:
+        raise SpecError(f"field 'stages': the agent has {n} tasks, more than this server's limit of {max_tasks}.")
+    for s, stage in enumerate(spec.stages):
+        for i, task in enumerate(stage):
+            where = f"stages[{s}][{i}]"
+            if task.max_tokens > max_tokens_limit:
+                raise SpecError(f"field '{where}.max_tokens': {task.max_tokens} is more than the model's context "
+                                f"allows ({max_tokens_limit}).")
+            for m in PLACEHOLDER.finditer(task.prompt):
+                k = s - 1 if m.group(1) == "prev" else int(m.group(2))
+                if not 0 <= k < s:
+                    raise SpecError(f"field '{where}.prompt': placeholder {m.group(0)} must name an earlier stage.")
+                if m.group(3) is not None and int(m.group(3)) >= len(spec.stages[k]):
+                    raise SpecError(f"field '{where}.prompt': placeholder {m.group(0)} names task {m.group(3)}, "
+                                    f"but stage {k} has {len(spec.stages[k])} tasks.")
+
+
+def render(prompt: str, stage: int, outputs: list[list[str]]) -> str:
+    """``prompt`` with its placeholders replaced by the outputs of earlier stages."""
+    def sub(m: re.Match) -> str:
+        k = stage - 1 if m.group(1) == "prev" else int(m.group(2))
+        if m.group(3) is not None:
+            return outputs[k][int(m.group(3))]
+        return "\n\n".join(outputs[k])
+
+    return PLACEHOLDER.sub(sub, prompt)
+
+
+def first_error(errors: list[dict]) -> str:
+    """One sentence for the first of pydantic's validation errors, naming the field."""
+    if not errors:
+        return "the request body is not valid."
+    e = errors[0]
+    loc = [p for p in e.get("loc", ()) if p != "body"]
+    field = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in loc).lstrip(".")
+    kind = e.get("type", "")
+    if kind == "json_invalid":
+        return "the request body is not valid JSON."
+    if kind == "extra_forbidden":
+        return f"field '{field}' is not a known field."
+    if kind == "missing":
+        return f"field '{field}' is missing."
+    msg = str(e.get("msg", "is not valid")).rstrip(".")
+    if not field:
+        return f"the request body is not valid: {msg[0].lower() + msg[1:]}."
+    return f"field '{field}': {msg[0].lower() + msg[1:]}."

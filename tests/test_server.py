@@ -1,0 +1,149 @@
+"""`justitia serve` on the tiny model: the agent API over real HTTP, bad input, cancel, events."""
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+
+import httpx
+import pytest
+
+from justitia.server.schema import AgentSpec, SpecError, check_agent, render
+
+
+# ------------------------------------------------------------------------- placeholders (no server)
+def test_placeholders_render_earlier_outputs_and_bad_ones_are_refused():
+    outputs = [["a0", "a1"], ["b0"]]
+    assert render("x {{prev}} y", 1, outputs[:1]) == "x a0\n\na1 y"
+    assert render("{{prev[0]}}|{{stage[0][1]}}|{{ stage[1] }}", 2, outputs) == "b0|a1|b0"
+    assert render("{not} {{other}}", 1, outputs[:1]) == "{not} {{other}}"
+
+    def spec(*stages):
+        return AgentSpec(stages=[[{"prompt": p} for p in st] for st in stages])
+
+    check_agent(spec(["a", "b"], ["{{prev[1]}} {{stage[0]}}"]), 10, 1000)
+    with pytest.raises(SpecError, match=r"stages\[0\]\[0\].prompt.*earlier stage"):
+        check_agent(spec(["{{prev}}"]), 10, 1000)
+    with pytest.raises(SpecError, match=r"stages\[1\]\[0\].prompt.*names task 2"):
+        check_agent(spec(["a", "b"], ["{{prev[2]}}"]), 10, 1000)
+    with pytest.raises(SpecError, match=r"stages\[1\]\[0\].prompt.*earlier stage"):
+        check_agent(spec(["a"], ["{{stage[1]}}"]), 10, 1000)
+    with pytest.raises(SpecError, match="limit of 2"):
+        check_agent(spec(["a", "b", "c"]), 2, 1000)
+
+
+# ------------------------------------------------------------------------------------ the server
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def server():
+    port = _free_port()
+    env = dict(os.environ, JUSTITIA_AGENT_IDLE_S="5")
+    proc = subprocess.Popen([sys.executable, "-m", "justitia", "serve", "--port", str(port), "--predictor", "mean",
+                             "--kv-blocks", "16", "--max-model-len", "1024", "--max-tasks-per-agent", "16",
+                             "--max-body-bytes", "20000"], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True)
+    base = f"http://127.0.0.1:{port}"
+    deadline = time.time() + 300
+    with httpx.Client(base_url=base, timeout=30) as client:
+        while time.time() < deadline:
+            if proc.poll() is not None:
+                pytest.fail("the server exited:\n" + proc.stdout.read()[-3000:])
+            try:
+                if client.get("/health").status_code == 200:
+                    break
+            except httpx.TransportError:
+                time.sleep(0.5)
+        else:
+            proc.kill()
+            pytest.fail("the server did not start within 300 s")
+        yield client
+    proc.terminate()
+    try:
+        proc.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+
+
+def _wait(client, agent_id: str, timeout: float = 120) -> dict:
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        doc = client.get(f"/v1/agents/{agent_id}").json()
+        if doc["status"] in ("done", "failed", "cancelled"):
+            return doc
+        time.sleep(0.2)
+    raise AssertionError(f"agent {agent_id} still {doc['status']} after {timeout} s")
+
+
+def test_a_map_reduce_agent_runs_its_stages_in_order_and_quotes_earlier_outputs(server):
+    body = {"type": "mrs", "stages": [
+        [{"prompt": f"Summarize part {i} of the report.", "max_tokens": 12} for i in range(3)],
+        [{"prompt": "Combine these summaries:\n{{prev}}", "max_tokens": 8}],
+    ]}
+    r = server.post("/v1/agents", json=body)
+    assert r.status_code == 202, r.text
+    agent_id = r.json()["agent_id"]
+    doc = _wait(server, agent_id)
+    assert doc["status"] == "done", doc
+    assert doc["predicted_cost"] > 0 and doc["virtual_finish"] > 0 and doc["jct_s"] > 0
+    first, second = doc["stages"]
+    assert all(1 <= t["output_tokens"] <= 12 and t["output"] for t in first)
+    # the reduce prompt holds the three summaries: longer than its template by their tokens
+    assert second[0]["prompt_tokens"] > sum(t["output_tokens"] for t in first)
+    events = [line for line in server.get(f"/v1/agents/{agent_id}/events").text.splitlines() if line.startswith("event:")]
+    assert events[0] == "event: queued" and events[-1] == "event: done"
+    assert events.count("event: task_done") == 4
+
+
+@pytest.mark.parametrize("body, status, words", [
+    ({"type": "x"}, 422, "field 'stages' is missing"),
+    ({"stages": []}, 422, "field 'stages'"),
+    ({"stages": [[]]}, 422, "field 'stages[0]'"),
+    ({"stages": [[{"prompt": 7}]]}, 422, "field 'stages[0][0].prompt'"),
+    ({"stages": [[{"prompt": "a", "max_tokens": -1}]]}, 422, "field 'stages[0][0].max_tokens'"),
+    ({"stages": [[{"prompt": "a", "max_tokens": "many"}]]}, 422, "field 'stages[0][0].max_tokens'"),
+    ({"stages": [[{"prompt": "a", "max_tokens": 10**9}]]}, 400, "max_tokens"),
+    ({"stages": [[{"prompt": "a", "colour": "red"}]]}, 422, "field 'stages[0][0].colour' is not a known field"),
+    ({"stages": [[{"prompt": "a"}]], "priority": 1}, 422, "field 'priority' is not a known field"),
+    ({"stages": [[{"prompt": "word " * 1500, "max_tokens": 8}]]}, 400, "exceed the model's context"),
+    ({"stages": [[{"prompt": "{{prev}}"}]]}, 400, "earlier stage"),
+    ({"stages": [[{"prompt": "a"}] * 17]}, 400, "limit of 16"),
+    ({"stages": [[{"prompt": "x" * 30000}]]}, 413, "limit of 20000"),
+])
+def test_bad_input_gets_a_4xx_naming_the_field_and_the_server_keeps_serving(server, body, status, words):
+    r = server.post("/v1/agents", json=body)
+    assert r.status_code == status, r.text
+    assert words in r.json()["error"]
+    assert server.get("/health").json()["status"] == "ok"
+
+
+def test_invalid_json_and_unknown_agents(server):
+    r = server.post("/v1/agents", content=b"{not json", headers={"content-type": "application/json"})
+    assert r.status_code == 422 and "not valid JSON" in r.json()["error"]
+    assert server.get("/v1/agents/nobody").status_code == 404
+    assert server.delete("/v1/agents/nobody").status_code == 404
+
+
+def test_cancel_aborts_the_agent_and_the_server_goes_on(server):
+    body = {"stages": [[{"prompt": f"Write a long story {i}.", "max_tokens": 900} for i in range(4)],
+                       [{"prompt": "{{prev}}", "max_tokens": 8}]]}
+    agent_id = server.post("/v1/agents", json=body).json()["agent_id"]
+    time.sleep(0.5)
+    doc = server.delete(f"/v1/agents/{agent_id}").json()
+    assert doc["status"] == "cancelled" and doc["stages"][1] == [None]
+    # the engine is free again: a small agent still runs to the end
+    small = server.post("/v1/agents", json={"stages": [[{"prompt": "hi", "max_tokens": 4}]]}).json()["agent_id"]
+    assert _wait(server, small)["status"] == "done"
+    assert server.get("/health").json()["agents_in_flight"] == 0
+
+
+def test_openapi_document_describes_the_agent_api(server):
+    doc = server.get("/openapi.json").json()
+    assert "/v1/agents" in doc["paths"] and "/v1/agents/{agent_id}/events" in doc["paths"]
+    assert json.dumps(doc).count("max_tokens") >= 1
