@@ -147,3 +147,52 @@ def test_openapi_document_describes_the_agent_api(server):
     doc = server.get("/openapi.json").json()
     assert "/v1/agents" in doc["paths"] and "/v1/agents/{agent_id}/events" in doc["paths"]
     assert json.dumps(doc).count("max_tokens") >= 1
+
+
+def _metric(client, name: str) -> float:
+    for line in client.get("/metrics").text.splitlines():
+        if line.startswith(name + " "):
+            return float(line.split()[1])
+    raise AssertionError(f"no metric {name}")
+
+
+def test_openai_endpoints_join_agents_by_vllm_xargs_or_header(server):
+    openai = pytest.importorskip("openai")
+    client = openai.OpenAI(base_url=str(server.base_url) + "/v1", api_key="none")
+    done = client.completions.create(model="tiny", prompt="Once upon a time", max_tokens=5,
+                                     extra_body={"vllm_xargs": {"agent_id": "story-1", "agent_type": "mrs"}})
+    assert done.choices[0].text and done.usage.completion_tokens <= 5 and done.usage.prompt_tokens > 0
+    chat = client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hi"}], max_tokens=4,
+                                          extra_headers={"X-Agent-Id": "story-1"})
+    assert chat.choices[0].message.role == "assistant" and chat.usage.completion_tokens <= 4
+    alone = client.completions.create(model="tiny", prompt="x", max_tokens=3)
+    assert alone.usage.completion_tokens <= 3
+    with pytest.raises(openai.UnprocessableEntityError):
+        client.completions.create(model="tiny", prompt="x", max_tokens=3, extra_body={"colour": "red"})
+    with pytest.raises(openai.BadRequestError):
+        client.completions.create(model="tiny", prompt="word " * 1500, max_tokens=8)
+
+
+def test_a_client_that_leaves_a_stream_has_its_request_aborted(server):
+    body = {"prompt": "Tell me everything.", "max_tokens": 1000, "stream": True, "temperature": 0}
+    with server.stream("POST", "/v1/completions", json=body) as r:
+        assert r.status_code == 200
+        first = next(line for line in r.iter_lines() if line.startswith("data: "))
+        assert json.loads(first[6:])["object"] == "text_completion"
+    deadline = time.time() + 3  # far less than 1,000 tokens take here
+    while _metric(server, "justitia_engine_requests_unfinished") != 0:
+        assert time.time() < deadline, "the abandoned stream's request is still in the engine"
+        time.sleep(0.1)
+    # a stream read to the end closes with [DONE]
+    with server.stream("POST", "/v1/completions", json=body | {"max_tokens": 3}) as r:
+        lines = [line for line in r.iter_lines() if line.startswith("data: ")]
+    assert lines[-1] == "data: [DONE]" and len(lines) >= 2
+
+
+def test_metrics_in_prometheus_format(server):
+    text = server.get("/metrics").text
+    for name in ("justitia_agents_in_flight", "justitia_virtual_time", "justitia_predictor_latency_seconds_count",
+                 "justitia_engine_requests_unfinished", 'justitia_requests_total{endpoint="agents"}'):
+        assert name in text
+    assert 'justitia_agent_jct_seconds_bucket{type="mrs",le="+Inf"}' in text  # the map-reduce agent above
+    assert _metric(server, "justitia_predictor_latency_seconds_count") >= 1

@@ -10,7 +10,6 @@ the last stage's requests say ``agent_done``, so the plug-in releases the agent 
 from __future__ import annotations
 
 import asyncio
-import itertools
 import json
 import logging
 import time
@@ -29,6 +28,7 @@ from justitia.workload import Agent, Task
 
 log = logging.getLogger("justitia.server")
 TERMINAL = ("done", "failed", "cancelled")
+JCT_BUCKETS = (0.1, 0.25, 0.5, 1, 2.5, 5, 10, 25, 50, 100, 250, 500, float("inf"))
 
 
 @dataclass
@@ -86,7 +86,12 @@ class AgentManager:
         self.cost = cost_model("kv")
         self.clock = AgentScheduler(_justitia_policy(settings.capacity_per_s))  # the tags, for status only
         self.t0 = time.monotonic()
-        self._ids = itertools.count()
+        self.finished: dict[str, int] = {s: 0 for s in TERMINAL}
+        self.jct: dict[str, list[int]] = {}  # type -> counts per JCT_BUCKETS (cumulative at export)
+        self.jct_sum: dict[str, float] = {}
+        self.predict_s, self.predictions = 0.0, 0
+        self.requests: dict[str, int] = {"agents": 0, "completions": 0, "chat": 0}
+        self.tasks_in_flight = 0
 
     def now(self) -> float:
         return time.monotonic() - self.t0
@@ -100,6 +105,63 @@ class AgentManager:
             ids = tok.apply_chat_template([{"role": "user", "content": prompt}], tokenize=True, add_generation_prompt=True)
             return list(getattr(ids, "input_ids", ids))
         return tok.encode(prompt)
+
+    def timed_prediction(self, view: Agent) -> float:
+        """The predictor's agent cost for ``view``, its latency kept for /metrics."""
+        t0 = time.perf_counter()
+        predicted = float(self.predictor.agent_cost(view, self.cost))
+        self.predict_s += time.perf_counter() - t0
+        self.predictions += 1
+        return predicted
+
+    def engine_unfinished(self) -> int:
+        """Requests inside the engine (AsyncLLM's output processor); -1 if the engine does not say."""
+        try:
+            return int(self.engine.output_processor.get_num_unfinished_requests())
+        except AttributeError:
+            return -1
+
+    def count_request(self, endpoint: str) -> None:
+        self.requests[endpoint] += 1
+
+    def metrics(self) -> str:
+        """The Prometheus text exposition of the server's state."""
+        now = self.now()
+        lines = [
+            "# HELP justitia_agents_in_flight Agents submitted and not yet done, failed or cancelled.",
+            "# TYPE justitia_agents_in_flight gauge", f"justitia_agents_in_flight {self.in_flight()}",
+            "# HELP justitia_tasks_in_flight Agent-API requests sent to the engine and not finished.",
+            "# TYPE justitia_tasks_in_flight gauge", f"justitia_tasks_in_flight {self.tasks_in_flight}",
+            "# HELP justitia_agents_finished_total Agents that ended, by how.",
+            "# TYPE justitia_agents_finished_total counter",
+            *(f'justitia_agents_finished_total{{status="{k}"}} {v}' for k, v in self.finished.items()),
+            "# HELP justitia_requests_total Requests received, by endpoint.",
+            "# TYPE justitia_requests_total counter",
+            *(f'justitia_requests_total{{endpoint="{k}"}} {v}' for k, v in self.requests.items()),
+            "# HELP justitia_engine_requests_unfinished Requests the engine holds (waiting or running), all endpoints.",
+            "# TYPE justitia_engine_requests_unfinished gauge",
+            f"justitia_engine_requests_unfinished {self.engine_unfinished()}",
+            "# HELP justitia_virtual_time The front end's GPS virtual time V(now), in cost units.",
+            "# TYPE justitia_virtual_time gauge",
+            f"justitia_virtual_time {self.clock.policy.clock.virtual_time(now):.6g}",
+            "# HELP justitia_gps_active_agents Agents the GPS clock counts as active (N_t).",
+            "# TYPE justitia_gps_active_agents gauge", f"justitia_gps_active_agents {self.clock.policy.clock.active}",
+            "# HELP justitia_predictor_latency_seconds Time to predict an agent's cost.",
+            "# TYPE justitia_predictor_latency_seconds summary",
+            f"justitia_predictor_latency_seconds_sum {self.predict_s:.6f}",
+            f"justitia_predictor_latency_seconds_count {self.predictions}",
+            "# HELP justitia_agent_jct_seconds Job completion time of finished agents, by type.",
+            "# TYPE justitia_agent_jct_seconds histogram",
+        ]
+        for agent_type, counts in sorted(self.jct.items()):
+            running = 0
+            for bound, n in zip(JCT_BUCKETS, counts):
+                running += n
+                le = "+Inf" if bound == float("inf") else f"{bound:g}"
+                lines.append(f'justitia_agent_jct_seconds_bucket{{type="{agent_type}",le="{le}"}} {running}')
+            lines.append(f'justitia_agent_jct_seconds_sum{{type="{agent_type}"}} {self.jct_sum[agent_type]:.6f}')
+            lines.append(f'justitia_agent_jct_seconds_count{{type="{agent_type}"}} {running}')
+        return "\n".join(lines) + "\n"
 
     def submit(self, spec: AgentSpec) -> AgentRun:
         """Check, predict, tag and start one agent; raises SpecError on a bad one."""
@@ -118,8 +180,9 @@ class AgentManager:
             tuple(Task(t.prompt, first[i] if s == 0 else max(1, len(t.prompt) // 4), t.max_tokens)
                   for i, t in enumerate(stage)) for s, stage in enumerate(spec.stages)))
         t0 = time.perf_counter()
-        predicted = float(self.predictor.agent_cost(view, self.cost))
+        predicted = self.timed_prediction(view)
         predict_ms = 1000 * (time.perf_counter() - t0)
+        self.count_request("agents")
         now = self.now()
         self.clock.agent_arrived(agent_id, spec.type, predicted, now)
         run = AgentRun(agent_id, spec, now, predicted, self.clock.policy.tag(agent_id),
@@ -150,8 +213,12 @@ class AgentManager:
                                 seed=spec.seed, stop=spec.stop, extra_args=meta,
                                 output_kind=RequestOutputKind.FINAL_ONLY)
         final = None
-        async for out in self.engine.generate(TokensPrompt(prompt_token_ids=ids), params, f"{run.agent_id}/{s}/{i}"):
-            final = out
+        self.tasks_in_flight += 1
+        try:
+            async for out in self.engine.generate(TokensPrompt(prompt_token_ids=ids), params, f"{run.agent_id}/{s}/{i}"):
+                final = out
+        finally:
+            self.tasks_in_flight -= 1
         o = final.outputs[0]
         run.outputs[s][i] = {"output": o.text, "prompt_tokens": len(ids), "output_tokens": len(o.token_ids),
                              "finish_reason": o.finish_reason}
@@ -180,6 +247,12 @@ class AgentManager:
             run.status, run.error = "failed", str(exc) or type(exc).__name__
         run.finish_s = self.now()
         self.clock.agent_finished(run.agent_id, run.finish_s)
+        self.finished[run.status] += 1
+        if run.status == "done":
+            jct = run.finish_s - run.arrival_s
+            counts = self.jct.setdefault(run.spec.type, [0] * len(JCT_BUCKETS))
+            counts[next(k for k, b in enumerate(JCT_BUCKETS) if jct <= b)] += 1
+            self.jct_sum[run.spec.type] = self.jct_sum.get(run.spec.type, 0.0) + jct
         if run.status == "done":
             actual = sum(self.cost.request_cost(o["prompt_tokens"], o["output_tokens"]) for st in run.outputs for o in st)
             self.predictor.observe(run.spec.type, run.predicted_cost, actual)
@@ -214,7 +287,10 @@ def create_app(engine, tokenizer, settings: Settings, predictor: Predictor) -> F
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(request: Request, exc: RequestValidationError):
-        return _error(422, first_error(list(exc.errors())))
+        message = first_error(list(exc.errors()))
+        if request.url.path in ("/v1/completions", "/v1/chat/completions"):  # OpenAI's error shape
+            return JSONResponse({"error": {"message": message, "type": "invalid_request_error"}}, status_code=422)
+        return _error(422, message)
 
     @app.middleware("http")
     async def _limit_body(request: Request, call_next):
@@ -223,6 +299,16 @@ def create_app(engine, tokenizer, settings: Settings, predictor: Predictor) -> F
             return _error(413, f"the request body has {length} bytes, more than this server's limit of "
                                f"{settings.max_body_bytes}.")
         return await call_next(request)
+
+    from fastapi.responses import PlainTextResponse
+
+    from justitia.server.openai_api import add_openai_routes
+
+    add_openai_routes(app, manager)
+
+    @app.get("/metrics", response_class=PlainTextResponse)
+    async def metrics():
+        return PlainTextResponse(manager.metrics(), media_type="text/plain; version=0.0.4")
 
     @app.get("/health")
     async def health():

@@ -1,0 +1,144 @@
+"""OpenAI-compatible ``/v1/completions`` and ``/v1/chat/completions`` on the same engine.
+
+A request joins an agent through ``vllm_xargs: {"agent_id": ...}`` (what the ``openai`` client
+sends with ``extra_body={"vllm_xargs": {...}}``) or an ``X-Agent-Id`` header; without either it is
+an agent of its own. ``vllm_xargs`` may also carry ``agent_type``, ``agent_cost`` and
+``agent_done`` (see ``justitia.vllm.scheduler``); without ``agent_cost`` the server's predictor
+prices the request as a one-task agent. ``stream: true`` answers with server-sent chunks; a
+client that disconnects from a stream has its request aborted in vLLM.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from typing import Annotated, Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, StreamingResponse
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr
+
+from justitia.workload import Agent, Task
+
+
+class _Common(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    model: StrictStr | None = None
+    max_tokens: Annotated[StrictInt, Field(ge=1)] | None = None
+    max_completion_tokens: Annotated[StrictInt, Field(ge=1)] | None = None
+    temperature: Annotated[StrictFloat | StrictInt, Field(ge=0, le=10)] = 1.0
+    top_p: Annotated[StrictFloat | StrictInt, Field(gt=0, le=1)] = 1.0
+    n: Annotated[StrictInt, Field(ge=1, le=1)] = 1
+    stop: StrictStr | list[StrictStr] | None = None
+    seed: StrictInt | None = None
+    stream: StrictBool = False
+    stream_options: dict | None = None
+    presence_penalty: Annotated[StrictFloat | StrictInt, Field(ge=-2, le=2)] = 0.0
+    frequency_penalty: Annotated[StrictFloat | StrictInt, Field(ge=-2, le=2)] = 0.0
+    user: StrictStr | None = None
+    vllm_xargs: dict[str, Any] | None = None
+
+
+class CompletionRequest(_Common):
+    """``POST /v1/completions`` (one prompt, n = 1)."""
+
+    prompt: StrictStr
+
+
+class Message(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    role: StrictStr
+    content: StrictStr
+    name: StrictStr | None = None
+
+
+class ChatRequest(_Common):
+    """``POST /v1/chat/completions`` (text messages, n = 1)."""
+
+    messages: Annotated[list[Message], Field(min_length=1)]
+
+
+def add_openai_routes(app: FastAPI, manager) -> None:
+    """Register the two endpoints on ``app``; ``manager`` is the server's AgentManager."""
+    settings = manager.settings
+
+    def error(status: int, message: str) -> JSONResponse:
+        return JSONResponse({"error": {"message": message, "type": "invalid_request_error"}}, status_code=status)
+
+    async def answer(req: _Common, ids: list[int], http: Request, chat: bool):
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+        from vllm.sampling_params import RequestOutputKind
+
+        max_tokens = req.max_completion_tokens or req.max_tokens or (settings.max_model_len - len(ids) if chat else 16)
+        if len(ids) + max_tokens > settings.max_model_len:
+            return error(400, f"{len(ids)} prompt tokens + max_tokens {max_tokens} exceed the model's context of "
+                              f"{settings.max_model_len} tokens.")
+        xargs = dict(req.vllm_xargs or {})
+        agent_id = str(xargs.get("agent_id") or http.headers.get("x-agent-id") or f"req-{uuid.uuid4().hex[:12]}")
+        xargs["agent_id"] = agent_id
+        agent_type = str(xargs.setdefault("agent_type", "default"))
+        if "agent_cost" not in xargs:
+            view = Agent(agent_id, agent_type, 0.0, ((Task("", len(ids), max_tokens),),))
+            xargs["agent_cost"] = float(manager.timed_prediction(view))
+        if "vllm_xargs" not in req.model_fields_set and http.headers.get("x-agent-id") is None:
+            xargs["agent_done"] = True  # a one-request agent: released when it finishes
+        stream = req.stream
+        params = SamplingParams(max_tokens=max_tokens, temperature=req.temperature, top_p=req.top_p, seed=req.seed,
+                                stop=req.stop, presence_penalty=req.presence_penalty,
+                                frequency_penalty=req.frequency_penalty, extra_args=xargs,
+                                output_kind=RequestOutputKind.DELTA if stream else RequestOutputKind.FINAL_ONLY)
+        rid = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:16]}"
+        created = int(time.time())
+        model = req.model or settings.model
+        obj = "chat.completion" if chat else "text_completion"
+        manager.count_request("chat" if chat else "completions")
+        gen = manager.engine.generate(TokensPrompt(prompt_token_ids=ids), params, rid)
+
+        if not stream:
+            final = None
+            async for out in gen:
+                final = out
+            o = final.outputs[0]
+            choice = {"index": 0, "finish_reason": o.finish_reason, "logprobs": None}
+            choice |= {"message": {"role": "assistant", "content": o.text}} if chat else {"text": o.text}
+            usage = {"prompt_tokens": len(ids), "completion_tokens": len(o.token_ids),
+                     "total_tokens": len(ids) + len(o.token_ids)}
+            return {"id": rid, "object": obj, "created": created, "model": model, "choices": [choice], "usage": usage}
+
+        async def chunks():
+            # a disconnected client stops this generator; closing ``gen`` aborts the request in vLLM
+            try:
+                first = True
+                async for out in gen:
+                    o = out.outputs[0]
+                    if chat:
+                        delta = {"content": o.text} | ({"role": "assistant"} if first else {})
+                        choice = {"index": 0, "delta": delta, "finish_reason": o.finish_reason}
+                    else:
+                        choice = {"index": 0, "text": o.text, "finish_reason": o.finish_reason, "logprobs": None}
+                    first = False
+                    doc = {"id": rid, "object": obj + (".chunk" if chat else ""), "created": created, "model": model,
+                           "choices": [choice]}
+                    yield f"data: {json.dumps(doc)}\n\n"
+                yield "data: [DONE]\n\n"
+            finally:
+                await gen.aclose()
+
+        return StreamingResponse(chunks(), media_type="text/event-stream")
+
+    @app.post("/v1/completions")
+    async def completions(req: CompletionRequest, http: Request):
+        return await answer(req, manager.tokenizer.encode(req.prompt), http, chat=False)
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(req: ChatRequest, http: Request):
+        tok = manager.tokenizer
+        if not tok.chat_template:
+            return error(400, f"model '{settings.model}' has no chat template; use /v1/completions.")
+        messages = [m.model_dump(exclude_none=True) for m in req.messages]
+        ids = tok.apply_chat_template(messages, tokenize=True, add_generation_prompt=True)
+        return await answer(req, list(getattr(ids, "input_ids", ids)), http, chat=True)
