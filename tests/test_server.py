@@ -47,7 +47,7 @@ def server():
     env = dict(os.environ, JUSTITIA_AGENT_IDLE_S="5")
     proc = subprocess.Popen([sys.executable, "-m", "justitia", "serve", "--port", str(port), "--predictor", "mean",
                              "--kv-blocks", "16", "--max-model-len", "1024", "--max-tasks-per-agent", "16",
-                             "--max-body-bytes", "20000"], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                             "--max-body-bytes", "20000", "--max-agents-in-flight", "3"], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True)
     base = f"http://127.0.0.1:{port}"
     deadline = time.time() + 300
@@ -196,3 +196,31 @@ def test_metrics_in_prometheus_format(server):
         assert name in text
     assert 'justitia_agent_jct_seconds_bucket{type="mrs",le="+Inf"}' in text  # the map-reduce agent above
     assert _metric(server, "justitia_predictor_latency_seconds_count") >= 1
+
+
+def test_a_failing_task_fails_its_agent_with_the_reason_and_nothing_leaks(server):
+    # stage 1 quotes two 400-token answers: with its own 600 tokens it no longer fits 1,024
+    body = {"type": "mrs", "stages": [
+        [{"prompt": f"Part {i}.", "max_tokens": 400, "ignore_eos": True} for i in range(2)],
+        [{"prompt": "Combine: {{prev}}", "max_tokens": 600}, {"prompt": "Also: {{prev[0]}}", "max_tokens": 8}],
+    ]}
+    agent_id = server.post("/v1/agents", json=body).json()["agent_id"]
+    doc = _wait(server, agent_id)
+    assert doc["status"] == "failed"
+    assert "stage 1 task 0" in doc["error"] and "exceed the model's context of 1024" in doc["error"]
+    assert [t["output_tokens"] for t in doc["stages"][0]] == [400, 400]
+    assert _metric(server, "justitia_tasks_in_flight") == 0
+    deadline = time.time() + 5
+    while _metric(server, "justitia_engine_requests_unfinished") != 0:
+        assert time.time() < deadline, "the failed agent left requests in the engine"
+        time.sleep(0.1)
+
+
+def test_beyond_the_agents_in_flight_limit_the_server_answers_429(server):
+    long = {"stages": [[{"prompt": "Go on.", "max_tokens": 900, "ignore_eos": True}]]}
+    ids = [server.post("/v1/agents", json=long).json()["agent_id"] for _ in range(3)]
+    r = server.post("/v1/agents", json=long)
+    assert r.status_code == 429 and "limit" in r.json()["error"]
+    for agent_id in ids:
+        assert server.delete(f"/v1/agents/{agent_id}").json()["status"] == "cancelled"
+    assert server.post("/v1/agents", json={"stages": [[{"prompt": "hi", "max_tokens": 2}]]}).status_code == 202

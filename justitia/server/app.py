@@ -10,6 +10,7 @@ the last stage's requests say ``agent_done``, so the plug-in releases the agent 
 from __future__ import annotations
 
 import asyncio
+import collections
 import json
 import logging
 import time
@@ -41,6 +42,7 @@ class Settings:
     max_tasks_per_agent: int = 256
     max_agents_in_flight: int = 2048
     max_body_bytes: int = 1_000_000
+    keep_finished: int = 10_000  # finished agents kept for GET; older ones are forgotten (404)
     capacity_per_s: float = 1.0  # the virtual clock's M (KV tokens / nominal step), for virtual_finish
     chat: bool = True  # wrap agent prompts in the model's chat template when it has one
 
@@ -92,6 +94,7 @@ class AgentManager:
         self.predict_s, self.predictions = 0.0, 0
         self.requests: dict[str, int] = {"agents": 0, "completions": 0, "chat": 0}
         self.tasks_in_flight = 0
+        self.ended: collections.deque[str] = collections.deque()  # finished agents, oldest first
 
     def now(self) -> float:
         return time.monotonic() - self.t0
@@ -210,7 +213,7 @@ class AgentManager:
         if s == len(run.spec.stages) - 1:
             meta["agent_done"] = True
         params = SamplingParams(max_tokens=spec.max_tokens, temperature=spec.temperature, top_p=spec.top_p,
-                                seed=spec.seed, stop=spec.stop, extra_args=meta,
+                                seed=spec.seed, stop=spec.stop, ignore_eos=spec.ignore_eos, extra_args=meta,
                                 output_kind=RequestOutputKind.FINAL_ONLY)
         final = None
         self.tasks_in_flight += 1
@@ -257,6 +260,9 @@ class AgentManager:
             actual = sum(self.cost.request_cost(o["prompt_tokens"], o["output_tokens"]) for st in run.outputs for o in st)
             self.predictor.observe(run.spec.type, run.predicted_cost, actual)
         run.emit(run.status, **({"error": run.error} if run.error else {}))
+        self.ended.append(run.agent_id)
+        while len(self.ended) > self.settings.keep_finished:  # a server runs for days
+            self.agents.pop(self.ended.popleft(), None)
         log.info(json.dumps({"event": "agent_" + run.status, "agent_id": run.agent_id,
                              "jct_s": round(run.finish_s - run.arrival_s, 4), "error": run.error}))
 

@@ -44,8 +44,16 @@ async def serve(model: str = "tiny", policy: str = "justitia", predictor: str = 
                             max_body_bytes=max_body_bytes,
                             capacity_per_s=float(os.environ.get("JUSTITIA_CAPACITY", kv_tokens / iteration_s)))
         app = create_app(llm, AutoTokenizer.from_pretrained(str(model_dir)), settings, pred)
-        logging.getLogger("justitia.server").setLevel(logging.INFO)
-        server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning"))
+        log = logging.getLogger("justitia.server")  # one JSON object a line, on stderr
+        if not log.handlers:
+            handler = logging.StreamHandler()
+            handler.setFormatter(logging.Formatter("%(message)s"))
+            log.addHandler(handler)
+            log.setLevel(logging.INFO)
+            log.propagate = False
+        # keep-alive well above the 5 s default: under load a client may reuse a connection that
+        # uvicorn has just closed (httpx then fails with ReadError)
+        server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning", timeout_keep_alive=75))
         task = asyncio.create_task(server.serve())
         while not server.started and not task.done():
             await asyncio.sleep(0.05)

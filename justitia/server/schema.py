@@ -21,7 +21,7 @@ from __future__ import annotations
 import re
 from typing import Annotated
 
-from pydantic import BaseModel, ConfigDict, Field, StrictFloat, StrictInt, StrictStr
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr
 
 PLACEHOLDER = re.compile(r"\{\{\s*(prev|stage\[(\d+)\])(?:\[(\d+)\])?\s*\}\}")
 
@@ -37,6 +37,7 @@ class TaskSpec(BaseModel):
     top_p: Annotated[StrictFloat | StrictInt, Field(gt=0, le=1)] = 1.0
     seed: StrictInt | None = None
     stop: list[StrictStr] | None = None
+    ignore_eos: StrictBool = False  # generate exactly max_tokens (benchmarks)
 
 
 class AgentSpec(BaseModel):

@@ -1,0 +1,136 @@
+"""Load test of `justitia serve`: many agents at once, every one must finish with all its outputs.
+
+    python scripts/load_test.py [--agents 1000] [--url http://127.0.0.1:PORT] [--out results/load.json]
+
+Without --url it starts `justitia serve` (tiny model) on a free loopback port and stops it at the
+end. It submits every agent at once (each 1-3 stages of 1-4 tasks of 48-128 tokens, later stages
+quoting earlier ones), samples how many the server holds in flight, waits until all are
+done, failed or cancelled (or --timeout passes), and checks each one's outputs. Loopback only:
+it refuses any other host. Exit code 1 if an agent is lost, stuck or failed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import random
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from urllib.parse import urlparse
+
+import httpx
+
+
+def agent_body(rng: random.Random, k: int) -> dict:
+    stages = []
+    for s in range(rng.randint(1, 3)):
+        quote = " Earlier: {{prev}}" if s else ""
+        stages.append([{"prompt": f"Agent {k} stage {s} task {i}.{quote}", "max_tokens": rng.randint(48, 128),
+                        "ignore_eos": True} for i in range(rng.randint(1, 4))])
+    return {"type": rng.choice(["mrs", "kqa", "fv", "search"]), "stages": stages}
+
+
+async def run(url: str, n: int, timeout_s: float, seed: int) -> dict:
+    rng = random.Random(seed)
+    bodies = [agent_body(rng, k) for k in range(n)]
+    limits = httpx.Limits(max_connections=64)
+    async with httpx.AsyncClient(base_url=url, timeout=60, limits=limits) as client:
+        peak = 0
+        finished = asyncio.Event()
+
+        async def sample() -> None:  # the most agents the server held at once
+            nonlocal peak
+            async with httpx.AsyncClient(base_url=url, timeout=60) as probe:
+                while not finished.is_set():
+                    peak = max(peak, (await probe.get("/health")).json()["agents_in_flight"])
+                    await asyncio.sleep(0.25)
+
+        sampler = asyncio.create_task(sample())
+        t0 = time.perf_counter()
+        replies = await asyncio.gather(*(client.post("/v1/agents", json=b) for b in bodies))
+        submit_s = time.perf_counter() - t0
+        rejected = [r.text for r in replies if r.status_code != 202]
+        ids = [r.json()["agent_id"] for r in replies if r.status_code == 202]
+        while time.perf_counter() - t0 < timeout_s and (await client.get("/health")).json()["agents_in_flight"] > 0:
+            await asyncio.sleep(0.5)
+        wall_s = time.perf_counter() - t0
+        finished.set()
+        await sampler
+        docs = await asyncio.gather(*(client.get(f"/v1/agents/{i}") for i in ids))
+    statuses: dict[str, int] = {}
+    lost, incomplete, jcts = 0, 0, []
+    for reply, body in zip(docs, [b for b, r in zip(bodies, replies) if r.status_code == 202]):
+        if reply.status_code != 200:
+            lost += 1
+            continue
+        doc = reply.json()
+        statuses[doc["status"]] = statuses.get(doc["status"], 0) + 1
+        if doc["status"] == "done":
+            shape_ok = [len(s) for s in doc["stages"]] == [len(s) for s in body["stages"]]
+            if not shape_ok or any(t is None or t["output_tokens"] < 1 for s in doc["stages"] for t in s):
+                incomplete += 1
+            jcts.append(doc["jct_s"])
+    stuck = sum(v for k, v in statuses.items() if k not in ("done", "failed", "cancelled"))
+    return {"agents": n, "accepted": len(ids), "rejected": len(rejected), "peak_in_flight": peak,
+            "statuses": statuses, "lost": lost, "stuck": stuck, "incomplete": incomplete,
+            "tasks": sum(len(s) for b in bodies for s in b["stages"]), "submit_s": round(submit_s, 3),
+            "wall_s": round(wall_s, 3), "mean_jct_s": round(sum(jcts) / len(jcts), 3) if jcts else None,
+            "first_rejection": rejected[0] if rejected else None}
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--agents", type=int, default=1000)
+    ap.add_argument("--url", help="a running server on loopback (default: start one)")
+    ap.add_argument("--timeout", type=float, default=900, help="seconds to wait for all agents (default 900)")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--out", type=Path, help="also write the result as JSON here")
+    args = ap.parse_args()
+    proc = None
+    url = args.url
+    if url is None:
+        port = _free_port()
+        proc = subprocess.Popen([sys.executable, "-m", "justitia", "serve", "--port", str(port), "--predictor", "mean",
+                                 "--max-agents-in-flight", str(max(args.agents, 1)), "--max-num-seqs", "256"])
+        url = f"http://127.0.0.1:{port}"
+        deadline = time.time() + 300
+        while True:
+            try:
+                if httpx.get(url + "/health", timeout=5).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            if proc.poll() is not None or time.time() > deadline:
+                print("load test: the server did not start", file=sys.stderr)
+                return 2
+            time.sleep(0.5)
+    elif urlparse(url).hostname not in ("127.0.0.1", "localhost", "::1"):
+        print(f"load test: {url} is not a loopback address; this script only loads a local server", file=sys.stderr)
+        return 2
+    try:
+        result = asyncio.run(run(url, args.agents, args.timeout, args.seed))
+    finally:
+        if proc is not None:
+            proc.terminate()
+            proc.wait(timeout=60)
+    print(json.dumps(result, indent=1))
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(result, indent=1))
+    ok = (result["lost"] == result["stuck"] == result["incomplete"] == result["rejected"] == 0
+          and result["statuses"].get("done", 0) == args.agents)
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
