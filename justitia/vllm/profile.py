@@ -112,7 +112,7 @@ class Profiler:
             prompt = prompt[: max(1, len(prompt) * room // len(ids) - 16)]
 
     async def _answer(self, prompt: str, cap: int, request_id: str) -> tuple[str, int, int, str]:
-        """(prompt as seen, prompt tokens, output tokens, output text) of one task."""
+        """(prompt as the agent wrote it, cut if need be; prompt tokens; output tokens; output text)."""
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
         from vllm.sampling_params import RequestOutputKind
