@@ -64,11 +64,35 @@ def server():
             proc.kill()
             pytest.fail("the server did not start within 300 s")
         yield client
+        children = _descendants(proc.pid)
     proc.terminate()
     try:
         proc.wait(timeout=60)
     except subprocess.TimeoutExpired:
         proc.kill()
+    time.sleep(2)
+    left = [p for p in children if os.path.exists(f"/proc/{p}")]
+    for p in left:
+        os.kill(p, 9)
+    assert children and not left, f"vLLM processes outlived the server: {left}"
+
+
+def _descendants(pid: int) -> list[int]:
+    """Every process below ``pid`` (Linux /proc)."""
+    parents = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                stat = open(f"/proc/{entry}/stat").read()
+            except OSError:
+                continue
+            parents[int(entry)] = int(stat.rsplit(")", 1)[1].split()[1])
+    out, frontier = [], [pid]
+    while frontier:
+        kids = [p for p, pp in parents.items() if pp in frontier]
+        out += kids
+        frontier = kids
+    return out
 
 
 def _wait(client, agent_id: str, timeout: float = 120) -> dict:

@@ -3,8 +3,24 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
+import signal
+
+
+def _uvicorn_server():
+    import uvicorn
+
+    class Server(uvicorn.Server):
+        """uvicorn re-raises SIGTERM/SIGINT once it has stopped, which would kill the process before
+        the engine is shut down (leaving vLLM's worker processes behind); ``serve`` handles them."""
+
+        @contextlib.contextmanager
+        def capture_signals(self):
+            yield
+
+    return Server
 
 
 async def serve(model: str = "tiny", policy: str = "justitia", predictor: str = "mlp", host: str = "127.0.0.1",
@@ -29,6 +45,7 @@ async def serve(model: str = "tiny", policy: str = "justitia", predictor: str = 
     from justitia.vllm.models import resolve_model
     from justitia.vllm.runner import engine_dtype
 
+    _Server = _uvicorn_server()
     model_dir = resolve_model(model)
     args = AsyncEngineArgs(model=str(model_dir), scheduling_policy="priority",
                            scheduler_cls="justitia.vllm.scheduler.JustitiaScheduler",
@@ -53,7 +70,10 @@ async def serve(model: str = "tiny", policy: str = "justitia", predictor: str = 
             log.propagate = False
         # keep-alive well above the 5 s default: under load a client may reuse a connection that
         # uvicorn has just closed (httpx then fails with ReadError)
-        server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning", timeout_keep_alive=75))
+        server = _Server(uvicorn.Config(app, host=host, port=port, log_level="warning", timeout_keep_alive=75))
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):  # stop serving, then shut the engine down (finally)
+            loop.add_signal_handler(sig, lambda: setattr(server, "should_exit", True))
         task = asyncio.create_task(server.serve())
         while not server.started and not task.done():
             await asyncio.sleep(0.05)
