@@ -309,7 +309,24 @@ def _cmd_profile(args) -> int:
     summary = run_profile(spec, args.out, not args.no_progress)
     print(f"profile: {summary['agents']} agents in {args.out} ({summary['new']} new, {summary['wall_s'] / 60:.1f} min)  "
           f"(next: justitia predictor eval --profile {args.out})")
+    print(_profile_stats(args.out))
     return 0
+
+
+def _profile_stats(path) -> str:
+    """One line on what a profile file holds (rerunning the command on a complete file prints it)."""
+    import statistics
+
+    from justitia.workload import load_workload
+
+    agents = load_workload(path)
+    answers = [(t.output_tokens, a.meta.get("max_tokens")) for a in agents for t in a.tasks]
+    stopped = sum(cap is not None and n < cap for n, cap in answers)
+    prompt = statistics.mean(sum(t.prompt_tokens for t in a.tasks) for a in agents)
+    output = statistics.mean(sum(t.output_tokens for t in a.tasks) for a in agents)
+    return (f"profile: {len(answers)} answers, {stopped / len(answers):.0%} ended before their cap, median "
+            f"{statistics.median(n for n, _ in answers):g} tokens; per agent {prompt:,.0f} prompt and "
+            f"{output:,.0f} output tokens on average")
 
 
 def _cmd_serve(args) -> int:

@@ -25,6 +25,7 @@ from justitia.cost import cost_model
 from justitia.predictor import Predictor
 from justitia.scheduler import AgentScheduler
 from justitia.server.schema import AgentSpec, SpecError, check_agent, first_error, render
+from justitia.vllm.models import chat_ids
 from justitia.workload import Agent, Task
 
 log = logging.getLogger("justitia.server")
@@ -105,8 +106,7 @@ class AgentManager:
     def _ids_of(self, prompt: str) -> list[int]:
         tok = self.tokenizer
         if self.settings.chat and tok.chat_template:
-            ids = tok.apply_chat_template([{"role": "user", "content": prompt}], tokenize=True, add_generation_prompt=True)
-            return list(getattr(ids, "input_ids", ids))
+            return chat_ids(tok, [{"role": "user", "content": prompt}])
         return tok.encode(prompt)
 
     def timed_prediction(self, view: Agent) -> float:
@@ -182,9 +182,9 @@ class AgentManager:
         view = Agent(agent_id, spec.type, 0.0, tuple(
             tuple(Task(t.prompt, first[i] if s == 0 else max(1, len(t.prompt) // 4), t.max_tokens)
                   for i, t in enumerate(stage)) for s, stage in enumerate(spec.stages)))
-        t0 = time.perf_counter()
+        before = self.predict_s
         predicted = self.timed_prediction(view)
-        predict_ms = 1000 * (time.perf_counter() - t0)
+        predict_ms = 1000 * (self.predict_s - before)
         self.count_request("agents")
         now = self.now()
         self.clock.agent_arrived(agent_id, spec.type, predicted, now)

@@ -19,6 +19,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr
 
+from justitia.vllm.models import chat_ids
 from justitia.workload import Agent, Task
 
 
@@ -140,5 +141,4 @@ def add_openai_routes(app: FastAPI, manager) -> None:
         if not tok.chat_template:
             return error(400, f"model '{settings.model}' has no chat template; use /v1/completions.")
         messages = [m.model_dump(exclude_none=True) for m in req.messages]
-        ids = tok.apply_chat_template(messages, tokenize=True, add_generation_prompt=True)
-        return await answer(req, list(getattr(ids, "input_ids", ids)), http, chat=True)
+        return await answer(req, chat_ids(tok, messages), http, chat=True)

@@ -162,6 +162,12 @@ def smollm2_model() -> Path:
 BUILT_IN_MODELS = {"tiny": tiny_model, "smollm2": smollm2_model}
 
 
+def chat_ids(tokenizer, messages: list[dict]) -> list[int]:
+    """Token ids of ``messages`` in the model's chat template, ready for the assistant's answer."""
+    ids = tokenizer.apply_chat_template(messages, tokenize=True, add_generation_prompt=True)
+    return list(getattr(ids, "input_ids", ids))  # some tokenizers return an encoding
+
+
 def resolve_model(name_or_path: str) -> Path:
     """The model directory for a built-in model's name (built on first use) or a local checkpoint's path."""
     if name_or_path in BUILT_IN_MODELS:

@@ -27,6 +27,7 @@ from pathlib import Path
 import numpy as np
 
 from justitia.cost import cost_model
+from justitia.vllm.models import chat_ids
 from justitia.workflows import WORKFLOW_TYPES, output_cap, staged_agent
 from justitia.workload import Agent, Task, append_agent, load_workload
 
@@ -100,12 +101,7 @@ class Profiler:
         tok = self.tokenizer
         room = self.spec.max_model_len - cap
         while True:
-            if tok.chat_template:
-                ids = tok.apply_chat_template([{"role": "user", "content": prompt}], tokenize=True,
-                                              add_generation_prompt=True)
-                ids = list(getattr(ids, "input_ids", ids))  # some tokenizers return an encoding
-            else:
-                ids = tok.encode(prompt)
+            ids = chat_ids(tok, [{"role": "user", "content": prompt}]) if tok.chat_template else tok.encode(prompt)
             if len(ids) <= room:
                 return prompt, ids
             # keep the instruction (it comes first) and the start of the body
