@@ -6,6 +6,8 @@ nothing about KV blocks or iterations: the engine decides what fits and reports 
 
 from __future__ import annotations
 
+import logging
+import math
 from typing import Iterable
 
 from justitia.policies.base import AgentInfo, Charge, Policy, RequestInfo
@@ -84,3 +86,97 @@ class AgentScheduler:
     def victim(self, running: Iterable[RequestInfo]) -> RequestInfo:
         """The running request to preempt first: the one with the lowest priority."""
         return max(running, key=self.policy.key)
+
+
+class AgentBook:
+    """Agents known only through their requests' metadata, kept in an ``AgentScheduler``.
+
+    An engine that receives loose requests (the vLLM plug-in; the server's upstream front end)
+    learns about agents from each request's metadata: ``agent_id`` (absent: the request is an
+    agent of its own), ``agent_type``, ``agent_cost`` (the agent's predicted total),
+    ``request_cost`` (this request's) and ``agent_done`` (the agent's last stage). An agent is
+    registered by its first request and released when its ``agent_done`` requests have all
+    finished, when ``release`` is called, or after ``idle_release_s`` with no open request.
+    Missing costs are estimated as ``cost.request_cost(prompt, max_tokens)``.
+    """
+
+    def __init__(self, core: AgentScheduler, cost: str = "kv", idle_release_s: float = 60.0,
+                 log: logging.Logger | None = None):
+        from justitia.cost import cost_model
+
+        self.core = core
+        self.cost = cost_model(cost)
+        self.idle_release_s = idle_release_s
+        self.log = log or logging.getLogger("justitia")
+        self.infos: dict[str, RequestInfo] = {}  # open requests
+        self.agent_done: set[str] = set()  # agents whose last stage has arrived
+        self.idle_since: dict[str, float] = {}  # agents with no open request, since when
+        self._next_sweep_s = 0.0
+
+    def register(self, agent_id: str, agent_type: str, predicted_cost: float, now_s: float) -> AgentInfo | None:
+        """Register an agent ahead of its requests; its info if it is new, None if it is known."""
+        if self.core.has_agent(agent_id):
+            return None
+        return self.core.agent_arrived(agent_id, agent_type, predicted_cost, now_s)
+
+    def arrive(self, request_id: str, meta: dict, prompt_tokens: int, max_tokens: int,
+               now_s: float) -> tuple[RequestInfo, AgentInfo | None]:
+        """Queue a new request; returns its info and its agent's if the request brought a new one."""
+        agent_id = str(meta.get("agent_id") or request_id)
+        request_cost = self.meta_cost(meta, "request_cost", self.cost.request_cost(prompt_tokens, max_tokens),
+                                      request_id)
+        new = self.register(agent_id, str(meta.get("agent_type", "")),
+                            self.meta_cost(meta, "agent_cost", request_cost, request_id), now_s)
+        self.idle_since.pop(agent_id, None)
+        if meta.get("agent_done") or "agent_id" not in meta:
+            self.agent_done.add(agent_id)
+        info = self.core.request_arrived(request_id, agent_id, prompt_tokens, request_cost)
+        self.infos[request_id] = info
+        return info, new
+
+    def finish(self, request_id: str, now_s: float) -> RequestInfo | None:
+        """A request finished or was aborted; its agent is released if that was its last."""
+        info = self.infos.pop(request_id, None)
+        if info is None or not self.core.has_agent(info.agent_id):
+            return info
+        self.core.request_finished(info)
+        if self.core.open_requests(info.agent_id) == 0:
+            if info.agent_id in self.agent_done:
+                self.release(info.agent_id, now_s)
+            else:
+                self.idle_since[info.agent_id] = now_s
+        return info
+
+    def release(self, agent_id: str, now_s: float) -> bool:
+        """Release the agent's policy state now (a no-op if it is not known); True if it was."""
+        self.agent_done.discard(agent_id)
+        self.idle_since.pop(agent_id, None)
+        if not self.core.has_agent(agent_id):
+            return False
+        self.core.agent_finished(agent_id, now_s)
+        return True
+
+    def sweep(self, now_s: float) -> list[str]:
+        """Release the agents idle for ``idle_release_s`` (checked at most once a second)."""
+        if not self.idle_since or now_s < self._next_sweep_s:
+            return []
+        self._next_sweep_s = now_s + 1.0
+        stale = [a for a, since in self.idle_since.items() if now_s - since >= self.idle_release_s]
+        for agent_id in stale:
+            self.release(agent_id, now_s)
+        return stale
+
+    def meta_cost(self, meta: dict, key: str, default: float, request_id: str) -> float:
+        """A cost from request metadata; a bad value is logged and replaced (it must not stop an engine)."""
+        value = meta.get(key)
+        if value is None:
+            return default
+        try:
+            cost = float(value)
+        except (TypeError, ValueError):
+            cost = math.nan
+        if not (math.isfinite(cost) and cost >= 0):
+            self.log.warning("justitia: request %s: %s=%r is not a finite number >= 0; using %.6g",
+                             request_id, key, value, default)
+            return default
+        return cost

@@ -162,3 +162,37 @@ def test_noisy_predictor_is_bounded_seeded_and_order_free():
     assert max(factors) > 0.8 * math.log(3) and min(factors) < -0.8 * math.log(3)
     with pytest.raises(ValueError, match="noisy"):
         make_predictor("noisy:0.5")
+
+
+# ---------------------------------------------------------------- agents known from request metadata
+def test_agent_book_registers_on_first_request_and_releases_on_done_cancel_or_idle():
+    from justitia.scheduler import AgentBook
+
+    book = AgentBook(AgentScheduler(make_policy("justitia", 100.0)), idle_release_s=5.0)
+    info, agent = book.arrive("r1", {"agent_id": "a", "agent_cost": 50.0}, 10, 4, now_s=0.0)
+    assert agent is not None and agent.predicted_cost == 50.0 and info.predicted_cost == 10 * 4 + 8
+    assert book.arrive("r2", {"agent_id": "a", "agent_done": True}, 10, 4, now_s=0.0)[1] is None
+    book.finish("r1", 1.0)
+    assert book.core.has_agent("a")  # r2 (the last stage) is still open
+    book.finish("r2", 2.0)
+    assert not book.core.has_agent("a") and not book.infos
+
+    # no agent_done: idle between stages, released by the sweep only after idle_release_s
+    book.arrive("s1", {"agent_id": "b"}, 10, 4, now_s=3.0)
+    book.finish("s1", 3.0)
+    assert book.sweep(7.9) == [] and book.core.has_agent("b")
+    book.arrive("s2", {"agent_id": "b"}, 10, 4, now_s=8.0)  # the next stage: no longer idle
+    book.finish("s2", 8.0)
+    assert book.sweep(12.0) == [] and book.sweep(13.0) == ["b"] and not book.core.has_agent("b")
+
+    # cancel: released at once, its open request finishes later without error
+    book.register("c", "t", 30.0, 14.0)
+    book.arrive("c1", {"agent_id": "c"}, 10, 4, now_s=14.0)
+    assert book.release("c", 14.5) and not book.release("c", 14.6)
+    assert book.finish("c1", 15.0) is not None and not book.core.has_agent("c")
+
+    # a request without agent_id is an agent of its own, released when it finishes; bad costs are replaced
+    info, agent = book.arrive("solo", {"agent_cost": "nan"}, 8, 2, now_s=16.0)
+    assert agent.agent_id == "solo" and agent.predicted_cost == info.predicted_cost == 8 * 2 + 2
+    book.finish("solo", 17.0)
+    assert not book.core.has_agent("solo") and not book.core.waiting

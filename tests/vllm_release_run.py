@@ -56,5 +56,5 @@ if __name__ == "__main__":
                   "agents": {a: sched.core.has_agent(a) for a in ("aborted", "quiet", "plain", "later")},
                   "core_agents": len(sched.core._agents), "core_open": len(sched.core._open),
                   "policy_state": {k: len(v) for k, v in vars(sched.core.policy).items() if isinstance(v, (dict, set, list))},
-                  "idle_since": len(sched.idle_since), "agent_done": len(sched.agent_done)}
+                  "idle_since": len(sched.book.idle_since), "agent_done": len(sched.book.agent_done)}
     print("RESULT " + json.dumps({"finished": sorted(finished), "after_run": after_run, "after_idle": after_idle}))

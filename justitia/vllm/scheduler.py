@@ -39,7 +39,6 @@ victim. Pinned to vLLM 0.32: the scheduler internals it relies on are not a publ
 
 from __future__ import annotations
 
-import math
 import os
 import time
 from typing import Iterable, Iterator
@@ -49,9 +48,8 @@ from vllm.v1.core.sched.request_queue import RequestQueue
 from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.request import Request
 
-from justitia.cost import cost_model
 from justitia.policies import Charge, RequestInfo, make_policy
-from justitia.scheduler import AgentScheduler
+from justitia.scheduler import AgentBook, AgentScheduler
 
 logger = init_logger("vllm.justitia")  # under "vllm": vLLM configures handlers for that tree only
 
@@ -117,22 +115,6 @@ class _CoreQueue(RequestQueue):
         return iter(list(self.requests.values()))
 
 
-def _cost(meta: dict, key: str, default: float, request_id: str) -> float:
-    """A cost from request metadata; a bad value is logged and replaced (it must not stop the engine)."""
-    value = meta.get(key)
-    if value is None:
-        return default
-    try:
-        cost = float(value)
-    except (TypeError, ValueError):
-        cost = math.nan
-    if not (math.isfinite(cost) and cost >= 0):
-        logger.warning("justitia: request %s: %s=%r is not a finite number >= 0; using %.6g",
-                       request_id, key, value, default)
-        return default
-    return cost
-
-
 def _probe(agent_id: str) -> RequestInfo:
     """A stand-in request of ``agent_id``, to read the agent's current key."""
     return RequestInfo("", agent_id, -1, 0, 0.0)
@@ -159,14 +141,12 @@ class JustitiaScheduler(Scheduler):
 
     def _reset(self, policy: str, cost: str, capacity_per_s: float, step_log: str | None) -> None:
         """Fresh policy state and clock (at start-up, or on a control request to an idle engine)."""
-        self.core = AgentScheduler(make_policy(policy, capacity_per_s, cost))
+        self.book = AgentBook(AgentScheduler(make_policy(policy, capacity_per_s, cost)), cost, self.idle_release_s,
+                              logger)
+        self.core = self.book.core
         self.uses_service = self.core.uses_service
-        self.cost = cost
-        self.infos: dict[str, RequestInfo] = {}
-        self.agent_done: set[str] = set()  # agents whose last stage has been submitted
-        self.idle_since: dict[str, float] = {}  # agents with no open request, since when
+        self.infos: dict[str, RequestInfo] = self.book.infos  # the open requests, by request id
         self.t0 = time.monotonic()
-        self._next_sweep_s = 0.0
         if self._step_log is not None:
             self._step_log.close()
         self._step_log = open(step_log, "a", buffering=1 << 16) if step_log else None
@@ -196,21 +176,12 @@ class JustitiaScheduler(Scheduler):
             meta = _meta(request)
             if "justitia_control" in meta:
                 self._control(request, meta)
-            agent_id = str(meta.get("agent_id") or request.request_id)
             max_tokens = getattr(request.sampling_params, "max_tokens", None) or 256
-            estimate = cost_model(self.cost).request_cost(request.num_prompt_tokens, max_tokens)
-            request_cost = _cost(meta, "request_cost", estimate, request.request_id)
-            if not self.core.has_agent(agent_id):
-                cost = _cost(meta, "agent_cost", request_cost, request.request_id)
-                agent = self.core.agent_arrived(agent_id, str(meta.get("agent_type", "")), cost, self._now())
-                if self.log_agents:
-                    logger.info("justitia: agent %s arrived: type=%r predicted_cost=%.6g key=%s", agent_id,
-                                agent.agent_type, cost, self.core.policy.key(_probe(agent_id)))
-            self.idle_since.pop(agent_id, None)
-            if meta.get("agent_done") or "agent_id" not in meta:
-                self.agent_done.add(agent_id)
-            info = self.core.request_arrived(request.request_id, agent_id, request.num_prompt_tokens, request_cost)
-            self.infos[request.request_id] = info
+            info, agent = self.book.arrive(request.request_id, meta, request.num_prompt_tokens, max_tokens,
+                                           self._now())
+            if agent is not None and self.log_agents:
+                logger.info("justitia: agent %s arrived: type=%r predicted_cost=%.6g key=%s", agent.agent_id,
+                            agent.agent_type, agent.predicted_cost, self.core.policy.key(_probe(agent.agent_id)))
         request.priority = self.core.policy.key(info)
 
     def _now(self) -> float:
@@ -218,38 +189,21 @@ class JustitiaScheduler(Scheduler):
 
     def _free_request(self, request: Request, *args, **kwargs):
         """A finished or aborted request releases its policy state (and its agent's, when done)."""
-        info = self.infos.pop(request.request_id, None)
-        if info is not None:
+        if request.request_id in self.infos:
             self.waiting.remove_requests([request])
-            self.core.request_finished(info)
-            agent_id = info.agent_id
-            if self.core.open_requests(agent_id) == 0:
-                if agent_id in self.agent_done:
-                    self._release(agent_id)
-                else:
-                    self.idle_since[agent_id] = self._now()
+            agent_id = self.infos[request.request_id].agent_id
+            self.book.finish(request.request_id, self._now())
+            if self.log_agents and not self.core.has_agent(agent_id):
+                logger.info("justitia: agent %s released", agent_id)
         return super()._free_request(request, *args, **kwargs)
-
-    def _release(self, agent_id: str) -> None:
-        if self.log_agents:
-            logger.info("justitia: agent %s released", agent_id)
-        self.agent_done.discard(agent_id)
-        self.idle_since.pop(agent_id, None)
-        self.core.agent_finished(agent_id, self._now())
-
-    def _sweep_idle_agents(self, now_s: float) -> None:
-        """Release agents that never said ``agent_done`` and have had no request for a while."""
-        self._next_sweep_s = now_s + 1.0
-        stale = [a for a, since in self.idle_since.items() if now_s - since >= self.idle_release_s]
-        for agent_id in stale:
-            self._release(agent_id)
 
     # --------------------------------------------------------------------------------- steps
     def schedule(self, *args, **kwargs):
         """vLLM's step, with keys refreshed before it and the service it scheduled charged after."""
         now_s = self._now()
-        if self.idle_since and now_s >= self._next_sweep_s:
-            self._sweep_idle_agents(now_s)
+        for agent_id in self.book.sweep(now_s):
+            if self.log_agents:
+                logger.info("justitia: agent %s released (idle)", agent_id)
         policy = self.core.policy
         if policy.dynamic:  # a dynamic policy's key is its agent's key, then the request's seq
             agent_keys: dict[str, tuple] = {}
