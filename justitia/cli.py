@@ -86,7 +86,8 @@ def _parser() -> argparse.ArgumentParser:
     pf.add_argument("--no-progress", action="store_true", help="hide the progress bar")
 
     sv = sub.add_parser("serve", help="serve agents over HTTP on vLLM with the Justitia scheduler")
-    sv.add_argument("--model", default="tiny", help="tiny, smollm2 or a model directory (default tiny)")
+    sv.add_argument("--model", help="tiny, smollm2 or a model directory (default tiny; with --upstream: the "
+                                    "tokenizer, by default the replicas' model directory)")
     sv.add_argument("--policy", default="justitia", help="scheduling policy (default justitia)")
     sv.add_argument("--predictor", default="mlp",
                     help="cost predictor: mlp (trained on the committed profile, default), mlp:DIR, lm, mean, ...")
@@ -98,6 +99,11 @@ def _parser() -> argparse.ArgumentParser:
     sv.add_argument("--max-tasks-per-agent", type=int, default=256)
     sv.add_argument("--max-agents-in-flight", type=int, default=2048)
     sv.add_argument("--max-body-bytes", type=int, default=1_000_000)
+    sv.add_argument("--upstream", nargs="+", metavar="URL",
+                    help="front stock vLLM OpenAI servers (started with --scheduling-policy priority) instead of "
+                         "running an engine here; one clock over all of them, least-loaded routing")
+    sv.add_argument("--upstream-kv-tokens", type=int,
+                    help="KV cache of each replica in tokens (default: read from the replica's /metrics)")
 
     c = sub.add_parser("calibrate", help="fit the simulator's latency profile to a real vLLM engine")
     _add_workload_args(c, agents=20, density=1 / 3)
@@ -337,10 +343,12 @@ def _cmd_serve(args) -> int:
     for name in ("max_num_seqs", "max_model_len", "max_tasks_per_agent", "max_agents_in_flight", "max_body_bytes"):
         if getattr(args, name) < 1:
             raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}.")
+    if args.upstream_kv_tokens is not None and args.upstream_kv_tokens < 1:
+        raise ValueError(f"--upstream-kv-tokens must be >= 1, got {args.upstream_kv_tokens}.")
     try:
         asyncio.run(serve(args.model, args.policy, args.predictor, args.host, args.port, args.kv_blocks,
                           args.max_num_seqs, args.max_model_len, args.max_tasks_per_agent, args.max_agents_in_flight,
-                          args.max_body_bytes))
+                          args.max_body_bytes, args.upstream, args.upstream_kv_tokens))
     except KeyboardInterrupt:
         pass
     return 0

@@ -50,6 +50,11 @@ class AgentScheduler:
         """Whether the agent has arrived and not finished."""
         return agent_id in self._agents
 
+    @property
+    def agent_count(self) -> int:
+        """Agents that have arrived and not finished (holding policy state)."""
+        return len(self._agents)
+
     def open_requests(self, agent_id: str) -> int:
         """The agent's requests that have arrived and not finished."""
         return self._open.get(agent_id, 0)

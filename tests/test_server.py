@@ -1,9 +1,7 @@
 """`justitia serve` on the tiny model: the agent API over real HTTP, bad input, cancel, events."""
 
 import json
-import os
-import socket
-import subprocess
+import re
 import sys
 import time
 
@@ -11,6 +9,7 @@ import httpx
 import pytest
 
 from justitia.server.schema import AgentSpec, SpecError, check_agent, render
+from servers import Server, free_port, metric, wait_agent
 
 
 # ------------------------------------------------------------------------- placeholders (no server)
@@ -35,74 +34,19 @@ def test_placeholders_render_earlier_outputs_and_bad_ones_are_refused():
 
 
 # ------------------------------------------------------------------------------------ the server
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
-def server():
-    port = _free_port()
-    env = dict(os.environ, JUSTITIA_AGENT_IDLE_S="5")
-    proc = subprocess.Popen([sys.executable, "-m", "justitia", "serve", "--port", str(port), "--predictor", "mean",
-                             "--kv-blocks", "16", "--max-model-len", "1024", "--max-tasks-per-agent", "16",
-                             "--max-body-bytes", "20000", "--max-agents-in-flight", "3"], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True)
-    base = f"http://127.0.0.1:{port}"
-    deadline = time.time() + 300
-    with httpx.Client(base_url=base, timeout=30) as client:
-        while time.time() < deadline:
-            if proc.poll() is not None:
-                pytest.fail("the server exited:\n" + proc.stdout.read()[-3000:])
-            try:
-                if client.get("/health").status_code == 200:
-                    break
-            except httpx.TransportError:
-                time.sleep(0.5)
-        else:
-            proc.kill()
-            pytest.fail("the server did not start within 300 s")
+def server(tmp_path_factory):
+    port = free_port()
+    srv = Server([sys.executable, "-m", "justitia", "serve", "--port", str(port), "--predictor", "mean",
+                  "--kv-blocks", "16", "--max-model-len", "1024", "--max-tasks-per-agent", "16",
+                  "--max-body-bytes", "20000", "--max-agents-in-flight", "3"], port,
+                 tmp_path_factory.mktemp("serve") / "serve.log",
+                 env={"JUSTITIA_AGENT_IDLE_S": "5", "JUSTITIA_LOG_AGENTS": "1"})
+    srv.wait_ready("/health")
+    with httpx.Client(base_url=srv.url, timeout=30) as client:
+        client.server = srv
         yield client
-        children = _descendants(proc.pid)
-    proc.terminate()
-    try:
-        proc.wait(timeout=60)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-    time.sleep(2)
-    left = [p for p in children if os.path.exists(f"/proc/{p}")]
-    for p in left:
-        os.kill(p, 9)
-    assert children and not left, f"vLLM processes outlived the server: {left}"
-
-
-def _descendants(pid: int) -> list[int]:
-    """Every process below ``pid`` (Linux /proc)."""
-    parents = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                stat = open(f"/proc/{entry}/stat").read()
-            except OSError:
-                continue
-            parents[int(entry)] = int(stat.rsplit(")", 1)[1].split()[1])
-    out, frontier = [], [pid]
-    while frontier:
-        kids = [p for p, pp in parents.items() if pp in frontier]
-        out += kids
-        frontier = kids
-    return out
-
-
-def _wait(client, agent_id: str, timeout: float = 120) -> dict:
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        doc = client.get(f"/v1/agents/{agent_id}").json()
-        if doc["status"] in ("done", "failed", "cancelled"):
-            return doc
-        time.sleep(0.2)
-    raise AssertionError(f"agent {agent_id} still {doc['status']} after {timeout} s")
+    srv.stop()
 
 
 def test_a_map_reduce_agent_runs_its_stages_in_order_and_quotes_earlier_outputs(server):
@@ -113,7 +57,7 @@ def test_a_map_reduce_agent_runs_its_stages_in_order_and_quotes_earlier_outputs(
     r = server.post("/v1/agents", json=body)
     assert r.status_code == 202, r.text
     agent_id = r.json()["agent_id"]
-    doc = _wait(server, agent_id)
+    doc = wait_agent(server, agent_id)
     assert doc["status"] == "done", doc
     assert doc["predicted_cost"] > 0 and doc["virtual_finish"] > 0 and doc["jct_s"] > 0
     first, second = doc["stages"]
@@ -161,9 +105,16 @@ def test_cancel_aborts_the_agent_and_the_server_goes_on(server):
     time.sleep(0.5)
     doc = server.delete(f"/v1/agents/{agent_id}").json()
     assert doc["status"] == "cancelled" and doc["stages"][1] == [None]
+    # its last stage (the requests that say agent_done) never ran, yet the plug-in releases its state
+    # at once, not after the 5 s idle timeout
+    released = re.compile(rf"justitia: agent {agent_id} released$", re.M)
+    deadline = time.time() + 3
+    while not released.search(server.server.output()):
+        assert time.time() < deadline, "the plug-in kept the cancelled agent's state"
+        time.sleep(0.1)
     # the engine is free again: a small agent still runs to the end
     small = server.post("/v1/agents", json={"stages": [[{"prompt": "hi", "max_tokens": 4}]]}).json()["agent_id"]
-    assert _wait(server, small)["status"] == "done"
+    assert wait_agent(server, small)["status"] == "done"
     assert server.get("/health").json()["agents_in_flight"] == 0
 
 
@@ -171,13 +122,6 @@ def test_openapi_document_describes_the_agent_api(server):
     doc = server.get("/openapi.json").json()
     assert "/v1/agents" in doc["paths"] and "/v1/agents/{agent_id}/events" in doc["paths"]
     assert json.dumps(doc).count("max_tokens") >= 1
-
-
-def _metric(client, name: str) -> float:
-    for line in client.get("/metrics").text.splitlines():
-        if line.startswith(name + " "):
-            return float(line.split()[1])
-    raise AssertionError(f"no metric {name}")
 
 
 def test_openai_endpoints_join_agents_by_vllm_xargs_or_header(server):
@@ -204,7 +148,7 @@ def test_a_client_that_leaves_a_stream_has_its_request_aborted(server):
         first = next(line for line in r.iter_lines() if line.startswith("data: "))
         assert json.loads(first[6:])["object"] == "text_completion"
     deadline = time.time() + 3  # far less than 1,000 tokens take here
-    while _metric(server, "justitia_engine_requests_unfinished") != 0:
+    while metric(server, "justitia_engine_requests_unfinished") != 0:
         assert time.time() < deadline, "the abandoned stream's request is still in the engine"
         time.sleep(0.1)
     # a stream read to the end closes with [DONE]
@@ -219,7 +163,7 @@ def test_metrics_in_prometheus_format(server):
                  "justitia_engine_requests_unfinished", 'justitia_requests_total{endpoint="agents"}'):
         assert name in text
     assert 'justitia_agent_jct_seconds_bucket{type="mrs",le="+Inf"}' in text  # the map-reduce agent above
-    assert _metric(server, "justitia_predictor_latency_seconds_count") >= 1
+    assert metric(server, "justitia_predictor_latency_seconds_count") >= 1
 
 
 def test_a_failing_task_fails_its_agent_with_the_reason_and_nothing_leaks(server):
@@ -229,13 +173,13 @@ def test_a_failing_task_fails_its_agent_with_the_reason_and_nothing_leaks(server
         [{"prompt": "Combine: {{prev}}", "max_tokens": 600}, {"prompt": "Also: {{prev[0]}}", "max_tokens": 8}],
     ]}
     agent_id = server.post("/v1/agents", json=body).json()["agent_id"]
-    doc = _wait(server, agent_id)
+    doc = wait_agent(server, agent_id)
     assert doc["status"] == "failed"
     assert "stage 1 task 0" in doc["error"] and "exceed the model's context of 1024" in doc["error"]
     assert [t["output_tokens"] for t in doc["stages"][0]] == [400, 400]
-    assert _metric(server, "justitia_tasks_in_flight") == 0
+    assert metric(server, "justitia_tasks_in_flight") == 0
     deadline = time.time() + 5
-    while _metric(server, "justitia_engine_requests_unfinished") != 0:
+    while metric(server, "justitia_engine_requests_unfinished") != 0:
         assert time.time() < deadline, "the failed agent left requests in the engine"
         time.sleep(0.1)
 

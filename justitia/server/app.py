@@ -23,7 +23,8 @@ from fastapi.responses import JSONResponse, StreamingResponse
 
 from justitia.cost import cost_model
 from justitia.predictor import Predictor
-from justitia.scheduler import AgentScheduler
+from justitia.policies import Justitia
+from justitia.scheduler import AgentBook, AgentScheduler
 from justitia.server.schema import AgentSpec, SpecError, check_agent, first_error, render
 from justitia.vllm.models import chat_ids
 from justitia.workload import Agent, Task
@@ -87,8 +88,14 @@ class AgentManager:
         self.engine, self.tokenizer, self.settings, self.predictor = engine, tokenizer, settings, predictor
         self.agents: dict[str, AgentRun] = {}
         self.cost = cost_model("kv")
-        self.clock = AgentScheduler(_justitia_policy(settings.capacity_per_s))  # the tags, for status only
-        self.t0 = time.monotonic()
+        # the agents' tags for status and /metrics: the engine's own book when it keeps Justitia's clock
+        # in this process (--upstream), else a mirror fed the same arrivals and costs as the plug-in
+        shared = getattr(engine, "book", None)
+        if shared is not None and isinstance(shared.core.policy, Justitia):
+            self.book, self.t0 = shared, engine.t0
+        else:
+            self.book, self.t0 = AgentBook(AgentScheduler(Justitia(settings.capacity_per_s))), time.monotonic()
+        self.releases: set[asyncio.Task] = set()
         self.finished: dict[str, int] = {s: 0 for s in TERMINAL}
         self.jct: dict[str, list[int]] = {}  # type -> counts per JCT_BUCKETS (cumulative at export)
         self.jct_sum: dict[str, float] = {}
@@ -118,11 +125,11 @@ class AgentManager:
         return predicted
 
     def engine_unfinished(self) -> int:
-        """Requests inside the engine (AsyncLLM's output processor); -1 if the engine does not say."""
-        try:
-            return int(self.engine.output_processor.get_num_unfinished_requests())
-        except AttributeError:
-            return -1
+        """Requests inside the engine (AsyncLLM's output processor, or sent to the replicas)."""
+        replicas = getattr(self.engine, "replicas", None)
+        if replicas is not None:
+            return sum(r.in_flight for r in replicas)
+        return int(self.engine.output_processor.get_num_unfinished_requests())
 
     def count_request(self, endpoint: str) -> None:
         self.requests[endpoint] += 1
@@ -146,9 +153,12 @@ class AgentManager:
             f"justitia_engine_requests_unfinished {self.engine_unfinished()}",
             "# HELP justitia_virtual_time The front end's GPS virtual time V(now), in cost units.",
             "# TYPE justitia_virtual_time gauge",
-            f"justitia_virtual_time {self.clock.policy.clock.virtual_time(now):.6g}",
+            f"justitia_virtual_time {self.book.core.policy.clock.virtual_time(now):.6g}",
             "# HELP justitia_gps_active_agents Agents the GPS clock counts as active (N_t).",
-            "# TYPE justitia_gps_active_agents gauge", f"justitia_gps_active_agents {self.clock.policy.clock.active}",
+            "# TYPE justitia_gps_active_agents gauge", f"justitia_gps_active_agents {self.book.core.policy.clock.active}",
+            "# HELP justitia_policy_agents Agents holding state in the front end's policy book (with --upstream, "
+            "the one that orders the replicas).",
+            "# TYPE justitia_policy_agents gauge", f"justitia_policy_agents {self.book.core.agent_count}",
             "# HELP justitia_predictor_latency_seconds Time to predict an agent's cost.",
             "# TYPE justitia_predictor_latency_seconds summary",
             f"justitia_predictor_latency_seconds_sum {self.predict_s:.6f}",
@@ -164,6 +174,8 @@ class AgentManager:
                 lines.append(f'justitia_agent_jct_seconds_bucket{{type="{agent_type}",le="{le}"}} {running}')
             lines.append(f'justitia_agent_jct_seconds_sum{{type="{agent_type}"}} {self.jct_sum[agent_type]:.6f}')
             lines.append(f'justitia_agent_jct_seconds_count{{type="{agent_type}"}} {running}')
+        if hasattr(self.engine, "metrics_lines"):
+            lines += self.engine.metrics_lines()
         return "\n".join(lines) + "\n"
 
     def submit(self, spec: AgentSpec) -> AgentRun:
@@ -187,8 +199,8 @@ class AgentManager:
         predict_ms = 1000 * (self.predict_s - before)
         self.count_request("agents")
         now = self.now()
-        self.clock.agent_arrived(agent_id, spec.type, predicted, now)
-        run = AgentRun(agent_id, spec, now, predicted, self.clock.policy.tag(agent_id),
+        self.book.register(agent_id, spec.type, predicted, now)
+        run = AgentRun(agent_id, spec, now, predicted, self.book.core.policy.tag(agent_id),
                        outputs=[[None] * len(stage) for stage in spec.stages])
         self.agents[agent_id] = run
         run.emit("queued", predicted_cost=predicted, virtual_finish=run.virtual_finish, predict_ms=round(predict_ms, 3))
@@ -229,8 +241,10 @@ class AgentManager:
 
     async def _run(self, run: AgentRun, view: Agent) -> None:
         texts: list[list[str]] = []
+        started = 0  # stages whose requests went to the engine
         try:
             for s, stage in enumerate(run.spec.stages):
+                started = s + 1
                 if s == 0:
                     run.status = "running"
                     run.emit("running")
@@ -249,7 +263,10 @@ class AgentManager:
         except Exception as exc:  # noqa: BLE001  (any failure of a task fails the agent, with its reason)
             run.status, run.error = "failed", str(exc) or type(exc).__name__
         run.finish_s = self.now()
-        self.clock.agent_finished(run.agent_id, run.finish_s)
+        self.book.release(run.agent_id, run.finish_s)
+        if run.status != "done" and started < len(run.spec.stages):
+            # its last stage (the requests that say agent_done) never ran: tell the engine's policy now
+            self._release_engine_state(run)
         self.finished[run.status] += 1
         if run.status == "done":
             jct = run.finish_s - run.arrival_s
@@ -266,18 +283,39 @@ class AgentManager:
         log.info(json.dumps({"event": "agent_" + run.status, "agent_id": run.agent_id,
                              "jct_s": round(run.finish_s - run.arrival_s, 4), "error": run.error}))
 
+    def _release_engine_state(self, run: AgentRun) -> None:
+        """Release a cancelled or failed agent's policy state in the engine at once (not after its idle time)."""
+        if hasattr(self.engine, "release_agent"):  # the policy lives in this process (--upstream)
+            self.engine.release_agent(run.agent_id)
+            return
+        # the plug-in learns about agents from their requests: one 1-token request that says agent_done
+        # ends the agent as soon as it finishes (sent in the background: DELETE does not wait for it)
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+        from vllm.sampling_params import RequestOutputKind
+
+        params = SamplingParams(max_tokens=1, output_kind=RequestOutputKind.FINAL_ONLY,
+                                extra_args={"agent_id": run.agent_id, "agent_type": run.spec.type,
+                                            "agent_cost": run.predicted_cost, "request_cost": 1.0, "agent_done": True})
+
+        async def release() -> None:
+            try:
+                async for _ in self.engine.generate(TokensPrompt(prompt_token_ids=[0]), params,
+                                                    f"{run.agent_id}/release"):
+                    pass
+            except Exception as exc:  # noqa: BLE001  (the idle timeout still releases it)
+                log.warning(json.dumps({"event": "release_failed", "agent_id": run.agent_id, "error": str(exc)}))
+
+        task = asyncio.get_running_loop().create_task(release())
+        self.releases.add(task)
+        task.add_done_callback(self.releases.discard)
+
     async def cancel(self, agent_id: str) -> AgentRun:
         run = self.agents[agent_id]
         if run.status not in TERMINAL and run.task is not None:
             run.task.cancel()
             await asyncio.gather(run.task, return_exceptions=True)
         return run
-
-
-def _justitia_policy(capacity_per_s: float):
-    from justitia.policies import make_policy
-
-    return make_policy("justitia", capacity_per_s, "kv")
 
 
 def _error(status: int, message: str) -> JSONResponse:

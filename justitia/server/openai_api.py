@@ -19,6 +19,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr
 
+from justitia.server.upstream import UpstreamError
 from justitia.vllm.models import chat_ids
 from justitia.workload import Agent, Task
 
@@ -101,8 +102,11 @@ def add_openai_routes(app: FastAPI, manager) -> None:
 
         if not stream:
             final = None
-            async for out in gen:
-                final = out
+            try:
+                async for out in gen:
+                    final = out
+            except UpstreamError as exc:  # --upstream: a replica failed the request
+                return JSONResponse({"error": {"message": str(exc), "type": "upstream_error"}}, status_code=502)
             o = final.outputs[0]
             choice = {"index": 0, "finish_reason": o.finish_reason, "logprobs": None}
             choice |= {"message": {"role": "assistant", "content": o.text}} if chat else {"text": o.text}

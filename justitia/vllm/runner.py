@@ -208,7 +208,7 @@ class VllmEngine:
                     else:
                         info = frontend.request_arrived(rid, agent.agent_id, task.prompt_tokens, request_cost)
                         frontend.waiting.remove(info)  # the engine queues it; the front end only tags it
-                        priority = _int_priority(frontend.policy.key(info))
+                        priority = int_priority(frontend.policy.key(info))
                         calls.append(self._tagged(frontend, info, ids[(agent.agent_id, s, i)], task.output_tokens,
                                                   rid, priority))
                 served = await asyncio.gather(*calls)
@@ -268,7 +268,7 @@ def _has_gpu() -> bool:
     return torch.cuda.is_available()
 
 
-def _int_priority(key: tuple) -> int:
+def int_priority(key: tuple) -> int:
     """vLLM wants an int priority; the key's leading number decides (vLLM breaks ties by arrival)."""
     head = key[0]
     if not isinstance(head, (int, float)):

@@ -1,0 +1,251 @@
+"""``justitia serve --upstream URL ...``: Justitia in front of stock vLLM OpenAI servers.
+
+The replicas are unmodified vLLM servers started with ``--scheduling-policy priority``. The front
+end keeps one policy for all of them (the same core object as the plug-in: an ``AgentBook`` over
+an ``AgentScheduler``) and passes each request's static key as vLLM's int ``priority``, the
+front-end tagging mode of ``justitia.vllm.runner``. Justitia's clock is global: its M is the sum
+of the replicas' KV capacities (read from each replica's ``/metrics``) per nominal step. Each
+request goes to the replica with the least outstanding predicted KV token-time per KV token of
+capacity (so the tasks of one stage spread over the replicas).
+
+``UpstreamEngine.generate`` has AsyncLLM's shape (token-id prompt, ``SamplingParams``, request
+id; outputs with ``.outputs[0].text``, ``.token_ids``, ``.finish_reason``), so the agent API and
+the OpenAI endpoints run on it unchanged. A request that wants its final output only is one plain
+completion; a streamed one streams from the replica. Cancelling a request closes its connection,
+and vLLM aborts a request whose client has gone (streamed or not).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import time
+from dataclasses import dataclass, field
+
+import httpx
+
+from justitia.policies import make_policy
+from justitia.scheduler import AgentBook, AgentScheduler
+from justitia.vllm.runner import int_priority
+
+log = logging.getLogger("justitia.server")
+_INFO = re.compile(r'^vllm:cache_config_info\{(.*)\}', re.M)
+_LABEL = re.compile(r'(\w+)="([^"]*)"')
+
+
+class UpstreamError(ValueError):
+    """A replica that cannot be used, or that failed a request."""
+
+
+@dataclass
+class Replica:
+    """One stock vLLM server, what it serves and what this front end has sent it."""
+
+    url: str
+    model: str  # the served model id (what requests must name)
+    root: str  # the model path the replica loaded
+    max_model_len: int
+    kv_tokens: int
+    client: httpx.AsyncClient = field(repr=False)
+    load: float = 0.0  # predicted KV token-time of the requests in flight
+    in_flight: int = 0
+    sent: int = 0
+    failed: int = 0
+
+    def pressure(self) -> float:
+        return self.load / self.kv_tokens
+
+
+@dataclass
+class Completion:
+    """One choice of an upstream answer, shaped like vLLM's ``CompletionOutput``."""
+
+    text: str
+    token_ids: list[int]
+    finish_reason: str | None
+
+
+@dataclass
+class Output:
+    """An upstream answer so far (or its latest delta), shaped like vLLM's ``RequestOutput``."""
+
+    request_id: str
+    outputs: list[Completion]
+    finished: bool
+
+
+def _client(url: str, timeout_s: float | None) -> httpx.AsyncClient:
+    # no pool limit: every request in flight holds a connection while it streams
+    return httpx.AsyncClient(base_url=url, timeout=httpx.Timeout(timeout_s, connect=10.0),
+                             limits=httpx.Limits(max_connections=None, max_keepalive_connections=256))
+
+
+async def probe_replica(url: str, kv_tokens: int | None = None, timeout_s: float | None = None) -> Replica:
+    """What the replica at ``url`` serves, its KV capacity, and that it takes priorities."""
+    url = url.rstrip("/")
+    client = _client(url, timeout_s)
+    try:
+        try:
+            models = (await client.get("/v1/models", timeout=30)).json()["data"]
+            model = models[0]
+        except (httpx.HTTPError, ValueError, KeyError, IndexError) as exc:
+            raise UpstreamError(f"--upstream {url}: no vLLM OpenAI server answers there ({exc or type(exc).__name__}).")
+        if kv_tokens is None:
+            text = (await client.get("/metrics", timeout=30)).text
+            m = _INFO.search(text)
+            labels = dict(_LABEL.findall(m.group(1))) if m else {}
+            try:
+                kv_tokens = int(labels["num_gpu_blocks"]) * int(labels["block_size"])
+            except (KeyError, ValueError):
+                raise UpstreamError(f"--upstream {url}: its /metrics has no vllm:cache_config_info with the KV cache "
+                                    "size (was it started with --disable-log-stats?); pass --upstream-kv-tokens.")
+        r = await client.post("/v1/completions", json={"model": model["id"], "prompt": [0], "max_tokens": 1,
+                                                       "priority": 1}, timeout=60)
+        if r.status_code != 200:
+            raise UpstreamError(f"--upstream {url}: a request with a priority was refused ({r.status_code}); start "
+                                "the replica with --scheduling-policy priority.")
+        return Replica(url, model["id"], str(model.get("root") or model["id"]), int(model.get("max_model_len") or 0),
+                       int(kv_tokens), client)
+    except BaseException:
+        await client.aclose()
+        raise
+
+
+class UpstreamEngine:
+    """One front-end policy over stock vLLM replicas, with AsyncLLM's ``generate``."""
+
+    def __init__(self, replicas: list[Replica], policy: str, capacity_per_s: float, idle_release_s: float = 60.0):
+        if not replicas:
+            raise ValueError("--upstream needs at least one replica.")
+        models = {r.model for r in replicas}
+        if len(models) > 1:
+            raise UpstreamError(f"--upstream: the replicas serve different models ({', '.join(sorted(models))}).")
+        core = AgentScheduler(make_policy(policy, capacity_per_s, "kv"))
+        if core.policy.dynamic:
+            raise ValueError(f"--policy {policy}: its keys change as service accrues, which a front end cannot see; "
+                             "with --upstream use fcfs, sjf, parrot or justitia.")
+        self.replicas = replicas
+        self.book = AgentBook(core, "kv", idle_release_s, log)
+        self.t0 = time.monotonic()
+
+    @property
+    def kv_tokens(self) -> int:
+        return sum(r.kv_tokens for r in self.replicas)
+
+    @property
+    def max_model_len(self) -> int:
+        return min(r.max_model_len for r in self.replicas)
+
+    def now(self) -> float:
+        return time.monotonic() - self.t0
+
+    def release_agent(self, agent_id: str) -> None:
+        """Drop the agent's policy state now (a cancelled or failed agent)."""
+        self.book.release(agent_id, self.now())
+
+    async def generate(self, prompt, params, request_id: str):
+        """Send one request to the least-loaded replica with its policy key as ``priority``."""
+        from vllm.sampling_params import RequestOutputKind
+
+        ids = list(prompt["prompt_token_ids"])
+        meta = dict(params.extra_args or {})
+        now = self.now()
+        self.book.sweep(now)
+        info, _ = self.book.arrive(request_id, meta, len(ids), params.max_tokens or 16, now)
+        core = self.book.core
+        core.waiting.remove(info)  # the replica queues it; the front end only tags it
+        priority = int_priority(core.policy.key(info))
+        delta = params.output_kind == RequestOutputKind.DELTA
+        body = {"prompt": ids, "max_tokens": params.max_tokens, "temperature": params.temperature,
+                "top_p": params.top_p, "seed": params.seed, "stop": params.stop or None,
+                "ignore_eos": params.ignore_eos, "presence_penalty": params.presence_penalty,
+                "frequency_penalty": params.frequency_penalty, "priority": priority, "stream": delta,
+                "return_token_ids": True,
+                "vllm_xargs": {k: v for k, v in meta.items() if isinstance(v, (str, int, float))}}
+        tried: set[str] = set()
+        try:
+            while True:
+                replica = min((r for r in self.replicas if r.url not in tried), key=Replica.pressure, default=None)
+                if replica is None:
+                    raise UpstreamError(f"request {request_id}: no replica could be reached ({', '.join(tried)}).")
+                tried.add(replica.url)
+                replica.load += info.predicted_cost
+                replica.in_flight += 1
+                replica.sent += 1
+                try:
+                    async for out in self._send(replica, body | {"model": replica.model}, request_id, delta):
+                        yield out
+                    return
+                except httpx.ConnectError as exc:  # nothing was sent: try the next replica
+                    replica.failed += 1
+                    log.warning(json.dumps({"event": "replica_unreachable", "replica": replica.url,
+                                            "request_id": request_id, "error": str(exc)}))
+                except httpx.HTTPError as exc:
+                    replica.failed += 1
+                    raise UpstreamError(f"replica {replica.url} failed request {request_id}: "
+                                        f"{exc or type(exc).__name__}") from exc
+                finally:
+                    replica.load -= info.predicted_cost
+                    replica.in_flight -= 1
+        finally:
+            self.book.finish(request_id, self.now())
+
+    @staticmethod
+    async def _send(replica: Replica, body: dict, request_id: str, delta: bool):
+        """One completion on ``replica``: the whole answer at once, or (``delta``) streamed piece by piece.
+        Closing the connection early (a cancelled request) makes vLLM abort it."""
+        if not delta:
+            resp = await replica.client.post("/v1/completions", json=body)
+            if resp.status_code != 200:
+                raise UpstreamError(f"replica {replica.url} answered {resp.status_code}: {_message(resp.text)}")
+            choice = resp.json()["choices"][0]
+            yield Output(request_id, [Completion(choice.get("text") or "", list(choice.get("token_ids") or []),
+                                                 choice.get("finish_reason"))], True)
+            return
+        async with replica.client.stream("POST", "/v1/completions", json=body) as resp:
+            if resp.status_code != 200:
+                await resp.aread()
+                raise UpstreamError(f"replica {replica.url} answered {resp.status_code}: {_message(resp.text)}")
+            async for line in resp.aiter_lines():
+                if not line.startswith("data: ") or line == "data: [DONE]":
+                    continue
+                doc = json.loads(line[6:])
+                if "error" in doc:
+                    raise UpstreamError(f"replica {replica.url}: {_message(json.dumps(doc))}")
+                for choice in doc.get("choices", []):
+                    reason = choice.get("finish_reason")
+                    yield Output(request_id, [Completion(choice.get("text") or "", list(choice.get("token_ids") or []),
+                                                         reason)], reason is not None)
+
+    def metrics_lines(self) -> list[str]:
+        """Prometheus lines about the replicas."""
+        lines = ["# HELP justitia_upstream_kv_tokens The replicas' KV caches together, in tokens (the clock's M per step).",
+                 "# TYPE justitia_upstream_kv_tokens gauge", f"justitia_upstream_kv_tokens {self.kv_tokens}"]
+        lines += ["# HELP justitia_replica_requests_in_flight Requests sent to a replica and not finished.",
+                 "# TYPE justitia_replica_requests_in_flight gauge"]
+        lines += [f'justitia_replica_requests_in_flight{{replica="{r.url}"}} {r.in_flight}' for r in self.replicas]
+        lines += ["# HELP justitia_replica_requests_total Requests sent to a replica.",
+                  "# TYPE justitia_replica_requests_total counter"]
+        lines += [f'justitia_replica_requests_total{{replica="{r.url}"}} {r.sent}' for r in self.replicas]
+        lines += ["# HELP justitia_replica_failures_total Requests a replica could not take or failed.",
+                  "# TYPE justitia_replica_failures_total counter"]
+        lines += [f'justitia_replica_failures_total{{replica="{r.url}"}} {r.failed}' for r in self.replicas]
+        lines += ["# HELP justitia_replica_kv_tokens A replica's KV cache, in tokens.",
+                  "# TYPE justitia_replica_kv_tokens gauge"]
+        lines += [f'justitia_replica_kv_tokens{{replica="{r.url}"}} {r.kv_tokens}' for r in self.replicas]
+        return lines
+
+    async def aclose(self) -> None:
+        for r in self.replicas:
+            await r.client.aclose()
+
+
+def _message(text: str) -> str:
+    """The error message in a vLLM error body, or the body itself (cut short)."""
+    try:
+        doc = json.loads(text)
+        err = doc.get("error", doc)
+        return str(err.get("message", err) if isinstance(err, dict) else err)[:300]
+    except (ValueError, AttributeError):
+        return text[:300]

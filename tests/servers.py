@@ -1,0 +1,104 @@
+"""Servers in subprocesses for the tests: start one, wait until it answers, stop it and check that
+none of its processes (vLLM spawns several) outlives it."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def descendants(pid: int) -> list[int]:
+    """Every process below ``pid`` (Linux /proc)."""
+    parents = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                stat = open(f"/proc/{entry}/stat").read()
+            except OSError:
+                continue
+            parents[int(entry)] = int(stat.rsplit(")", 1)[1].split()[1])
+    out, frontier = [], [pid]
+    while frontier:
+        kids = [p for p, pp in parents.items() if pp in frontier]
+        out += kids
+        frontier = kids
+    return out
+
+
+class Server:
+    """A command serving HTTP on ``port``, its output in ``log``."""
+
+    def __init__(self, cmd: list[str], port: int, log: Path, env: dict | None = None):
+        self.port, self.log = port, log
+        self.url = f"http://127.0.0.1:{port}"
+        self._out = open(log, "w")
+        self.proc = subprocess.Popen(cmd, env=dict(os.environ, **(env or {})), stdout=self._out,
+                                     stderr=subprocess.STDOUT, text=True)
+        self.children: list[int] = []
+
+    def wait_ready(self, path: str, timeout_s: float = 300) -> None:
+        deadline = time.time() + timeout_s
+        with httpx.Client(base_url=self.url, timeout=30) as client:
+            while time.time() < deadline:
+                if self.proc.poll() is not None:
+                    self.stop(check=False)
+                    pytest.fail(f"{self.proc.args[:4]} exited:\n" + self.log.read_text()[-3000:])
+                try:
+                    if client.get(path).status_code == 200:
+                        self.children = descendants(self.proc.pid)
+                        return
+                except httpx.TransportError:
+                    pass
+                time.sleep(0.5)
+        self.stop(check=False)
+        pytest.fail(f"{self.proc.args[:4]} did not answer {path} within {timeout_s:.0f} s")
+
+    def output(self) -> str:
+        return self.log.read_text()
+
+    def stop(self, check: bool = True, spawns: bool = True) -> None:
+        """SIGTERM, then check that no process it started is left (they are killed if so); ``spawns``:
+        it must have started some (vLLM does)."""
+        children = self.children or descendants(self.proc.pid)
+        self.proc.terminate()
+        try:
+            self.proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+        self._out.close()
+        time.sleep(2)
+        left = [p for p in children if os.path.exists(f"/proc/{p}")]
+        for p in left:
+            os.kill(p, 9)
+        if check:
+            assert (children or not spawns) and not left, f"processes outlived {self.proc.args[:4]}: {left}"
+
+
+def wait_agent(client: httpx.Client, agent_id: str, timeout: float = 120) -> dict:
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        doc = client.get(f"/v1/agents/{agent_id}").json()
+        if doc["status"] in ("done", "failed", "cancelled"):
+            return doc
+        time.sleep(0.2)
+    raise AssertionError(f"agent {agent_id} still {doc['status']} after {timeout} s")
+
+
+def metric(client: httpx.Client, name: str) -> float:
+    """One sample of the Prometheus text at ``/metrics``; ``name`` may include labels."""
+    for line in client.get("/metrics").text.splitlines():
+        if line.startswith(name + " "):
+            return float(line.split()[1])
+    raise AssertionError(f"no metric {name}")
