@@ -4,7 +4,7 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: setup run test speed presets cpu overhead profile predictor-eval clean
+.PHONY: setup run test speed presets cpu overhead profile predictor-eval load server-bench clean
 
 $(VENV)/.installed: pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
@@ -43,6 +43,14 @@ profile: setup
 # The predictor table in the README: mlp, lm, mean and linear on held-out agents of that profile.
 predictor-eval: setup
 	$(BIN)/justitia predictor eval --profile justitia/data/profile-smollm2.jsonl.gz --cold-start --out results/predictor-eval.json
+
+# justitia serve under load: 1,000 agents submitted at once, all must finish (about 8 minutes here).
+load: setup
+	$(BIN)/python scripts/load_test.py --agents 1000 --out results/load.json
+
+# The server's cost per request against AsyncLLM.generate called directly.
+server-bench: setup
+	$(BIN)/python scripts/bench_server.py --out results/server.json
 
 presets: setup
 	for p in main starvation noise ablation; do $(BIN)/justitia bench --preset $$p --out results/$$p || exit 1; done

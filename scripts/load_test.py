@@ -1,11 +1,13 @@
 """Load test of `justitia serve`: many agents at once, every one must finish with all its outputs.
 
-    python scripts/load_test.py [--agents 1000] [--url http://127.0.0.1:PORT] [--out results/load.json]
+    python scripts/load_test.py [--agents 1000] [--stages A:B --tasks A:B --tokens A:B] [--url http://127.0.0.1:PORT]
+                                [--out results/load.json]
 
 Without --url it starts `justitia serve` (tiny model) on a free loopback port and stops it at the
-end. It submits every agent at once (each 1-3 stages of 1-4 tasks of 48-128 tokens, later stages
-quoting earlier ones), samples how many the server holds in flight, waits until all are
-done, failed or cancelled (or --timeout passes), and checks each one's outputs. Loopback only:
+end. It submits every agent at once (by default each 4 stages of 1-2 tasks of 200-250 tokens;
+later stages quote the previous one's first answer), waits until all are done, failed or
+cancelled (or --timeout passes), checks each one's outputs, and counts the most agents in flight
+at once (from the server's own arrival and finish times). Loopback only:
 it refuses any other host. Exit code 1 if an agent is lost, stuck or failed.
 """
 
@@ -25,18 +27,27 @@ from urllib.parse import urlparse
 import httpx
 
 
-def agent_body(rng: random.Random, k: int) -> dict:
-    stages = []
-    for s in range(rng.randint(1, 3)):
-        quote = " Earlier: {{prev}}" if s else ""
-        stages.append([{"prompt": f"Agent {k} stage {s} task {i}.{quote}", "max_tokens": rng.randint(48, 128),
-                        "ignore_eos": True} for i in range(rng.randint(1, 4))])
-    return {"type": rng.choice(["mrs", "kqa", "fv", "search"]), "stages": stages}
+def agent_body(rng: random.Random, k: int, stages: tuple[int, int], tasks: tuple[int, int],
+               tokens: tuple[int, int]) -> dict:
+    out = []
+    for s in range(rng.randint(*stages)):
+        quote = " Earlier: {{prev[0]}}" if s else ""
+        out.append([{"prompt": f"Agent {k} stage {s} task {i}.{quote}", "max_tokens": rng.randint(*tokens),
+                     "ignore_eos": True} for i in range(rng.randint(*tasks))])
+    return {"type": rng.choice(["mrs", "kqa", "fv", "search"]), "stages": out}
 
 
-async def run(url: str, n: int, timeout_s: float, seed: int) -> dict:
+def _range(text: str) -> tuple[int, int]:
+    lo, _, hi = text.partition(":")
+    lo_, hi_ = int(lo), int(hi or lo)
+    if not 1 <= lo_ <= hi_:
+        raise argparse.ArgumentTypeError(f"'{text}' is not a range A:B with 1 <= A <= B")
+    return lo_, hi_
+
+
+async def run(url: str, n: int, timeout_s: float, seed: int, stages=(4, 4), tasks=(1, 2), tokens=(200, 250)) -> dict:
     rng = random.Random(seed)
-    bodies = [agent_body(rng, k) for k in range(n)]
+    bodies = [agent_body(rng, k, stages, tasks, tokens) for k in range(n)]
     limits = httpx.Limits(max_connections=64)
     async with httpx.AsyncClient(base_url=url, timeout=60, limits=limits) as client:
         peak = 0
@@ -75,7 +86,15 @@ async def run(url: str, n: int, timeout_s: float, seed: int) -> dict:
                 incomplete += 1
             jcts.append(doc["jct_s"])
     stuck = sum(v for k, v in statuses.items() if k not in ("done", "failed", "cancelled"))
-    return {"agents": n, "accepted": len(ids), "rejected": len(rejected), "peak_in_flight": peak,
+    # the most agents in flight at once, exactly, from the server's own arrival and finish times
+    edges = sorted(e for r in docs if r.status_code == 200
+                   for e in ((r.json()["arrival_s"], 1), (r.json()["finish_s"] or float("inf"), -1)))
+    level = most = 0
+    for _, step in sorted(edges, key=lambda e: (e[0], e[1])):
+        level += step
+        most = max(most, level)
+    return {"agents": n, "accepted": len(ids), "rejected": len(rejected), "max_in_flight": most,
+            "peak_in_flight_sampled": peak,
             "statuses": statuses, "lost": lost, "stuck": stuck, "incomplete": incomplete,
             "tasks": sum(len(s) for b in bodies for s in b["stages"]), "submit_s": round(submit_s, 3),
             "wall_s": round(wall_s, 3), "mean_jct_s": round(sum(jcts) / len(jcts), 3) if jcts else None,
@@ -92,8 +111,12 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--agents", type=int, default=1000)
     ap.add_argument("--url", help="a running server on loopback (default: start one)")
-    ap.add_argument("--timeout", type=float, default=900, help="seconds to wait for all agents (default 900)")
+    ap.add_argument("--timeout", type=float, default=1500, help="seconds to wait for all agents (default 1500)")
     ap.add_argument("--seed", type=int, default=0)
+    # defaults: long enough (4 stages in a row) that no agent finishes while 1,000 are being submitted
+    ap.add_argument("--stages", type=_range, default=(4, 4), help="stages per agent, A:B (default 4:4)")
+    ap.add_argument("--tasks", type=_range, default=(1, 2), help="tasks per stage, A:B (default 1:2)")
+    ap.add_argument("--tokens", type=_range, default=(200, 250), help="max_tokens of a task, A:B (default 200:250)")
     ap.add_argument("--out", type=Path, help="also write the result as JSON here")
     args = ap.parse_args()
     proc = None
@@ -118,7 +141,7 @@ def main() -> int:
         print(f"load test: {url} is not a loopback address; this script only loads a local server", file=sys.stderr)
         return 2
     try:
-        result = asyncio.run(run(url, args.agents, args.timeout, args.seed))
+        result = asyncio.run(run(url, args.agents, args.timeout, args.seed, args.stages, args.tasks, args.tokens))
     finally:
         if proc is not None:
             proc.terminate()

@@ -135,6 +135,8 @@ def test_openai_endpoints_join_agents_by_vllm_xargs_or_header(server):
     assert chat.choices[0].message.role == "assistant" and chat.usage.completion_tokens <= 4
     alone = client.completions.create(model="tiny", prompt="x", max_tokens=3)
     assert alone.usage.completion_tokens <= 3
+    forced = client.completions.create(model="tiny", prompt="x", max_tokens=6, extra_body={"ignore_eos": True})
+    assert forced.usage.completion_tokens == 6  # vLLM's ignore_eos extension
     with pytest.raises(openai.UnprocessableEntityError):
         client.completions.create(model="tiny", prompt="x", max_tokens=3, extra_body={"colour": "red"})
     with pytest.raises(openai.BadRequestError):

@@ -40,6 +40,7 @@ class _Common(BaseModel):
     presence_penalty: Annotated[StrictFloat | StrictInt, Field(ge=-2, le=2)] = 0.0
     frequency_penalty: Annotated[StrictFloat | StrictInt, Field(ge=-2, le=2)] = 0.0
     user: StrictStr | None = None
+    ignore_eos: StrictBool = False  # vLLM's extension: generate exactly max_tokens
     vllm_xargs: dict[str, Any] | None = None
 
 
@@ -91,7 +92,7 @@ def add_openai_routes(app: FastAPI, manager) -> None:
         stream = req.stream
         params = SamplingParams(max_tokens=max_tokens, temperature=req.temperature, top_p=req.top_p, seed=req.seed,
                                 stop=req.stop, presence_penalty=req.presence_penalty,
-                                frequency_penalty=req.frequency_penalty, extra_args=xargs,
+                                frequency_penalty=req.frequency_penalty, ignore_eos=req.ignore_eos, extra_args=xargs,
                                 output_kind=RequestOutputKind.DELTA if stream else RequestOutputKind.FINAL_ONLY)
         rid = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:16]}"
         created = int(time.time())

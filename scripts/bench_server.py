@@ -1,0 +1,157 @@
+"""The server's own cost per request: `justitia serve` against ``AsyncLLM.generate`` called directly.
+
+    python scripts/bench_server.py [--requests 300] [--concurrency 32] [--tokens 16] [--out results/server.json]
+
+Both sides run the same engine (the tiny model, the Justitia plug-in, the settings of
+`justitia serve`), one after the other, never at once. Each serves the same short requests
+(a one-sentence prompt, ``--tokens`` forced output tokens) three ways:
+
+- ``direct``: ``AsyncLLM.generate`` in this process (vLLM tokenizes the prompt);
+- ``completions``: ``POST /v1/completions`` to the server over loopback HTTP;
+- ``agents``: a one-task agent, ``POST /v1/agents`` then its ``/events`` stream to the end.
+
+Sequential: ``--requests`` requests one after another, latency per request (mean and p50).
+Concurrent: ``--requests`` requests with ``--concurrency`` in flight, requests per second. The
+server's overhead is its latency minus the direct one; on these 2-core machines that includes the
+HTTP client's own time, which shares the CPUs with the server and the engine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import gc
+import json
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+PROMPT = "Summarize the quarterly report in one sentence."
+
+
+async def _measure(one, n: int, concurrency: int, warmup: int = 20) -> dict:
+    """Latency of ``one(i)`` run ``n`` times in a row, then throughput with ``concurrency`` in flight."""
+    for i in range(warmup):
+        await one(-1 - i)
+    lat = []
+    for i in range(n):
+        t = time.perf_counter()
+        await one(i)
+        lat.append(time.perf_counter() - t)
+    gate = asyncio.Semaphore(concurrency)
+
+    async def limited(i):
+        async with gate:
+            await one(n + i)
+
+    t = time.perf_counter()
+    await asyncio.gather(*(limited(i) for i in range(n)))
+    wall = time.perf_counter() - t
+    return {"mean_ms": 1000 * statistics.mean(lat), "p50_ms": 1000 * statistics.median(lat),
+            "requests_per_s": n / wall}
+
+
+async def direct(n: int, concurrency: int, tokens: int) -> dict:
+    from vllm import SamplingParams
+    from vllm.sampling_params import RequestOutputKind
+
+    from justitia.server.main import _local
+
+    async with contextlib.AsyncExitStack() as stack:
+        llm, _, _ = _local(stack, "tiny", "justitia", None, 256, 2048)
+        params = SamplingParams(max_tokens=tokens, ignore_eos=True, output_kind=RequestOutputKind.FINAL_ONLY)
+
+        async def one(i: int) -> None:
+            async for _ in llm.generate(PROMPT, params, f"direct-{i}"):
+                pass
+
+        result = await _measure(one, n, concurrency)
+    del llm, one  # shut down and collected here, not at interpreter exit
+    gc.collect()
+    return result
+
+
+async def served(url: str, n: int, concurrency: int, tokens: int) -> dict:
+    import httpx
+
+    limits = httpx.Limits(max_connections=2 * concurrency + 4)
+    async with httpx.AsyncClient(base_url=url, timeout=120, limits=limits) as client:
+        async def completion(i: int) -> None:
+            r = await client.post("/v1/completions", json={"prompt": PROMPT, "max_tokens": tokens,
+                                                            "ignore_eos": True, "temperature": 0})
+            r.raise_for_status()
+
+        async def agent(i: int) -> None:
+            r = await client.post("/v1/agents", json={"stages": [[{"prompt": PROMPT, "max_tokens": tokens,
+                                                                    "ignore_eos": True}]]})
+            r.raise_for_status()
+            async with client.stream("GET", f"/v1/agents/{r.json()['agent_id']}/events") as events:
+                async for line in events.aiter_lines():
+                    if line.startswith("event: ") and line[7:] in ("done", "failed", "cancelled"):
+                        if line[7:] != "done":
+                            raise RuntimeError(f"agent ended {line[7:]}")
+                        break
+
+        return {"completions": await _measure(completion, n, concurrency),
+                "agents": await _measure(agent, n, concurrency)}
+
+
+def _serve(tokens: int) -> tuple[subprocess.Popen, str]:
+    import httpx
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+    from servers import free_port
+
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "justitia", "serve", "--port", str(port), "--predictor", "mean"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.time() + 300
+    while time.time() < deadline and proc.poll() is None:
+        try:
+            if httpx.get(url + "/health", timeout=5).status_code == 200:
+                return proc, url
+        except httpx.TransportError:
+            time.sleep(0.5)
+    proc.kill()
+    raise SystemExit("bench_server: the server did not start")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--requests", type=int, default=300)
+    ap.add_argument("--concurrency", type=int, default=32)
+    ap.add_argument("--tokens", type=int, default=16, help="output tokens per request (forced)")
+    ap.add_argument("--out", type=Path, help="also write the result as JSON here")
+    args = ap.parse_args()
+    result = {"requests": args.requests, "concurrency": args.concurrency, "tokens": args.tokens,
+              "direct": asyncio.run(direct(args.requests, args.concurrency, args.tokens))}
+    proc, url = _serve(args.tokens)
+    try:
+        result |= asyncio.run(served(url, args.requests, args.concurrency, args.tokens))
+    finally:
+        proc.terminate()
+        proc.wait(timeout=60)
+    d = result["direct"]
+    print(f"{args.requests} requests of {args.tokens} tokens; sequential latency, then {args.concurrency} in flight")
+    print("| path | latency mean ms | p50 ms | overhead ms | requests/s | vs direct | extra ms per request (all in flight) |")
+    print("|---|---|---|---|---|---|---|")
+    for name in ("direct", "completions", "agents"):
+        r = result[name]
+        r["overhead_ms"] = r["mean_ms"] - d["mean_ms"]
+        r["throughput_vs_direct"] = r["requests_per_s"] / d["requests_per_s"]
+        # with every CPU busy: the machine time each request costs, over the direct path's
+        r["extra_ms_per_request"] = 1000 / r["requests_per_s"] - 1000 / d["requests_per_s"]
+        print(f"| {name} | {r['mean_ms']:.1f} | {r['p50_ms']:.1f} | {r['overhead_ms']:+.1f} | "
+              f"{r['requests_per_s']:.0f} | {r['throughput_vs_direct']:.2f}x | {r['extra_ms_per_request']:+.1f} |")
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(result, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
