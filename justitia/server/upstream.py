@@ -153,18 +153,17 @@ class UpstreamEngine:
         now = self.now()
         self.book.sweep(now)
         info, _ = self.book.arrive(request_id, meta, len(ids), params.max_tokens or 16, now)
-        core = self.book.core
-        core.waiting.remove(info)  # the replica queues it; the front end only tags it
-        priority = int_priority(core.policy.key(info))
-        delta = params.output_kind == RequestOutputKind.DELTA
-        body = {"prompt": ids, "max_tokens": params.max_tokens, "temperature": params.temperature,
-                "top_p": params.top_p, "seed": params.seed, "stop": params.stop or None,
-                "ignore_eos": params.ignore_eos, "presence_penalty": params.presence_penalty,
-                "frequency_penalty": params.frequency_penalty, "priority": priority, "stream": delta,
-                "return_token_ids": True,
-                "vllm_xargs": {k: v for k, v in meta.items() if isinstance(v, (str, int, float))}}
-        tried: set[str] = set()
         try:
+            core = self.book.core
+            core.waiting.remove(info)  # the replica queues it; the front end only tags it
+            delta = params.output_kind == RequestOutputKind.DELTA
+            body = {"prompt": ids, "max_tokens": params.max_tokens, "temperature": params.temperature,
+                    "top_p": params.top_p, "seed": params.seed, "stop": params.stop or None,
+                    "ignore_eos": params.ignore_eos, "presence_penalty": params.presence_penalty,
+                    "frequency_penalty": params.frequency_penalty, "priority": int_priority(core.policy.key(info)),
+                    "stream": delta, "return_token_ids": True,
+                    "vllm_xargs": {k: v for k, v in meta.items() if isinstance(v, (str, int, float))}}
+            tried: set[str] = set()
             while True:
                 replica = min((r for r in self.replicas if r.url not in tried), key=Replica.pressure, default=None)
                 if replica is None:
