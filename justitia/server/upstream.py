@@ -221,18 +221,13 @@ class UpstreamEngine:
         """Prometheus lines about the replicas."""
         lines = ["# HELP justitia_upstream_kv_tokens The replicas' KV caches together, in tokens (the clock's M per step).",
                  "# TYPE justitia_upstream_kv_tokens gauge", f"justitia_upstream_kv_tokens {self.kv_tokens}"]
-        lines += ["# HELP justitia_replica_requests_in_flight Requests sent to a replica and not finished.",
-                 "# TYPE justitia_replica_requests_in_flight gauge"]
-        lines += [f'justitia_replica_requests_in_flight{{replica="{r.url}"}} {r.in_flight}' for r in self.replicas]
-        lines += ["# HELP justitia_replica_requests_total Requests sent to a replica.",
-                  "# TYPE justitia_replica_requests_total counter"]
-        lines += [f'justitia_replica_requests_total{{replica="{r.url}"}} {r.sent}' for r in self.replicas]
-        lines += ["# HELP justitia_replica_failures_total Requests a replica could not take or failed.",
-                  "# TYPE justitia_replica_failures_total counter"]
-        lines += [f'justitia_replica_failures_total{{replica="{r.url}"}} {r.failed}' for r in self.replicas]
-        lines += ["# HELP justitia_replica_kv_tokens A replica's KV cache, in tokens.",
-                  "# TYPE justitia_replica_kv_tokens gauge"]
-        lines += [f'justitia_replica_kv_tokens{{replica="{r.url}"}} {r.kv_tokens}' for r in self.replicas]
+        for name, kind, attr, text in (
+                ("replica_requests_in_flight", "gauge", "in_flight", "Requests sent to a replica and not finished."),
+                ("replica_requests_total", "counter", "sent", "Requests sent to a replica."),
+                ("replica_failures_total", "counter", "failed", "Requests a replica could not take or failed."),
+                ("replica_kv_tokens", "gauge", "kv_tokens", "A replica's KV cache, in tokens.")):
+            lines += [f"# HELP justitia_{name} {text}", f"# TYPE justitia_{name} {kind}"]
+            lines += [f'justitia_{name}{{replica="{r.url}"}} {getattr(r, attr)}' for r in self.replicas]
         return lines
 
     async def aclose(self) -> None:
