@@ -61,7 +61,7 @@ async def direct(n: int, concurrency: int, tokens: int) -> dict:
     from justitia.server.main import _local
 
     async with contextlib.AsyncExitStack() as stack:
-        llm, _, _ = _local(stack, "tiny", "justitia", None, 256, 2048)
+        llm, _, _, _ = _local(stack, "tiny", "justitia", None, 256, 2048)
         params = SamplingParams(max_tokens=tokens, ignore_eos=True, output_kind=RequestOutputKind.FINAL_ONLY)
 
         async def one(i: int) -> None:

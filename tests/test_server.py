@@ -102,7 +102,10 @@ def test_cancel_aborts_the_agent_and_the_server_goes_on(server):
     body = {"stages": [[{"prompt": f"Write a long story {i}.", "max_tokens": 900} for i in range(4)],
                        [{"prompt": "{{prev}}", "max_tokens": 8}]]}
     agent_id = server.post("/v1/agents", json=body).json()["agent_id"]
-    time.sleep(0.5)
+    deadline = time.time() + 10
+    while metric(server, "justitia_engine_requests_running") < 1:  # the engine reports its queues
+        assert time.time() < deadline, "/metrics never showed the agent's requests running"
+        time.sleep(0.05)
     doc = server.delete(f"/v1/agents/{agent_id}").json()
     assert doc["status"] == "cancelled" and doc["stages"][1] == [None]
     # its last stage (the requests that say agent_done) never ran, yet the plug-in releases its state
@@ -165,6 +168,8 @@ def test_metrics_in_prometheus_format(server):
                  "justitia_engine_requests_unfinished", 'justitia_requests_total{endpoint="agents"}'):
         assert name in text
     assert 'justitia_agent_jct_seconds_bucket{type="mrs",le="+Inf"}' in text  # the map-reduce agent above
+    # the engine's own queues (vLLM's scheduler statistics); idle now
+    assert metric(server, "justitia_engine_requests_waiting") == metric(server, "justitia_engine_requests_running") == 0
     assert metric(server, "justitia_predictor_latency_seconds_count") >= 1
 
 

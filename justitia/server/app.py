@@ -84,8 +84,9 @@ class AgentRun:
 class AgentManager:
     """Runs agents stage by stage on the engine and keeps their state for the API."""
 
-    def __init__(self, engine, tokenizer, settings: Settings, predictor: Predictor):
+    def __init__(self, engine, tokenizer, settings: Settings, predictor: Predictor, engine_stats=None):
         self.engine, self.tokenizer, self.settings, self.predictor = engine, tokenizer, settings, predictor
+        self.engine_stats = engine_stats  # main.EngineStats: the local engine's queues, or None
         self.agents: dict[str, AgentRun] = {}
         self.cost = cost_model("kv")
         # the agents' tags for status and /metrics: the engine's own book when it keeps Justitia's clock
@@ -174,6 +175,19 @@ class AgentManager:
                 lines.append(f'justitia_agent_jct_seconds_bucket{{type="{agent_type}",le="{le}"}} {running}')
             lines.append(f'justitia_agent_jct_seconds_sum{{type="{agent_type}"}} {self.jct_sum[agent_type]:.6f}')
             lines.append(f'justitia_agent_jct_seconds_count{{type="{agent_type}"}} {running}')
+        if self.engine_stats is not None:
+            # vLLM reports its queues after each step; an abort into an idle engine brings no step, so
+            # an engine holding nothing (the output processor's count) reports empty queues
+            st = self.engine_stats
+            idle = self.engine_unfinished() == 0
+            n_wait, n_run = (0, 0) if idle else (st.waiting, st.running)
+            lines += ["# HELP justitia_engine_requests_waiting Requests in the engine's waiting queue (the plug-in's order).",
+                      "# TYPE justitia_engine_requests_waiting gauge", f"justitia_engine_requests_waiting {n_wait}",
+                      "# HELP justitia_engine_requests_running Requests the engine is running.",
+                      "# TYPE justitia_engine_requests_running gauge", f"justitia_engine_requests_running {n_run}",
+                      "# HELP justitia_engine_kv_cache_usage Share of the engine's KV cache in use (0-1).",
+                      "# TYPE justitia_engine_kv_cache_usage gauge",
+                      f"justitia_engine_kv_cache_usage {0.0 if idle else st.kv_cache_usage:.4f}"]
         if hasattr(self.engine, "metrics_lines"):
             lines += self.engine.metrics_lines()
         return "\n".join(lines) + "\n"
@@ -322,11 +336,11 @@ def _error(status: int, message: str) -> JSONResponse:
     return JSONResponse({"error": message}, status_code=status)
 
 
-def create_app(engine, tokenizer, settings: Settings, predictor: Predictor) -> FastAPI:
-    """The FastAPI application of one server."""
+def create_app(engine, tokenizer, settings: Settings, predictor: Predictor, engine_stats=None) -> FastAPI:
+    """The FastAPI application of one server (``engine_stats``: the local engine's queues for /metrics)."""
     app = FastAPI(title="Justitia", version="0.1.0",
                   description="Agent-aware serving on vLLM: task-parallel agents scheduled by Justitia.")
-    manager = AgentManager(engine, tokenizer, settings, predictor)
+    manager = AgentManager(engine, tokenizer, settings, predictor, engine_stats)
     app.state.manager = manager
 
     @app.exception_handler(RequestValidationError)

@@ -49,17 +49,18 @@ async def serve(model: str | None = None, policy: str = "justitia", predictor: s
     async with contextlib.AsyncExitStack() as stack:
         if upstream:
             engine, tokenizer_dir, name = await _upstream(stack, upstream, upstream_kv_tokens, policy, model)
+            stats = None  # each replica's own /metrics has its queues
             kv_tokens, max_model_len = engine.kv_tokens, engine.max_model_len
             where = f"{len(engine.replicas)} upstream vLLM server(s) ({kv_tokens:,} KV tokens)"
         else:
-            engine, tokenizer_dir, kv_tokens = _local(stack, model or "tiny", policy, kv_blocks, max_num_seqs,
-                                                      max_model_len)
+            engine, tokenizer_dir, kv_tokens, stats = _local(stack, model or "tiny", policy, kv_blocks, max_num_seqs,
+                                                             max_model_len)
             name, where = model or "tiny", model or "tiny"
         settings = Settings(model=name, policy=policy, max_model_len=max_model_len,
                             max_tasks_per_agent=max_tasks_per_agent, max_agents_in_flight=max_agents_in_flight,
                             max_body_bytes=max_body_bytes,
                             capacity_per_s=float(os.environ.get("JUSTITIA_CAPACITY", kv_tokens / iteration_s)))
-        app = create_app(engine, AutoTokenizer.from_pretrained(str(tokenizer_dir)), settings, pred)
+        app = create_app(engine, AutoTokenizer.from_pretrained(str(tokenizer_dir)), settings, pred, stats)
         log = logging.getLogger("justitia.server")  # one JSON object a line, on stderr
         if not log.handlers:
             handler = logging.StreamHandler()
@@ -87,7 +88,7 @@ async def serve(model: str | None = None, policy: str = "justitia", predictor: s
 
 def _local(stack: contextlib.AsyncExitStack, model: str, policy: str, kv_blocks: int | None, max_num_seqs: int,
            max_model_len: int):
-    """AsyncLLM with the plug-in; returns it, its tokenizer directory and its KV tokens."""
+    """AsyncLLM with the plug-in; returns it, its tokenizer directory, its KV tokens and its EngineStats."""
     os.environ["JUSTITIA_POLICY"] = policy
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     from vllm.engine.arg_utils import AsyncEngineArgs
@@ -101,10 +102,41 @@ def _local(stack: contextlib.AsyncExitStack, model: str, policy: str, kv_blocks:
                            scheduler_cls="justitia.vllm.scheduler.JustitiaScheduler",
                            num_gpu_blocks_override=kv_blocks, max_num_seqs=max_num_seqs, max_model_len=max_model_len,
                            enforce_eager=True, disable_log_stats=True, dtype=engine_dtype("auto"))
-    llm = AsyncLLM.from_engine_args(args)
+    stats = EngineStats()
+    llm = AsyncLLM.from_engine_args(args, stat_loggers=[stats.logger])
     stack.callback(llm.shutdown)
     cache = llm.vllm_config.cache_config
-    return llm, model_dir, (cache.num_gpu_blocks or 1) * cache.block_size
+    return llm, model_dir, (cache.num_gpu_blocks or 1) * cache.block_size, stats
+
+
+class EngineStats:
+    """The engine's latest scheduler statistics (waiting, running, KV cache use), for /metrics.
+
+    ``logger`` is a vLLM stat-logger factory; with only custom loggers vLLM logs nothing itself."""
+
+    def __init__(self):
+        self.waiting = self.running = 0
+        self.kv_cache_usage = 0.0
+
+    def logger(self, vllm_config, engine_index: int = 0):
+        from vllm.v1.metrics.loggers import StatLoggerBase
+
+        owner = self
+
+        class Logger(StatLoggerBase):
+            def __init__(self, *args, **kwargs):
+                pass
+
+            def record(self, scheduler_stats, iteration_stats, mm_cache_stats=None, engine_idx=0):
+                if scheduler_stats is not None:
+                    owner.waiting = scheduler_stats.num_waiting_reqs + scheduler_stats.num_skipped_waiting_reqs
+                    owner.running = scheduler_stats.num_running_reqs
+                    owner.kv_cache_usage = scheduler_stats.kv_cache_usage
+
+            def log_engine_initialized(self):
+                pass
+
+        return Logger()
 
 
 async def _upstream(stack: contextlib.AsyncExitStack, urls: list[str], kv_tokens: int | None, policy: str,
