@@ -90,7 +90,8 @@ def _parser() -> argparse.ArgumentParser:
                                     "tokenizer, by default the replicas' model directory)")
     sv.add_argument("--policy", default="justitia", help="scheduling policy (default justitia)")
     sv.add_argument("--predictor", default="mlp",
-                    help="cost predictor: mlp (trained on the committed profile, default), mlp:DIR, lm, mean, ...")
+                    help="cost predictor: mlp (trained on the committed profile, default), DIR (from justitia predictor "
+                         "train), lm, mean, ...")
     sv.add_argument("--host", default="127.0.0.1")
     sv.add_argument("--port", type=int, default=8000)
     sv.add_argument("--kv-blocks", type=int, help="cap the KV cache at this many blocks (default: what memory allows)")

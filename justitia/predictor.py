@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import zlib
+from pathlib import Path
 
 import numpy as np
 
@@ -77,11 +78,16 @@ def _hash(text: str) -> int:
 
 def make_predictor(spec: str, seed: int = 0) -> Predictor:
     """Build a predictor from its name: ``oracle``, ``noisy:L`` (L >= 1), ``mlp:DIR`` or ``lm:DIR``
-    (trained predictor directories), plain ``mlp``, ``lm``, ``mean`` or ``linear`` (trained on the
+    (trained predictor directories; a bare ``DIR`` is read as the kind its manifest names), plain ``mlp``, ``lm``, ``mean`` or ``linear`` (trained on the
     committed SmolLM2 profile, once, then cached), or the baselines ``mean:FILE`` / ``linear:FILE``
     (trained on the spot on a profile or workload file)."""
     if spec == "oracle":
         return OraclePredictor()
+    if Path(spec, "predictor.json").is_file():  # a bare trained directory: its manifest says which kind
+        import json
+
+        schema = json.loads(Path(spec, "predictor.json").read_text()).get("schema", "")
+        spec = ("lm:" if schema.startswith("justitia.lm-predictor/") else "mlp:") + spec
     kind, _, arg = spec.partition(":")
     if kind in ("mlp", "lm", "mean", "linear") and not arg:  # trained on the committed profile (cached)
         from justitia.profiles import DEFAULT_PROFILE, trained_predictors

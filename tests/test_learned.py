@@ -11,6 +11,7 @@ pytest.importorskip("sklearn")
 
 from justitia.cost import cost_model
 from justitia.learned import ALL_TYPES, LearnedPredictor, PredictorFileError
+from justitia.predictor import make_predictor
 from justitia.workflows import WORKFLOW_TYPES, generate_agents
 from justitia.workload import Agent, Task
 
@@ -32,7 +33,10 @@ def trained(agents):
 def test_save_load_predict_round_trip_gives_the_same_numbers(trained, agents, tmp_path):
     trained.save(tmp_path)
     loaded = LearnedPredictor.load(tmp_path)
+    bare = make_predictor(str(tmp_path))  # `--predictor DIR`: the manifest says it is an mlp
+    assert isinstance(bare, LearnedPredictor)
     for a in agents[-9:]:
+        assert bare.agent_cost(a, KV) == loaded.agent_cost(a, KV)
         assert loaded.agent_cost(a, KV) == pytest.approx(trained.agent_cost(a, KV), rel=1e-12)
         assert loaded.request_cost(a, 0, 0, KV) == pytest.approx(trained.request_cost(a, 0, 0, KV), rel=1e-12)
 
