@@ -78,9 +78,10 @@ def _hash(text: str) -> int:
 
 def make_predictor(spec: str, seed: int = 0) -> Predictor:
     """Build a predictor from its name: ``oracle``, ``noisy:L`` (L >= 1), ``mlp:DIR`` or ``lm:DIR``
-    (trained predictor directories; a bare ``DIR`` is read as the kind its manifest names), plain ``mlp``, ``lm``, ``mean`` or ``linear`` (trained on the
-    committed SmolLM2 profile, once, then cached), or the baselines ``mean:FILE`` / ``linear:FILE``
-    (trained on the spot on a profile or workload file)."""
+    (trained predictor directories; a bare ``DIR`` is read as the kind its manifest names), plain
+    ``mlp``, ``lm``, ``mean`` or ``linear`` (trained on the committed SmolLM2 profile, once, then
+    cached), or the baselines ``mean:FILE`` / ``linear:FILE`` (trained on the spot on a profile or
+    workload file)."""
     if spec == "oracle":
         return OraclePredictor()
     if Path(spec, "predictor.json").is_file():  # a bare trained directory: its manifest says which kind
