@@ -118,6 +118,18 @@ class AgentBook:
         self.idle_since: dict[str, float] = {}  # agents with no open request, since when
         self._next_sweep_s = 0.0
 
+    @classmethod
+    def tagging(cls, policy: str, capacity_per_s: float, cost: str = "kv", idle_release_s: float = 60.0,
+                log: logging.Logger | None = None) -> "AgentBook":
+        """A book for front-end tagging (``tag``): only policies whose keys are fixed on arrival qualify."""
+        from justitia.policies import make_policy
+
+        core = AgentScheduler(make_policy(policy, capacity_per_s, cost))
+        if core.policy.dynamic:
+            raise ValueError(f"policy '{policy}' changes its keys as service accrues, which a front end cannot see; "
+                             "front-end tagging supports only fcfs, sjf, parrot and justitia.")
+        return cls(core, cost, idle_release_s, log)
+
     def register(self, agent_id: str, agent_type: str, predicted_cost: float, now_s: float) -> AgentInfo | None:
         """Register an agent ahead of its requests; its info if it is new, None if it is known."""
         if self.core.has_agent(agent_id):
@@ -138,6 +150,15 @@ class AgentBook:
         info = self.core.request_arrived(request_id, agent_id, prompt_tokens, request_cost)
         self.infos[request_id] = info
         return info, new
+
+    def tag(self, request_id: str, meta: dict, prompt_tokens: int, max_tokens: int,
+            now_s: float) -> tuple[RequestInfo, int]:
+        """Front-end tagging: a request that another engine will queue (stock vLLM with
+        ``scheduling_policy="priority"``); returns its info and its key as vLLM's int ``priority``.
+        ``finish`` it when the engine is done with it."""
+        info, _ = self.arrive(request_id, meta, prompt_tokens, max_tokens, now_s)
+        self.core.waiting.remove(info)  # the engine queues it; this book only tags it
+        return info, int_priority(self.core.policy.key(info))
 
     def finish(self, request_id: str, now_s: float) -> RequestInfo | None:
         """A request finished or was aborted; its agent is released if that was its last."""
@@ -185,3 +206,11 @@ class AgentBook:
                              request_id, key, value, default)
             return default
         return cost
+
+
+def int_priority(key: tuple) -> int:
+    """vLLM wants an int priority; the key's leading number decides (vLLM breaks ties by arrival)."""
+    head = key[0]
+    if not isinstance(head, (int, float)):
+        raise ValueError(f"cannot turn policy key {key!r} into an int priority.")
+    return int(round(head))

@@ -121,7 +121,7 @@ def test_an_unreachable_replica_is_skipped_and_a_refusal_fails_the_request_with_
 
 def test_dynamic_policies_and_mixed_models_are_refused():
     r = FakeReplica("a", 1000).replica
-    with pytest.raises(ValueError, match="fcfs, sjf, parrot or justitia"):
+    with pytest.raises(ValueError, match="fcfs, sjf, parrot and justitia"):
         UpstreamEngine([r], "vtc", capacity_per_s=1e6)
     other = Replica("http://b", "other", "other", 1024, 1000, r.client)
     with pytest.raises(UpstreamError, match="different models"):

@@ -47,7 +47,7 @@ def mean_mouse_jct(run: dict) -> float:
 PAMPER_MICE = ["sjf", "vtc", "srjf", "justitia", "las"]
 
 
-@pytest.mark.parametrize("policy", ["fcfs", "parrot"])
+@pytest.mark.parametrize("policy", ["fcfs", "parrot", "fcfs@tagging"])
 def test_first_come_first_served_makes_mice_wait_behind_the_elephant(policies, policy):
     run = policies[policy]
     fastest = min(mean_mouse_jct(policies[p]) for p in PAMPER_MICE)
@@ -56,7 +56,7 @@ def test_first_come_first_served_makes_mice_wait_behind_the_elephant(policies, p
     assert run["mouse-00"]["jct_s"] > 0.5 * run["elephant"]["jct_s"]
 
 
-@pytest.mark.parametrize("policy", PAMPER_MICE + ["justitia@mlp"])
+@pytest.mark.parametrize("policy", PAMPER_MICE + ["justitia@mlp", "justitia@tagging"])
 def test_a_mouse_arriving_after_the_elephant_finishes_first(policies, policy):
     run = policies[policy]
     assert run["mouse-00"]["finish_s"] < run["elephant"]["finish_s"]

@@ -25,9 +25,7 @@ from dataclasses import dataclass, field
 
 import httpx
 
-from justitia.policies import make_policy
-from justitia.scheduler import AgentBook, AgentScheduler
-from justitia.vllm.runner import int_priority
+from justitia.scheduler import AgentBook
 
 log = logging.getLogger("justitia.server")
 _INFO = re.compile(r'^vllm:cache_config_info\{(.*)\}', re.M)
@@ -121,12 +119,8 @@ class UpstreamEngine:
         models = {r.model for r in replicas}
         if len(models) > 1:
             raise UpstreamError(f"--upstream: the replicas serve different models ({', '.join(sorted(models))}).")
-        core = AgentScheduler(make_policy(policy, capacity_per_s, "kv"))
-        if core.policy.dynamic:
-            raise ValueError(f"--policy {policy}: its keys change as service accrues, which a front end cannot see; "
-                             "with --upstream use fcfs, sjf, parrot or justitia.")
         self.replicas = replicas
-        self.book = AgentBook(core, "kv", idle_release_s, log)
+        self.book = AgentBook.tagging(policy, capacity_per_s, "kv", idle_release_s, log)
         self.t0 = time.monotonic()
 
     @property
@@ -152,15 +146,13 @@ class UpstreamEngine:
         meta = dict(params.extra_args or {})
         now = self.now()
         self.book.sweep(now)
-        info, _ = self.book.arrive(request_id, meta, len(ids), params.max_tokens or 16, now)
+        info, priority = self.book.tag(request_id, meta, len(ids), params.max_tokens or 16, now)
         try:
-            core = self.book.core
-            core.waiting.remove(info)  # the replica queues it; the front end only tags it
             delta = params.output_kind == RequestOutputKind.DELTA
             body = {"prompt": ids, "max_tokens": params.max_tokens, "temperature": params.temperature,
                     "top_p": params.top_p, "seed": params.seed, "stop": params.stop or None,
                     "ignore_eos": params.ignore_eos, "presence_penalty": params.presence_penalty,
-                    "frequency_penalty": params.frequency_penalty, "priority": int_priority(core.policy.key(info)),
+                    "frequency_penalty": params.frequency_penalty, "priority": priority,
                     "stream": delta, "return_token_ids": True,
                     "vllm_xargs": {k: v for k, v in meta.items() if isinstance(v, (str, int, float))}}
             tried: set[str] = set()

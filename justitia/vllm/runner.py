@@ -30,9 +30,8 @@ from pathlib import Path
 from typing import Callable
 
 from justitia.cost import cost_model
-from justitia.policies import make_policy
 from justitia.predictor import make_predictor
-from justitia.scheduler import AgentScheduler
+from justitia.scheduler import AgentBook
 from justitia.sim.engine import AgentResult, SimResult
 from justitia.workload import Agent
 
@@ -167,12 +166,8 @@ class VllmEngine:
         pred = make_predictor(predictor, seed)
         ids = self.prompt_ids(agents)
         run_id = uuid.uuid4().hex[:8]
-        frontend = None
-        if self.spec.mode == "tagging":
-            frontend = AgentScheduler(make_policy(policy, capacity, cost))
-            if frontend.policy.dynamic:
-                raise ValueError(f"policy '{policy}' changes its keys as service accrues; front-end tagging "
-                                 "supports only static policies (fcfs, sjf, parrot, justitia).")
+        # tagging: the policy lives here, in the same kind of book as the plug-in's, fed the same metadata
+        frontend = AgentBook.tagging(policy, capacity, cost) if self.spec.mode == "tagging" else None
         own_log = step_log is None
         if own_log:
             fd, step_log = tempfile.mkstemp(prefix="justitia-steps-", suffix=".csv")
@@ -192,33 +187,27 @@ class VllmEngine:
                 await asyncio.sleep(delay)
             lags.append(time.monotonic() - t0 - agent.arrival_s)
             predicted = pred.agent_cost(agent, model)
-            if frontend is not None:
-                frontend.agent_arrived(agent.agent_id, agent.type, predicted, time.monotonic() - t0)
             for s, stage in enumerate(agent.stages):
                 calls = []
                 for i, task in enumerate(stage):
-                    request_cost = pred.request_cost(agent, s, i, model)
                     rid = f"{run_id}/{agent.agent_id}/{s}/{i}"
+                    meta = {"agent_id": agent.agent_id, "agent_type": agent.type, "agent_cost": predicted,
+                            "request_cost": pred.request_cost(agent, s, i, model)}
+                    if s == len(agent.stages) - 1:
+                        meta["agent_done"] = True
+                    prompt = ids[(agent.agent_id, s, i)]
                     if frontend is None:
-                        meta = {"agent_id": agent.agent_id, "agent_type": agent.type, "agent_cost": predicted,
-                                "request_cost": request_cost}
-                        if s == len(agent.stages) - 1:
-                            meta["agent_done"] = True
-                        calls.append(self._generate(ids[(agent.agent_id, s, i)], task.output_tokens, rid, meta))
+                        calls.append(self._generate(prompt, task.output_tokens, rid, meta))
                     else:
-                        info = frontend.request_arrived(rid, agent.agent_id, task.prompt_tokens, request_cost)
-                        frontend.waiting.remove(info)  # the engine queues it; the front end only tags it
-                        priority = int_priority(frontend.policy.key(info))
-                        calls.append(self._tagged(frontend, info, ids[(agent.agent_id, s, i)], task.output_tokens,
-                                                  rid, priority))
+                        _, priority = frontend.tag(rid, meta, task.prompt_tokens, task.output_tokens,
+                                                   time.monotonic() - t0)
+                        calls.append(self._tagged(frontend, prompt, task.output_tokens, rid, priority, t0))
                 served = await asyncio.gather(*calls)
                 for i, (task, n) in enumerate(zip(stage, served)):
                     if n != task.output_tokens:
                         raise RuntimeError(f"agent '{agent.agent_id}' stage {s} task {i}: the engine produced "
                                            f"{n} tokens, {task.output_tokens} were forced.")
             finish_s = time.monotonic() - t0
-            if frontend is not None:
-                frontend.agent_finished(agent.agent_id, finish_s)
             result = AgentResult(agent.agent_id, agent.type, agent.arrival_s, finish_s, finish_s - agent.arrival_s,
                                  agent.cost(model), predicted)
             results.append(result)
@@ -241,11 +230,11 @@ class VllmEngine:
         sim = SimResult(policy, results, max(r.finish_s for r in results), len(steps), len(steps), preemptions, wall)
         return EngineRun(sim, steps, max(lags) if lags else 0.0)
 
-    async def _tagged(self, frontend: AgentScheduler, info, prompt_ids, max_tokens, rid, priority) -> int:
+    async def _tagged(self, frontend: AgentBook, prompt_ids, max_tokens, rid, priority, t0: float) -> int:
         try:
             return await self._generate(prompt_ids, max_tokens, rid, None, priority)
         finally:
-            frontend.request_finished(info)
+            frontend.finish(rid, time.monotonic() - t0)  # the last agent_done request releases the agent
 
 
 @dataclass
@@ -266,14 +255,6 @@ def _has_gpu() -> bool:
     import torch
 
     return torch.cuda.is_available()
-
-
-def int_priority(key: tuple) -> int:
-    """vLLM wants an int priority; the key's leading number decides (vLLM breaks ties by arrival)."""
-    head = key[0]
-    if not isinstance(head, (int, float)):
-        raise ValueError(f"cannot turn policy key {key!r} into an int priority.")
-    return int(round(head))
 
 
 def read_step_log(path: str | Path) -> list[tuple[float, ...]]:
