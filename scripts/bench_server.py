@@ -24,7 +24,6 @@ import contextlib
 import gc
 import json
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -99,27 +98,6 @@ async def served(url: str, n: int, concurrency: int, tokens: int) -> dict:
                 "agents": await _measure(agent, n, concurrency)}
 
 
-def _serve(tokens: int) -> tuple[subprocess.Popen, str]:
-    import httpx
-
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-    from servers import free_port
-
-    port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "justitia", "serve", "--port", str(port), "--predictor", "mean"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.time() + 300
-    while time.time() < deadline and proc.poll() is None:
-        try:
-            if httpx.get(url + "/health", timeout=5).status_code == 200:
-                return proc, url
-        except httpx.TransportError:
-            time.sleep(0.5)
-    proc.kill()
-    raise SystemExit("bench_server: the server did not start")
-
-
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--requests", type=int, default=300)
@@ -129,7 +107,9 @@ def main() -> int:
     args = ap.parse_args()
     result = {"requests": args.requests, "concurrency": args.concurrency, "tokens": args.tokens,
               "direct": asyncio.run(direct(args.requests, args.concurrency, args.tokens))}
-    proc, url = _serve(args.tokens)
+    from load_test import start_server  # scripts/ is on sys.path when this runs as a script
+
+    proc, url = start_server("--predictor", "mean", quiet=True)
     try:
         result |= asyncio.run(served(url, args.requests, args.concurrency, args.tokens))
     finally:

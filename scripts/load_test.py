@@ -101,10 +101,25 @@ async def run(url: str, n: int, timeout_s: float, seed: int, stages=(4, 4), task
             "first_rejection": rejected[0] if rejected else None}
 
 
-def _free_port() -> int:
+def start_server(*args: str, quiet: bool = False) -> tuple[subprocess.Popen, str]:
+    """``justitia serve ARGS`` on a free loopback port, once it answers /health (SystemExit if it never does)."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+        port = s.getsockname()[1]
+    out = subprocess.DEVNULL if quiet else None
+    proc = subprocess.Popen([sys.executable, "-m", "justitia", "serve", "--port", str(port), *args],
+                            stdout=out, stderr=out)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.time() + 300
+    while proc.poll() is None and time.time() < deadline:
+        try:
+            if httpx.get(url + "/health", timeout=5).status_code == 200:
+                return proc, url
+        except httpx.TransportError:
+            pass
+        time.sleep(0.5)
+    proc.kill()
+    raise SystemExit("the server did not start")
 
 
 def main() -> int:
@@ -122,21 +137,8 @@ def main() -> int:
     proc = None
     url = args.url
     if url is None:
-        port = _free_port()
-        proc = subprocess.Popen([sys.executable, "-m", "justitia", "serve", "--port", str(port), "--predictor", "mean",
-                                 "--max-agents-in-flight", str(max(args.agents, 1)), "--max-num-seqs", "256"])
-        url = f"http://127.0.0.1:{port}"
-        deadline = time.time() + 300
-        while True:
-            try:
-                if httpx.get(url + "/health", timeout=5).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            if proc.poll() is not None or time.time() > deadline:
-                print("load test: the server did not start", file=sys.stderr)
-                return 2
-            time.sleep(0.5)
+        proc, url = start_server("--predictor", "mean", "--max-agents-in-flight", str(max(args.agents, 1)),
+                                 "--max-num-seqs", "256")
     elif urlparse(url).hostname not in ("127.0.0.1", "localhost", "::1"):
         print(f"load test: {url} is not a loopback address; this script only loads a local server", file=sys.stderr)
         return 2
