@@ -1,9 +1,9 @@
 """``justitia serve --upstream URL ...``: Justitia in front of stock vLLM OpenAI servers.
 
 The replicas are unmodified vLLM servers started with ``--scheduling-policy priority``. The front
-end keeps one policy for all of them (the same core object as the plug-in: an ``AgentBook`` over
-an ``AgentScheduler``) and passes each request's static key as vLLM's int ``priority``, the
-front-end tagging mode of ``justitia.vllm.runner``. Justitia's clock is global: its M is the sum
+end keeps one policy for all of them and tags each request with its static key as vLLM's int
+``priority`` (``AgentBook.tagging`` / ``AgentBook.tag`` in the core, as the bench runner's
+tagging mode does). Justitia's clock is global: its M is the sum
 of the replicas' KV capacities (read from each replica's ``/metrics``) per nominal step. Each
 request goes to the replica with the least outstanding predicted KV token-time per KV token of
 capacity (so the tasks of one stage spread over the replicas).

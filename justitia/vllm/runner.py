@@ -12,8 +12,9 @@ Two ways to schedule:
   ``extra_args``. One engine serves every policy: a control request resets the plug-in's policy
   state between runs (``JUSTITIA_CONTROL=1`` is set for the engine this module starts).
 - ``tagging``: stock vLLM with ``scheduling_policy="priority"`` and no plug-in. The runner keeps
-  the policy (the same core object) in the front end and passes each request's static key as the
-  int ``priority``. Only static policies can be tagged this way (fcfs, sjf, parrot, justitia).
+  the policy in the front end (``AgentBook.tagging``, fed the same metadata as the plug-in) and
+  passes each request's static key as the int ``priority`` (``AgentBook.tag``). Only static
+  policies can be tagged this way (fcfs, sjf, parrot, justitia).
 
 NOTE: engine start-up takes ~30 s on the 2-core CPU machine; reuse one ``VllmEngine`` per mode.
 """
