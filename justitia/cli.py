@@ -1,4 +1,5 @@
-"""The ``justitia`` command line: generate workloads, benchmark policies, calibrate the simulator."""
+"""The ``justitia`` command line: generate workloads, benchmark policies, calibrate the simulator, train
+predictors, profile a real model, serve agents. It sits over both the product and the lab (``justitia.lab``)."""
 
 from __future__ import annotations
 
@@ -20,8 +21,9 @@ def _add_workload_args(p: argparse.ArgumentParser, agents: int = 300, density: f
 
 
 def _parser() -> argparse.ArgumentParser:
-    from justitia.policies import POLICY_NAMES
-    from justitia.presets import PRESET_NAMES
+    from justitia.core import POLICY_NAMES
+    from justitia.lab.presets import PRESET_NAMES
+    from justitia.predictors import SPEC_HELP
     from justitia.sim.config import PROFILES
 
     ap = argparse.ArgumentParser(prog="justitia", description=__doc__)
@@ -40,11 +42,9 @@ def _parser() -> argparse.ArgumentParser:
     _add_workload_args(b)
     b.add_argument("--scale", type=float, default=1.0, help="divide every token length by this (small engines)")
     b.add_argument("--policies", default=",".join(POLICY_NAMES), help="comma-separated policies")
-    b.add_argument("--predictor", default="oracle",
-                   help="oracle, noisy:L, mlp, lm, mean, linear (trained on the committed profile), mlp:DIR, "
-                        "lm:DIR, mean:FILE or linear:FILE (default oracle)")
+    b.add_argument("--predictor", default="oracle", help=f"{SPEC_HELP} (default oracle)")
     b.add_argument("--cost", choices=["kv", "compute"], default="kv", help="cost model (default kv)")
-    b.add_argument("--profile", help=f"simulator latency profile: {', '.join(sorted(PROFILES))} (sim default) "
+    b.add_argument("--latency", help=f"simulator latency profile: {', '.join(sorted(PROFILES))} (sim default) "
                    "or a file from 'justitia calibrate' (vllm default: calibrate first)")
     _add_engine_args(b)
     b.add_argument("--tagging", action="store_true", help="vllm: also run justitia by front-end tagging on stock vLLM")
@@ -89,9 +89,7 @@ def _parser() -> argparse.ArgumentParser:
     sv.add_argument("--model", help="tiny, smollm2 or a model directory (default tiny; with --upstream: the "
                                     "tokenizer, by default the replicas' model directory)")
     sv.add_argument("--policy", default="justitia", help="scheduling policy (default justitia)")
-    sv.add_argument("--predictor", default="mlp",
-                    help="cost predictor: mlp (trained on the committed profile, default), DIR (from justitia predictor "
-                         "train), lm, mean, ...")
+    sv.add_argument("--predictor", default="mlp", help=f"cost predictor: {SPEC_HELP} (default mlp)")
     sv.add_argument("--host", default="127.0.0.1")
     sv.add_argument("--port", type=int, default=8000)
     sv.add_argument("--kv-blocks", type=int, help="cap the KV cache at this many blocks (default: what memory allows)")
@@ -111,38 +109,34 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("--scale", type=float, default=8.0, help="divide every token length by this (default 8)")
     _add_engine_args(c)
     c.add_argument("--repeats", type=int, default=1, help="runs of the workload to fit (default 1)")
-    c.add_argument("--out", type=Path, default=Path("results/profile.json"), help="profile file to write")
+    c.add_argument("--out", type=Path, default=Path("results/latency.json"), help="latency profile file to write")
     return ap
 
 
-VLLM_DEFAULTS = {"model": "tiny", "kv_blocks": 24, "max_num_seqs": 64, "max_num_batched_tokens": 2048,
-                 "max_model_len": 2048}
-
-
 def _add_engine_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", help="vllm: tiny, smollm2 or a model directory (default tiny)")
-    p.add_argument("--kv-blocks", type=int, help="KV cache size in blocks (sim default: the profile's; vllm: 24)")
-    p.add_argument("--max-num-batched-tokens", type=int, help="token budget per step (default 2048)")
-    p.add_argument("--max-num-seqs", type=int, help="cap on running requests (sim default 256; vllm 64)")
-    p.add_argument("--max-model-len", type=int, help="vllm: longest prompt + output (default 2048)")
+    from justitia.vllm.engine import EngineSpec
+
+    d = EngineSpec()
+    p.add_argument("--model", help=f"vllm: tiny, smollm2 or a model directory (default {d.model})")
+    p.add_argument("--kv-blocks", type=int, help=f"KV cache size in blocks (sim default: the profile's; vllm {d.kv_blocks})")
+    p.add_argument("--max-num-batched-tokens", type=int, help=f"token budget per step (default {d.max_num_batched_tokens})")
+    p.add_argument("--max-num-seqs", type=int, help=f"cap on running requests (sim default 256; vllm {d.max_num_seqs})")
+    p.add_argument("--max-model-len", type=int, help=f"vllm: longest prompt + output (default {d.max_model_len})")
 
 
 def _engine_spec(args, preset_options: dict | None = None):
-    """The vLLM engine to start: command-line flags, then the preset's settings, then defaults."""
-    from justitia.vllm.runner import EngineSpec
+    """The vLLM engine to start: command-line flags, then the preset's settings, then EngineSpec's defaults."""
+    from justitia.vllm.engine import EngineSpec
 
-    options = VLLM_DEFAULTS | (preset_options or {})
-    for name in VLLM_DEFAULTS:
+    options = dict(preset_options or {})
+    for name in ("model", "kv_blocks", "max_num_seqs", "max_num_batched_tokens", "max_model_len"):
         if getattr(args, name) is not None:
             options[name] = getattr(args, name)
-    for name in ("kv_blocks", "max_num_seqs", "max_num_batched_tokens", "max_model_len"):
-        if options[name] < 1:
-            raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {options[name]}.")
     return EngineSpec(**options)
 
 
 def _workload_from_args(args) -> tuple[list, dict]:
-    from justitia.presets import DEFAULT_RATE_PER_S, build_workload
+    from justitia.lab.presets import DEFAULT_RATE_PER_S, build_workload
 
     if args.trace is not None and args.rate is not None:
         raise ValueError("--rate applies to synthetic arrivals; it cannot be combined with --trace.")
@@ -162,10 +156,11 @@ def _cmd_generate(args) -> int:
 
 
 def _cmd_bench(args) -> int:
-    from justitia.bench import RunSpec, run_bench, write_results
-    from justitia.policies import POLICY_NAMES
-    from justitia.presets import make_preset
-    from justitia.report import print_results
+    from justitia.core import POLICY_NAMES
+    from justitia.lab.bench import RunSpec, run_bench, write_results
+    from justitia.lab.presets import make_preset
+    from justitia.lab.report import print_results
+    from justitia.predictors import make_predictor
     from justitia.workload import load_workload, scale_tokens
 
     title = ""
@@ -191,8 +186,6 @@ def _cmd_bench(args) -> int:
         unknown = [p for p in names if p not in POLICY_NAMES]
         if unknown or not names:
             raise ValueError(f"--policies: unknown policy '{(unknown or [''])[0]}'; expected some of: {', '.join(POLICY_NAMES)}.")
-        from justitia.predictor import make_predictor
-
         make_predictor(args.predictor)  # validate before running anything
         specs = [RunSpec(p, p, args.predictor, args.cost) for p in names]
     engine = args.engine or (preset.engine if preset else "sim")
@@ -215,7 +208,7 @@ def _cmd_bench(args) -> int:
 
 def _sim_config(args, preset_options: dict | None = None):
     """The simulated engine: command-line flags, then the preset's settings, then defaults."""
-    from justitia.presets import SIM_DEFAULT_PROFILE
+    from justitia.lab.presets import SIM_DEFAULT_PROFILE
     from justitia.sim import EngineConfig
     from justitia.sim.config import load_profile
 
@@ -223,17 +216,17 @@ def _sim_config(args, preset_options: dict | None = None):
     for name in list(options):
         if getattr(args, name, None) is not None:
             options[name] = getattr(args, name)
-    return EngineConfig(profile=load_profile(args.profile or SIM_DEFAULT_PROFILE), **options)
+    return EngineConfig(profile=load_profile(args.latency or SIM_DEFAULT_PROFILE), **options)
 
 
 def _bench_vllm(args, agents, specs, info, preset) -> dict:
-    from justitia.presets import CPU_DENSITY, build_workload
+    from justitia.lab.presets import CPU_DENSITY, build_workload
+    from justitia.lab.vllm_bench import run_bench_vllm
     from justitia.sim.config import load_profile
-    from justitia.vllm.bench import run_bench_vllm
     from justitia.workload import scale_tokens
 
     spec = _engine_spec(args, preset.engine_options if preset else None)
-    profile = load_profile(args.profile) if args.profile else None
+    profile = load_profile(args.latency) if args.latency else None
     calibration = preset.calibration_agents if preset else []
     if profile is None and not calibration:
         calibration, _ = build_workload(args.calibration_agents, args.seed + 1, args.trace, CPU_DENSITY)
@@ -247,20 +240,21 @@ def _bench_vllm(args, agents, specs, info, preset) -> dict:
 def _cmd_predictor(args) -> int:
     import json
 
-    from justitia.cost import cost_model
-    from justitia.learned import DEFAULT_ALPHA, LearnedPredictor, evaluate
+    from justitia.core import KV
+    from justitia.lab.evaluate import evaluate
+    from justitia.predictors.mlp import DEFAULT_ALPHA, LearnedPredictor
     from justitia.workload import load_workload
 
     agents = load_workload(args.profile)
     if args.predictor_command == "eval" and not 0 < args.test_frac < 1:
         raise ValueError(f"--test-frac must be between 0 and 1, got {args.test_frac}.")
-    kv = cost_model("kv")
+    kv = KV
     if args.predictor_command == "train":
         import time
 
         t = time.perf_counter()
         if args.kind == "lm":
-            from justitia.embedding import LmPredictor
+            from justitia.predictors.lm import LmPredictor
 
             LmPredictor.train(agents, kv, args.seed, 1e-3 if args.alpha is None else args.alpha).save(args.out)
             what = "the embedding (all-MiniLM-L6-v2) + MLP model over all types"
@@ -291,7 +285,7 @@ def _cmd_predictor(args) -> int:
     table.add_row("training s", *(f"{doc['predictors'][n]['train_s']:.1f}" for n in names))
     Console(width=120).print(table)
     if args.cold_start:
-        from justitia.learned import cold_start
+        from justitia.lab.evaluate import cold_start
 
         doc["cold_start"] = cold_start(agents, kv, args.seed)
         cs = doc["cold_start"]["mean"]
@@ -305,8 +299,8 @@ def _cmd_predictor(args) -> int:
 
 
 def _cmd_profile(args) -> int:
-    from justitia.vllm.profile import ProfileSpec, run_profile
-    from justitia.workflows import WORKFLOW_TYPES
+    from justitia.lab.profile import ProfileSpec, run_profile
+    from justitia.workload.workflows import WORKFLOW_TYPES
 
     types = tuple(args.types.split(",")) if args.types else WORKFLOW_TYPES
     if args.max_tokens < 1 or args.concurrency < 1:
@@ -358,7 +352,7 @@ def _cmd_serve(args) -> int:
 def _cmd_calibrate(args) -> int:
     import json
 
-    from justitia.vllm.bench import calibrate
+    from justitia.lab.vllm_bench import calibrate
     from justitia.workload import scale_tokens
 
     spec = _engine_spec(args)

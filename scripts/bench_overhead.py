@@ -86,7 +86,7 @@ def main() -> None:
     from vllm.v1.core.sched.scheduler import Scheduler
 
     from justitia.vllm.models import tiny_model
-    from justitia.vllm.scheduler import JustitiaScheduler
+    from justitia.vllm.plugin import JustitiaScheduler
 
     model = str(tiny_model())
     configs = [("stock vLLM (priority)", Scheduler, None)]

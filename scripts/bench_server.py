@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import gc
 import json
 import statistics
@@ -54,13 +53,21 @@ async def _measure(one, n: int, concurrency: int, warmup: int = 20) -> dict:
 
 
 async def direct(n: int, concurrency: int, tokens: int) -> dict:
+    result = await _direct(n, concurrency, tokens)
+    gc.collect()  # the engine is collected here, not at interpreter exit
+    return result
+
+
+async def _direct(n: int, concurrency: int, tokens: int) -> dict:
     from vllm import SamplingParams
     from vllm.sampling_params import RequestOutputKind
 
-    from justitia.server.main import _local
+    from justitia.server.main import local_spec
+    from justitia.vllm.engine import plugin_environment, start_engine
 
-    async with contextlib.AsyncExitStack() as stack:
-        llm, _, _, _ = _local(stack, "tiny", "justitia", None, 256, 2048)
+    # the engine `justitia serve` starts (same spec, same plug-in), called directly
+    llm, _ = start_engine(local_spec("tiny", None, 256, 2048), plugin_env=plugin_environment("justitia"))
+    try:
         params = SamplingParams(max_tokens=tokens, ignore_eos=True, output_kind=RequestOutputKind.FINAL_ONLY)
 
         async def one(i: int) -> None:
@@ -68,8 +75,8 @@ async def direct(n: int, concurrency: int, tokens: int) -> dict:
                 pass
 
         result = await _measure(one, n, concurrency)
-    del llm, one  # shut down and collected here, not at interpreter exit
-    gc.collect()
+    finally:
+        llm.shutdown()
     return result
 
 

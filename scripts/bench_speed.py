@@ -11,8 +11,8 @@ import json
 import time
 from pathlib import Path
 
-from justitia.bench import simulate
-from justitia.presets import make_preset
+from justitia.lab.bench import simulate
+from justitia.lab.presets import make_preset
 from justitia.sim import EngineConfig
 
 

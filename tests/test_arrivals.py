@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+import gzip
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
 
-from justitia.arrivals import DEFAULT_TRACE, synthetic_arrivals, trace_arrivals
 from justitia.workload import WorkloadError
+from justitia.workload.arrivals import MOONCAKE_ARRIVALS, synthetic_arrivals, trace_arrivals
 
-needs_trace = pytest.mark.skipif(not DEFAULT_TRACE.is_file(), reason=f"{DEFAULT_TRACE} is not present")
+SHARED_TRACE = Path(__file__).resolve().parents[2] / "shared/traces/mooncake_conversation_trace.jsonl"
 
 
 def _trace(tmp_path, lines: list[str]):
@@ -19,19 +21,19 @@ def _trace(tmp_path, lines: list[str]):
     return path
 
 
-def test_default_trace_sits_in_shared_beside_the_repo():
-    assert DEFAULT_TRACE.name == "mooncake_conversation_trace.jsonl"
-    assert DEFAULT_TRACE.parent.parent.name == "shared"
-
-
-@needs_trace
-def test_shared_trace_first_300_arrivals():
-    times = trace_arrivals(DEFAULT_TRACE, 300)
+def test_the_package_ships_the_mooncake_arrivals_and_nothing_else_of_the_trace():
+    lines = gzip.decompress(MOONCAKE_ARRIVALS.read_bytes()).decode().splitlines()
+    assert len(lines) == 12031 and MOONCAKE_ARRIVALS.stat().st_size < 50_000
+    assert all(set(json.loads(line)) == {"timestamp"} for line in lines)
+    times = trace_arrivals(MOONCAKE_ARRIVALS, 300)
     assert len(times) == 300 and times[0] == 0.0
     assert all(b >= a for a, b in zip(times, times[1:]))
     assert 90.0 < times[-1] < 115.0  # the first 300 requests span about 102 s
-    doubled = trace_arrivals(DEFAULT_TRACE, 300, density=2.0)
+    doubled = trace_arrivals(MOONCAKE_ARRIVALS, 300, density=2.0)
     assert np.allclose(doubled, np.asarray(times) / 2.0)
+    assert "Apache" in (MOONCAKE_ARRIVALS.parent / "NOTICE").read_text()
+    if SHARED_TRACE.is_file():  # beside the repository (CI has it): the shipped times are the trace's
+        assert trace_arrivals(MOONCAKE_ARRIVALS, 12031) == trace_arrivals(SHARED_TRACE, 12031)
 
 
 def test_timestamps_are_shifted_and_scaled(tmp_path):

@@ -3,8 +3,8 @@
 import pytest
 
 from helpers import agent, engine
-from justitia.policies import VTC, make_policy
-from justitia.predictor import make_predictor
+from justitia.core.policies import VTC, make_policy
+from justitia.predictors import make_predictor
 from justitia.sim import Simulator
 
 
@@ -54,19 +54,17 @@ class RecordingVTC(VTC):
     def charge(self, req, service):
         super().charge(req, service)
         a, b = self.pair
-        if a in self._counter and b in self._counter and self.backlogged_now >= {a, b}:
-            self.gaps.append(abs(self._counter[a] - self._counter[b]))
+        if a in self._attained and b in self._attained and self.backlogged_now >= {a, b}:
+            self.gaps.append(abs(self._attained[a] - self._attained[b]))
 
 
-def test_vtc_shares_evenly_at_every_moment():
+def test_vtc_shares_evenly_at_every_moment(monkeypatch):
     cfg = engine(blocks=30, budget=512)
     agents = [agent("a", 0.0, [(100, 60)] * 40), agent("b", 0.0, [(100, 60)] * 40)]
     pol = RecordingVTC("a", "b")
     sim = Simulator(cfg, pol, make_predictor("oracle"))
-    # Track who is backlogged through the queue the simulator builds.
-    orig_add = sim_queue_hook(pol)
+    track_backlog(monkeypatch, pol)  # who is backlogged, through the queue the simulator builds
     res = {a.agent_id: a for a in sim.run(agents).agents}
-    orig_add()
     one_request = 100 + 2 * 60
     assert pol.gaps and max(pol.gaps) <= 2 * one_request
     # Even sharing all along: the two agents finish together; Justitia finishes one first.
@@ -75,11 +73,11 @@ def test_vtc_shares_evenly_at_every_moment():
     assert min(j.finish_s for j in just.values()) < 0.6 * max(j.finish_s for j in just.values())
 
 
-def sim_queue_hook(pol):
-    """Patch WaitingQueue so ``pol.backlogged_now`` mirrors the backlogged agents; returns an undo."""
-    from justitia import queue
+def track_backlog(monkeypatch, pol):
+    """Make ``pol.backlogged_now`` mirror the waiting queue's backlogged agents (undone after the test)."""
+    from justitia.core.queue import WaitingQueue
 
-    add, remove = queue.WaitingQueue.add, queue.WaitingQueue.remove
+    add, remove = WaitingQueue.add, WaitingQueue.remove
 
     def tracked_add(self, req):
         add(self, req)
@@ -89,9 +87,5 @@ def sim_queue_hook(pol):
         remove(self, req)
         pol.backlogged_now = set(self.agents())
 
-    queue.WaitingQueue.add, queue.WaitingQueue.remove = tracked_add, tracked_remove
-
-    def undo():
-        queue.WaitingQueue.add, queue.WaitingQueue.remove = add, remove
-
-    return undo
+    monkeypatch.setattr(WaitingQueue, "add", tracked_add)
+    monkeypatch.setattr(WaitingQueue, "remove", tracked_remove)

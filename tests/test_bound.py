@@ -6,9 +6,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from helpers import agent, engine
-from justitia.metrics import delay_bound_s, gps_finish_times
-from justitia.policies import make_policy
-from justitia.predictor import make_predictor
+from justitia.lab.metrics import delay_bound_s, gps_finish_times
+from justitia.core.policies import make_policy
+from justitia.predictors import make_predictor
 from justitia.sim import Simulator
 
 

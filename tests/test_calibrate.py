@@ -5,7 +5,7 @@ import json
 import numpy as np
 import pytest
 
-from justitia.calibrate import fit_profile, step_durations
+from justitia.lab.calibrate import fit_profile, step_durations
 from justitia.cli import main
 from justitia.sim.config import LatencyProfile, load_profile
 from justitia.workload import Agent, Task, scale_tokens
@@ -60,7 +60,7 @@ def test_profile_files_round_trip_and_bad_ones_are_refused(tmp_path):
     path.write_text("{not json")
     with pytest.raises(ValueError, match="not valid JSON"):
         load_profile(str(path))
-    with pytest.raises(ValueError, match="unknown profile"):
+    with pytest.raises(ValueError, match="unknown latency profile"):
         load_profile(str(tmp_path / "absent.json"))
     assert isinstance(load_profile("llama7b-a100-40gb"), LatencyProfile)
 
@@ -77,5 +77,5 @@ def test_scale_tokens_divides_lengths_and_keeps_at_least_one_token():
 def test_vllm_bench_flags_are_checked_before_any_engine_starts(capsys):
     assert main(["bench", "--engine", "vllm", "--agents", "2", "--kv-blocks", "0"]) == 2
     assert "--kv-blocks must be >= 1" in capsys.readouterr().err
-    assert main(["bench", "--engine", "vllm", "--agents", "2", "--profile", "nope.json"]) == 2
-    assert "unknown profile 'nope.json'" in capsys.readouterr().err
+    assert main(["bench", "--engine", "vllm", "--agents", "2", "--latency", "nope.json"]) == 2
+    assert "unknown latency profile 'nope.json'" in capsys.readouterr().err

@@ -72,11 +72,10 @@ def test_argparse_rejects_unknown_choices(argv):
         main(argv)
 
 
-def test_presets_fall_back_to_synthetic_arrivals_without_the_shared_trace(monkeypatch, tmp_path):
-    import justitia.presets as presets
+def test_presets_use_the_shipped_arrivals_and_name_no_local_path():
+    import justitia.lab.presets as presets
 
-    monkeypatch.setattr(presets, "DEFAULT_TRACE", tmp_path / "absent.jsonl")
     preset = presets.make_preset("noise")
-    assert preset.workload_info["arrivals"] == "synthetic"
-    assert len(preset.agents) == 300
+    assert preset.workload_info["arrivals"] == "trace" and preset.workload_info["trace"] == "mooncake_conversation"
+    assert len(preset.agents) == 300 and 90.0 < max(a.arrival_s for a in preset.agents) < 115.0
     assert [s.label for s in preset.specs] == ["vtc", "justitia", "justitia@noisy:1.5", "justitia@noisy:2", "justitia@noisy:3"]

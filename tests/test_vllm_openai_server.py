@@ -33,7 +33,7 @@ def server(tmp_path_factory):
         proc = subprocess.Popen(
             [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model, "--port", str(port),
              "--host", "127.0.0.1", "--scheduling-policy", "priority",
-             "--scheduler-cls", "justitia.vllm.scheduler.JustitiaScheduler", "--num-gpu-blocks-override", "16",
+             "--scheduler-cls", "justitia.vllm.plugin.JustitiaScheduler", "--num-gpu-blocks-override", "16",
              "--max-model-len", "1024", "--enforce-eager", "--dtype", "float32"],
             stdout=out, stderr=subprocess.STDOUT, env=env,
         )

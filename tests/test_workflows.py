@@ -8,9 +8,9 @@ import re
 import numpy as np
 import pytest
 
-from justitia import workflows
-from justitia.cost import kv_token_iters
-from justitia.workflows import (
+from justitia.workload import workflows
+from justitia.core.cost import kv_token_iters
+from justitia.workload.workflows import (
     SIZE_CLASSES,
     WORKFLOW_TYPES,
     generate_agent,

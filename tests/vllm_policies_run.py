@@ -12,8 +12,9 @@ import asyncio
 import json
 
 if __name__ == "__main__":
-    from justitia.policies import POLICY_NAMES
-    from justitia.vllm.runner import EngineSpec, VllmEngine
+    from justitia.core.policies import POLICY_NAMES
+    from justitia.lab.runner import VllmEngine
+    from justitia.vllm.engine import EngineSpec
     from justitia.workload import Agent, Task
 
     elephant = Agent("elephant", "mrs", 0.0, (tuple(Task(f"Summarize part {i} of the annual report.", 256, 96)
@@ -31,7 +32,7 @@ if __name__ == "__main__":
                 out[label] = {r.agent_id: {"finish_s": r.finish_s, "jct_s": r.jct_s, "predicted_cost": r.predicted_cost,
                                            "cost": r.cost_token_iters} for r in run.result.agents}
         # front-end tagging: stock vLLM's priority scheduler, the policy in the runner
-        async with VllmEngine(EngineSpec(kv_blocks=8, max_num_seqs=16, max_model_len=512, mode="tagging")) as engine:
+        async with VllmEngine(EngineSpec(kv_blocks=8, max_num_seqs=16, max_model_len=512, scheduler="priority")) as engine:
             for policy in ("fcfs", "justitia"):
                 run = await engine.run(agents, policy, "oracle", capacity_per_s=engine.kv_tokens / 0.015)
                 out[f"{policy}@tagging"] = {r.agent_id: {"finish_s": r.finish_s, "jct_s": r.jct_s}

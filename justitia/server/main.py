@@ -1,12 +1,15 @@
-"""Start ``AsyncLLM`` with the Justitia plug-in and serve the app with uvicorn, in one process."""
+"""Start the backend (AsyncLLM with the Justitia plug-in, or the front end of stock vLLM servers)
+and serve the app with uvicorn, in one process."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import logging
-import os
 import signal
+
+from justitia.core import POLICY_NAMES
+from justitia.predictors import make_predictor
 
 
 def _uvicorn_server():
@@ -34,9 +37,6 @@ async def serve(model: str | None = None, policy: str = "justitia", predictor: s
     tiny). With it: the front end of stock vLLM servers (``model``, if given, names the tokenizer;
     by default the replicas' model directory).
     """
-    from justitia.policies import POLICY_NAMES
-    from justitia.predictor import make_predictor
-
     if policy not in POLICY_NAMES:
         raise ValueError(f"--policy: unknown policy '{policy}'; expected one of: {', '.join(POLICY_NAMES)}.")
     pred = make_predictor(predictor)  # before the engine: a bad predictor fails fast
@@ -45,22 +45,12 @@ async def serve(model: str | None = None, policy: str = "justitia", predictor: s
 
     from justitia.server.app import Settings, create_app
 
-    iteration_s = float(os.environ.get("JUSTITIA_ITERATION_S", "0.02"))
-    async with contextlib.AsyncExitStack() as stack:
-        if upstream:
-            engine, tokenizer_dir, name = await _upstream(stack, upstream, upstream_kv_tokens, policy, model)
-            stats = None  # each replica's own /metrics has its queues
-            kv_tokens, max_model_len = engine.kv_tokens, engine.max_model_len
-            where = f"{len(engine.replicas)} upstream vLLM server(s) ({kv_tokens:,} KV tokens)"
-        else:
-            engine, tokenizer_dir, kv_tokens, stats = _local(stack, model or "tiny", policy, kv_blocks, max_num_seqs,
-                                                             max_model_len)
-            name, where = model or "tiny", model or "tiny"
-        settings = Settings(model=name, policy=policy, max_model_len=max_model_len,
+    backend = await _backend(model, policy, kv_blocks, max_num_seqs, max_model_len, upstream, upstream_kv_tokens)
+    try:
+        settings = Settings(model=backend.model, policy=policy, max_model_len=backend.max_model_len,
                             max_tasks_per_agent=max_tasks_per_agent, max_agents_in_flight=max_agents_in_flight,
-                            max_body_bytes=max_body_bytes,
-                            capacity_per_s=float(os.environ.get("JUSTITIA_CAPACITY", kv_tokens / iteration_s)))
-        app = create_app(engine, AutoTokenizer.from_pretrained(str(tokenizer_dir)), settings, pred, stats)
+                            max_body_bytes=max_body_bytes)
+        app = create_app(backend, AutoTokenizer.from_pretrained(str(backend.tokenizer_dir)), settings, pred)
         log = logging.getLogger("justitia.server")  # one JSON object a line, on stderr
         if not log.handlers:
             handler = logging.StreamHandler()
@@ -73,96 +63,39 @@ async def serve(model: str | None = None, policy: str = "justitia", predictor: s
         server = _uvicorn_server()(uvicorn.Config(app, host=host, port=port, log_level="warning",
                                                   timeout_keep_alive=75))
         loop = asyncio.get_running_loop()
-        for sig in (signal.SIGINT, signal.SIGTERM):  # stop serving, then shut the engine down (exit stack)
+        for sig in (signal.SIGINT, signal.SIGTERM):  # stop serving, then shut the backend down (finally)
             loop.add_signal_handler(sig, lambda: setattr(server, "should_exit", True))
         task = asyncio.create_task(server.serve())
         while not server.started and not task.done():
             await asyncio.sleep(0.05)
         if server.started:
-            print(f"justitia serve: {where} with policy {policy} on http://{host}:{port} (API docs at /docs)",
-                  flush=True)
+            where = (f"{len(upstream)} upstream vLLM server(s)" if upstream else backend.model)
+            print(f"justitia serve: {where} ({backend.kv_tokens:,} KV tokens) with policy {policy} on "
+                  f"http://{host}:{port} (API docs at /docs)", flush=True)
             if ready is not None:
                 ready.set()
         await task
-
-
-def _local(stack: contextlib.AsyncExitStack, model: str, policy: str, kv_blocks: int | None, max_num_seqs: int,
-           max_model_len: int):
-    """AsyncLLM with the plug-in; returns it, its tokenizer directory, its KV tokens and its EngineStats."""
-    os.environ["JUSTITIA_POLICY"] = policy
-    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
-    from vllm.engine.arg_utils import AsyncEngineArgs
-    from vllm.v1.engine.async_llm import AsyncLLM
-
-    from justitia.vllm.models import resolve_model
-    from justitia.vllm.runner import engine_dtype
-
-    model_dir = resolve_model(model)
-    args = AsyncEngineArgs(model=str(model_dir), scheduling_policy="priority",
-                           scheduler_cls="justitia.vllm.scheduler.JustitiaScheduler",
-                           num_gpu_blocks_override=kv_blocks, max_num_seqs=max_num_seqs, max_model_len=max_model_len,
-                           enforce_eager=True, disable_log_stats=True, dtype=engine_dtype("auto"))
-    stats = EngineStats()
-    llm = AsyncLLM.from_engine_args(args, stat_loggers=[stats.logger])
-    stack.callback(llm.shutdown)
-    cache = llm.vllm_config.cache_config
-    return llm, model_dir, (cache.num_gpu_blocks or 1) * cache.block_size, stats
-
-
-class EngineStats:
-    """The engine's latest scheduler statistics (waiting, running, KV cache use), for /metrics.
-
-    ``logger`` is a vLLM stat-logger factory; with only custom loggers vLLM logs nothing itself."""
-
-    def __init__(self):
-        self.waiting = self.running = 0
-        self.kv_cache_usage = 0.0
-
-    def logger(self, vllm_config, engine_index: int = 0):
-        from vllm.v1.metrics.loggers import StatLoggerBase
-
-        owner = self
-
-        class Logger(StatLoggerBase):
-            def __init__(self, *args, **kwargs):
-                pass
-
-            def record(self, scheduler_stats, iteration_stats, mm_cache_stats=None, engine_idx=0):
-                if scheduler_stats is not None:
-                    owner.waiting = scheduler_stats.num_waiting_reqs + scheduler_stats.num_skipped_waiting_reqs
-                    owner.running = scheduler_stats.num_running_reqs
-                    owner.kv_cache_usage = scheduler_stats.kv_cache_usage
-
-            def log_engine_initialized(self):
-                pass
-
-        return Logger()
-
-
-async def _upstream(stack: contextlib.AsyncExitStack, urls: list[str], kv_tokens: int | None, policy: str,
-                    model: str | None):
-    """The front end of stock vLLM servers; returns it, its tokenizer directory and the served model's name."""
-    from pathlib import Path
-
-    from justitia.server.upstream import UpstreamEngine, probe_replica
-    from justitia.vllm.models import resolve_model
-
-    replicas = []
-    try:
-        for url in urls:
-            replicas.append(await probe_replica(url, kv_tokens))
     finally:
-        for r in replicas:
-            stack.push_async_callback(r.client.aclose)
-    idle_s = float(os.environ.get("JUSTITIA_AGENT_IDLE_S", "60"))
-    iteration_s = float(os.environ.get("JUSTITIA_ITERATION_S", "0.02"))
-    total = sum(r.kv_tokens for r in replicas)
-    engine = UpstreamEngine(replicas, policy, float(os.environ.get("JUSTITIA_CAPACITY", total / iteration_s)), idle_s)
-    if model is not None:
-        tokenizer_dir = resolve_model(model)
-    elif Path(replicas[0].root).is_dir():
-        tokenizer_dir = Path(replicas[0].root)
-    else:
-        raise ValueError(f"--upstream: the replicas serve '{replicas[0].root}', which is not a directory here; pass "
-                         "--model with the same model (its tokenizer prices the requests).")
-    return engine, tokenizer_dir, replicas[0].model
+        await backend.aclose()
+
+
+async def _backend(model, policy, kv_blocks, max_num_seqs, max_model_len, upstream, upstream_kv_tokens):
+    """The engine the server talks to: the local one, or the upstream replicas."""
+    if upstream:
+        from justitia.server.upstream import UpstreamBackend
+        from justitia.vllm.models import resolve_model
+
+        return await UpstreamBackend.connect(upstream, policy, upstream_kv_tokens,
+                                             resolve_model(model) if model is not None else None)
+    from justitia.server.local import LocalBackend
+
+    return LocalBackend(local_spec(model or "tiny", kv_blocks, max_num_seqs, max_model_len), policy)
+
+
+def local_spec(model: str, kv_blocks: int | None, max_num_seqs: int, max_model_len: int):
+    """The engine ``justitia serve`` starts in its own process: the plug-in, vLLM's own token
+    budget and prefix caching, the KV cache the device leaves unless ``kv_blocks`` caps it."""
+    from justitia.vllm.engine import EngineSpec
+
+    return EngineSpec(model, kv_blocks=kv_blocks, max_num_seqs=max_num_seqs, max_num_batched_tokens=None,
+                      max_model_len=max_model_len, scheduler="plugin", prefix_caching=None)

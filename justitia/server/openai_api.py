@@ -3,7 +3,7 @@
 A request joins an agent through ``vllm_xargs: {"agent_id": ...}`` (what the ``openai`` client
 sends with ``extra_body={"vllm_xargs": {...}}``) or an ``X-Agent-Id`` header; without either it is
 an agent of its own. ``vllm_xargs`` may also carry ``agent_type``, ``agent_cost`` and
-``agent_done`` (see ``justitia.vllm.scheduler``); without ``agent_cost`` the server's predictor
+``agent_done`` (``core.protocol.RequestMeta``); without ``agent_cost`` the server's predictor
 prices the request as a one-task agent. ``stream: true`` answers with server-sent chunks; a
 client that disconnects from a stream has its request aborted in vLLM.
 """
@@ -11,6 +11,7 @@ client that disconnects from a stream has its request aborted in vLLM.
 from __future__ import annotations
 
 import json
+import logging
 import time
 import uuid
 from typing import Annotated, Any
@@ -19,9 +20,12 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr
 
-from justitia.server.upstream import UpstreamError
+from justitia.core import KV, META_KEYS, RequestMeta
+from justitia.server.backend import BackendError
 from justitia.vllm.models import chat_ids
 from justitia.workload import Agent, Task
+
+log = logging.getLogger("justitia.server")
 
 
 class _Common(BaseModel):
@@ -73,40 +77,40 @@ def add_openai_routes(app: FastAPI, manager) -> None:
 
     async def answer(req: _Common, ids: list[int], http: Request, chat: bool):
         from vllm import SamplingParams
-        from vllm.inputs import TokensPrompt
         from vllm.sampling_params import RequestOutputKind
 
         max_tokens = req.max_completion_tokens or req.max_tokens or (settings.max_model_len - len(ids) if chat else 16)
         if len(ids) + max_tokens > settings.max_model_len:
             return error(400, f"{len(ids)} prompt tokens + max_tokens {max_tokens} exceed the model's context of "
                               f"{settings.max_model_len} tokens.")
-        xargs = dict(req.vllm_xargs or {})
-        agent_id = str(xargs.get("agent_id") or http.headers.get("x-agent-id") or f"req-{uuid.uuid4().hex[:12]}")
-        xargs["agent_id"] = agent_id
-        agent_type = str(xargs.setdefault("agent_type", "default"))
-        if "agent_cost" not in xargs:
+        rid = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:16]}"
+        given = RequestMeta.parse(req.vllm_xargs, rid, log)
+        named = given.agent_id or http.headers.get("x-agent-id")
+        agent_id, agent_type = named or f"req-{uuid.uuid4().hex[:12]}", given.agent_type or "default"
+        agent_cost = given.agent_cost
+        if agent_cost is None:  # priced by the server's predictor, as a one-task agent
             view = Agent(agent_id, agent_type, 0.0, ((Task("", len(ids), max_tokens),),))
-            xargs["agent_cost"] = float(manager.timed_prediction(view))
-        if "vllm_xargs" not in req.model_fields_set and http.headers.get("x-agent-id") is None:
-            xargs["agent_done"] = True  # a one-request agent: released when it finishes
+            agent_cost = manager.timed_prediction(lambda: manager.predictor.agent_cost(view, KV))
+        meta = RequestMeta(agent_id, agent_type, agent_cost, given.request_cost, given.agent_done or not named)
+        other = {k: v for k, v in (req.vllm_xargs or {}).items() if k not in META_KEYS}  # for other extensions
         stream = req.stream
         params = SamplingParams(max_tokens=max_tokens, temperature=req.temperature, top_p=req.top_p, seed=req.seed,
                                 stop=req.stop, presence_penalty=req.presence_penalty,
-                                frequency_penalty=req.frequency_penalty, ignore_eos=req.ignore_eos, extra_args=xargs,
+                                frequency_penalty=req.frequency_penalty, ignore_eos=req.ignore_eos,
+                                extra_args=other | meta.to_extra_args(),
                                 output_kind=RequestOutputKind.DELTA if stream else RequestOutputKind.FINAL_ONLY)
-        rid = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:16]}"
         created = int(time.time())
         model = req.model or settings.model
         obj = "chat.completion" if chat else "text_completion"
         manager.count_request("chat" if chat else "completions")
-        gen = manager.engine.generate(TokensPrompt(prompt_token_ids=ids), params, rid)
+        gen = manager.backend.generate({"prompt_token_ids": ids}, params, rid)
 
         if not stream:
             final = None
             try:
                 async for out in gen:
                     final = out
-            except UpstreamError as exc:  # --upstream: a replica failed the request
+            except BackendError as exc:  # the engine failed the request (--upstream: a replica's reason)
                 return JSONResponse({"error": {"message": str(exc), "type": "upstream_error"}}, status_code=502)
             o = final.outputs[0]
             choice = {"index": 0, "finish_reason": o.finish_reason, "logprobs": None}

@@ -1,18 +1,17 @@
-"""``justitia serve --upstream URL ...``: Justitia in front of stock vLLM OpenAI servers.
+"""``UpstreamBackend`` (``justitia serve --upstream URL ...``): Justitia in front of stock vLLM
+OpenAI servers.
 
 The replicas are unmodified vLLM servers started with ``--scheduling-policy priority``. The front
 end keeps one policy for all of them and tags each request with its static key as vLLM's int
 ``priority`` (``AgentBook.tagging`` / ``AgentBook.tag`` in the core, as the bench runner's
-tagging mode does). Justitia's clock is global: its M is the sum
-of the replicas' KV capacities (read from each replica's ``/metrics``) per nominal step. Each
-request goes to the replica with the least outstanding predicted KV token-time per KV token of
-capacity (so the tasks of one stage spread over the replicas).
+tagging mode does). Justitia's clock is global: its M is the sum of the replicas' KV capacities
+(read from each replica's ``/metrics``) per nominal step. Each request goes to the replica with
+the least outstanding predicted KV token-time per KV token of capacity (so the tasks of one stage
+spread over the replicas).
 
-``UpstreamEngine.generate`` has AsyncLLM's shape (token-id prompt, ``SamplingParams``, request
-id; outputs with ``.outputs[0].text``, ``.token_ids``, ``.finish_reason``), so the agent API and
-the OpenAI endpoints run on it unchanged. A request that wants its final output only is one plain
-completion; a streamed one streams from the replica. Cancelling a request closes its connection,
-and vLLM aborts a request whose client has gone (streamed or not).
+A request that wants its final output only is one plain completion; a streamed one streams from
+the replica. Cancelling a request closes its connection, and vLLM aborts a request whose client
+has gone (streamed or not).
 """
 
 from __future__ import annotations
@@ -23,16 +22,20 @@ import re
 import time
 from dataclasses import dataclass, field
 
+from pathlib import Path
+
 import httpx
 
-from justitia.scheduler import AgentBook
+from justitia.core import KV, AgentBook, PolicyState, RequestMeta, capacity_per_s
+from justitia.defaults import plugin_settings
+from justitia.server.backend import Backend, BackendError, Completion, Output, metric_lines
 
 log = logging.getLogger("justitia.server")
 _INFO = re.compile(r'^vllm:cache_config_info\{(.*)\}', re.M)
 _LABEL = re.compile(r'(\w+)="([^"]*)"')
 
 
-class UpstreamError(ValueError):
+class UpstreamError(BackendError):
     """A replica that cannot be used, or that failed a request."""
 
 
@@ -53,24 +56,6 @@ class Replica:
 
     def pressure(self) -> float:
         return self.load / self.kv_tokens
-
-
-@dataclass
-class Completion:
-    """One choice of an upstream answer, shaped like vLLM's ``CompletionOutput``."""
-
-    text: str
-    token_ids: list[int]
-    finish_reason: str | None
-
-
-@dataclass
-class Output:
-    """An upstream answer so far (or its latest delta), shaped like vLLM's ``RequestOutput``."""
-
-    request_id: str
-    outputs: list[Completion]
-    finished: bool
 
 
 def _client(url: str, timeout_s: float | None) -> httpx.AsyncClient:
@@ -114,18 +99,46 @@ async def probe_replica(url: str, kv_tokens: int | None = None, timeout_s: float
         raise
 
 
-class UpstreamEngine:
-    """One front-end policy over stock vLLM replicas, with AsyncLLM's ``generate``."""
+class UpstreamBackend(Backend):
+    """One front-end policy over stock vLLM replicas."""
 
-    def __init__(self, replicas: list[Replica], policy: str, capacity_per_s: float, idle_release_s: float = 60.0):
+    def __init__(self, replicas: list[Replica], policy: str, capacity: float, idle_release_s: float,
+                 tokenizer_dir: Path):
         if not replicas:
             raise ValueError("--upstream needs at least one replica.")
         models = {r.model for r in replicas}
         if len(models) > 1:
             raise UpstreamError(f"--upstream: the replicas serve different models ({', '.join(sorted(models))}).")
         self.replicas = replicas
-        self.book = AgentBook.tagging(policy, capacity_per_s, "kv", idle_release_s, log)
+        self.policy = policy
+        self.model = replicas[0].model
+        self.tokenizer_dir = tokenizer_dir
+        self.book = AgentBook.tagging(policy, capacity, KV, idle_release_s, log)
         self.t0 = time.monotonic()
+
+    @classmethod
+    async def connect(cls, urls: list[str], policy: str, kv_tokens: int | None = None,
+                      tokenizer_dir: Path | None = None) -> "UpstreamBackend":
+        """Probe every replica, then keep one clock over them all: M = their KV tokens together per
+        nominal step (``JUSTITIA_CAPACITY`` / ``JUSTITIA_ITERATION_S``). ``tokenizer_dir``: by
+        default the replicas' model directory, when it is one here."""
+        replicas = []
+        try:
+            for url in urls:
+                replicas.append(await probe_replica(url, kv_tokens))
+            settings = plugin_settings()
+            total = sum(r.kv_tokens for r in replicas)
+            capacity = settings.capacity_per_s or capacity_per_s(KV, total, 0, settings.iteration_s)
+            if tokenizer_dir is None:
+                if not Path(replicas[0].root).is_dir():
+                    raise ValueError(f"--upstream: the replicas serve '{replicas[0].root}', which is not a directory "
+                                     "here; pass --model with the same model (its tokenizer prices the requests).")
+                tokenizer_dir = Path(replicas[0].root)
+            return cls(replicas, policy, capacity, settings.agent_idle_s, tokenizer_dir)
+        except BaseException:
+            for r in replicas:
+                await r.client.aclose()
+            raise
 
     @property
     def kv_tokens(self) -> int:
@@ -138,19 +151,33 @@ class UpstreamEngine:
     def now(self) -> float:
         return time.monotonic() - self.t0
 
-    def release_agent(self, agent_id: str) -> None:
+    async def register(self, agent_id: str, agent_type: str, predicted_cost: float) -> float | None:
+        """Register the agent in the front end's book; its tag."""
+        self.book.register(agent_id, agent_type, predicted_cost, self.now())
+        return self.book.core.virtual_finish(agent_id)
+
+    async def release(self, agent_id: str) -> None:
         """Drop the agent's policy state now (a cancelled or failed agent)."""
         self.book.release(agent_id, self.now())
+
+    async def state(self) -> PolicyState:
+        """The front end's policy, which orders every replica."""
+        return self.book.state(self.now())
+
+    def unfinished(self) -> int:
+        """Requests sent to the replicas and not finished."""
+        return sum(r.in_flight for r in self.replicas)
 
     async def generate(self, prompt, params, request_id: str):
         """Send one request to the least-loaded replica with its policy key as ``priority``."""
         from vllm.sampling_params import RequestOutputKind
 
         ids = list(prompt["prompt_token_ids"])
-        meta = dict(params.extra_args or {})
+        xargs = dict(params.extra_args or {})
         now = self.now()
         self.book.sweep(now)
-        info, priority = self.book.tag(request_id, meta, len(ids), params.max_tokens or 16, now)
+        info, priority = self.book.tag(request_id, RequestMeta.parse(xargs, request_id, log), len(ids),
+                                       params.max_tokens or 16, now)
         try:
             delta = params.output_kind == RequestOutputKind.DELTA
             body = {"prompt": ids, "max_tokens": params.max_tokens, "temperature": params.temperature,
@@ -158,7 +185,7 @@ class UpstreamEngine:
                     "ignore_eos": params.ignore_eos, "presence_penalty": params.presence_penalty,
                     "frequency_penalty": params.frequency_penalty, "priority": priority,
                     "stream": delta, "return_token_ids": True,
-                    "vllm_xargs": {k: v for k, v in meta.items() if isinstance(v, (str, int, float))}}
+                    "vllm_xargs": {k: v for k, v in xargs.items() if isinstance(v, (str, int, float))}}
             tried: set[str] = set()
             while True:
                 replica = min((r for r in self.replicas if r.url not in tried), key=Replica.pressure, default=None)
@@ -215,18 +242,19 @@ class UpstreamEngine:
 
     def metrics_lines(self) -> list[str]:
         """Prometheus lines about the replicas."""
-        lines = ["# HELP justitia_upstream_kv_tokens The replicas' KV caches together, in tokens (the clock's M per step).",
-                 "# TYPE justitia_upstream_kv_tokens gauge", f"justitia_upstream_kv_tokens {self.kv_tokens}"]
+        lines = metric_lines("upstream_kv_tokens", "gauge", "The replicas' KV caches together, in tokens (the clock's "
+                             "M per step).", f"justitia_upstream_kv_tokens {self.kv_tokens}")
         for name, kind, attr, text in (
                 ("replica_requests_in_flight", "gauge", "in_flight", "Requests sent to a replica and not finished."),
                 ("replica_requests_total", "counter", "sent", "Requests sent to a replica."),
                 ("replica_failures_total", "counter", "failed", "Requests a replica could not take or failed."),
                 ("replica_kv_tokens", "gauge", "kv_tokens", "A replica's KV cache, in tokens.")):
-            lines += [f"# HELP justitia_{name} {text}", f"# TYPE justitia_{name} {kind}"]
-            lines += [f'justitia_{name}{{replica="{r.url}"}} {getattr(r, attr)}' for r in self.replicas]
+            lines += metric_lines(name, kind, text, *(f'justitia_{name}{{replica="{r.url}"}} {getattr(r, attr)}'
+                                                      for r in self.replicas))
         return lines
 
     async def aclose(self) -> None:
+        """Close the connections to the replicas."""
         for r in self.replicas:
             await r.client.aclose()
 

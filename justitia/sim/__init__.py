@@ -1,6 +1,10 @@
-"""A simulator that follows vLLM v1's scheduling rules, driving the same scheduling core."""
+"""A simulator that follows vLLM v1's scheduling rules, driving the same scheduling core.
+
+``config`` (engines and latency profiles), ``stepping`` (the engine's state and its two ways of
+stepping), ``simulator`` (agents on simulated time).
+"""
 
 from justitia.sim.config import PROFILES, EngineConfig, LatencyProfile
-from justitia.sim.engine import AgentResult, SimResult, Simulator
+from justitia.sim.simulator import Simulator
 
-__all__ = ["PROFILES", "EngineConfig", "LatencyProfile", "Simulator", "SimResult", "AgentResult"]
+__all__ = ["PROFILES", "EngineConfig", "LatencyProfile", "Simulator"]

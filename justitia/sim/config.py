@@ -19,9 +19,12 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from justitia.core import KV, CostModel, capacity_per_s, cost_model
+
 PS_PER_S = 10**12
 PS_PER_MS = 10**9
-PROFILE_SCHEMA = "justitia.profile/1"
+PROFILE_SCHEMA = "justitia.latency/1"
+OLD_PROFILE_SCHEMAS = ("justitia.profile/1",)  # files written before the rename, read the same
 
 
 @dataclass(frozen=True)
@@ -69,7 +72,7 @@ class LatencyProfile:
     @staticmethod
     def from_json(doc: dict, where: str = "profile") -> "LatencyProfile":
         """A profile from a profile-file document, with a clear error for a bad one."""
-        if not isinstance(doc, dict) or doc.get("schema") != PROFILE_SCHEMA:
+        if not isinstance(doc, dict) or doc.get("schema") not in (PROFILE_SCHEMA, *OLD_PROFILE_SCHEMAS):
             raise ValueError(f"{where}: not a latency profile (expected \"schema\": \"{PROFILE_SCHEMA}\").")
         fields = {"name": str, "floor_ms": (int, float), "base_ms": (int, float), "per_batched_token_ms": (int, float),
                   "per_context_token_ms": (int, float), "scale": (int, float), "kv_blocks": int,
@@ -86,7 +89,7 @@ def load_profile(name_or_path: str) -> LatencyProfile:
         return PROFILES[name_or_path]
     path = Path(name_or_path)
     if not path.is_file():
-        raise ValueError(f"unknown profile '{name_or_path}'; expected one of {', '.join(sorted(PROFILES))} "
+        raise ValueError(f"unknown latency profile '{name_or_path}'; expected one of {', '.join(sorted(PROFILES))} "
                          "or a profile file written by 'justitia calibrate'.")
     try:
         doc = json.loads(path.read_text())
@@ -148,10 +151,9 @@ class EngineConfig:
         """Latency of a memory-saturated decode iteration: max_num_seqs requests holding the whole cache."""
         return self.profile.iteration_s(min(self.max_num_seqs, self.max_num_batched_tokens), self.kv_tokens)
 
-    def capacity_per_s(self, cost: str) -> float:
+    def capacity_per_s(self, cost: str | CostModel = KV) -> float:
         """Service a saturated engine gives per second, in the cost model's unit (the clock's M)."""
-        per_iteration = self.kv_tokens if cost == "kv" else self.max_num_batched_tokens
-        return per_iteration / self.nominal_iteration_s
+        return capacity_per_s(cost_model(cost), self.kv_tokens, self.max_num_batched_tokens, self.nominal_iteration_s)
 
     def to_json(self) -> dict:
         """The configuration as a results-file document."""

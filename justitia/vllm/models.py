@@ -17,7 +17,7 @@ import json
 import os
 from pathlib import Path
 
-from justitia.profiles import cache_dir  # noqa: F401  (where built models live)
+from justitia.defaults import cache_dir
 
 TINY_VERSION = 2
 TINY_CHAT_TEMPLATE = (
@@ -39,7 +39,7 @@ def tiny_model(seed: int = 0) -> Path:
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
-    from justitia.workflows import WORKFLOW_TYPES, generate_agent
+    from justitia.workload.workflows import WORKFLOW_TYPES, generate_agent
 
     rng = np.random.default_rng(seed)
     corpus = [

@@ -1,0 +1,127 @@
+"""``AgentBook``: agents known only through their requests' metadata, kept in an ``AgentScheduler``.
+
+An engine that receives loose requests (the vLLM plug-in; front ends that tag requests for stock
+vLLM) learns about agents from each request's ``RequestMeta``. An agent is registered by its first
+request (or ahead of it, ``register``) and released when its ``agent_done`` requests have all
+finished, when ``release`` is called, or after ``idle_release_s`` with no open request. Missing
+costs are estimated as the cost model's price of the prompt and ``max_tokens``.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from justitia.core.cost import KV, CostModel, cost_model
+from justitia.core.policies import STATIC_POLICY_NAMES, AgentInfo, RequestInfo, make_policy
+from justitia.core.protocol import PolicyState, RequestMeta
+from justitia.core.scheduler import AgentScheduler
+
+
+class AgentBook:
+    """Registers agents from request metadata and releases them when they are done or idle."""
+
+    def __init__(self, core: AgentScheduler, cost: str | CostModel = KV, idle_release_s: float = 60.0,
+                 log: logging.Logger | None = None):
+        self.core = core
+        self.cost = cost_model(cost)
+        self.idle_release_s = idle_release_s
+        self.log = log or logging.getLogger("justitia")
+        self.infos: dict[str, RequestInfo] = {}  # open requests
+        self.agent_done: set[str] = set()  # agents whose last stage has arrived
+        self.idle_since: dict[str, float] = {}  # agents with no open request, since when
+        self._next_sweep_s = 0.0
+
+    @classmethod
+    def for_policy(cls, policy: str, capacity_per_s: float, cost: str | CostModel = KV,
+                   idle_release_s: float = 60.0, log: logging.Logger | None = None) -> "AgentBook":
+        """A book over a fresh core running ``policy``."""
+        return cls(AgentScheduler(make_policy(policy, capacity_per_s, cost)), cost, idle_release_s, log)
+
+    @classmethod
+    def tagging(cls, policy: str, capacity_per_s: float, cost: str | CostModel = KV, idle_release_s: float = 60.0,
+                log: logging.Logger | None = None) -> "AgentBook":
+        """A book for front-end tagging (``tag``): only policies whose keys are fixed on arrival qualify."""
+        if policy not in STATIC_POLICY_NAMES:
+            make_policy(policy, capacity_per_s, cost)  # an unknown name gets its own error
+            raise ValueError(f"policy '{policy}' changes its keys as service accrues, which a front end cannot see; "
+                             f"front-end tagging supports only {', '.join(STATIC_POLICY_NAMES)}.")
+        return cls.for_policy(policy, capacity_per_s, cost, idle_release_s, log)
+
+    # ------------------------------------------------------------------------------ agents
+    def register(self, agent_id: str, agent_type: str, predicted_cost: float, now_s: float) -> AgentInfo | None:
+        """Register an agent ahead of its requests; its info if it is new, None if it is known."""
+        if self.core.has_agent(agent_id):
+            return None
+        return self.core.agent_arrived(agent_id, agent_type, predicted_cost, now_s)
+
+    def release(self, agent_id: str, now_s: float) -> bool:
+        """Release the agent's policy state now (a no-op if it is not known); True if it was."""
+        self.agent_done.discard(agent_id)
+        self.idle_since.pop(agent_id, None)
+        if not self.core.has_agent(agent_id):
+            return False
+        self.core.agent_finished(agent_id, now_s)
+        return True
+
+    def sweep(self, now_s: float) -> list[str]:
+        """Release the agents idle for ``idle_release_s`` (checked at most once a second)."""
+        if not self.idle_since or now_s < self._next_sweep_s:
+            return []
+        self._next_sweep_s = now_s + 1.0
+        stale = [a for a, since in self.idle_since.items() if now_s - since >= self.idle_release_s]
+        for agent_id in stale:
+            self.release(agent_id, now_s)
+        return stale
+
+    def state(self, now_s: float) -> PolicyState:
+        """The policy's state now: its agents and, under justitia, its clock."""
+        core = self.core
+        return PolicyState(core.policy_name, core.agent_count, core.virtual_time(now_s), core.gps_active,
+                           core.capacity_per_s)
+
+    # ---------------------------------------------------------------------------- requests
+    def arrive(self, request_id: str, meta: RequestMeta, prompt_tokens: int, max_tokens: int,
+               now_s: float) -> tuple[RequestInfo, AgentInfo | None]:
+        """Queue a new request; returns its info and its agent's if the request brought a new one."""
+        agent_id = meta.agent_id or request_id
+        request_cost = meta.request_cost
+        if request_cost is None:
+            request_cost = self.cost.request_cost(prompt_tokens, max_tokens)
+        agent_cost = request_cost if meta.agent_cost is None else meta.agent_cost
+        new = self.register(agent_id, meta.agent_type, agent_cost, now_s)
+        self.idle_since.pop(agent_id, None)
+        if meta.agent_done or meta.agent_id is None:  # an unnamed request is an agent of its own
+            self.agent_done.add(agent_id)
+        info = self.core.request_arrived(request_id, agent_id, prompt_tokens, request_cost)
+        self.infos[request_id] = info
+        return info, new
+
+    def tag(self, request_id: str, meta: RequestMeta, prompt_tokens: int, max_tokens: int,
+            now_s: float) -> tuple[RequestInfo, int]:
+        """Front-end tagging: a request that another engine will queue (stock vLLM with
+        ``scheduling_policy="priority"``); returns its info and its key as vLLM's int ``priority``.
+        ``finish`` it when the engine is done with it."""
+        info, _ = self.arrive(request_id, meta, prompt_tokens, max_tokens, now_s)
+        self.core.dequeue(info)  # the engine queues it; this book only tags it
+        return info, int_priority(self.core.priority(info))
+
+    def finish(self, request_id: str, now_s: float) -> RequestInfo | None:
+        """A request finished or was aborted; its agent is released if that was its last."""
+        info = self.infos.pop(request_id, None)
+        if info is None or not self.core.has_agent(info.agent_id):
+            return info
+        self.core.request_finished(info)
+        if self.core.open_requests(info.agent_id) == 0:
+            if info.agent_id in self.agent_done:
+                self.release(info.agent_id, now_s)
+            else:
+                self.idle_since[info.agent_id] = now_s
+        return info
+
+
+def int_priority(key: tuple) -> int:
+    """vLLM wants an int priority; the key's leading number decides (vLLM breaks ties by arrival)."""
+    head = key[0]
+    if not isinstance(head, (int, float)):
+        raise ValueError(f"cannot turn policy key {key!r} into an int priority.")
+    return int(round(head))

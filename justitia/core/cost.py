@@ -1,0 +1,125 @@
+"""Request and agent costs, and the service an engine step gives a request.
+
+A cost model is a type: it prices a request from its lengths, measures one step's service in the
+same unit, and says how much a saturated engine iteration delivers (the clock's M per iteration).
+
+``KV``: KV token-time, the tokens a request holds in the KV cache summed over the engine iterations
+it decodes: ``p*d + d**2/2`` token-iterations (unit name ``token_iters``); a saturated iteration
+delivers the whole cache, ``kv_tokens``. ``COMPUTE``: VTC's weighted compute tokens ``p + 2*d``
+(the paper's Justitia/C ablation); a saturated iteration delivers the token budget,
+``max_num_batched_tokens``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Charge:
+    """Service a request was given: tokens computed and KV token-time held."""
+
+    prefill_tokens: int = 0
+    decode_tokens: int = 0
+    kv_token_iters: int = 0
+
+    @staticmethod
+    def for_step(computed_tokens: int, new_tokens: int, seq_tokens: int, output_tokens: int) -> "Charge":
+        """What one engine step gives a request that had ``computed_tokens`` of its ``seq_tokens``
+        (prompt + ``output_tokens`` so far) in the KV cache and computes ``new_tokens`` more."""
+        held = computed_tokens + new_tokens
+        if output_tokens >= 1 and computed_tokens == seq_tokens - 1:  # a decode step
+            return Charge(0, 1, held)
+        return Charge(new_tokens, 1 if held == seq_tokens else 0, held)
+
+
+NO_CHARGE = Charge()
+
+
+def kv_token_iters(prompt_tokens: float, output_tokens: float) -> float:
+    """KV token-time of one request, in token-iterations: ``p*d + d^2/2``."""
+    return prompt_tokens * output_tokens + output_tokens * output_tokens / 2.0
+
+
+def compute_tokens(prompt_tokens: float, output_tokens: float) -> float:
+    """VTC's compute cost of one request or step: input weight 1, output weight 2."""
+    return prompt_tokens + 2 * output_tokens
+
+
+class CostModel:
+    """How lengths and service become one cost number; ``KV`` and ``COMPUTE`` are the instances."""
+
+    name: str
+
+    def request_cost(self, prompt_tokens: int, output_tokens: int) -> float:
+        """The cost of one request with ``prompt_tokens`` in and ``output_tokens`` out."""
+        raise NotImplementedError
+
+    def service(self, charge: Charge) -> int:
+        """One step's (or several steps') service, in this model's unit."""
+        raise NotImplementedError
+
+    def per_iteration(self, kv_tokens: int, max_num_batched_tokens: int) -> int:
+        """What one saturated engine iteration delivers, in this model's unit."""
+        raise NotImplementedError
+
+    def __repr__(self) -> str:
+        return f"<cost model {self.name}>"
+
+
+class _KvCost(CostModel):
+    name = "kv"
+
+    def request_cost(self, prompt_tokens: int, output_tokens: int) -> float:
+        """KV token-time: ``p*d + d^2/2``."""
+        return kv_token_iters(prompt_tokens, output_tokens)
+
+    def service(self, charge: Charge) -> int:
+        """KV token-time held."""
+        return charge.kv_token_iters
+
+    def per_iteration(self, kv_tokens: int, max_num_batched_tokens: int) -> int:
+        """The whole KV cache, held for one iteration."""
+        return kv_tokens
+
+
+class _ComputeCost(CostModel):
+    name = "compute"
+
+    def request_cost(self, prompt_tokens: int, output_tokens: int) -> float:
+        """Weighted tokens ``p + 2d``."""
+        return float(compute_tokens(prompt_tokens, output_tokens))
+
+    def service(self, charge: Charge) -> int:
+        """Weighted tokens computed."""
+        return compute_tokens(charge.prefill_tokens, charge.decode_tokens)
+
+    def per_iteration(self, kv_tokens: int, max_num_batched_tokens: int) -> int:
+        """The token budget of one step."""
+        return max_num_batched_tokens
+
+
+KV: CostModel = _KvCost()
+COMPUTE: CostModel = _ComputeCost()
+COST_MODELS: dict[str, CostModel] = {m.name: m for m in (KV, COMPUTE)}
+
+
+def cost_model(name: str | CostModel) -> CostModel:
+    """The cost model called ``name`` (``kv`` or ``compute``); a model is returned as it is."""
+    if isinstance(name, CostModel):
+        return name
+    try:
+        return COST_MODELS[name]
+    except KeyError:
+        raise ValueError(f"unknown cost model '{name}'; expected one of: {', '.join(COST_MODELS)}.") from None
+
+
+def capacity_per_s(cost: CostModel, kv_tokens: int, max_num_batched_tokens: int, iteration_s: float) -> float:
+    """The virtual clock's M: what a saturated engine delivers per second, in ``cost``'s unit.
+
+    ``iteration_s`` is the nominal latency of a memory-saturated step (a fitted or named latency
+    profile's, or ``defaults.ITERATION_S``)."""
+    if not (iteration_s > 0 and math.isfinite(iteration_s)):
+        raise ValueError(f"the nominal iteration time must be a finite number of seconds > 0, got {iteration_s}.")
+    return cost.per_iteration(kv_tokens, max_num_batched_tokens) / iteration_s

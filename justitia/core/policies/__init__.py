@@ -1,0 +1,37 @@
+"""Scheduling policies, one per file, and the factory that builds one by name."""
+
+from justitia.core.cost import KV, CostModel, cost_model
+from justitia.core.policies.base import AgentInfo, Policy, RequestInfo
+from justitia.core.policies.fcfs import FCFS
+from justitia.core.policies.justitia import Justitia
+from justitia.core.policies.las import LAS
+from justitia.core.policies.parrot import Parrot
+from justitia.core.policies.sjf import SJF
+from justitia.core.policies.srjf import SRJF
+from justitia.core.policies.vtc import VTC
+
+POLICY_NAMES = ("fcfs", "sjf", "parrot", "vtc", "srjf", "justitia", "las")
+STATIC_POLICY_NAMES = tuple(n for n in POLICY_NAMES if n not in ("vtc", "srjf", "las"))  # keys fixed on arrival
+
+
+def make_policy(name: str, capacity_per_s: float | None = None, cost: str | CostModel = KV) -> Policy:
+    """Build the policy called ``name``; ``justitia`` needs the clock's capacity per second.
+
+    ``cost`` is the unit predicted costs come in; service-counting policies count in it too
+    (VTC always counts compute tokens, as the VTC paper does).
+    """
+    cost = cost_model(cost)
+    if name == "justitia":
+        if capacity_per_s is None:
+            raise ValueError("policy 'justitia' needs capacity_per_s for its virtual clock.")
+        return Justitia(capacity_per_s)
+    if name in ("srjf", "las"):
+        return {"srjf": SRJF, "las": LAS}[name](cost)
+    classes = {"fcfs": FCFS, "sjf": SJF, "parrot": Parrot, "vtc": VTC}
+    if name not in classes:
+        raise ValueError(f"unknown policy '{name}'; expected one of: {', '.join(POLICY_NAMES)}.")
+    return classes[name]()
+
+
+__all__ = ["AgentInfo", "Policy", "RequestInfo", "POLICY_NAMES", "STATIC_POLICY_NAMES", "make_policy",
+           "FCFS", "SJF", "Parrot", "VTC", "SRJF", "Justitia", "LAS"]

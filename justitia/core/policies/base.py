@@ -1,0 +1,75 @@
+"""The small interface every scheduling policy implements, and what a policy may know."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar, Iterable
+
+from justitia.core.clock import VirtualClock
+from justitia.core.cost import NO_CHARGE, Charge
+
+
+@dataclass(frozen=True)
+class AgentInfo:
+    """What a policy knows about an agent when it arrives."""
+
+    agent_id: str
+    agent_type: str
+    seq: int  # arrival order among agents
+    arrival_s: float
+    predicted_cost: float  # predicted total cost, in the cost model's unit
+
+
+@dataclass(frozen=True, eq=False)
+class RequestInfo:
+    """What a policy knows about one request."""
+
+    request_id: str
+    agent_id: str
+    seq: int  # arrival order among requests
+    prompt_tokens: int
+    predicted_cost: float  # predicted cost of this request, in the cost model's unit
+
+
+
+
+class Policy:
+    """A scheduling policy: it orders waiting requests; smaller keys are served first.
+
+    Engines call the hooks below; every hook has a do-nothing default. A policy whose keys change
+    as service is charged sets ``dynamic = True`` and must be agent-level: its order is
+    ``agent_key(agent)`` and then request arrival order inside an agent, and an agent's key must
+    move one way only as service is added (the simulator's event skipping relies on it).
+    """
+
+    name: ClassVar[str]
+    agent_level: ClassVar[bool]
+    dynamic: ClassVar[bool] = False
+    clock: VirtualClock | None = None  # the GPS clock, for policies that keep one (justitia)
+
+    def agent_arrived(self, agent: AgentInfo, now_s: float) -> None:
+        """An agent arrived with its predicted cost."""
+
+    def agent_finished(self, agent_id: str, now_s: float) -> None:
+        """An agent's last request finished (or it was cancelled): drop its state."""
+
+    def backlogged(self, agent_id: str, others: Iterable[str]) -> None:
+        """The agent has waiting requests again; ``others`` are the other backlogged agents."""
+
+    def charge(self, req: RequestInfo, service: Charge) -> None:
+        """The engine scheduled ``service`` for ``req`` in one or more iterations.
+
+        Charges add up, and policies that read them are agent-level: an engine may report the
+        service of several requests of one agent in one call, through any of those requests."""
+
+    def agent_key(self, agent_id: str, extra: Charge = NO_CHARGE) -> tuple:
+        """A dynamic policy's key for an agent, as if it were charged ``extra`` more."""
+        raise NotImplementedError(f"policy '{self.name}' is not dynamic")
+
+    def key(self, req: RequestInfo) -> tuple:
+        """The request's priority key now; smaller is served first."""
+        return self.agent_key(req.agent_id) + (req.seq,)
+
+    def virtual_finish(self, agent_id: str) -> float | None:
+        """The agent's GPS virtual finish tag, for policies that keep a clock; None otherwise."""
+        return None

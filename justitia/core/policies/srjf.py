@@ -1,0 +1,31 @@
+"""Agent-level shortest remaining job first on predicted cost."""
+
+from justitia.core.cost import KV, NO_CHARGE, Charge, CostModel
+from justitia.core.policies.base import AgentInfo
+from justitia.core.policies.las import LAS
+
+
+class SRJF(LAS):
+    """Serve the agent with the least predicted remaining cost: LAS's attained service,
+    subtracted from the prediction."""
+
+    name = "srjf"
+
+    def __init__(self, cost: CostModel = KV) -> None:
+        super().__init__(cost)
+        self._predicted: dict[str, float] = {}
+
+    def agent_arrived(self, agent: AgentInfo, now_s: float) -> None:
+        """Remaining cost starts at the predicted total."""
+        super().agent_arrived(agent, now_s)
+        self._predicted[agent.agent_id] = agent.predicted_cost
+
+    def agent_finished(self, agent_id: str, now_s: float) -> None:
+        """Forget the agent."""
+        super().agent_finished(agent_id, now_s)
+        self._predicted.pop(agent_id, None)
+
+    def agent_key(self, agent_id: str, extra: Charge = NO_CHARGE) -> tuple:
+        """Predicted remaining cost (never below zero), then agent arrival order."""
+        attained, seq = super().agent_key(agent_id, extra)
+        return (max(self._predicted.get(agent_id, 0.0) - attained, 0.0), seq)

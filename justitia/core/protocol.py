@@ -1,0 +1,138 @@
+"""The request metadata an engine reads, and the control calls a front end makes into an engine.
+
+**Request metadata** rides on each request, in vLLM's ``SamplingParams.extra_args`` (``vllm_xargs``
+on vLLM's OpenAI server). ``RequestMeta`` is the only code that writes or reads these keys:
+
+    agent_id      the agent the request belongs to; absent: the request is an agent of its own
+    agent_type    the agent's workflow type (for predictors and logs)
+    agent_cost    predicted total cost C of the agent, in the cost model's unit (its first request sets it)
+    request_cost  predicted cost of this request (for sjf)
+    agent_done    truthy on the requests of the agent's last stage: its state goes when they finish
+
+**Control calls** go from the process that started a vLLM engine into the plug-in, inside the
+engine process (vLLM's utility-call channel, never reachable by an HTTP client): ``register`` an
+agent ahead of its requests and read back its virtual finish tag, ``release`` an agent at once,
+read the policy's ``state`` (its clock included), or ``reset`` the policy state of an idle engine
+(the bench reuses one engine for every policy). Each is one ``ControlCall``.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import asdict, dataclass, field
+from typing import Any, Mapping
+
+AGENT_ID, AGENT_TYPE, AGENT_COST, REQUEST_COST, AGENT_DONE = (
+    "agent_id", "agent_type", "agent_cost", "request_cost", "agent_done")
+META_KEYS = (AGENT_ID, AGENT_TYPE, AGENT_COST, REQUEST_COST, AGENT_DONE)
+
+
+@dataclass(frozen=True)
+class RequestMeta:
+    """What a request says about its agent. ``None`` costs: the engine estimates them. A request
+    without ``agent_id`` is an agent of its own, done when it finishes."""
+
+    agent_id: str | None = None
+    agent_type: str = ""
+    agent_cost: float | None = None
+    request_cost: float | None = None
+    agent_done: bool = False
+
+    def to_extra_args(self) -> dict[str, Any]:
+        """The metadata as ``extra_args`` / ``vllm_xargs`` (fields left unset are left out)."""
+        doc: dict[str, Any] = {}
+        if self.agent_id is not None:
+            doc[AGENT_ID] = self.agent_id
+        if self.agent_type:
+            doc[AGENT_TYPE] = self.agent_type
+        for key, value in ((AGENT_COST, self.agent_cost), (REQUEST_COST, self.request_cost)):
+            if value is not None:
+                doc[key] = value
+        if self.agent_done:
+            doc[AGENT_DONE] = True
+        return doc
+
+    @classmethod
+    def parse(cls, extra_args: Mapping[str, Any] | None, request_id: str = "",
+              log: logging.Logger | None = None) -> "RequestMeta":
+        """Read the metadata of a request; a bad cost is logged and ignored (it must not stop an engine)."""
+        doc = extra_args or {}
+        agent_id = doc.get(AGENT_ID)
+        costs = {key: _cost(doc.get(key), key, request_id, log) for key in (AGENT_COST, REQUEST_COST)}
+        return cls(str(agent_id) if agent_id else None, str(doc.get(AGENT_TYPE, "")), costs[AGENT_COST],
+                   costs[REQUEST_COST], bool(doc.get(AGENT_DONE)))
+
+
+def _cost(value: Any, key: str, request_id: str, log: logging.Logger | None) -> float | None:
+    if value is None:
+        return None
+    try:
+        cost = float(value)
+    except (TypeError, ValueError):
+        cost = math.nan
+    if math.isfinite(cost) and cost >= 0:
+        return cost
+    (log or logging.getLogger("justitia")).warning(
+        "justitia: request %s: %s=%r is not a finite number >= 0; ignored (the request's own estimate is used)",
+        request_id, key, value)
+    return None
+
+
+# ------------------------------------------------------------------------------ control calls
+ENGINE_UTILITY = "justitia_control"  # the method the plug-in adds to vLLM's EngineCore
+REGISTER, RELEASE, STATE, RESET = "register", "release", "state", "reset"
+VERBS = (REGISTER, RELEASE, STATE, RESET)
+
+
+@dataclass(frozen=True)
+class ControlCall:
+    """One call into the plug-in: a verb and its arguments (plain JSON values).
+
+    ``register``: ``agent_id``, ``agent_type``, ``predicted_cost`` -> the agent's virtual finish
+    tag (None under a policy without a clock); ``release``: ``agent_id`` -> whether it was known;
+    ``state`` -> ``PolicyState.to_json()``; ``reset``: ``policy``, ``cost``,
+    ``capacity_per_s``, ``step_log`` (a CSV path or None) -> whether the idle engine was reset.
+    """
+
+    verb: str
+    args: dict = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.verb not in VERBS:
+            raise ValueError(f"unknown control verb '{self.verb}'; expected one of: {', '.join(VERBS)}.")
+
+    def to_json(self) -> dict:
+        """The call as sent over vLLM's utility channel."""
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, doc: Mapping) -> "ControlCall":
+        """The call from what the channel delivered."""
+        return cls(str(doc.get("verb")), dict(doc.get("args") or {}))
+
+
+@dataclass(frozen=True)
+class PolicyState:
+    """The policy that orders an engine, read at one moment; the clock fields are None under a
+    policy without a GPS clock (every policy but justitia)."""
+
+    policy: str
+    agents: int  # agents holding policy state
+    virtual_time: float | None = None  # V(now), in cost units
+    gps_active: int | None = None  # N_t: agents active in GPS
+    capacity_per_s: float | None = None  # the clock's M
+
+    @property
+    def has_clock(self) -> bool:
+        """Whether the policy keeps a GPS virtual clock."""
+        return self.virtual_time is not None
+
+    def to_json(self) -> dict:
+        """The reading as plain JSON."""
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, doc: Mapping) -> "PolicyState":
+        """A reading from plain JSON."""
+        return cls(**{k: doc.get(k) for k in ("policy", "agents", "virtual_time", "gps_active", "capacity_per_s")})

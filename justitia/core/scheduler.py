@@ -1,0 +1,185 @@
+"""``AgentScheduler``: the scheduling core an engine drives, and the whole of its contract.
+
+NOTE: engines (the simulator, the vLLM plug-in, front ends that tag requests) call the verbs
+below and nothing else; the policy and its waiting queue are private. The scheduler decides the
+order and who is preempted first; the engine decides what fits, and reports what it admitted,
+served and finished. It knows nothing about KV blocks or iterations.
+
+    agents     agent_arrived, agent_finished, has_agent, agent_count, open_requests
+    requests   request_arrived (queued), requeue (preempted), dequeue (taken out to run),
+               request_finished (finished or aborted), charge (service scheduled)
+    order      peek, num_waiting, is_waiting, priority, victim
+    needs      keys_move, uses_service, reads_service_on_backlog
+    clock      virtual_time, virtual_finish, gps_active (None under a policy without a clock)
+    look-ahead is_backlogged, agent_key(agent, extra), peek(extra), best_agent, agent_head:
+               for engines that skip steps and must know the order a few steps ahead
+"""
+
+from __future__ import annotations
+
+from typing import Iterable, Mapping
+
+from justitia.core.cost import NO_CHARGE, Charge
+from justitia.core.policies.base import AgentInfo, Policy, RequestInfo
+from justitia.core.queue import WaitingQueue
+
+
+class AgentScheduler:
+    """Agent-aware request ordering for one engine, under one policy."""
+
+    def __init__(self, policy: Policy):
+        self._policy = policy
+        self._waiting = WaitingQueue(policy)
+        self._agents: dict[str, AgentInfo] = {}
+        self._open: dict[str, int] = {}  # agent id -> requests not yet finished
+        self._agent_seq = 0
+        self._request_seq = 0
+
+    # ------------------------------------------------------------------------------ agents
+    @property
+    def policy_name(self) -> str:
+        """The policy's name."""
+        return self._policy.name
+
+    def agent_arrived(self, agent_id: str, agent_type: str, predicted_cost: float, now_s: float) -> AgentInfo:
+        """Register an agent with its predicted total cost (justitia's clock stamps it here)."""
+        if agent_id in self._agents:
+            raise ValueError(f"agent '{agent_id}' has already arrived.")
+        info = AgentInfo(agent_id, agent_type, self._agent_seq, now_s, predicted_cost)
+        self._agent_seq += 1
+        self._agents[agent_id] = info
+        self._open[agent_id] = 0
+        self._policy.agent_arrived(info, now_s)
+        return info
+
+    def agent_finished(self, agent_id: str, now_s: float) -> None:
+        """The agent is done (or cancelled): drop its waiting requests and every bit of its state."""
+        for req in self._waiting.requests_of(agent_id):
+            self.request_finished(req)
+        self._agents.pop(agent_id, None)
+        self._open.pop(agent_id, None)
+        self._policy.agent_finished(agent_id, now_s)
+
+    def has_agent(self, agent_id: str) -> bool:
+        """Whether the agent has arrived and not finished."""
+        return agent_id in self._agents
+
+    @property
+    def agent_count(self) -> int:
+        """Agents that have arrived and not finished (holding policy state)."""
+        return len(self._agents)
+
+    def open_requests(self, agent_id: str) -> int:
+        """The agent's requests that have arrived and not finished."""
+        return self._open.get(agent_id, 0)
+
+    # ---------------------------------------------------------------------------- requests
+    def request_arrived(self, request_id: str, agent_id: str, prompt_tokens: int, predicted_cost: float) -> RequestInfo:
+        """Queue a new request of a registered agent."""
+        if agent_id not in self._agents:
+            raise KeyError(f"request '{request_id}': agent '{agent_id}' has not arrived.")
+        req = RequestInfo(request_id, agent_id, self._request_seq, prompt_tokens, predicted_cost)
+        self._request_seq += 1
+        self._open[agent_id] += 1
+        self._waiting.add(req)
+        return req
+
+    def requeue(self, req: RequestInfo) -> None:
+        """A preempted request waits again."""
+        self._waiting.add(req)
+
+    def dequeue(self, req: RequestInfo) -> None:
+        """The engine takes a waiting request out of the queue (to run it, or to drop it)."""
+        self._waiting.remove(req)
+
+    def request_finished(self, req: RequestInfo) -> None:
+        """A waiting or running request finished or was aborted."""
+        if req in self._waiting:
+            self._waiting.remove(req)
+        self._open[req.agent_id] -= 1
+
+    def charge(self, req: RequestInfo, service: Charge) -> None:
+        """Report service the engine scheduled for ``req`` (charges of one agent may be summed)."""
+        self._policy.charge(req, service)
+        if self._policy.dynamic:
+            self._waiting.touch(req.agent_id)
+
+    # ------------------------------------------------------------------------------- order
+    def peek(self, extra: Mapping[str, Charge] | None = None) -> RequestInfo | None:
+        """The request to admit next, or None; with ``extra``, as if those agents had been
+        charged that much more (a dynamic policy's look-ahead; nothing is charged)."""
+        return self._waiting.peek(extra)
+
+    @property
+    def num_waiting(self) -> int:
+        """Requests waiting for admission."""
+        return len(self._waiting)
+
+    def is_waiting(self, req: RequestInfo) -> bool:
+        """Whether the request is in the waiting queue."""
+        return req in self._waiting
+
+    def priority(self, req: RequestInfo) -> tuple:
+        """The request's key now; smaller is served first (vLLM's ``priority``)."""
+        return self._policy.key(req)
+
+    def victim(self, running: Iterable[RequestInfo]) -> RequestInfo:
+        """The running request to preempt first: the one with the lowest priority."""
+        return max(running, key=self._policy.key)
+
+    # ------------------------------------------------------------------- what the policy needs
+    @property
+    def keys_move(self) -> bool:
+        """Whether keys change as service is charged (vtc, srjf, las): an engine that stamps keys
+        on requests must refresh them every step."""
+        return self._policy.dynamic
+
+    @property
+    def uses_service(self) -> bool:
+        """Whether the policy reads the service charged to it (engines may skip charging if not)."""
+        return type(self._policy).charge is not Policy.charge
+
+    @property
+    def reads_service_on_backlog(self) -> bool:
+        """Whether queueing a request of an agent with none waiting reads service counters (VTC's
+        lift rule): an engine that charges lazily must charge before such a request arrives."""
+        return self.uses_service and type(self._policy).backlogged is not Policy.backlogged
+
+    # ------------------------------------------------------------------------------- clock
+    def virtual_time(self, now_s: float) -> float | None:
+        """The GPS virtual time V(now), or None under a policy without a clock."""
+        clock = self._policy.clock
+        return None if clock is None else clock.virtual_time(now_s)
+
+    def virtual_finish(self, agent_id: str) -> float | None:
+        """The agent's GPS virtual finish tag, or None (no clock, or an agent not known)."""
+        return self._policy.virtual_finish(agent_id)
+
+    @property
+    def gps_active(self) -> int | None:
+        """Agents the GPS clock counts as active (N_t) as of its last reading, or None."""
+        clock = self._policy.clock
+        return None if clock is None else clock.active
+
+    @property
+    def capacity_per_s(self) -> float | None:
+        """The clock's M, in cost units per second, or None under a policy without a clock."""
+        clock = self._policy.clock
+        return None if clock is None else clock.capacity
+
+    # ---------------------------------------------------------------------------- look-ahead
+    def is_backlogged(self, agent_id: str) -> bool:
+        """Whether the agent has a waiting request."""
+        return self._waiting.is_backlogged(agent_id)
+
+    def agent_key(self, agent_id: str, extra: Charge = NO_CHARGE) -> tuple:
+        """A dynamic policy's key for an agent, as if it had been charged ``extra`` more."""
+        return self._policy.agent_key(agent_id, extra)
+
+    def best_agent(self, exclude: set[str] | frozenset = frozenset()) -> str | None:
+        """The backlogged agent with the smallest current key, leaving out ``exclude`` (dynamic policies)."""
+        return self._waiting.best_agent(exclude)
+
+    def agent_head(self, agent_id: str) -> RequestInfo:
+        """The agent's earliest waiting request."""
+        return self._waiting.agent_head(agent_id)

@@ -1,0 +1,68 @@
+"""Every default and environment variable of justitia, in one place; read when asked, never at import.
+
+The vLLM plug-in is configured by environment variables because vLLM builds the scheduler in its
+own engine process; ``plugin_settings()`` reads them, with one clear error per bad value.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Mapping
+
+# Nominal seconds of a memory-saturated engine step, where no latency profile says otherwise: the
+# clock's M is the engine's KV tokens over this (core.cost.capacity_per_s).
+ITERATION_S = 0.02
+# An agent with no open request for this long is released even if it never said agent_done.
+AGENT_IDLE_S = 60.0
+
+ENV_POLICY = "JUSTITIA_POLICY"  # fcfs|sjf|parrot|vtc|srjf|justitia|las (default justitia)
+ENV_COST = "JUSTITIA_COST"  # kv|compute (default kv)
+ENV_CAPACITY = "JUSTITIA_CAPACITY"  # the clock's M in cost units per second (default: from ITERATION_S)
+ENV_ITERATION_S = "JUSTITIA_ITERATION_S"  # the nominal step time (default ITERATION_S)
+ENV_AGENT_IDLE_S = "JUSTITIA_AGENT_IDLE_S"  # default AGENT_IDLE_S
+ENV_LOG_AGENTS = "JUSTITIA_LOG_AGENTS"  # 1: one log line per agent arrival and release
+ENV_CACHE = "JUSTITIA_CACHE"  # built models and trained predictors (default ~/.cache/justitia)
+
+
+def cache_dir() -> Path:
+    """Where built models and trained predictors live: ``$JUSTITIA_CACHE`` or ``~/.cache/justitia``."""
+    return Path(os.environ.get(ENV_CACHE, Path.home() / ".cache" / "justitia"))
+
+
+@dataclass(frozen=True)
+class PluginSettings:
+    """The plug-in's configuration, from the environment of the engine process."""
+
+    policy: str = "justitia"
+    cost: str = "kv"
+    capacity_per_s: float | None = None  # None: the engine's KV tokens / iteration_s
+    iteration_s: float = ITERATION_S
+    agent_idle_s: float = AGENT_IDLE_S
+    log_agents: bool = False
+
+
+def plugin_settings(environ: Mapping[str, str] | None = None) -> PluginSettings:
+    """Read ``JUSTITIA_*`` from ``environ`` (default ``os.environ``); a bad value raises ValueError."""
+    env = os.environ if environ is None else environ
+
+    def number(name: str, default: float | None, least: float = 0.0, strict: bool = True) -> float | None:
+        raw = env.get(name)
+        if raw is None:
+            return default
+        try:
+            value = float(raw)
+        except ValueError:
+            value = math.nan
+        if not (math.isfinite(value) and (value > least if strict else value >= least)):
+            raise ValueError(f"{name}={raw!r}: expected a finite number {'>' if strict else '>='} {least:g}.")
+        return value
+
+    return PluginSettings(
+        policy=env.get(ENV_POLICY, "justitia"), cost=env.get(ENV_COST, "kv"),
+        capacity_per_s=number(ENV_CAPACITY, None), iteration_s=number(ENV_ITERATION_S, ITERATION_S),
+        agent_idle_s=number(ENV_AGENT_IDLE_S, AGENT_IDLE_S, strict=False),
+        log_agents=env.get(ENV_LOG_AGENTS) == "1",
+    )

@@ -1,0 +1,141 @@
+"""``justitia bench``: run policies over one workload and report JCTs, fairness and the delay bound.
+
+A run is one (policy, predictor, cost model) triple under a label; the default label is the
+policy name. Every run of a bench sees the same workload and engine, so results pair by agent id.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from justitia.agent import AgentResult, RunResult
+from justitia.core import make_policy
+from justitia.lab.metrics import delay_bound_s, fairness, gps_finish_times, jct_stats
+from justitia.lab.progress import progress_bar
+from justitia.predictors import make_predictor
+from justitia.sim import EngineConfig, Simulator
+from justitia.workload import Agent
+
+RESULTS_SCHEMA = "justitia.results/1"
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """One line of a bench: a policy with its predictor and cost model, under a label."""
+
+    label: str
+    policy: str
+    predictor: str = "oracle"
+    cost: str = "kv"
+
+    def to_json(self) -> dict:
+        """The run's settings as a results-file document."""
+        return {"policy": self.policy, "predictor": self.predictor, "cost": self.cost}
+
+
+def simulate(
+    agents: list[Agent],
+    spec: RunSpec,
+    config: EngineConfig,
+    seed: int = 0,
+    event_skipping: bool = True,
+    on_agent_finish: Callable[[AgentResult], None] | None = None,
+) -> RunResult:
+    """Run one spec over ``agents`` on the simulator."""
+    policy = make_policy(spec.policy, config.capacity_per_s(spec.cost), spec.cost)
+    predictor = make_predictor(spec.predictor, seed)
+    sim = Simulator(config, policy, predictor, spec.cost, event_skipping, on_agent_finish)
+    return sim.run(agents)
+
+
+def summarize(
+    agents: list[Agent],
+    specs: list[RunSpec],
+    runs: dict[str, RunResult],
+    config: EngineConfig,
+    workload_info: dict,
+    engine: str = "sim",
+) -> dict:
+    """Build the results document from finished runs."""
+    gps = gps_finish_times(agents, config.capacity_per_s("kv"))
+    bound_s = delay_bound_s(agents, config)
+    doc: dict = {
+        "schema": RESULTS_SCHEMA,
+        "engine": engine,
+        "config": config.to_json() | {"capacity_token_iters_per_s": config.capacity_per_s("kv")},
+        "workload": workload_info,
+        "policies": {},
+        "fairness": {},
+    }
+    jcts = {label: {a.agent_id: a.jct_s for a in run.agents} for label, run in runs.items()}
+    for spec in specs:
+        run = runs[spec.label]
+        entry = spec.to_json() | jct_stats([a.jct_s for a in run.agents])
+        entry |= {
+            "makespan_s": run.makespan_s,
+            "iterations": run.iterations,
+            "steps": run.steps,
+            "preemptions": run.preemptions,
+            "wall_s": run.wall_s,
+        }
+        agent_docs = [a.to_json() for a in run.agents]
+        if spec.policy == "justitia":
+            late = 0
+            for d in agent_docs:
+                d["gps_finish_s"] = gps[d["agent_id"]]
+                d["delay_vs_gps_s"] = d["finish_s"] - d["gps_finish_s"]
+                late += d["delay_vs_gps_s"] > bound_s
+            entry["delay_bound_s"] = bound_s
+            entry["bound_violations"] = late
+            entry["max_delay_vs_gps_s"] = max(d["delay_vs_gps_s"] for d in agent_docs)
+        entry["agents"] = agent_docs
+        doc["policies"][spec.label] = entry
+    if "vtc" in runs:
+        vtc_mean = doc["policies"]["vtc"]["mean_jct_s"]
+        for label, entry in doc["policies"].items():
+            entry["improvement_vs_vtc"] = 1 - entry["mean_jct_s"] / vtc_mean
+            if label != "vtc":
+                doc["fairness"][f"{label}_vs_vtc"] = fairness(jcts["vtc"], jcts[label])
+    return doc
+
+
+def check_labels(specs: list[RunSpec]) -> None:
+    """Every run of a bench needs its own label: results are keyed by it."""
+    labels = [s.label for s in specs]
+    if len(set(labels)) != len(labels):
+        raise ValueError(f"run labels must be unique, got {labels}.")
+
+
+def run_bench(
+    agents: list[Agent],
+    specs: list[RunSpec],
+    config: EngineConfig,
+    workload_info: dict,
+    seed: int = 0,
+    progress: bool = True,
+) -> dict:
+    """Run every spec on the simulator and return the results document."""
+    check_labels(specs)
+    runs: dict[str, RunResult] = {}
+    with progress_bar(len(agents) * len(specs), progress, "simulating") as advance:
+        for spec in specs:
+            runs[spec.label] = simulate(
+                agents, spec, config, seed, on_agent_finish=lambda _r, s=spec: advance(s.label)
+            )
+    return summarize(agents, specs, runs, config, workload_info)
+
+
+def write_results(doc: dict, out_dir: str | Path, plots: bool = True) -> Path:
+    """Write ``results.json`` (and the plots) into ``out_dir``; return the results path."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / "results.json"
+    path.write_text(json.dumps(doc, indent=1))
+    if plots:
+        from justitia.lab.plots import plot_results
+
+        plot_results(doc, out)
+    return path

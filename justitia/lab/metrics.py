@@ -1,0 +1,67 @@
+"""Job-completion-time statistics, finish-time fairness, the GPS reference and the delay bound."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from justitia.core import KV, VirtualClock
+from justitia.sim import EngineConfig
+from justitia.workload import Agent
+
+
+def jct_stats(jcts_s: list[float]) -> dict:
+    """Mean, p50, p90 and p99 of agent JCTs, in seconds."""
+    arr = np.asarray(jcts_s, dtype=float)
+    return {
+        "mean_jct_s": float(arr.mean()),
+        "p50_jct_s": float(np.percentile(arr, 50)),
+        "p90_jct_s": float(np.percentile(arr, 90)),
+        "p99_jct_s": float(np.percentile(arr, 99)),
+    }
+
+
+def fairness(reference: dict[str, float], other: dict[str, float]) -> dict:
+    """Relative JCT increase of ``other`` over ``reference``, paired by agent id.
+
+    ``not_delayed_frac``: agents that finished no later than under the reference;
+    ``mean_delay_of_delayed``: mean relative increase among the others; ``max_delay``: the largest.
+    A relative increase below one part in a million counts as not delayed (float noise).
+    """
+    missing = set(reference) ^ set(other)
+    if missing:
+        raise ValueError(f"cannot pair runs: agent '{sorted(missing)[0]}' is in only one of them.")
+    delays = np.array([(other[a] - reference[a]) / reference[a] for a in sorted(reference)])
+    delayed = delays[delays > 1e-6]
+    return {
+        "agents": int(len(delays)),
+        "not_delayed_frac": float(1 - len(delayed) / len(delays)),
+        "mean_delay_of_delayed": float(delayed.mean()) if len(delayed) else 0.0,
+        "max_delay": float(max(delays.max(), 0.0)),
+    }
+
+
+def gps_finish_times(agents: list[Agent], capacity_per_s: float) -> dict[str, float]:
+    """Each agent's finish time, in seconds, under ideal GPS with its true KV token-time cost."""
+    clock = VirtualClock(capacity_per_s)
+    for a in sorted(agents, key=lambda a: a.arrival_s):
+        clock.arrive(a.agent_id, a.cost(KV), a.arrival_s)
+    return clock.drain()
+
+
+def delay_bound_s(agents: list[Agent], config: EngineConfig) -> float:
+    """The paper's bound ``2 c_max + C_max / M`` on ``finish - gps_finish``, in seconds.
+
+    ``C_max / M``: the largest agent's KV token-time over the capacity per second. ``c_max``, the
+    non-preemption term, is the longest time one inference holds its memory once it starts: its
+    prefill chunks plus its decode iterations, at the nominal (memory-saturated) iteration time.
+    """
+    iters = max(
+        math.ceil(t.prompt_tokens / config.max_num_batched_tokens) + t.output_tokens - 1
+        for a in agents
+        for t in a.tasks
+    )
+    c_max_s = iters * config.nominal_iteration_s
+    big_c = max(a.cost(KV) for a in agents)
+    return 2 * c_max_s + big_c / config.capacity_per_s(KV)

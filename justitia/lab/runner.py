@@ -1,0 +1,201 @@
+"""Replay a workload on a real vLLM engine (``AsyncLLM``) in real time, one policy at a time.
+
+Agents arrive on the wall clock at their ``arrival_s`` and live as ``AgentProcess``es driven by
+``agent.drive`` (stages in order, the tasks of a stage in parallel). Each task is one request whose
+prompt is exactly ``prompt_tokens`` token ids (the task's prompt text, tokenized and cut or
+repeated to length) and whose decode length is forced to ``output_tokens`` (``ignore_eos``), so
+the engine serves the same token counts as the simulator.
+
+Two ways to schedule (``EngineSpec.scheduler``):
+
+- ``plugin``: the engine runs ``JustitiaScheduler``; every request carries its agent's metadata.
+  One engine serves every policy: a ``reset`` control call gives the plug-in a fresh policy state
+  between runs.
+- ``priority`` (front-end tagging): stock vLLM with ``scheduling_policy="priority"`` and no
+  plug-in. The runner keeps the policy in an ``AgentBook`` fed the same metadata and passes each
+  request's static key as the int ``priority`` (``AgentBook.tag``). Only static policies can be
+  tagged this way (fcfs, sjf, parrot, justitia).
+
+NOTE: engine start-up takes 35-60 s on the 2-core CPU machine; reuse one ``VllmEngine`` per mode.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import tempfile
+import time
+import uuid
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Callable
+
+from justitia.agent import AgentProcess, AgentResult, Answer, Call, RunResult, drive
+from justitia.core import RESET, AgentBook, ControlCall, cost_model
+from justitia.defaults import ITERATION_S
+from justitia.predictors import make_predictor
+from justitia.vllm.engine import EngineSpec, RunningEngine, control
+from justitia.workload import Agent
+
+STEP_LOG_COLUMNS = ("t_s", "batched_tokens", "decode_context_tokens", "prefill_reqs", "decode_reqs", "busy_after",
+                    "preemptions")
+
+
+class VllmEngine(RunningEngine):
+    """One running ``AsyncLLM`` that replays workloads; use as ``async with VllmEngine(spec)``."""
+
+    def __init__(self, spec: EngineSpec):
+        if spec.scheduler not in ("plugin", "priority"):
+            raise ValueError(f"the runner schedules by the plug-in or by tagging, not '{spec.scheduler}'.")
+        super().__init__(replace(spec, cpu_threads=spec.cpu_threads or "0-1"))
+        self.block_size = 0
+        self.kv_tokens = 0
+
+    @property
+    def tagging(self) -> bool:
+        """Whether the policy lives here, in the front end (stock vLLM by int priority)."""
+        return self.spec.scheduler == "priority"
+
+    async def __aenter__(self) -> "VllmEngine":
+        await super().__aenter__()
+        self.block_size = self.llm.vllm_config.cache_config.block_size
+        self.kv_tokens = self.spec.usable_blocks * self.block_size
+        return self
+
+    # ------------------------------------------------------------------------------ prompts
+    def prompt_ids(self, agents: list[Agent]) -> dict[tuple[str, int, int], list[int]]:
+        """Token ids of every (agent, stage, task): its prompt text tokenized, then cut or repeated
+        to length."""
+        limit = self.spec.max_model_len
+        vocab = self.tokenizer.vocab_size
+        out: dict[tuple[str, int, int], list[int]] = {}
+        for agent in agents:
+            for s, stage in enumerate(agent.stages):
+                for i, task in enumerate(stage):
+                    if task.prompt_tokens + task.output_tokens > limit:
+                        raise ValueError(
+                            f"agent '{agent.agent_id}' stage {s} task {i}: prompt_tokens + output_tokens = "
+                            f"{task.prompt_tokens + task.output_tokens} exceeds max_model_len {limit}; "
+                            f"scale the workload down (--scale) or raise --max-model-len."
+                        )
+                    ids = self.tokenizer.encode(task.prompt, add_special_tokens=False) or [min(3, vocab - 1)]
+                    reps = -(-task.prompt_tokens // len(ids))
+                    out[(agent.agent_id, s, i)] = (ids * reps)[: task.prompt_tokens]
+        return out
+
+    # ---------------------------------------------------------------------------------- runs
+    async def _generate(self, prompt_ids: list[int], max_tokens: int, request_id: str,
+                        extra_args: dict | None = None, priority: int = 0) -> int:
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+        from vllm.sampling_params import RequestOutputKind
+
+        params = SamplingParams(
+            max_tokens=max_tokens, ignore_eos=True, temperature=0.0, detokenize=False,
+            output_kind=RequestOutputKind.FINAL_ONLY, extra_args=extra_args,
+        )
+        final = None
+        async for out in self.llm.generate(TokensPrompt(prompt_token_ids=prompt_ids), params, request_id,
+                                           priority=priority):
+            final = out
+        return len(final.outputs[0].token_ids)
+
+    async def run(
+        self,
+        agents: list[Agent],
+        policy: str,
+        predictor: str = "oracle",
+        cost: str = "kv",
+        capacity_per_s: float | None = None,
+        seed: int = 0,
+        step_log: str | Path | None = None,
+        on_agent_finish: Callable[[AgentResult], None] | None = None,
+    ) -> "EngineRun":
+        """Replay ``agents`` under ``policy``; return per-agent results and the engine's step log."""
+        if self.llm is None:
+            raise RuntimeError("the engine is not started; use 'async with VllmEngine(spec) as engine'.")
+        capacity = float(capacity_per_s) if capacity_per_s else self.kv_tokens / ITERATION_S
+        model = cost_model(cost)
+        pred = make_predictor(predictor, seed)
+        ids = self.prompt_ids(agents)
+        run_id = uuid.uuid4().hex[:8]
+        # tagging: the policy lives here, in the same kind of book as the plug-in's, fed the same metadata
+        frontend = AgentBook.tagging(policy, capacity, cost) if self.tagging else None
+        own_log = step_log is None
+        if own_log:
+            fd, step_log = tempfile.mkstemp(prefix="justitia-steps-", suffix=".csv")
+            os.close(fd)
+        Path(step_log).write_text("")
+        if frontend is None:
+            await self._reset(policy, cost, capacity, str(step_log))
+
+        results: list[AgentResult] = []
+        lags: list[float] = []
+        t0 = time.monotonic()
+
+        async def serve(call: Call) -> Answer:
+            task = call.task
+            prompt = ids[(call.meta.agent_id, call.stage, call.index)]
+            if frontend is None:
+                n = await self._generate(prompt, task.output_tokens, call.request_id, call.meta.to_extra_args())
+            else:
+                _, priority = frontend.tag(call.request_id, call.meta, task.prompt_tokens, task.output_tokens,
+                                           time.monotonic() - t0)
+                try:
+                    n = await self._generate(prompt, task.output_tokens, call.request_id, None, priority)
+                finally:
+                    frontend.finish(call.request_id, time.monotonic() - t0)  # the last one releases the agent
+            if n != task.output_tokens:
+                raise RuntimeError(f"request '{call.request_id}': the engine produced {n} tokens, "
+                                   f"{task.output_tokens} were forced.")
+            return Answer("", task.prompt_tokens, n)
+
+        async def run_agent(agent: Agent) -> None:
+            delay = agent.arrival_s - (time.monotonic() - t0)
+            if delay > 0:
+                await asyncio.sleep(delay)
+            lags.append(time.monotonic() - t0 - agent.arrival_s)
+            process = AgentProcess(agent, pred, model, request_prefix=f"{run_id}/")
+            await drive(process, serve)
+            result = process.result(agent.arrival_s, time.monotonic() - t0)
+            results.append(result)
+            if on_agent_finish is not None:
+                on_agent_finish(result)
+
+        wall0 = time.perf_counter()
+        await asyncio.gather(*(run_agent(a) for a in agents))
+        wall = time.perf_counter() - wall0
+        if frontend is None:  # a reset closes (and flushes) the step log
+            await self._reset("fcfs", "kv", capacity, None)
+        steps = read_step_log(step_log)
+        if own_log:
+            os.unlink(step_log)
+        order = {a.agent_id: k for k, a in enumerate(agents)}
+        results.sort(key=lambda r: order[r.agent_id])
+        preemptions = sum(row[6] for row in steps)
+        run = RunResult(policy, results, max(r.finish_s for r in results), len(steps), len(steps), preemptions, wall)
+        return EngineRun(run, steps, max(lags) if lags else 0.0)
+
+    async def _reset(self, policy: str, cost: str, capacity: float, step_log: str | None) -> None:
+        args = {"policy": policy, "cost": cost, "capacity_per_s": capacity, "step_log": step_log}
+        if not await control(self.llm, ControlCall(RESET, args)):
+            raise RuntimeError("the plug-in refused to reset its policy state: the engine is not idle.")
+
+
+@dataclass
+class EngineRun:
+    """One policy's run on the engine: the results, the engine's steps, the worst arrival lag."""
+
+    result: RunResult
+    steps: list[tuple[float, ...]]
+    max_arrival_lag_s: float
+
+
+def read_step_log(path: str | Path) -> list[tuple[float, ...]]:
+    """The plug-in's step log as tuples of ``STEP_LOG_COLUMNS``."""
+    rows = []
+    for line in Path(path).read_text().splitlines():
+        if line:
+            t, *rest = line.split(",")
+            rows.append((float(t), *(int(x) for x in rest)))
+    return rows

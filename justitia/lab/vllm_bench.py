@@ -1,0 +1,151 @@
+"""``justitia bench --engine vllm`` and ``justitia calibrate``: policies on a real vLLM engine.
+
+One engine (with the plug-in) serves every run; a second one, stock vLLM, serves the front-end
+tagging run when asked. Each run's mean JCT is set against the simulator's on the same workload,
+with a latency profile fitted to a separate calibration run of the same engine (or one given).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import replace
+
+from justitia.agent import RunResult
+from justitia.lab.bench import RunSpec, check_labels, simulate, summarize
+from justitia.lab.calibrate import fit_profile
+from justitia.lab.progress import progress_bar
+from justitia.lab.runner import VllmEngine
+from justitia.sim import EngineConfig, LatencyProfile
+from justitia.vllm.engine import EngineSpec
+from justitia.workload import Agent
+
+TAGGING_LABEL = "justitia@tagging"
+
+
+async def _calibrate(engine: VllmEngine, agents: list[Agent], seed: int, repeats: int = 1) -> tuple[LatencyProfile, dict]:
+    await engine.run(agents, "fcfs", seed=seed)  # warm-up: a fresh engine's first steps of each shape are slow
+    runs = []
+    for _ in range(repeats):
+        runs.append((await engine.run(agents, "fcfs", seed=seed)).steps)
+    spec = engine.spec
+    name = f"{spec.model}-cpu-calibrated"
+    source = (f"fitted by 'justitia calibrate' to {sum(len(r) for r in runs)} steps of {len(agents)} agents "
+              f"under fcfs on vLLM ({spec.model}, {spec.kv_blocks} blocks of {engine.block_size}, "
+              f"max_num_seqs {spec.max_num_seqs}, max_num_batched_tokens {spec.max_num_batched_tokens})")
+    return fit_profile(runs, name, spec.usable_blocks, engine.block_size, source)
+
+
+def calibrate(engine_spec: EngineSpec, agents: list[Agent], seed: int = 0, repeats: int = 1) -> tuple[LatencyProfile, dict]:
+    """Run ``agents`` under fcfs on the engine and fit a latency profile to its steps."""
+
+    async def go():
+        async with VllmEngine(engine_spec) as engine:
+            return await _calibrate(engine, agents, seed, repeats)
+
+    return asyncio.run(go())
+
+
+def merge_repeats(runs: list) -> RunResult:
+    """One result from repeated runs of a policy: each agent's mean JCT (and finish), summed counts."""
+    first = runs[0].result
+    agents = []
+    for k, a in enumerate(first.agents):
+        jct = sum(run.result.agents[k].jct_s for run in runs) / len(runs)
+        agents.append(replace(a, jct_s=jct, finish_s=a.arrival_s + jct))
+    return RunResult(first.policy, agents, sum(r.result.makespan_s for r in runs) / len(runs),
+                     sum(r.result.iterations for r in runs), sum(r.result.steps for r in runs),
+                     sum(r.result.preemptions for r in runs), sum(r.result.wall_s for r in runs))
+
+
+def engine_config(profile: LatencyProfile, spec: EngineSpec, block_size: int) -> EngineConfig:
+    """The simulator's view of the vLLM engine ``spec`` describes."""
+    return EngineConfig(profile=profile, kv_blocks=spec.usable_blocks, block_size=block_size,
+                        max_num_batched_tokens=spec.max_num_batched_tokens, max_num_seqs=spec.max_num_seqs)
+
+
+def run_bench_vllm(
+    agents: list[Agent],
+    specs: list[RunSpec],
+    engine_spec: EngineSpec,
+    workload_info: dict,
+    seed: int = 0,
+    progress: bool = True,
+    profile: LatencyProfile | None = None,
+    calibration_agents: list[Agent] | None = None,
+    tagging: bool = False,
+    repeats: int = 1,
+) -> dict:
+    """Run every spec on one vLLM engine (plus a tagging run on stock vLLM) and compare with the simulator.
+
+    With ``repeats`` > 1 every run is repeated (interleaved) and each agent's JCT is its mean over
+    the repeats: one run on a shared 2-core machine varies by tens of percent.
+    """
+    if repeats < 1:
+        raise ValueError(f"--repeats must be >= 1, got {repeats}.")
+    check_labels(specs)
+    if profile is None and not calibration_agents:
+        raise ValueError("the vLLM bench needs a latency profile (--latency) or calibration agents.")
+    tries: dict[str, list] = {}  # label -> EngineRun per repeat
+    walls: dict[str, float] = {}
+    calibration: dict = {}
+    predictor = specs[0].predictor if specs else "oracle"
+
+    async def go():
+        nonlocal profile, calibration
+        async with VllmEngine(replace(engine_spec, scheduler="plugin")) as engine:
+            block_size = engine.block_size
+            if profile is None:
+                t = time.perf_counter()
+                profile, stats = await _calibrate(engine, calibration_agents, seed)
+                calibration = {"agents": len(calibration_agents), "wall_s": time.perf_counter() - t} | stats
+            config = engine_config(profile, engine_spec, block_size)
+            total = len(agents) * (len(specs) + tagging) * repeats
+            with progress_bar(total, progress, "vllm") as advance:
+                for _ in range(repeats):  # interleaved: a slow spell of the machine hits every policy
+                    for spec in specs:
+                        t = time.perf_counter()
+                        run = await engine.run(agents, spec.policy, spec.predictor, spec.cost,
+                                               config.capacity_per_s(spec.cost), seed,
+                                               on_agent_finish=lambda _r, s=spec: advance(s.label))
+                        tries.setdefault(spec.label, []).append(run)
+                        walls[spec.label] = walls.get(spec.label, 0.0) + time.perf_counter() - t
+                if tagging:
+                    async with VllmEngine(replace(engine_spec, scheduler="priority")) as stock:
+                        # A fresh engine's first steps of each batch shape are slow (CPU kernels get
+                        # built); the plug-in engine warmed up before calibrating, this one does here.
+                        await stock.run(calibration_agents or agents, "justitia", predictor, "kv",
+                                        config.capacity_per_s("kv"), seed)
+                        for _ in range(repeats):
+                            t = time.perf_counter()
+                            run = await stock.run(agents, "justitia", predictor, "kv", config.capacity_per_s("kv"),
+                                                  seed, on_agent_finish=lambda _r: advance(TAGGING_LABEL))
+                            tries.setdefault(TAGGING_LABEL, []).append(run)
+                            walls[TAGGING_LABEL] = walls.get(TAGGING_LABEL, 0.0) + time.perf_counter() - t
+        return config
+
+    t0 = time.perf_counter()
+    config = asyncio.run(go())
+    bench_wall_s = time.perf_counter() - t0
+    all_specs = list(specs)
+    if tagging:
+        all_specs.append(RunSpec(TAGGING_LABEL, "justitia", predictor))
+    runs = {label: merge_repeats(label_tries) for label, label_tries in tries.items()}
+    doc = summarize(agents, all_specs, runs, config, workload_info, engine="vllm")
+    doc["repeats"] = repeats
+    doc["vllm"] = engine_spec.to_json() | {"block_size": config.block_size, "kv_tokens": config.kv_tokens}
+    doc["profile"] = profile.to_json()
+    doc["bench_wall_s"] = bench_wall_s  # engine start-ups, calibration and every run
+    if calibration:
+        doc["calibration"] = calibration
+    for spec in all_specs:
+        sim = simulate(agents, spec, config, seed)
+        entry = doc["policies"][spec.label]
+        sim_mean = sum(a.jct_s for a in sim.agents) / len(sim.agents)
+        entry["mode"] = "tagging" if spec.label == TAGGING_LABEL else "plugin"
+        entry["run_wall_s"] = walls[spec.label]
+        entry["max_arrival_lag_s"] = max(run.max_arrival_lag_s for run in tries[spec.label])
+        entry["mean_jct_s_per_repeat"] = [sum(a.jct_s for a in run.result.agents) / len(agents) for run in tries[spec.label]]
+        entry["sim_mean_jct_s"] = sim_mean
+        entry["sim_error"] = sim_mean / entry["mean_jct_s"] - 1
+    return doc

@@ -1,0 +1,75 @@
+"""The predictor interface, and the two that need no training: ``oracle`` and ``noisy:L``.
+
+``oracle`` knows the true cost. ``noisy:L`` multiplies the true cost by a factor drawn
+log-uniformly from [1/L, L], one draw per agent and one per request, seeded per agent id so that a
+result does not depend on the order agents are seen in.
+"""
+
+from __future__ import annotations
+
+import math
+import zlib
+
+import numpy as np
+
+from justitia.core import CostModel
+from justitia.workload import Agent
+
+
+class Predictor:
+    """Predicts costs from what is known at arrival; subclasses override both methods."""
+
+    name = "predictor"
+
+    def agent_cost(self, agent: Agent, model: CostModel) -> float:
+        """The predicted total cost of ``agent``."""
+        raise NotImplementedError
+
+    def request_cost(self, agent: Agent, stage: int, index: int, model: CostModel) -> float:
+        """The predicted cost of task ``index`` of stage ``stage`` of ``agent``."""
+        raise NotImplementedError
+
+    def observe(self, agent_type: str, predicted: float, actual: float) -> None:
+        """An agent finished: what was predicted for it and what it cost (learning predictors use it)."""
+
+
+class OraclePredictor(Predictor):
+    """The true cost."""
+
+    name = "oracle"
+
+    def agent_cost(self, agent: Agent, model: CostModel) -> float:
+        """True total cost."""
+        return agent.cost(model)
+
+    def request_cost(self, agent: Agent, stage: int, index: int, model: CostModel) -> float:
+        """True request cost."""
+        task = agent.stages[stage][index]
+        return model.request_cost(task.prompt_tokens, task.output_tokens)
+
+
+class NoisyPredictor(OraclePredictor):
+    """The true cost times a log-uniform factor in [1/lam, lam]."""
+
+    def __init__(self, lam: float, seed: int = 0):
+        if not (lam >= 1 and math.isfinite(lam)):
+            raise ValueError(f"predictor noisy:{lam:g}: the noise factor L must be a number >= 1.")
+        self.lam = lam
+        self.seed = seed
+        self.name = f"noisy:{lam:g}"
+
+    def _factor(self, *where: int) -> float:
+        rng = np.random.default_rng([self.seed, *where])
+        return math.exp(rng.uniform(-math.log(self.lam), math.log(self.lam)))
+
+    def agent_cost(self, agent: Agent, model: CostModel) -> float:
+        """Noisy total cost."""
+        return super().agent_cost(agent, model) * self._factor(_hash(agent.agent_id))
+
+    def request_cost(self, agent: Agent, stage: int, index: int, model: CostModel) -> float:
+        """Noisy request cost."""
+        return super().request_cost(agent, stage, index, model) * self._factor(_hash(agent.agent_id), stage + 1, index + 1)
+
+
+def _hash(text: str) -> int:
+    return zlib.crc32(text.encode("utf-8"))

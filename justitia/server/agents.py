@@ -1,0 +1,210 @@
+"""The agents a server runs: each one an ``AgentProcess`` driven on the server's ``Backend``.
+
+Submitting an agent checks it, prices it with the predictor, registers it with the policy that
+orders the engine (which stamps its virtual finish tag) and starts it. Every request carries the
+agent's ``RequestMeta``; the last stage's say ``agent_done``, so the policy releases the agent
+when they finish. A cancelled or failed agent is released at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import json
+import logging
+import time
+import uuid
+from dataclasses import dataclass, field
+
+from justitia.agent import AgentProcess, Answer, Call, drive
+from justitia.core import KV
+from justitia.predictors import Predictor
+from justitia.server.backend import Backend
+from justitia.server.schema import AgentSpec, SpecError, check_agent, render
+from justitia.vllm.models import chat_ids
+from justitia.workload import Agent, Task
+
+log = logging.getLogger("justitia.server")
+TERMINAL = ("done", "failed", "cancelled")
+JCT_BUCKETS = (0.1, 0.25, 0.5, 1, 2.5, 5, 10, 25, 50, 100, 250, 500, float("inf"))
+
+
+@dataclass
+class Settings:
+    """Limits and identity of one server."""
+
+    model: str = "tiny"
+    policy: str = "justitia"
+    max_model_len: int = 2048
+    max_tasks_per_agent: int = 256
+    max_agents_in_flight: int = 2048
+    max_body_bytes: int = 1_000_000
+    keep_finished: int = 10_000  # finished agents kept for GET; older ones are forgotten (404)
+    chat: bool = True  # wrap agent prompts in the model's chat template when it has one
+
+
+@dataclass
+class AgentRun:
+    """One submitted agent: what it asked, where it is, what it produced."""
+
+    agent_id: str
+    spec: AgentSpec
+    process: AgentProcess
+    arrival_s: float
+    virtual_finish: float | None
+    status: str = "queued"
+    error: str | None = None
+    finish_s: float | None = None
+    outputs: list[list[dict | None]] = field(default_factory=list)
+    events: list[dict] = field(default_factory=list)
+    changed: asyncio.Event = field(default_factory=asyncio.Event)
+    task: asyncio.Task | None = None
+
+    def emit(self, kind: str, **data) -> None:
+        self.events.append({"event": kind, "agent_id": self.agent_id, "t_s": round(time.monotonic(), 6)} | data)
+        self.changed.set()
+        self.changed = asyncio.Event()
+
+    def doc(self) -> dict:
+        jct = None if self.finish_s is None else self.finish_s - self.arrival_s
+        return {
+            "agent_id": self.agent_id, "type": self.spec.type, "status": self.status, "error": self.error,
+            "arrival_s": self.arrival_s, "finish_s": self.finish_s, "jct_s": jct,
+            "predicted_cost": self.process.predicted_cost, "virtual_finish": self.virtual_finish,
+            "stages": self.outputs,
+        }
+
+
+class AgentManager:
+    """Runs agents stage by stage on the backend and keeps their state for the API."""
+
+    def __init__(self, backend: Backend, tokenizer, settings: Settings, predictor: Predictor):
+        self.backend, self.tokenizer, self.settings, self.predictor = backend, tokenizer, settings, predictor
+        self.agents: dict[str, AgentRun] = {}
+        self.t0 = time.monotonic()
+        self.finished: dict[str, int] = {s: 0 for s in TERMINAL}
+        self.jct: dict[str, list[int]] = {}  # type -> counts per JCT_BUCKETS (cumulative at export)
+        self.jct_sum: dict[str, float] = {}
+        self.predict_s, self.predictions = 0.0, 0
+        self.requests: dict[str, int] = {"agents": 0, "completions": 0, "chat": 0}
+        self.tasks_in_flight = 0
+        self.ended: collections.deque[str] = collections.deque()  # finished agents, oldest first
+
+    def now(self) -> float:
+        return time.monotonic() - self.t0
+
+    def in_flight(self) -> int:
+        return sum(a.status not in TERMINAL for a in self.agents.values())
+
+    def ids_of(self, prompt: str) -> list[int]:
+        """A prompt's token ids, in the model's chat template when it has one (and ``settings.chat``)."""
+        tok = self.tokenizer
+        if self.settings.chat and tok.chat_template:
+            return chat_ids(tok, [{"role": "user", "content": prompt}])
+        return tok.encode(prompt)
+
+    def timed_prediction(self, predict) -> float:
+        """Run ``predict()`` (a predictor's agent cost), its latency kept for /metrics."""
+        t0 = time.perf_counter()
+        predicted = float(predict())
+        self.predict_s += time.perf_counter() - t0
+        self.predictions += 1
+        return predicted
+
+    def count_request(self, endpoint: str) -> None:
+        self.requests[endpoint] += 1
+
+    # ----------------------------------------------------------------------------- agents
+    async def submit(self, spec: AgentSpec) -> AgentRun:
+        """Check, predict, register and start one agent; raises SpecError on a bad one."""
+        check_agent(spec, self.settings.max_tasks_per_agent, self.settings.max_model_len - 1)
+        first = []
+        for i, t in enumerate(spec.stages[0]):
+            n = len(self.ids_of(t.prompt))
+            if n + t.max_tokens > self.settings.max_model_len:
+                raise SpecError(f"field 'stages[0][{i}].prompt': {n} prompt tokens + max_tokens {t.max_tokens} exceed "
+                                f"the model's context of {self.settings.max_model_len} tokens.")
+            first.append(n)
+        agent_id = f"agent-{uuid.uuid4().hex[:12]}"
+        # what the predictor sees at arrival: the first stage's prompts and lengths (later stages'
+        # prompts still hold their placeholders; their lengths are not known yet)
+        view = Agent(agent_id, spec.type, 0.0, tuple(
+            tuple(Task(t.prompt, first[i] if s == 0 else max(1, len(t.prompt) // 4), t.max_tokens)
+                  for i, t in enumerate(stage)) for s, stage in enumerate(spec.stages)))
+        process = AgentProcess(view, self.predictor, KV, tasks=spec.stages, render=render)
+        before = self.predict_s
+        predicted = self.timed_prediction(process.predict)
+        predict_ms = 1000 * (self.predict_s - before)
+        self.count_request("agents")
+        arrival = self.now()
+        tag = await self.backend.register(agent_id, spec.type, predicted)
+        run = AgentRun(agent_id, spec, process, arrival, tag, outputs=[[None] * len(stage) for stage in spec.stages])
+        self.agents[agent_id] = run
+        run.emit("queued", predicted_cost=predicted, virtual_finish=tag, predict_ms=round(predict_ms, 3))
+        run.task = asyncio.get_running_loop().create_task(self._run(run))
+        log.info(json.dumps({"event": "agent_submitted", "agent_id": agent_id, "type": spec.type,
+                             "tasks": sum(len(s) for s in spec.stages), "predicted_cost": predicted}))
+        return run
+
+    async def _serve(self, run: AgentRun, call: Call) -> Answer:
+        """One task of an agent on the backend."""
+        from vllm import SamplingParams
+        from vllm.sampling_params import RequestOutputKind
+
+        task = call.task
+        ids = self.ids_of(call.prompt)
+        if len(ids) + task.max_tokens > self.settings.max_model_len:
+            raise SpecError(f"stage {call.stage} task {call.index}: {len(ids)} prompt tokens (after placeholders) + "
+                            f"max_tokens {task.max_tokens} exceed the model's context of "
+                            f"{self.settings.max_model_len} tokens.")
+        params = SamplingParams(max_tokens=task.max_tokens, temperature=task.temperature, top_p=task.top_p,
+                                seed=task.seed, stop=task.stop, ignore_eos=task.ignore_eos,
+                                extra_args=call.meta.to_extra_args(), output_kind=RequestOutputKind.FINAL_ONLY)
+        final = None
+        self.tasks_in_flight += 1
+        try:
+            async for out in self.backend.generate({"prompt_token_ids": ids}, params, call.request_id):
+                final = out
+        finally:
+            self.tasks_in_flight -= 1
+        o = final.outputs[0]
+        run.outputs[call.stage][call.index] = {"output": o.text, "prompt_tokens": len(ids),
+                                               "output_tokens": len(o.token_ids), "finish_reason": o.finish_reason}
+        run.emit("task_done", stage=call.stage, task=call.index, output_tokens=len(o.token_ids))
+        return Answer(o.text, len(ids), len(o.token_ids), o.finish_reason)
+
+    async def _run(self, run: AgentRun) -> None:
+        try:
+            run.status = "running"
+            run.emit("running")
+            await drive(run.process, lambda call: self._serve(run, call))
+            run.status = "done"
+        except asyncio.CancelledError:
+            run.status = "cancelled"
+        except Exception as exc:  # noqa: BLE001  (any failure of a task fails the agent, with its reason)
+            run.status, run.error = "failed", str(exc) or type(exc).__name__
+        run.finish_s = self.now()
+        if run.status != "done":  # its agent_done requests may never have run: release it now
+            try:
+                await self.backend.release(run.agent_id)
+            except Exception as exc:  # noqa: BLE001  (the policy's idle timeout still releases it)
+                log.warning(json.dumps({"event": "release_failed", "agent_id": run.agent_id, "error": str(exc)}))
+        self.finished[run.status] += 1
+        if run.status == "done":
+            jct = run.finish_s - run.arrival_s
+            counts = self.jct.setdefault(run.spec.type, [0] * len(JCT_BUCKETS))
+            counts[next(k for k, b in enumerate(JCT_BUCKETS) if jct <= b)] += 1
+            self.jct_sum[run.spec.type] = self.jct_sum.get(run.spec.type, 0.0) + jct
+        run.emit(run.status, **({"error": run.error} if run.error else {}))
+        self.ended.append(run.agent_id)
+        while len(self.ended) > self.settings.keep_finished:  # a server runs for days
+            self.agents.pop(self.ended.popleft(), None)
+        log.info(json.dumps({"event": "agent_" + run.status, "agent_id": run.agent_id,
+                             "jct_s": round(run.finish_s - run.arrival_s, 4), "error": run.error}))
+
+    async def cancel(self, agent_id: str) -> AgentRun:
+        run = self.agents[agent_id]
+        if run.status not in TERMINAL and run.task is not None:
+            run.task.cancel()
+            await asyncio.gather(run.task, return_exceptions=True)
+        return run

@@ -1,0 +1,90 @@
+"""What the server needs from an engine: one interface, whatever runs the model.
+
+``LocalBackend`` (``local.py``): vLLM's ``AsyncLLM`` with the Justitia plug-in, in this process.
+``UpstreamBackend`` (``upstream.py``): stock vLLM OpenAI servers, ordered by front-end tagging.
+The agent API and the OpenAI endpoints talk to ``Backend`` only; a new engine (Ray Serve replicas,
+say) is one more subclass.
+
+``generate`` has ``AsyncLLM.generate``'s shape: a token-id prompt, vLLM ``SamplingParams``
+(``extra_args`` carrying the request's ``RequestMeta``) and a request id; it yields outputs with
+``.outputs[0].text``, ``.token_ids`` and ``.finish_reason`` (vLLM's ``RequestOutput``, or
+``Output`` below). Closing the generator early aborts the request. A request the backend cannot
+serve raises ``BackendError`` with the reason.
+
+The agents' virtual finish tags and the clock's readings come from the clock that orders the
+engine (``register``, ``state``); under a policy without one they are None.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from pathlib import Path
+from typing import AsyncIterator
+
+from justitia.core import PolicyState
+
+
+def metric_lines(name: str, kind: str, text: str, *samples: str) -> list[str]:
+    """One metric in the Prometheus text format: ``justitia_<name>``'s HELP and TYPE, then its samples."""
+    return [f"# HELP justitia_{name} {text}", f"# TYPE justitia_{name} {kind}", *samples]
+
+
+class BackendError(RuntimeError):
+    """An engine that cannot be used, or that failed a request: the message says why."""
+
+
+@dataclass
+class Completion:
+    """One choice of an answer, shaped like vLLM's ``CompletionOutput``."""
+
+    text: str
+    token_ids: list[int]
+    finish_reason: str | None
+
+
+@dataclass
+class Output:
+    """An answer so far (or its latest delta), shaped like vLLM's ``RequestOutput``."""
+
+    request_id: str
+    outputs: list[Completion]
+    finished: bool
+
+
+class Backend(ABC):
+    """An engine behind the server."""
+
+    model: str  # the served model's name
+    tokenizer_dir: Path  # where the tokenizer that prices and encodes prompts lives
+    kv_tokens: int  # the KV cache (all replicas together), in tokens
+    max_model_len: int
+    policy: str
+
+    @abstractmethod
+    def generate(self, prompt: dict, params, request_id: str) -> AsyncIterator:
+        """Serve one request (``prompt``: ``{"prompt_token_ids": [...]}``); see the module's docstring."""
+
+    @abstractmethod
+    async def register(self, agent_id: str, agent_type: str, predicted_cost: float) -> float | None:
+        """Register an agent with the policy that orders the engine, ahead of its requests; its
+        virtual finish tag (None under a policy without a clock)."""
+
+    @abstractmethod
+    async def release(self, agent_id: str) -> None:
+        """Drop a cancelled or failed agent's policy state now."""
+
+    @abstractmethod
+    async def state(self) -> PolicyState:
+        """The policy that orders the engine, read now (its clock included, under justitia)."""
+
+    @abstractmethod
+    def unfinished(self) -> int:
+        """Requests inside the engine (sent and not finished)."""
+
+    def metrics_lines(self) -> list[str]:
+        """Prometheus lines of the backend's own (its queues, its replicas)."""
+        return []
+
+    async def aclose(self) -> None:
+        """Stop the engine, or close the connections to it."""

@@ -1,0 +1,543 @@
+"""The simulated engine's state and its two ways of stepping: plain (one iteration per pass, the
+reference) and event skipping (the default).
+
+NOTE on the rules followed in each step (as vLLM v1's ``Scheduler.schedule``):
+  1. Running requests first, in admission order; each gets its next prefill chunk (chunked prefill,
+     limited by the step's token budget) or one decode token. When the KV cache has no block for
+     it, the running request with the lowest policy priority is preempted by recompute (its blocks
+     are freed, it goes back to waiting and later recomputes prompt and output so far), until the
+     request fits or is itself the victim.
+  2. Only if nothing was preempted, waiting requests are admitted in policy order until one does
+     not fit (head-of-line break) or ``max_num_seqs`` is reached. A request is admitted only if its
+     whole sequence so far fits in the free blocks (vLLM 0.32's ``scheduler_reserve_full_isl``,
+     on by default, watermark 0); blocks are then allocated chunk by chunk.
+  3. The step lasts ``profile.iteration_ps(...)``; a request that completes its prefill or decodes
+     samples one token; a request with all its output tokens finishes and frees its blocks.
+``SkippingRun`` keeps decoding requests lazily (a decoding request advances by one token per
+step), exact as of some past iteration, with heaps that say when each next needs a KV block and
+when each finishes. A step then costs only what changes in it. While every running request decodes
+and no admission, preemption, arrival or finish can happen, steps differ only in context length,
+and a whole span of them is taken in closed form. A step that would preempt, or where the token
+budget binds, is run by the plain step on fully materialised state.
+"""
+
+from __future__ import annotations
+
+import heapq
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from justitia.core import AgentScheduler, Charge, RequestInfo
+from justitia.sim.config import EngineConfig
+
+NEVER = 1 << 62
+
+
+@dataclass(eq=False)
+class SimRequest:
+    """One request inside the simulated engine."""
+
+    request_id: str
+    agent_id: str
+    predicted_cost: float
+    prompt_tokens: int
+    output_tokens: int
+    owner: Any = None  # what the simulator needs back when the request finishes (its agent, its call)
+    info: RequestInfo | None = None  # the core's, once submitted
+    generated: int = 0
+    computed: int = 0
+    blocks: int = 0
+    running: bool = False
+    admit_no: int = 0  # position in the running list: admission order
+    sync_it: int = 0  # skipping: computed/generated are exact as of this iteration
+    epoch: int = 0  # skipping: bumped when the request stops decoding, voiding heap entries
+
+    @property
+    def num_tokens(self) -> int:
+        return self.prompt_tokens + self.generated
+
+    @property
+    def decoding(self) -> bool:
+        return self.generated >= 1 and self.computed == self.num_tokens - 1
+
+
+@dataclass(eq=False)
+class DecodeGroup:
+    """Skipping, for policies that read service: one agent's lazily kept decoders, charged up to
+    ``charged_it``; ``context_tokens`` is what they held then."""
+
+    count: int
+    context_tokens: int
+    charged_it: int
+    info: RequestInfo  # one of the agent's requests, to charge through
+
+
+def _ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+class PlainRun:
+    """The simulated engine stepped one iteration per pass: the reference for ``SkippingRun``."""
+
+    def __init__(self, config: EngineConfig, core: AgentScheduler, finished: Callable[[SimRequest], None]):
+        self.config = config
+        self.core = core
+        self.finished = finished  # told of every request that finishes, in the step's finishing order
+        self.charged = core.uses_service  # other policies skip that work
+        self.now_ps = 0
+        self.next_arrival_ps: int | None = None  # the simulator keeps this up to date
+        self.free = config.blocks
+        self.running: list[SimRequest] = []
+        self.reqs: dict[str, SimRequest] = {}
+        self.iterations = self.steps = self.preemptions = 0
+        self._admitted = 0
+
+    # ------------------------------------------------------------------ what the simulator calls
+    @property
+    def busy(self) -> bool:
+        """Whether any request is running or waiting."""
+        return bool(self.running) or self.core.num_waiting > 0
+
+    def submit(self, reqs: list[SimRequest]) -> None:
+        """Queue new requests (a stage of one agent)."""
+        for r in reqs:
+            r.info = self.core.request_arrived(r.request_id, r.agent_id, r.prompt_tokens, r.predicted_cost)
+            self.reqs[r.request_id] = r
+            self._queued(r)
+
+    def advance(self) -> None:
+        """One pass of the engine loop: here, one iteration."""
+        self.steps += 1
+        self._step()
+
+    # ------------------------------------------------------------------------------- requests
+    def _queued(self, r: SimRequest) -> None:
+        """A request joined the waiting queue (new or preempted)."""
+
+    def _admit(self, r: SimRequest, n: int) -> None:
+        """Move a waiting request into the running list and give it blocks for ``n`` tokens."""
+        self.core.dequeue(r.info)
+        self.running.append(r)
+        r.running = True
+        self._admitted += 1
+        r.admit_no = self._admitted
+        need = _ceil_div(n, self.config.block_size)
+        self.free -= need
+        r.blocks = need
+        if self.charged:
+            self.core.charge(r.info, self._charge_for(r, n))
+
+    def _finish(self, r: SimRequest) -> None:
+        self.running.remove(r)
+        r.running = False
+        self.free += r.blocks
+        r.blocks = 0
+        self.core.request_finished(r.info)
+        del self.reqs[r.info.request_id]
+        self.finished(r)
+
+    def _charge_for(self, r: SimRequest, n: int) -> Charge:
+        return Charge.for_step(r.computed, n, r.num_tokens, r.generated)
+
+    def _victim(self) -> SimRequest:
+        return self.reqs[self.core.victim(q.info for q in self.running).request_id]
+
+    def _preempt(self, victim: SimRequest, scheduled: dict[SimRequest, int]) -> int:
+        """Free the victim's blocks and requeue it; return the token budget it gives back."""
+        self.running.remove(victim)
+        victim.running = False
+        self.free += victim.blocks
+        victim.blocks = 0
+        victim.computed = 0
+        self.core.requeue(victim.info)
+        self._queued(victim)
+        self.preemptions += 1
+        return scheduled.pop(victim, 0)
+
+    # ---------------------------------------------------------------------- one plain iteration
+    def _step(self) -> None:
+        cfg = self.config
+        bs = cfg.block_size
+        budget = cfg.max_num_batched_tokens
+        scheduled: dict[SimRequest, int] = {}
+        preempted = False
+        for r in list(self.running):
+            if budget <= 0:
+                break
+            if not r.running:
+                continue  # preempted earlier in this step
+            n = min(r.num_tokens - r.computed, budget)
+            need = _ceil_div(r.computed + n, bs) - r.blocks
+            while need > self.free:
+                victim = self._victim()
+                budget += self._preempt(victim, scheduled)
+                preempted = True
+                if victim is r:
+                    break
+            if not r.running:
+                continue
+            self.free -= max(need, 0)
+            r.blocks += max(need, 0)
+            scheduled[r] = n
+            budget -= n
+        charges = {r: self._charge_for(r, n) for r, n in scheduled.items()}
+        if self.charged:
+            for r, c in charges.items():
+                self.core.charge(r.info, c)
+        if not preempted:
+            for r, n in self._admit_waiting(budget):
+                scheduled[r] = n
+                charges[r] = Charge(n, 0, 0)
+        if not scheduled:
+            raise RuntimeError("the engine made no progress in a step; the configuration cannot serve this workload.")
+        batched = sum(scheduled.values())
+        context = sum(c.kv_token_iters for c in charges.values() if c.prefill_tokens == 0)
+        self.now_ps += cfg.profile.iteration_ps(batched, context)
+        self.iterations += 1
+        for r, n in scheduled.items():
+            r.computed += n
+            if r.computed == r.num_tokens:
+                r.generated += 1
+                if r.generated == r.output_tokens:
+                    self._finish(r)
+
+    def _admit_waiting(self, budget: int) -> list[tuple[SimRequest, int]]:
+        """Admit waiting requests in policy order until one does not fit; return them with their chunks."""
+        cfg = self.config
+        core = self.core
+        admitted = []
+        while budget > 0 and len(self.running) < cfg.max_num_seqs and core.num_waiting:
+            r = self.reqs[core.peek().request_id]
+            if _ceil_div(r.num_tokens, cfg.block_size) > self.free:
+                break  # head-of-line: vLLM does not look past a request that does not fit
+            n = min(r.num_tokens, budget)
+            self._admit(r, n)
+            admitted.append((r, n))
+            budget -= n
+        return admitted
+
+
+class SkippingRun(PlainRun):
+    """The simulated engine with event skipping: decoders kept lazily, spans taken in closed form.
+
+    Decoding requests live in ``_decoders``, exact as of their ``sync_it``: at iteration ``it``
+    one has computed ``computed + it - sync_it`` tokens. ``_dec_ctx`` is the sum of their computed
+    tokens now. ``_need_block`` holds (iteration whose step needs a new block, ...), ``_done``
+    holds (iteration count after the step that samples the last token, ...). For policies that
+    read service, ``_groups`` keeps a ``DecodeGroup`` per agent and service is charged lazily,
+    before any key is read.
+    """
+
+    def __init__(self, config: EngineConfig, core: AgentScheduler, finished: Callable[[SimRequest], None]):
+        super().__init__(config, core, finished)
+        self._waiting_blocks: list[tuple[int, int, SimRequest]] = []  # smallest need first
+        self._queued_count = 0
+        self._lazy_reset()
+
+    # ------------------------------------------------------------------ what the simulator calls
+    def submit(self, reqs: list[SimRequest]) -> None:
+        """Queue a stage; VTC's lift rule reads counters, so pending service is charged first."""
+        agent_id = reqs[0].agent_id
+        if self.core.reads_service_on_backlog and not self.core.is_backlogged(agent_id):
+            self._flush_charges(self.iterations, also=agent_id)
+        super().submit(reqs)
+
+    def advance(self) -> None:
+        """One pass: a span of decode-only steps, one lazy step, or the plain step."""
+        self.steps += 1
+        if not (self._lazy_span() or self._lazy_step()):
+            self._materialize()
+            self._step()
+            self._absorb()
+
+    # ------------------------------------------------------------------------------- requests
+    def _queued(self, r: SimRequest) -> None:
+        """Note the blocks a request that just joined the waiting queue needs to be admitted."""
+        need = _ceil_div(r.num_tokens, self.config.block_size)
+        self._queued_count += 1
+        heapq.heappush(self._waiting_blocks, (need, self._queued_count, r))
+
+    def _finish(self, r: SimRequest) -> None:
+        if r in self._decoders:
+            self._undecode(r)
+        super()._finish(r)
+
+    def _smallest_waiting_need(self) -> int:
+        """The fewest free blocks that would let some waiting request in (any policy order)."""
+        heap, core, bs = self._waiting_blocks, self.core, self.config.block_size
+        while heap:
+            need, _, r = heap[0]
+            if core.is_waiting(r.info) and need == _ceil_div(r.num_tokens, bs):
+                return need
+            heapq.heappop(heap)  # admitted, finished, or queued again with another length
+        return NEVER
+
+    # -------------------------------------------------------------------------- lazy decoders
+    def _lazy_reset(self) -> None:
+        self._decoders: dict[SimRequest, None] = {}
+        self._prefilling: list[SimRequest] = []
+        self._dec_ctx = 0
+        self._need_block: list[tuple[int, int, int, SimRequest]] = []
+        self._done: list[tuple[int, int, int, SimRequest]] = []
+        self._groups: dict[str, DecodeGroup] = {}
+
+    def _decode(self, r: SimRequest) -> None:
+        """Start keeping a request that has just begun decoding lazily."""
+        it = self.iterations
+        r.sync_it = it
+        self._decoders[r] = None
+        self._dec_ctx += r.computed
+        bs = self.config.block_size
+        heapq.heappush(self._need_block, (it + r.blocks * bs - r.computed, r.admit_no, r.epoch, r))
+        heapq.heappush(self._done, (it + r.output_tokens - r.generated, r.admit_no, r.epoch, r))
+        if self.charged:
+            agent = r.info.agent_id
+            group = self._groups.get(agent)
+            if group is None:
+                group = self._groups[agent] = DecodeGroup(0, 0, it, r.info)
+            self._flush_group(group, it)
+            group.count += 1
+            group.context_tokens += r.computed
+
+    def _sync(self, r: SimRequest) -> None:
+        """Bring a lazily kept decoder's counts up to the current iteration."""
+        gone = self.iterations - r.sync_it
+        r.computed += gone
+        r.generated += gone
+        r.sync_it = self.iterations
+
+    def _undecode(self, r: SimRequest) -> None:
+        """Stop keeping a decoder lazily (it finishes or is preempted); its counts become exact."""
+        self._sync(r)
+        del self._decoders[r]
+        self._dec_ctx -= r.computed
+        r.epoch += 1
+        if self.charged:
+            group = self._groups[r.info.agent_id]
+            self._flush_group(group, self.iterations)
+            group.count -= 1
+            group.context_tokens -= r.computed
+            if group.count == 0:
+                del self._groups[r.info.agent_id]
+
+    def _flush_group(self, group: DecodeGroup, upto_it: int) -> None:
+        """Charge an agent's decoders for the steps from ``group.charged_it`` up to ``upto_it``."""
+        k = upto_it - group.charged_it
+        if k > 0:
+            n, csum = group.count, group.context_tokens
+            if n:
+                self.core.charge(group.info, Charge(0, n * k, k * csum + n * k * (k + 1) // 2))
+            group.context_tokens = csum + n * k
+            group.charged_it = upto_it
+
+    def _flush_charges(self, upto_it: int, everyone: bool = False, also: str | None = None) -> None:
+        """Charge pending decode service to the agents whose keys may be read: the backlogged ones
+        (and ``also``), or ``everyone``."""
+        core = self.core
+        for agent_id, group in self._groups.items():
+            if everyone or agent_id == also or core.is_backlogged(agent_id):
+                self._flush_group(group, upto_it)
+
+    def _materialize(self) -> None:
+        """Make every running request's state exact, for the plain step."""
+        self._flush_charges(self.iterations, everyone=True)
+        for r in self._decoders:
+            self._sync(r)
+            r.epoch += 1
+        self._lazy_reset()
+
+    def _absorb(self) -> None:
+        """After a plain step, keep decoding requests lazily again."""
+        for r in self.running:
+            if r.decoding:
+                self._decode(r)
+            else:
+                self._prefilling.append(r)
+
+    def _pop_due(self, heap: list, it: int) -> list[SimRequest]:
+        """Pop the live entries of ``heap`` that fall due at iteration ``it``."""
+        due = []
+        while heap and heap[0][0] <= it:
+            _, _, epoch, r = heapq.heappop(heap)
+            if epoch == r.epoch:
+                due.append(r)
+        return due
+
+    def _next_due(self, heap: list) -> int | None:
+        while heap and heap[0][2] != heap[0][3].epoch:
+            heapq.heappop(heap)
+        return heap[0][0] if heap else None
+
+    # ----------------------------------------------------------------------------- one step
+    def _lazy_step(self) -> bool:
+        """One step without touching steady decoders; False if it needs the plain step (the token
+        budget binds, or a request needs a block that is not free: a preemption)."""
+        cfg = self.config
+        bs = cfg.block_size
+        it = self.iterations
+        n_dec = len(self._decoders)
+        chunks = [(r, r.num_tokens - r.computed) for r in self._prefilling]
+        demand = n_dec + sum(n for _, n in chunks)
+        if demand > cfg.max_num_batched_tokens:
+            return False  # the budget binds: running order decides who waits
+        grow = self._pop_due(self._need_block, it)
+        need = {r: _ceil_div(r.computed + n, bs) - r.blocks for r, n in chunks}
+        need.update((r, 1) for r in grow)
+        if sum(need.values()) > self.free:
+            return False  # a preemption: the plain step decides whom (on materialised state)
+        for r in grow:
+            heapq.heappush(self._need_block, (it + bs, r.admit_no, r.epoch, r))
+        for r, b in need.items():
+            r.blocks += b
+            self.free -= b
+        if self.charged:
+            for r, n in chunks:
+                self.core.charge(r.info, self._charge_for(r, n))
+        budget = cfg.max_num_batched_tokens - demand
+        if (self.core.num_waiting and budget > 0 and len(self.running) < cfg.max_num_seqs
+                and self._smallest_waiting_need() <= self.free):
+            self._flush_charges(it + 1)  # this step's decodes are charged before admission
+            admitted = self._admit_waiting(budget)
+            chunks += admitted
+            self._prefilling += [r for r, _ in admitted]
+        if not chunks and not n_dec:
+            raise RuntimeError("the engine made no progress in a step; the configuration cannot serve this workload.")
+        batched = n_dec + sum(n for _, n in chunks)
+        self.now_ps += cfg.profile.iteration_ps(batched, self._dec_ctx + n_dec)
+        self.iterations = it = it + 1
+        self._dec_ctx += n_dec
+        ended = self._pop_due(self._done, it)
+        for r, n in chunks:
+            r.computed += n
+            if r.computed == r.num_tokens:
+                r.generated += 1
+                if r.generated == r.output_tokens:
+                    self._prefilling.remove(r)
+                    ended.append(r)
+                    continue
+            if r.decoding:  # a recompute can also stop one token short, which the next step decodes
+                self._prefilling.remove(r)
+                self._decode(r)
+        for r in sorted(ended, key=lambda q: q.admit_no):  # the plain step's finishing order
+            self._finish(r)
+        return True
+
+    # ---------------------------------------------------------------------------- a whole span
+    def _lazy_span(self) -> bool:
+        """Take ``k >= 2`` decode-only steps at once when nothing can change in them."""
+        cfg = self.config
+        n = len(self._decoders)
+        if self._prefilling or n == 0 or n > cfg.max_num_batched_tokens:
+            return False
+        it = self.iterations
+        k = self._next_due(self._done) - it  # requests finish only in the span's last step
+        if k < 2:
+            return False
+        floor, base, per_tok, per_ctx = cfg.profile.coefficients_ps()
+        per_iter = max(floor, base + per_tok * n)
+        ctx0 = self._dec_ctx
+
+        def duration_ps(iters: int) -> int:
+            return iters * per_iter + per_ctx * (iters * ctx0 + n * iters * (iters + 1) // 2)
+
+        if self.next_arrival_ps is not None:  # no arrival may be seen inside the span
+            gap = self.next_arrival_ps - self.now_ps
+            if duration_ps(k - 1) >= gap:
+                lo, hi = 1, k - 1
+                while lo < hi:
+                    mid = (lo + hi + 1) // 2
+                    lo, hi = (mid, hi) if duration_ps(mid - 1) < gap else (lo, mid - 1)
+                k = lo
+                if k < 2:
+                    return False
+        grow_now = self._pop_due(self._need_block, it)
+        for r in grow_now:
+            heapq.heappush(self._need_block, (it, r.admit_no, r.epoch, r))
+        if len(grow_now) > self.free:
+            return False
+        k = self._admission_free_iters(k, self.free - len(grow_now))
+        if k < 2:
+            return False
+        # Hand out blocks step by step until the span's end or a step that would run out.
+        bs = cfg.block_size
+        heap = self._need_block
+        while True:
+            due = self._next_due(heap)
+            if due is None or due >= it + k:
+                break
+            group = self._pop_due(heap, due)
+            if len(group) > self.free:
+                for r in group:
+                    heapq.heappush(heap, (due, r.admit_no, r.epoch, r))
+                k = due - it  # stop just before the step that preempts
+                break
+            self.free -= len(group)
+            for r in group:
+                r.blocks += 1
+                heapq.heappush(heap, (due + bs, r.admit_no, r.epoch, r))
+        if k < 1:
+            return False
+        self.now_ps += duration_ps(k)
+        self.iterations = it = it + k
+        self._dec_ctx += n * k
+        for r in sorted(self._pop_due(self._done, it), key=lambda q: q.admit_no):
+            self._finish(r)
+        return True
+
+    def _admission_free_iters(self, k: int, free_after: int) -> int:
+        """How many of the next ``k`` steps surely admit no waiting request (0 if the first may)."""
+        cfg = self.config
+        core = self.core
+        n = len(self._decoders)
+        if not core.num_waiting or len(self.running) >= cfg.max_num_seqs or cfg.max_num_batched_tokens - n <= 0:
+            return k
+        if self._smallest_waiting_need() > free_after:
+            return k  # nothing waiting fits, whatever the order
+
+        def fits(info: RequestInfo) -> bool:
+            return _ceil_div(self.reqs[info.request_id].num_tokens, cfg.block_size) <= free_after
+
+        if not core.keys_move:
+            return 0 if fits(core.peek()) else k
+        # Dynamic keys move only for backlogged agents that are also decoding, and each moves one
+        # way, so over steps 1..e a key lies between its values at steps 1 and e. The span is safe
+        # up to e while some agent whose head request does not fit surely stays ahead of every
+        # agent whose head request fits.
+        it = self.iterations
+        rates = {}
+        for a, group in self._groups.items():
+            if core.is_backlogged(a):
+                self._flush_group(group, it)
+                rates[a] = (group.count, group.context_tokens)
+
+        def extra(a: str, iters: int) -> Charge:
+            cnt, csum = rates[a]
+            return Charge(0, iters * cnt, iters * csum + cnt * iters * (iters + 1) // 2)
+
+        key = core.agent_key
+        best_still = core.best_agent(set(rates))
+        candidates = list(rates) + ([best_still] if best_still is not None else [])
+        head = min(candidates, key=lambda a: key(a, extra(a, 1)) if a in rates else key(a))
+        if fits(core.agent_head(head)):
+            return 0
+        if not rates:
+            return k
+        fitting = [a for a in candidates if fits(core.agent_head(a))]
+        if not fitting:
+            return k
+        blocked = [a for a in candidates if a not in fitting]
+
+        def span(a: str, e: int) -> tuple[tuple, tuple]:
+            if a not in rates:
+                return key(a), key(a)
+            first, last = key(a, extra(a, 2)), key(a, extra(a, e + 1))
+            return min(first, last), max(first, last)
+
+        def safe(e: int) -> bool:
+            return min(span(a, e)[1] for a in blocked) < min(span(b, e)[0] for b in fitting)
+
+        lo, hi = 0, k - 1
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            lo, hi = (mid, hi) if safe(mid) else (lo, mid - 1)
+        return lo + 1

@@ -1,0 +1,268 @@
+"""``JustitiaScheduler``: vLLM's scheduler with its waiting queue ordered by a justitia policy.
+
+Use it as ``LLM(..., scheduler_cls=JustitiaScheduler, scheduling_policy="priority")`` or
+``--scheduler-cls justitia.vllm.plugin.JustitiaScheduler --scheduling-policy priority``.
+Configuration comes from the environment (vLLM starts the scheduler in its own process;
+``justitia.defaults`` lists the variables): ``JUSTITIA_POLICY`` (default justitia),
+``JUSTITIA_COST`` (kv|compute), ``JUSTITIA_CAPACITY`` (the clock's M in cost units per second;
+default: what the KV cache, or the token budget for compute, delivers per ``JUSTITIA_ITERATION_S``),
+``JUSTITIA_AGENT_IDLE_S`` and ``JUSTITIA_LOG_AGENTS``.
+
+Per-request metadata comes from ``SamplingParams.extra_args`` (``vllm_xargs`` on the OpenAI
+server), read by ``core.protocol.RequestMeta``; missing costs are estimated from the prompt and
+``max_tokens``.
+
+Control calls (``core.protocol.ControlCall``) come from the process that started the engine,
+through vLLM's utility channel (``AsyncLLM.engine_core.call_utility_async``, which an HTTP client
+cannot reach): ``register`` an agent and read its virtual finish tag, ``release`` one, read the policy's
+``state`` (its clock included), or ``reset`` an idle engine's policy state (the bench reuses one engine for every
+policy). ``reset`` may open a step log: one CSV line per engine step,
+``t_s,batched_tokens,decode_context_tokens,prefill_reqs,decode_reqs,busy_after,preemptions``
+(``busy_after`` = 1 when the next step follows at once; the calibration fits only those).
+
+NOTE: the policy lives in the core (``justitia.core.AgentScheduler``), as in the simulator. This
+class only translates: vLLM's queue calls become core verbs, each step's scheduled tokens become
+charges, and every waiting and running request carries its policy key as ``priority``, so vLLM's
+own preemption rule (largest ``(priority, arrival_time)``) picks the lowest-priority victim.
+Pinned to vLLM 0.32: the scheduler internals it relies on are not a public interface.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Iterable, Iterator
+
+from vllm.logger import init_logger
+from vllm.v1.core.sched.request_queue import RequestQueue
+from vllm.v1.core.sched.scheduler import Scheduler
+from vllm.v1.engine.core import EngineCore
+from vllm.v1.request import Request
+
+from justitia.core import (ENGINE_UTILITY, REGISTER, RELEASE, RESET, STATE, AgentBook, AgentInfo, Charge, ControlCall,
+                           RequestMeta, capacity_per_s, cost_model)
+from justitia.defaults import plugin_settings
+
+logger = init_logger("vllm.justitia")  # under "vllm": vLLM configures handlers for that tree only
+
+
+class _CoreQueue(RequestQueue):
+    """vLLM's waiting queue, kept in the order of a justitia ``AgentScheduler``."""
+
+    def __init__(self, plugin: "JustitiaScheduler"):
+        self.plugin = plugin
+        self.requests: dict[str, Request] = {}
+
+    def add_request(self, request: Request) -> None:
+        """A new request, or one coming back."""
+        self.plugin._queue(request)
+        self.requests[request.request_id] = request
+
+    def prepend_request(self, request: Request) -> None:
+        """A preempted or skipped request goes back; its policy key decides where."""
+        self.add_request(request)
+
+    def prepend_requests(self, requests: Iterable[Request]) -> None:
+        """Several requests go back."""
+        for request in requests:
+            self.add_request(request)
+
+    def peek_request(self) -> Request:
+        """The request the policy admits next."""
+        info = self.plugin.core.peek()
+        if info is None:
+            raise IndexError("peek from an empty waiting queue")
+        return self.requests[info.request_id]
+
+    def pop_request(self) -> Request:
+        """Remove and return the request the policy admits next."""
+        request = self.peek_request()
+        self.remove_request(request)
+        return request
+
+    def remove_request(self, request: Request) -> None:
+        """Take a request out (admitted or aborted)."""
+        self.plugin.core.dequeue(self.plugin.book.infos[request.request_id])
+        del self.requests[request.request_id]
+
+    def remove_requests(self, requests: Iterable[Request]) -> None:
+        """Take several requests out; ones not waiting here are ignored."""
+        for request in requests:
+            if request.request_id in self.requests:
+                self.remove_request(request)
+
+    def __bool__(self) -> bool:
+        return bool(self.requests)
+
+    def __len__(self) -> int:
+        return len(self.requests)
+
+    def __iter__(self) -> Iterator[Request]:
+        return iter(list(self.requests.values()))
+
+
+class JustitiaScheduler(Scheduler):
+    """vLLM's v1 scheduler whose waiting order and preemption victims follow a justitia policy."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        settings = plugin_settings()
+        # vLLM keeps one block back (its null block): the rest is what requests can hold.
+        blocks = self.kv_cache_manager.block_pool.get_num_free_blocks()
+        self.kv_tokens = blocks * self.cache_config.block_size
+        self.log_agents = settings.log_agents
+        self.idle_release_s = settings.agent_idle_s
+        cost = cost_model(settings.cost)
+        capacity = settings.capacity_per_s or capacity_per_s(
+            cost, self.kv_tokens, self.scheduler_config.max_num_batched_tokens, settings.iteration_s)
+        self._step_log = None
+        self._reset(settings.policy, cost.name, capacity, None)
+        self.waiting = _CoreQueue(self)
+
+    def _reset(self, policy: str, cost: str, capacity: float, step_log: str | None) -> None:
+        """Fresh policy state and clock (at start-up, or on a ``reset`` of an idle engine)."""
+        self.book = AgentBook.for_policy(policy, capacity, cost, self.idle_release_s, logger)
+        self.core = self.book.core
+        self.t0 = time.monotonic()
+        if self._step_log is not None:
+            self._step_log.close()
+        self._step_log = open(step_log, "a", buffering=1 << 16) if step_log else None
+        self._last_step: tuple | None = None
+        self._preemptions = 0
+
+    # ----------------------------------------------------------------------------- control
+    def control(self, call: ControlCall):
+        """One control call from the process that started the engine (see the module's docstring)."""
+        args, now = call.args, self._now()
+        if call.verb == REGISTER:
+            agent_id = str(args["agent_id"])
+            agent = self.book.register(agent_id, str(args.get("agent_type", "")), float(args["predicted_cost"]), now)
+            if agent is not None:
+                self._log_arrival(agent)
+            return self.core.virtual_finish(agent_id)
+        if call.verb == RELEASE:
+            agent_id = str(args["agent_id"])
+            released = self.book.release(agent_id, now)
+            if released and self.log_agents:
+                logger.info("justitia: agent %s released", agent_id)
+            return released
+        if call.verb == STATE:
+            return self.book.state(now).to_json()
+        if call.verb == RESET:
+            if self.requests or self.book.infos:
+                logger.warning("justitia: reset refused: the engine is not idle")
+                return False
+            self._reset(str(args.get("policy", "justitia")), str(args.get("cost", "kv")),
+                        float(args["capacity_per_s"]), args.get("step_log"))
+            return True
+        raise ValueError(f"unknown control verb '{call.verb}'")
+
+    # ------------------------------------------------------------------------------ requests
+    def _queue(self, request: Request) -> None:
+        """Register a request with the core (first time) or requeue it, and stamp its key."""
+        info = self.book.infos.get(request.request_id)
+        if info is not None:
+            self.core.requeue(info)
+        else:
+            sp = request.sampling_params
+            meta = RequestMeta.parse(getattr(sp, "extra_args", None) if sp is not None else None,
+                                     request.request_id, logger)
+            max_tokens = getattr(sp, "max_tokens", None) or 256
+            info, agent = self.book.arrive(request.request_id, meta, request.num_prompt_tokens, max_tokens,
+                                           self._now())
+            if agent is not None:
+                self._log_arrival(agent)
+        request.priority = self.core.priority(info)
+
+    def _log_arrival(self, agent: AgentInfo) -> None:
+        if self.log_agents:
+            logger.info("justitia: agent %s arrived: type=%r predicted_cost=%.6g virtual_finish=%s", agent.agent_id,
+                        agent.agent_type, agent.predicted_cost, self.core.virtual_finish(agent.agent_id))
+
+    def _now(self) -> float:
+        return time.monotonic() - self.t0
+
+    def _free_request(self, request: Request, *args, **kwargs):
+        """A finished or aborted request releases its policy state (and its agent's, when done)."""
+        if request.request_id in self.book.infos:
+            self.waiting.remove_requests([request])
+            info = self.book.finish(request.request_id, self._now())
+            if self.log_agents and not self.core.has_agent(info.agent_id):
+                logger.info("justitia: agent %s released", info.agent_id)
+        return super()._free_request(request, *args, **kwargs)
+
+    # --------------------------------------------------------------------------------- steps
+    def schedule(self, *args, **kwargs):
+        """vLLM's step, with keys refreshed before it and the service it scheduled charged after."""
+        now_s = self._now()
+        for agent_id in self.book.sweep(now_s):
+            if self.log_agents:
+                logger.info("justitia: agent %s released (idle)", agent_id)
+        core, infos = self.core, self.book.infos
+        if core.keys_move:  # running requests' keys moved with the service charged last step
+            for request in self.running:
+                info = infos.get(request.request_id)
+                if info is not None:
+                    request.priority = core.priority(info)
+        output = super().schedule(*args, **kwargs)
+        charge = core.uses_service
+        if charge or self._step_log is not None:
+            batched = ctx = prefills = decodes = 0
+            per_agent: dict[str, tuple] = {}  # agent -> (a request, summed charge): charges add up
+            for request_id, n in output.num_scheduled_tokens.items():
+                request = self.requests.get(request_id)
+                if request is None:
+                    continue
+                before = request.num_computed_tokens - n  # vLLM has already added this step's
+                step = Charge.for_step(before, n, request.num_tokens, request.num_output_tokens)
+                if charge and (info := infos.get(request_id)) is not None:
+                    _, total = per_agent.get(info.agent_id, (info, Charge()))
+                    per_agent[info.agent_id] = (info, Charge(total.prefill_tokens + step.prefill_tokens,
+                                                             total.decode_tokens + step.decode_tokens,
+                                                             total.kv_token_iters + step.kv_token_iters))
+                batched += n
+                if step.prefill_tokens:
+                    prefills += 1
+                else:
+                    decodes += 1
+                    ctx += step.kv_token_iters
+            for info, total in per_agent.values():
+                core.charge(info, total)
+            if self._step_log is not None:
+                self._last_step = (now_s, batched, ctx, prefills, decodes)
+        return output
+
+    def _preempt_request(self, *args, **kwargs):
+        """vLLM's recompute preemption (the victim comes back through the waiting queue)."""
+        self._preemptions += 1
+        return super()._preempt_request(*args, **kwargs)
+
+    def update_from_output(self, *args, **kwargs):
+        """vLLM's bookkeeping after a step; with a step log, the step is written out."""
+        outputs = super().update_from_output(*args, **kwargs)
+        if self._step_log is not None and self._last_step is not None:
+            t, batched, ctx, prefills, decodes = self._last_step
+            busy = int(self.has_unfinished_requests())
+            self._step_log.write(f"{t:.6f},{batched},{ctx},{prefills},{decodes},{busy},{self._preemptions}\n")
+            self._last_step = None
+            self._preemptions = 0
+        return outputs
+
+    def shutdown(self) -> None:
+        """Flush the step log with the engine."""
+        if self._step_log is not None:
+            self._step_log.close()
+            self._step_log = None
+        super().shutdown()
+
+
+def _engine_control(engine_core: EngineCore, call: dict):
+    """The utility vLLM's engine process runs for ``AsyncLLM.engine_core.call_utility_async``."""
+    scheduler = engine_core.scheduler
+    if not isinstance(scheduler, JustitiaScheduler):
+        raise RuntimeError("this engine does not run the Justitia scheduler plug-in.")
+    return scheduler.control(ControlCall.from_json(call))
+
+
+# vLLM's engine process resolves utility calls by method name on its EngineCore; importing this
+# module (vLLM does, to build the scheduler) adds ours. It adds a method and overrides nothing.
+setattr(EngineCore, ENGINE_UTILITY, _engine_control)

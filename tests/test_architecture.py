@@ -1,0 +1,118 @@
+"""The house's rules, read off the source (function-level imports included): no import cycles, a
+closed core that imports no engine, and a product that never imports the lab (docs/design.md)."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import justitia.core
+
+ROOT = Path(__file__).resolve().parents[1] / "justitia"
+PRODUCT = ("justitia.core", "justitia.workload", "justitia.predictors", "justitia.agent", "justitia.defaults",
+           "justitia.sim", "justitia.vllm", "justitia.server")
+ENGINES = {"vllm", "fastapi", "uvicorn", "httpx", "ray", "torch", "transformers", "matplotlib", "rich", "sklearn",
+           "pydantic", "starlette"}
+
+
+def _modules() -> dict[str, Path]:
+    out = {}
+    for path in ROOT.rglob("*.py"):
+        parts = path.relative_to(ROOT.parent).with_suffix("").parts
+        name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+        out[name] = path
+    return out
+
+
+MODULES = _modules()
+
+
+def _imports(name: str) -> list[tuple[str, list[str], int]]:
+    """Every import in a module, anywhere in it: (module imported, names taken from it, line)."""
+    tree = ast.parse(MODULES[name].read_text())
+    package = name if MODULES[name].name == "__init__.py" else name.rpartition(".")[0]
+    out = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            out += [(alias.name, [], node.lineno) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                base = ".".join(package.split(".")[: len(package.split(".")) - node.level + 1] + ([base] if base else []))
+            out.append((base, [alias.name for alias in node.names], node.lineno))
+    return out
+
+
+def _targets(module: str, names: list[str]) -> set[str]:
+    """The justitia modules an import loads: ``from a import b`` is module ``a.b`` when there is one."""
+    found = {f"{module}.{n}" for n in names if f"{module}.{n}" in MODULES}
+    if module in MODULES and (not names or len(found) < len(names)):
+        found.add(module)
+    return found
+
+
+GRAPH = {name: {t for module, names, _ in _imports(name) for t in _targets(module, names) if t != name}
+         for name in MODULES}
+
+
+def _in(name: str, packages: tuple[str, ...]) -> bool:
+    return any(name == p or name.startswith(p + ".") for p in packages)
+
+
+def test_there_are_no_import_cycles():
+    state: dict[str, int] = {}  # 1: on the path, 2: done
+    path: list[str] = []
+
+    def visit(node: str) -> None:
+        state[node] = 1
+        path.append(node)
+        for nxt in sorted(GRAPH[node]):
+            if state.get(nxt) == 1:
+                cycle = path[path.index(nxt):] + [nxt]
+                raise AssertionError("import cycle: " + " -> ".join(cycle))
+            if nxt not in state:
+                visit(nxt)
+        path.pop()
+        state[node] = 2
+
+    for node in sorted(GRAPH):
+        if node not in state:
+            visit(node)
+
+
+def test_the_core_imports_nothing_of_justitia_outside_it_and_no_engine():
+    for name in MODULES:
+        if not _in(name, ("justitia.core",)):
+            continue
+        for module, _, line in _imports(name):
+            top = module.split(".")[0]
+            assert not (top == "justitia" and not _in(module, ("justitia.core",))), f"{name}:{line} imports {module}"
+            assert top not in ENGINES, f"{name}:{line} imports {module}: the core knows no engine"
+
+
+def test_no_product_module_imports_the_lab_or_the_command_line():
+    for name in MODULES:
+        if _in(name, PRODUCT):
+            bad = [t for t in GRAPH[name] if _in(t, ("justitia.lab", "justitia.cli"))]
+            assert not bad, f"{name} imports {bad}: the product must not depend on the lab"
+
+
+def test_outside_the_core_only_its_public_names_are_used():
+    public = set(justitia.core.__all__)
+    for name in MODULES:
+        if _in(name, ("justitia.core",)):
+            continue
+        for module, names, line in _imports(name):
+            if module == "justitia.core":
+                assert set(names) <= public, f"{name}:{line} takes {set(names) - public} from the core"
+            else:
+                assert not _in(module, ("justitia.core",)), f"{name}:{line} reaches into {module}"
+
+
+def test_the_rules_see_the_whole_package():
+    # a check that sees nothing cannot fail: the graph must hold the modules and edges it guards
+    assert {"justitia.core.scheduler", "justitia.sim.simulator", "justitia.vllm.plugin", "justitia.lab.bench",
+            "justitia.server.agents", "justitia.agent"} <= set(MODULES)
+    assert "justitia.core.scheduler" in GRAPH["justitia.core.book"]
+    assert "justitia.agent" in GRAPH["justitia.sim.simulator"]
+    assert "justitia.lab.presets" in GRAPH["justitia.cli"]  # a function-level import
