@@ -6,7 +6,7 @@ NOTE on the rules followed in each step (as vLLM v1's ``Scheduler.schedule``):
      limited by the step's token budget) or one decode token. When the KV cache has no block for
      it, the running request with the lowest policy priority is preempted by recompute (its blocks
      are freed, it goes back to waiting and later recomputes prompt and output so far), until the
-     request fits or is itself the victim.
+     request fits or is itself the victim; then no further running request is scheduled this step.
   2. Only if nothing was preempted, waiting requests are admitted in policy order until one does
      not fit (head-of-line break) or ``max_num_seqs`` is reached. A request is admitted only if its
      whole sequence so far fits in the free blocks (vLLM 0.32's ``scheduler_reserve_full_isl``,
@@ -175,7 +175,7 @@ class PlainRun:
                 if victim is r:
                     break
             if not r.running:
-                continue
+                break  # it preempted itself: vLLM schedules no further running request this step
             self.free -= max(need, 0)
             r.blocks += max(need, 0)
             scheduled[r] = n
@@ -189,6 +189,8 @@ class PlainRun:
                 scheduled[r] = n
                 charges[r] = Charge(n, 0, 0)
         if not scheduled:
+            if preempted:  # the first request that needed a block preempted itself: an empty step, no time
+                return
             raise RuntimeError("the engine made no progress in a step; the configuration cannot serve this workload.")
         batched = sum(scheduled.values())
         context = sum(c.kv_token_iters for c in charges.values() if c.prefill_tokens == 0)
