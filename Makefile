@@ -4,7 +4,7 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: setup run test speed presets cpu overhead profile predictor-eval load server-bench clean
+.PHONY: setup run test speed presets cpu overhead profile predictor-eval load load-upstream server-bench clean
 
 $(VENV)/.installed: pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
@@ -47,6 +47,10 @@ predictor-eval: setup
 # justitia serve under load: 1,000 agents submitted at once, all must finish (about 8 minutes here).
 load: setup
 	$(BIN)/python scripts/load_test.py --agents 1000 --out results/load.json
+
+# justitia serve --upstream in front of two stock vLLM servers (tiny model), 300 agents.
+load-upstream: setup
+	$(BIN)/python scripts/load_test.py --agents 300 --upstream 2 --out results/load-upstream.json
 
 # The server's cost per request against AsyncLLM.generate called directly.
 server-bench: setup

@@ -24,6 +24,7 @@ def _parser() -> argparse.ArgumentParser:
     from justitia.core import POLICY_NAMES
     from justitia.lab.presets import PRESET_NAMES
     from justitia.predictors import SPEC_HELP
+    from justitia.predictors.registry import KINDS
     from justitia.sim.config import PROFILES
 
     ap = argparse.ArgumentParser(prog="justitia", description=__doc__)
@@ -58,14 +59,15 @@ def _parser() -> argparse.ArgumentParser:
     pr_sub = pr.add_subparsers(dest="predictor_command", required=True)
     tr = pr_sub.add_parser("train", help="fit per-type TF-IDF + MLP models (or the lm baseline) to a profile file")
     tr.add_argument("--profile", type=Path, required=True, help="JSONL profile or workload file")
-    tr.add_argument("--kind", choices=["mlp", "lm"], default="mlp",
-                    help="mlp: per-type TF-IDF + MLP (default); lm: MiniLM embedding + MLP baseline")
+    saved = [k for k, kind in KINDS.items() if kind.load]  # the kinds saved as a directory
+    tr.add_argument("--kind", choices=saved, default=saved[0],
+                    help="; ".join(f"{k}: {KINDS[k].description}" for k in saved) + f" (default {saved[0]})")
     tr.add_argument("--out", type=Path, required=True, help="predictor directory to write")
     tr.add_argument("--seed", type=int, default=0)
     tr.add_argument("--alpha", type=float, help="L2 penalty of the MLP (default: mlp 10, lm 1e-3)")
     ev = pr_sub.add_parser("eval", help="hold out agents per type; compare the predictors on them")
-    ev.add_argument("--predictors", default="mlp,lm,mean,linear",
-                    help="comma-separated, of mlp, lm, mean, linear (default all four)")
+    ev.add_argument("--predictors", default=",".join(KINDS),
+                    help=f"comma-separated, of {', '.join(KINDS)} (default all of them)")
     ev.add_argument("--profile", type=Path, required=True, help="JSONL profile or workload file")
     ev.add_argument("--test-frac", type=float, default=0.2, help="share of each type held out (default 0.2)")
     ev.add_argument("--seed", type=int, default=0)

@@ -1,10 +1,11 @@
 """Load test of `justitia serve`: many agents at once, every one must finish with all its outputs.
 
-    python scripts/load_test.py [--agents 1000] [--stages A:B --tasks A:B --tokens A:B] [--url http://127.0.0.1:PORT]
-                                [--out results/load.json]
+    python scripts/load_test.py [--agents 1000] [--stages A:B --tasks A:B --tokens A:B]
+                                [--url http://127.0.0.1:PORT | --upstream N] [--out results/load.json]
 
 Without --url it starts `justitia serve` (tiny model) on a free loopback port and stops it at the
-end. It submits every agent at once (by default each 4 stages of 1-2 tasks of 200-250 tokens;
+end; with --upstream N it starts N stock vLLM OpenAI servers (tiny model, priority policy) and
+`justitia serve --upstream` in front of them, and reports how the requests split between them. It submits every agent at once (by default each 4 stages of 1-2 tasks of 200-250 tokens;
 later stages quote the previous one's first answer), waits until all are done, failed or
 cancelled (or --timeout passes), checks each one's outputs, and counts the most agents in flight
 at once (from the server's own arrival and finish times). Loopback only:
@@ -101,31 +102,59 @@ async def run(url: str, n: int, timeout_s: float, seed: int, stages=(4, 4), task
             "first_rejection": rejected[0] if rejected else None}
 
 
-def start_server(*args: str, quiet: bool = False) -> tuple[subprocess.Popen, str]:
-    """``justitia serve ARGS`` on a free loopback port, once it answers /health (SystemExit if it never does)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def start(cmd: list[str], port: int, ready: str, quiet: bool = False) -> tuple[subprocess.Popen, str]:
+    """Start ``cmd`` serving on loopback ``port``; return it once ``ready`` answers (SystemExit if it never does)."""
     out = subprocess.DEVNULL if quiet else None
-    proc = subprocess.Popen([sys.executable, "-m", "justitia", "serve", "--port", str(port), *args],
-                            stdout=out, stderr=out)
+    proc = subprocess.Popen(cmd, stdout=out, stderr=out)
     url = f"http://127.0.0.1:{port}"
-    deadline = time.time() + 300
+    deadline = time.time() + 400
     while proc.poll() is None and time.time() < deadline:
         try:
-            if httpx.get(url + "/health", timeout=5).status_code == 200:
+            if httpx.get(url + ready, timeout=5).status_code == 200:
                 return proc, url
         except httpx.TransportError:
             pass
         time.sleep(0.5)
     proc.kill()
-    raise SystemExit("the server did not start")
+    raise SystemExit(f"{cmd[:4]} did not start")
+
+
+def start_server(*args: str, quiet: bool = False) -> tuple[subprocess.Popen, str]:
+    """``justitia serve ARGS`` on a free loopback port, once it answers /health."""
+    port = _free_port()
+    return start([sys.executable, "-m", "justitia", "serve", "--port", str(port), *args], port, "/health", quiet)
+
+
+def start_replica(model_dir: str, quiet: bool = True) -> tuple[subprocess.Popen, str]:
+    """A stock vLLM OpenAI server (priority policy) on a free loopback port."""
+    port = _free_port()
+    return start([sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model_dir, "--port", str(port),
+                  "--host", "127.0.0.1", "--scheduling-policy", "priority", "--enforce-eager", "--dtype", "float32"],
+                 port, "/v1/models", quiet)
+
+
+def replica_split(url: str) -> dict[str, dict[str, float]]:
+    """Requests the front end sent to each replica, and those that failed, from its /metrics."""
+    out: dict[str, dict[str, float]] = {}
+    for line in httpx.get(url + "/metrics", timeout=30).text.splitlines():
+        for name in ("requests", "failures"):
+            if line.startswith(f"justitia_replica_{name}_total{{"):
+                out.setdefault(line.split('"')[1], {})[name] = float(line.split()[-1])
+    return out
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--agents", type=int, default=1000)
     ap.add_argument("--url", help="a running server on loopback (default: start one)")
+    ap.add_argument("--upstream", type=int, default=0, help="start N stock vLLM replicas behind `justitia serve "
+                    "--upstream` (default 0: one server with its own engine)")
     ap.add_argument("--timeout", type=float, default=1500, help="seconds to wait for all agents (default 1500)")
     ap.add_argument("--seed", type=int, default=0)
     # defaults: long enough (4 stages in a row) that no agent finishes while 1,000 are being submitted
@@ -134,18 +163,29 @@ def main() -> int:
     ap.add_argument("--tokens", type=_range, default=(200, 250), help="max_tokens of a task, A:B (default 200:250)")
     ap.add_argument("--out", type=Path, help="also write the result as JSON here")
     args = ap.parse_args()
-    proc = None
+    procs = []
     url = args.url
-    if url is None:
-        proc, url = start_server("--predictor", "mean", "--max-agents-in-flight", str(max(args.agents, 1)),
-                                 "--max-num-seqs", "256")
+    serve_args = ("--predictor", "mean", "--max-agents-in-flight", str(max(args.agents, 1)))
+    if url is None and args.upstream:
+        from justitia.vllm.models import resolve_model
+
+        model = str(resolve_model("tiny"))
+        replicas = [start_replica(model) for _ in range(args.upstream)]
+        procs += [p for p, _ in replicas]
+        proc, url = start_server(*serve_args, "--model", "tiny", "--upstream", *(u for _, u in replicas))
+        procs.append(proc)
+    elif url is None:
+        proc, url = start_server(*serve_args, "--max-num-seqs", "256")
+        procs.append(proc)
     elif urlparse(url).hostname not in ("127.0.0.1", "localhost", "::1"):
         print(f"load test: {url} is not a loopback address; this script only loads a local server", file=sys.stderr)
         return 2
     try:
         result = asyncio.run(run(url, args.agents, args.timeout, args.seed, args.stages, args.tasks, args.tokens))
+        if args.upstream:
+            result["replicas"] = replica_split(url)
     finally:
-        if proc is not None:
+        for proc in reversed(procs):  # the front end first, then the replicas
             proc.terminate()
             proc.wait(timeout=60)
     print(json.dumps(result, indent=1))

@@ -133,6 +133,7 @@ def make_preset(name: str, seed: int = 0) -> Preset:
         # Agents profiled on a real LM (their true output lengths), so that learned predictors meet
         # the outputs they were trained to predict. Predictors train on the rest of the profile.
         from justitia.predictors.committed import lm_available, trained_predictors
+        from justitia.predictors.registry import KINDS
 
         agents, info, train = profile_workload(seed, trace, ABLATION_DENSITY)
         # The profile's agents are the generators' lengths / scale, so the engine is the paper's
@@ -140,7 +141,7 @@ def make_preset(name: str, seed: int = 0) -> Preset:
         scale = float(agents[0].meta.get("scale", 1.0))
         blocks = round(load_profile(SIM_DEFAULT_PROFILE).kv_blocks / scale)
         info |= {"kv_blocks": blocks, "profile_scale": scale}
-        names = ("mlp", "lm", "mean", "linear") if lm_available() else ("mlp", "mean", "linear")
+        names = tuple(k for k in KINDS if k != "lm" or lm_available())
         specs = [RunSpec("vtc", "vtc"), RunSpec("justitia", "justitia"),
                  RunSpec("justitia/C", "justitia", cost="compute")]
         specs += [RunSpec(f"justitia@{n}", "justitia", spec) for n, spec in trained_predictors(train, seed, names).items()]

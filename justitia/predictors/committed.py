@@ -16,7 +16,7 @@ from pathlib import Path
 from justitia.core import KV
 from justitia.defaults import cache_dir
 from justitia.predictors import lm, mlp
-from justitia.predictors.registry import kinds
+from justitia.predictors.registry import KINDS, kinds
 from justitia.workload import Agent, save_workload
 
 DEFAULT_PROFILE = Path(__file__).parents[1] / "data" / "profile-smollm2.jsonl.gz"
@@ -29,8 +29,7 @@ def lm_available() -> bool:
     return all(importlib.util.find_spec(m) is not None for m in ("torch", "transformers", lm.ENCODER_PACKAGE))
 
 
-def trained_predictors(train: list[Agent], seed: int = 0, names: tuple[str, ...] = ("mlp", "lm", "mean", "linear"),
-                       ) -> dict[str, str]:
+def trained_predictors(train: list[Agent], seed: int = 0, names: tuple[str, ...] = tuple(KINDS)) -> dict[str, str]:
     """name -> predictor spec (``mlp:DIR``, ``lm:DIR``, ``mean:FILE``, ``linear:FILE``) for
     predictors trained on ``train``, training (and caching) the ones not trained before."""
     # what was trained on, and how: a change to either trains anew
