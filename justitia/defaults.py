@@ -1,7 +1,8 @@
 """Every default and environment variable of justitia, in one place; read when asked, never at import.
 
 The vLLM plug-in is configured by environment variables because vLLM builds the scheduler in its
-own engine process; ``plugin_settings()`` reads them, with one clear error per bad value.
+own engine process; ``policy_settings()`` reads them (for the plug-in, and for the ``--upstream``
+front end, which keeps the same policy state), with one clear error per bad value.
 """
 
 from __future__ import annotations
@@ -33,8 +34,8 @@ def cache_dir() -> Path:
 
 
 @dataclass(frozen=True)
-class PluginSettings:
-    """The plug-in's configuration, from the environment of the engine process."""
+class PolicySettings:
+    """A policy holder's configuration (the plug-in's, or a front end's), from the environment."""
 
     policy: str = "justitia"
     cost: str = "kv"
@@ -44,7 +45,7 @@ class PluginSettings:
     log_agents: bool = False
 
 
-def plugin_settings(environ: Mapping[str, str] | None = None) -> PluginSettings:
+def policy_settings(environ: Mapping[str, str] | None = None) -> PolicySettings:
     """Read ``JUSTITIA_*`` from ``environ`` (default ``os.environ``); a bad value raises ValueError."""
     env = os.environ if environ is None else environ
 
@@ -60,7 +61,7 @@ def plugin_settings(environ: Mapping[str, str] | None = None) -> PluginSettings:
             raise ValueError(f"{name}={raw!r}: expected a finite number {'>' if strict else '>='} {least:g}.")
         return value
 
-    return PluginSettings(
+    return PolicySettings(
         policy=env.get(ENV_POLICY, "justitia"), cost=env.get(ENV_COST, "kv"),
         capacity_per_s=number(ENV_CAPACITY, None), iteration_s=number(ENV_ITERATION_S, ITERATION_S),
         agent_idle_s=number(ENV_AGENT_IDLE_S, AGENT_IDLE_S, strict=False),

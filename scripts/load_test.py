@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import random
 import socket
 import subprocess
@@ -111,7 +112,9 @@ def _free_port() -> int:
 def start(cmd: list[str], port: int, ready: str, quiet: bool = False) -> tuple[subprocess.Popen, str]:
     """Start ``cmd`` serving on loopback ``port``; return it once ``ready`` answers (SystemExit if it never does)."""
     out = subprocess.DEVNULL if quiet else None
-    proc = subprocess.Popen(cmd, stdout=out, stderr=out)
+    # vLLM's CPU backend otherwise reserves most of the machine's memory for each engine's KV cache
+    env = {"VLLM_CPU_KVCACHE_SPACE": "1"} | dict(os.environ)
+    proc = subprocess.Popen(cmd, stdout=out, stderr=out, env=env)
     url = f"http://127.0.0.1:{port}"
     deadline = time.time() + 400
     while proc.poll() is None and time.time() < deadline:
@@ -132,11 +135,12 @@ def start_server(*args: str, quiet: bool = False) -> tuple[subprocess.Popen, str
 
 
 def start_replica(model_dir: str, quiet: bool = True) -> tuple[subprocess.Popen, str]:
-    """A stock vLLM OpenAI server (priority policy) on a free loopback port."""
+    """A stock vLLM OpenAI server (priority policy, 1 GiB of KV cache, contexts up to 2,048 tokens, as
+    `justitia serve` starts its own engine) on a free loopback port."""
     port = _free_port()
     return start([sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model_dir, "--port", str(port),
-                  "--host", "127.0.0.1", "--scheduling-policy", "priority", "--enforce-eager", "--dtype", "float32"],
-                 port, "/v1/models", quiet)
+                  "--host", "127.0.0.1", "--scheduling-policy", "priority", "--enforce-eager", "--dtype", "float32",
+                  "--max-model-len", "2048"], port, "/v1/models", quiet)
 
 
 def replica_split(url: str) -> dict[str, dict[str, float]]:

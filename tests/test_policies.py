@@ -201,6 +201,12 @@ def test_agent_book_registers_on_first_request_and_releases_on_done_cancel_or_id
     assert book.release("c", 14.5) and not book.release("c", 14.6)
     assert book.finish("c1", 15.0) is not None and not book.core.has_agent("c")
 
+    # retire: an engine that still holds the agent's requests serves them first, then lets it go
+    book.arrive("d1", RequestMeta("d"), 10, 4, now_s=15.0)
+    assert not book.retire("d", 15.5) and book.core.has_agent("d") and book.core.num_waiting == 1
+    book.finish("d1", 16.0)
+    assert not book.core.has_agent("d") and book.retire("d", 16.5) is False
+
     # a request without agent_id is an agent of its own, released when it finishes; bad costs are replaced
     info, agent = book.arrive("solo", RequestMeta.parse({"agent_cost": "nan"}, "solo"), 8, 2, now_s=16.0)
     assert agent.agent_id == "solo" and agent.predicted_cost == info.predicted_cost == 8 * 2 + 2

@@ -63,6 +63,14 @@ class AgentBook:
         self.core.agent_finished(agent_id, now_s)
         return True
 
+    def retire(self, agent_id: str, now_s: float) -> bool:
+        """Release the agent as soon as none of its requests is open: now (True), or when its last
+        open one finishes (an engine must keep serving the requests it still holds)."""
+        if self.core.open_requests(agent_id) == 0:
+            return self.release(agent_id, now_s)
+        self.agent_done.add(agent_id)
+        return False
+
     def sweep(self, now_s: float) -> list[str]:
         """Release the agents idle for ``idle_release_s`` (checked at most once a second)."""
         if not self.idle_since or now_s < self._next_sweep_s:

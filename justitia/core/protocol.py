@@ -11,9 +11,10 @@ on vLLM's OpenAI server). ``RequestMeta`` is the only code that writes or reads 
 
 **Control calls** go from the process that started a vLLM engine into the plug-in, inside the
 engine process (vLLM's utility-call channel, never reachable by an HTTP client): ``register`` an
-agent ahead of its requests and read back its virtual finish tag, ``release`` an agent at once,
-read the policy's ``state`` (its clock included), or ``reset`` the policy state of an idle engine
-(the bench reuses one engine for every policy). Each is one ``ControlCall``.
+agent ahead of its requests and read back its virtual finish tag, ``release`` an agent (as soon as
+none of its requests is open), read the policy's ``state`` (its clock included), or ``reset`` the
+policy state of an idle engine (the bench reuses one engine for every policy). Each is one
+``ControlCall``.
 """
 
 from __future__ import annotations
@@ -90,7 +91,7 @@ class ControlCall:
     """One call into the plug-in: a verb and its arguments (plain JSON values).
 
     ``register``: ``agent_id``, ``agent_type``, ``predicted_cost`` -> the agent's virtual finish
-    tag (None under a policy without a clock); ``release``: ``agent_id`` -> whether it was known;
+    tag (None under a policy without a clock); ``release``: ``agent_id`` -> whether it was released now (else: when its last open request ends);
     ``state`` -> ``PolicyState.to_json()``; ``reset``: ``policy``, ``cost``,
     ``capacity_per_s``, ``step_log`` (a CSV path or None) -> whether the idle engine was reset.
     """

@@ -32,6 +32,7 @@ from typing import Callable
 
 from justitia.agent import AgentProcess, AgentResult, Answer, Call, RunResult, drive
 from justitia.core import RESET, AgentBook, ControlCall, cost_model
+from justitia.core import capacity_per_s as default_capacity  # run() takes a capacity_per_s of its own
 from justitia.defaults import ITERATION_S
 from justitia.predictors import make_predictor
 from justitia.vllm.engine import EngineSpec, RunningEngine, control
@@ -114,8 +115,9 @@ class VllmEngine(RunningEngine):
         """Replay ``agents`` under ``policy``; return per-agent results and the engine's step log."""
         if self.llm is None:
             raise RuntimeError("the engine is not started; use 'async with VllmEngine(spec) as engine'.")
-        capacity = float(capacity_per_s) if capacity_per_s else self.kv_tokens / ITERATION_S
         model = cost_model(cost)
+        budget = self.llm.vllm_config.scheduler_config.max_num_batched_tokens
+        capacity = float(capacity_per_s) if capacity_per_s else default_capacity(model, self.kv_tokens, budget, ITERATION_S)
         pred = make_predictor(predictor, seed)
         ids = self.prompt_ids(agents)
         run_id = uuid.uuid4().hex[:8]

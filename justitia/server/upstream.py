@@ -27,7 +27,7 @@ from pathlib import Path
 import httpx
 
 from justitia.core import KV, AgentBook, PolicyState, RequestMeta, capacity_per_s
-from justitia.defaults import plugin_settings
+from justitia.defaults import policy_settings
 from justitia.server.backend import Backend, BackendError, Completion, Output, metric_lines
 
 log = logging.getLogger("justitia.server")
@@ -126,7 +126,7 @@ class UpstreamBackend(Backend):
         try:
             for url in urls:
                 replicas.append(await probe_replica(url, kv_tokens))
-            settings = plugin_settings()
+            settings = policy_settings()
             total = sum(r.kv_tokens for r in replicas)
             capacity = settings.capacity_per_s or capacity_per_s(KV, total, 0, settings.iteration_s)
             if tokenizer_dir is None:

@@ -9,6 +9,7 @@ to slow kernels without AVX-512 BF16).
 
 from __future__ import annotations
 
+import gc
 import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -126,6 +127,7 @@ class RunningEngine:
         if self.llm is not None:
             self.llm.shutdown()
             self.llm = None
+            gc.collect()  # AsyncLLM sits in reference cycles: collect it now, not at interpreter exit
 
 
 async def control(llm, call: ControlCall):

@@ -40,7 +40,7 @@ from vllm.v1.request import Request
 
 from justitia.core import (ENGINE_UTILITY, REGISTER, RELEASE, RESET, STATE, AgentBook, AgentInfo, Charge, ControlCall,
                            RequestMeta, capacity_per_s, cost_model)
-from justitia.defaults import plugin_settings
+from justitia.defaults import policy_settings
 
 logger = init_logger("vllm.justitia")  # under "vllm": vLLM configures handlers for that tree only
 
@@ -105,7 +105,7 @@ class JustitiaScheduler(Scheduler):
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
-        settings = plugin_settings()
+        settings = policy_settings()
         # vLLM keeps one block back (its null block): the rest is what requests can hold.
         blocks = self.kv_cache_manager.block_pool.get_num_free_blocks()
         self.kv_tokens = blocks * self.cache_config.block_size
@@ -141,7 +141,7 @@ class JustitiaScheduler(Scheduler):
             return self.core.virtual_finish(agent_id)
         if call.verb == RELEASE:
             agent_id = str(args["agent_id"])
-            released = self.book.release(agent_id, now)
+            released = self.book.retire(agent_id, now)  # requests still in vLLM's queues are served first
             if released and self.log_agents:
                 logger.info("justitia: agent %s released", agent_id)
             return released
