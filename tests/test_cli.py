@@ -79,3 +79,18 @@ def test_presets_use_the_shipped_arrivals_and_name_no_local_path():
     assert preset.workload_info["arrivals"] == "trace" and preset.workload_info["trace"] == "mooncake_conversation"
     assert len(preset.agents) == 300 and 90.0 < max(a.arrival_s for a in preset.agents) < 115.0
     assert [s.label for s in preset.specs] == ["vtc", "justitia", "justitia@noisy:1.5", "justitia@noisy:2", "justitia@noisy:3"]
+
+
+def test_the_sustained_presets_stream_small_agents_at_a_multiple_of_what_the_engine_serves():
+    import justitia.lab.presets as presets
+
+    over, near = presets.make_preset("sustained"), presets.make_preset("sustained-near")
+    assert over.workload_info["rate_per_s"] / near.workload_info["rate_per_s"] == pytest.approx(1.2 / 0.95)
+    for preset in (over, near):
+        elephant, *mice = preset.agents
+        assert elephant.agent_id == "elephant" and len(elephant.stages) == 2
+        assert all(len(m.stages) == 1 and 1 <= len(m.stages[0]) <= 3 for m in mice)
+        assert max(m.arrival_s for m in mice) < presets.SUSTAINED_S
+        rate = len(mice) / presets.SUSTAINED_S  # Poisson: within a few percent of the asked rate
+        assert rate == pytest.approx(preset.workload_info["rate_per_s"], rel=0.1)
+        assert [s.label for s in preset.specs] == ["fcfs", "sjf", "parrot", "vtc", "srjf", "justitia", "las"]

@@ -235,3 +235,14 @@ def test_front_end_tagging_takes_only_policies_with_static_keys():
             AgentBook.tagging(dynamic, 100.0)
     with pytest.raises(ValueError, match="unknown policy"):
         AgentBook.tagging("magic", 100.0)
+
+
+def test_fairness_reports_the_distribution_of_delays_against_the_reference():
+    from justitia.lab.metrics import fairness
+
+    reference = {f"a{i}": 10.0 for i in range(100)}
+    other = {f"a{i}": 10.0 * (1 + (i - 49) / 100) for i in range(100)}  # -49 % ... +50 %
+    f = fairness(reference, other)
+    assert f["not_delayed_frac"] == 0.5 and f["max_delay"] == pytest.approx(0.5)
+    assert f["delay_p50"] == pytest.approx(0.005) and f["delay_p90"] == pytest.approx(0.401)
+    assert f["delay_p99"] == pytest.approx(0.4901)

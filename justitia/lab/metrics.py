@@ -26,8 +26,10 @@ def fairness(reference: dict[str, float], other: dict[str, float]) -> dict:
     """Relative JCT increase of ``other`` over ``reference``, paired by agent id.
 
     ``not_delayed_frac``: agents that finished no later than under the reference;
-    ``mean_delay_of_delayed``: mean relative increase among the others; ``max_delay``: the largest.
-    A relative increase below one part in a million counts as not delayed (float noise).
+    ``mean_delay_of_delayed``: mean relative increase among the others; ``max_delay``: the largest;
+    ``delay_p50``, ``delay_p90``, ``delay_p99``: percentiles of the relative increase over all agents
+    (negative: faster than under the reference). A relative increase below one part in a million
+    counts as not delayed (float noise).
     """
     missing = set(reference) ^ set(other)
     if missing:
@@ -39,6 +41,7 @@ def fairness(reference: dict[str, float], other: dict[str, float]) -> dict:
         "not_delayed_frac": float(1 - len(delayed) / len(delays)),
         "mean_delay_of_delayed": float(delayed.mean()) if len(delayed) else 0.0,
         "max_delay": float(max(delays.max(), 0.0)),
+        **{f"delay_p{q}": float(np.percentile(delays, q)) for q in (50, 90, 99)},
     }
 
 

@@ -9,8 +9,9 @@ import numpy as np
 
 from justitia.core import POLICY_NAMES
 from justitia.lab.bench import RunSpec
+from justitia.sim import EngineConfig
 from justitia.sim.config import load_profile
-from justitia.workload import Agent, load_workload, scale_tokens
+from justitia.workload import Agent, Task, load_workload, scale_tokens
 from justitia.workload.arrivals import MOONCAKE_ARRIVALS, synthetic_arrivals, trace_arrivals
 from justitia.workload.workflows import generate_agent, generate_agents
 
@@ -110,6 +111,42 @@ def starvation_workload(seed: int, small_agents: int = 400, rate_per_s: float = 
     return [elephant, *smalls]
 
 
+# The sustained presets: an elephant, then a stream of small single-stage agents for 10 simulated
+# minutes at a multiple of what the engine really serves (measured, not assumed: see saturated_rate).
+SUSTAINED_S = 600.0
+SUSTAINED_LOADS = {"sustained": 1.2, "sustained-near": 0.95}
+
+
+def stream_mouse(rng: np.random.Generator, agent_id: str, arrival_s: float) -> Agent:
+    """A small single-stage agent: 1-3 tasks of 300-900 prompt and 40-160 output tokens."""
+    tasks = tuple(Task(f"Check claim {agent_id}/{i} against the sources and answer in a few sentences.",
+                       int(rng.integers(300, 901)), int(rng.integers(40, 161))) for i in range(int(rng.integers(1, 4))))
+    return Agent(agent_id, "fv", arrival_s, (tasks,))
+
+
+def saturated_rate(config, seed: int, n: int = 600) -> float:
+    """Small agents per second the engine serves when it has nothing else to do: ``n`` of them at
+    once, under fcfs, divided by the time they take."""
+    from justitia.lab.bench import simulate
+
+    rng = np.random.default_rng([seed, 1])
+    burst = [stream_mouse(rng, f"probe-{i:04d}", 0.0) for i in range(n)]
+    return n / simulate(burst, RunSpec("fcfs", "fcfs"), config, seed).makespan_s
+
+
+def sustained_workload(seed: int, load: float, config) -> tuple[list[Agent], dict]:
+    """One large two-stage map-reduce elephant at t=0, then small agents for ``SUSTAINED_S`` seconds at
+    ``load`` times the engine's saturated rate (Poisson arrivals)."""
+    rate = load * saturated_rate(config, seed)
+    rng = np.random.default_rng(seed)
+    elephant = generate_agent("mrs", "large", "elephant", 0.0, rng)
+    arrivals = np.cumsum(rng.exponential(1.0 / rate, size=int(rate * SUSTAINED_S * 1.2)))
+    mice = [stream_mouse(rng, f"mouse-{i:05d}", float(t)) for i, t in enumerate(arrivals[arrivals < SUSTAINED_S])]
+    info = {"arrivals": f"elephant at 0 s, then small agents at {load:g}x the engine's saturated rate for "
+                        f"{SUSTAINED_S:.0f} s", "rate_per_s": rate, "load": load, "agents": 1 + len(mice), "seed": seed}
+    return [elephant, *mice], info
+
+
 def make_preset(name: str, seed: int = 0) -> Preset:
     """Build the preset called ``name``: main, starvation, noise, ablation (simulator) or cpu (vLLM)."""
     trace = MOONCAKE_ARRIVALS
@@ -122,6 +159,11 @@ def make_preset(name: str, seed: int = 0) -> Preset:
         info = {"arrivals": "elephant at 0 s, small agents 1/s", "agents": len(agents), "seed": seed}
         specs = [RunSpec(p, p) for p in ("fcfs", "vtc", "srjf", "justitia", "las")]
         return Preset(name, "one large mrs elephant among small agents arriving at 1/s", agents, info, specs)
+    if name in SUSTAINED_LOADS:
+        load = SUSTAINED_LOADS[name]
+        agents, info = sustained_workload(seed, load, EngineConfig(profile=load_profile(SIM_DEFAULT_PROFILE)))
+        return Preset(name, f"an elephant, then small agents at {load:g}x the engine's saturated rate for "
+                      f"{SUSTAINED_S / 60:.0f} minutes, all seven policies", agents, info, _all_policies())
     if name == "noise":
         agents, info = build_workload(300, seed, trace, 1.0)
         specs = [RunSpec("vtc", "vtc")] + [
@@ -171,4 +213,4 @@ def _lm_missing() -> str:
 
 
 CPU_AGENTS, CPU_CALIBRATION_AGENTS, CPU_DENSITY, CPU_SCALE, CPU_REPEATS = 24, 20, 1 / 3, 8, 2
-PRESET_NAMES = ("main", "starvation", "noise", "ablation", "cpu")
+PRESET_NAMES = ("main", "starvation", "noise", "ablation", "sustained", "sustained-near", "cpu")

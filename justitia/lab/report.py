@@ -10,7 +10,7 @@ def results_table(doc: dict, title: str = "") -> Table:
     """Mean/p50/p90/p99 JCT, improvement against VTC and finish-time fairness per run."""
     table = Table(title=title or None)
     for col in ("run", "mean JCT s", "p50 s", "p90 s", "p99 s", "makespan s", "vs VTC",
-                "not delayed", "mean delay (delayed)", "max delay"):
+                "not delayed", "mean delay (delayed)", "delay p90", "delay p99", "max delay"):
         table.add_column(col, justify="left" if col == "run" else "right", no_wrap=col == "run")
     for label, e in doc["policies"].items():
         fair = doc["fairness"].get(f"{label}_vs_vtc")
@@ -22,6 +22,8 @@ def results_table(doc: dict, title: str = "") -> Table:
             "-" if imp is None or label == "vtc" else f"{imp:+.1%}",
             f"{fair['not_delayed_frac']:.1%}" if fair else "-",
             f"{fair['mean_delay_of_delayed']:.1%}" if fair else "-",
+            f"{fair['delay_p90']:+.1%}" if fair else "-",
+            f"{fair['delay_p99']:+.1%}" if fair else "-",
             f"{fair['max_delay']:.1%}" if fair else "-",
         )
     return table
