@@ -75,6 +75,7 @@ class RunResult:
     steps: int  # loop passes of the engine (the simulator: single iterations plus skipped spans)
     preemptions: int
     wall_s: float
+    capacity_schedule: list[tuple[float, float]] | None = None  # (t_s, M) when the clock's M was measured
 
 
 Render = Callable[[str, int, list[list[str]]], str]  # (prompt, stage, earlier answers' texts) -> prompt

@@ -45,6 +45,9 @@ def _parser() -> argparse.ArgumentParser:
     b.add_argument("--policies", default=",".join(POLICY_NAMES), help="comma-separated policies")
     b.add_argument("--predictor", default="oracle", help=f"{SPEC_HELP} (default oracle)")
     b.add_argument("--cost", choices=["kv", "compute"], default="kv", help="cost model (default kv)")
+    b.add_argument("--capacity", choices=["measured", "formula"], default="measured",
+                   help="the clock's M: measured from what the engine delivers (default), or the formula's "
+                        "(KV tokens / nominal step, the paper's rule)")
     b.add_argument("--latency", help=f"simulator latency profile: {', '.join(sorted(PROFILES))} (sim default) "
                    "or a file from 'justitia calibrate' (vllm default: calibrate first)")
     _add_engine_args(b)
@@ -189,7 +192,7 @@ def _cmd_bench(args) -> int:
         if unknown or not names:
             raise ValueError(f"--policies: unknown policy '{(unknown or [''])[0]}'; expected some of: {', '.join(POLICY_NAMES)}.")
         make_predictor(args.predictor)  # validate before running anything
-        specs = [RunSpec(p, p, args.predictor, args.cost) for p in names]
+        specs = [RunSpec(p, p, args.predictor, args.cost, args.capacity) for p in names]
     engine = args.engine or (preset.engine if preset else "sim")
     if engine == "vllm":
         doc = _bench_vllm(args, agents, specs, info, preset)

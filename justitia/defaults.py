@@ -25,6 +25,7 @@ ENV_CAPACITY = "JUSTITIA_CAPACITY"  # the clock's M in cost units per second (de
 ENV_ITERATION_S = "JUSTITIA_ITERATION_S"  # the nominal step time (default ITERATION_S)
 ENV_AGENT_IDLE_S = "JUSTITIA_AGENT_IDLE_S"  # default AGENT_IDLE_S
 ENV_LOG_AGENTS = "JUSTITIA_LOG_AGENTS"  # 1: one log line per agent arrival and release
+ENV_MEASURE_CAPACITY = "JUSTITIA_MEASURE_CAPACITY"  # 0: keep the formula's M (default 1: measure it)
 ENV_CACHE = "JUSTITIA_CACHE"  # built models and trained predictors (default ~/.cache/justitia)
 
 
@@ -43,6 +44,7 @@ class PolicySettings:
     iteration_s: float = ITERATION_S
     agent_idle_s: float = AGENT_IDLE_S
     log_agents: bool = False
+    measure_capacity: bool = True  # the clock's M follows what the engine delivers
 
 
 def policy_settings(environ: Mapping[str, str] | None = None) -> PolicySettings:
@@ -65,5 +67,5 @@ def policy_settings(environ: Mapping[str, str] | None = None) -> PolicySettings:
         policy=env.get(ENV_POLICY, "justitia"), cost=env.get(ENV_COST, "kv"),
         capacity_per_s=number(ENV_CAPACITY, None), iteration_s=number(ENV_ITERATION_S, ITERATION_S),
         agent_idle_s=number(ENV_AGENT_IDLE_S, AGENT_IDLE_S, strict=False),
-        log_agents=env.get(ENV_LOG_AGENTS) == "1",
+        log_agents=env.get(ENV_LOG_AGENTS) == "1", measure_capacity=env.get(ENV_MEASURE_CAPACITY, "1") != "0",
     )

@@ -1,5 +1,7 @@
 """The simulator follows vLLM v1's rules, and event skipping changes nothing."""
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -11,10 +13,10 @@ from justitia.predictors import make_predictor
 from justitia.sim import LatencyProfile, Simulator
 
 
-def run(agents, policy="fcfs", cfg=None, skip=True, predictor="oracle", cost="kv"):
+def run(agents, policy="fcfs", cfg=None, skip=True, predictor="oracle", cost="kv", measure=False):
     cfg = cfg or engine()
     pol = make_policy(policy, cfg.capacity_per_s(cost), cost)
-    return Simulator(cfg, pol, make_predictor(predictor, 7), cost, skip).run(agents)
+    return Simulator(cfg, pol, make_predictor(predictor, 7), cost, skip, measure_capacity=measure).run(agents)
 
 
 def finish(result):
@@ -89,16 +91,28 @@ LINEAR = LatencyProfile("lin", 1.0, 0.5, 0.01, 0.001, 1.3, 64, "tests: load-depe
     blocks=st.integers(40, 160),
     budget=st.sampled_from([64, 256, 1024]),
     seqs=st.sampled_from([4, 16, 256]),
+    measure=st.booleans(),
+    slowdown=st.one_of(st.none(), st.tuples(st.floats(0.0, 2.0), st.floats(0.1, 3.0), st.integers(2, 3))),
 )
-def test_event_skipping_matches_per_iteration_stepping(seed, policy, blocks, budget, seqs):
+def test_event_skipping_matches_per_iteration_stepping(seed, policy, blocks, budget, seqs, measure, slowdown):
     rng = np.random.default_rng(seed)
-    agents = random_agents(rng, 12, max_prompt=400, max_output=200, mean_gap_s=0.2)
+    agents = random_agents(rng, 24, max_prompt=400, max_output=200, mean_gap_s=0.2)
     cfg = engine(blocks=max(blocks, 38), budget=budget, seqs=seqs, profile=LINEAR)
-    fast = run(agents, policy, cfg, skip=True, predictor="noisy:2")
-    slow = run(agents, policy, cfg, skip=False, predictor="noisy:2")
+    if slowdown is not None:  # the engine runs some times slower for a while
+        cfg = replace(cfg, slowdown=(slowdown[0], slowdown[0] + slowdown[1], slowdown[2]))
+    fast = run(agents, policy, cfg, skip=True, predictor="noisy:2", measure=measure)
+    slow = run(agents, policy, cfg, skip=False, predictor="noisy:2", measure=measure)
     assert finish(fast) == finish(slow)  # exactly: latencies are integer picoseconds
     assert (fast.iterations, fast.preemptions) == (slow.iterations, slow.preemptions)
+    assert fast.capacity_schedule == slow.capacity_schedule  # the meter sees the same service at every arrival
     assert fast.steps <= slow.steps
+
+
+def test_a_slower_engine_takes_longer_in_exactly_its_window():
+    agents = [agent("a", 0.0, [(16, 100)])]  # 100 iterations of 10 ms
+    f = finish(run(agents, cfg=replace(engine(), slowdown=(0.5, 0.7, 3))))
+    # steps start at 0.50, 0.53, ..., 0.68 in the window: those 7 take 30 ms instead of 10
+    assert f["a"] == pytest.approx(1.0 + 7 * 0.02)
 
 
 def test_same_seed_same_results_and_skipping_saves_steps():

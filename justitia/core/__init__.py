@@ -3,6 +3,7 @@ engine drives them through. It imports no engine, server or harness; everything 
 only the names below (``docs/design.md``, "The core's contract")."""
 
 from justitia.core.book import AgentBook, int_priority
+from justitia.core.capacity import WINDOW_STEPS, CapacityMeter
 from justitia.core.clock import VirtualClock
 from justitia.core.cost import (COMPUTE, COST_MODELS, KV, NO_CHARGE, Charge, CostModel, capacity_per_s,
                                 compute_tokens, cost_model, kv_token_iters)
@@ -12,8 +13,8 @@ from justitia.core.protocol import (ENGINE_UTILITY, META_KEYS, REGISTER, RELEASE
 from justitia.core.scheduler import AgentScheduler
 
 __all__ = [
-    "AgentBook", "AgentInfo", "AgentScheduler", "Charge", "ControlCall", "CostModel", "PolicyState", "RequestInfo",
+    "AgentBook", "AgentInfo", "AgentScheduler", "CapacityMeter", "Charge", "ControlCall", "CostModel", "PolicyState", "RequestInfo",
     "RequestMeta", "VirtualClock", "STATE", "COMPUTE", "COST_MODELS", "ENGINE_UTILITY", "KV", "META_KEYS", "NO_CHARGE",
-    "POLICY_NAMES", "Policy", "REGISTER", "RELEASE", "RESET", "STATIC_POLICY_NAMES", "capacity_per_s", "compute_tokens",
+    "POLICY_NAMES", "Policy", "REGISTER", "RELEASE", "RESET", "STATIC_POLICY_NAMES", "WINDOW_STEPS", "capacity_per_s", "compute_tokens",
     "cost_model", "int_priority", "kv_token_iters", "make_policy",
 ]

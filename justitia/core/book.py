@@ -33,9 +33,12 @@ class AgentBook:
 
     @classmethod
     def for_policy(cls, policy: str, capacity_per_s: float, cost: str | CostModel = KV,
-                   idle_release_s: float = 60.0, log: logging.Logger | None = None) -> "AgentBook":
-        """A book over a fresh core running ``policy``."""
-        return cls(AgentScheduler(make_policy(policy, capacity_per_s, cost)), cost, idle_release_s, log)
+                   idle_release_s: float = 60.0, log: logging.Logger | None = None,
+                   measure_every_s: float | None = None) -> "AgentBook":
+        """A book over a fresh core running ``policy`` (its clock's M measured every
+        ``measure_every_s`` busy seconds, if given)."""
+        return cls(AgentScheduler.for_policy(policy, capacity_per_s, cost, measure_every_s), cost, idle_release_s,
+                   log)
 
     @classmethod
     def tagging(cls, policy: str, capacity_per_s: float, cost: str | CostModel = KV, idle_release_s: float = 60.0,
@@ -84,8 +87,9 @@ class AgentBook:
     def state(self, now_s: float) -> PolicyState:
         """The policy's state now: its agents and, under justitia, its clock."""
         core = self.core
+        schedule = core.capacity_schedule
         return PolicyState(core.policy_name, core.agent_count, core.virtual_time(now_s), core.gps_active,
-                           core.capacity_per_s)
+                           core.capacity_per_s, None if schedule is None else [[t, m] for t, m in schedule])
 
     # ---------------------------------------------------------------------------- requests
     def arrive(self, request_id: str, meta: RequestMeta, prompt_tokens: int, max_tokens: int,

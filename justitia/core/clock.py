@@ -8,8 +8,9 @@ agents is served at ``capacity / N_t``, so the virtual time ``V`` (in cost units
 ``V`` reaches its tag ``f = V(a) + C``. An agent is active in GPS from its arrival until ``V``
 passes its tag, whatever the real engine is doing. While no agent is active, ``V`` stands still.
 
-``V`` is piecewise linear: it changes slope only when an agent arrives or its tag is reached, so the
-clock keeps the pending tags in a heap and does O(log n) work per event.
+``V`` is piecewise linear: it changes slope only when an agent arrives, its tag is reached, or the
+capacity changes (``set_capacity``, at an event), so the clock keeps the pending tags in a heap and
+does O(log n) work per event.
 """
 
 from __future__ import annotations
@@ -54,6 +55,14 @@ class VirtualClock:
                 if self.record:
                     self._gps_finish_s[agent_id] = reach_s
         self._now_s = now_s
+
+    def set_capacity(self, capacity: float, now_s: float) -> None:
+        """From ``now_s`` on, the engine delivers ``capacity`` cost units per second (V up to ``now_s``
+        moved at the old rate)."""
+        if not (capacity > 0 and math.isfinite(capacity)):
+            raise ValueError(f"capacity must be a positive finite number, got {capacity}.")
+        self._advance(now_s)
+        self.capacity = float(capacity)
 
     def virtual_time(self, now_s: float) -> float:
         """V(now_s), in cost units; ``now_s`` must not be earlier than any earlier call's."""

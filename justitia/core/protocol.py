@@ -93,7 +93,8 @@ class ControlCall:
     ``register``: ``agent_id``, ``agent_type``, ``predicted_cost`` -> the agent's virtual finish
     tag (None under a policy without a clock); ``release``: ``agent_id`` -> whether it was released now (else: when its last open request ends);
     ``state`` -> ``PolicyState.to_json()``; ``reset``: ``policy``, ``cost``,
-    ``capacity_per_s``, ``step_log`` (a CSV path or None) -> whether the idle engine was reset.
+    ``capacity_per_s``, ``measure_capacity``, ``step_log`` (a CSV path or None) -> whether the idle
+    engine was reset.
     """
 
     verb: str
@@ -123,6 +124,7 @@ class PolicyState:
     virtual_time: float | None = None  # V(now), in cost units
     gps_active: int | None = None  # N_t: agents active in GPS
     capacity_per_s: float | None = None  # the clock's M
+    capacity_schedule: list | None = None  # [t_s, M] every value M took, when it is measured
 
     @property
     def has_clock(self) -> bool:
@@ -136,4 +138,5 @@ class PolicyState:
     @classmethod
     def from_json(cls, doc: Mapping) -> "PolicyState":
         """A reading from plain JSON."""
-        return cls(**{k: doc.get(k) for k in ("policy", "agents", "virtual_time", "gps_active", "capacity_per_s")})
+        keys = ("policy", "agents", "virtual_time", "gps_active", "capacity_per_s", "capacity_schedule")
+        return cls(**{k: doc.get(k) for k in keys})

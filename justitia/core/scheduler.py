@@ -9,8 +9,10 @@ served and finished. It knows nothing about KV blocks or iterations.
     requests   request_arrived (queued), requeue (preempted), dequeue (taken out to run),
                request_finished (finished or aborted), charge (service scheduled)
     order      peek, num_waiting, is_waiting, priority, victim
-    needs      keys_move, uses_service, reads_service_on_backlog
-    clock      virtual_time, virtual_finish, gps_active (None under a policy without a clock)
+    needs      keys_move, uses_service, reads_service_on_backlog, measures_capacity
+    clock      virtual_time, virtual_finish, gps_active, capacity_per_s (None under a policy without
+               a clock); observe_service (what the engine delivered while backlogged: the clock's M
+               follows it), capacity_schedule
     look-ahead is_backlogged, agent_key(agent, extra), peek(extra), best_agent, agent_head:
                for engines that skip steps and must know the order a few steps ahead
 """
@@ -19,7 +21,9 @@ from __future__ import annotations
 
 from typing import Iterable, Mapping
 
-from justitia.core.cost import NO_CHARGE, Charge
+from justitia.core.capacity import CapacityMeter
+from justitia.core.cost import KV, NO_CHARGE, Charge, CostModel, cost_model
+from justitia.core.policies import make_policy
 from justitia.core.policies.base import AgentInfo, Policy, RequestInfo
 from justitia.core.queue import WaitingQueue
 
@@ -27,13 +31,23 @@ from justitia.core.queue import WaitingQueue
 class AgentScheduler:
     """Agent-aware request ordering for one engine, under one policy."""
 
-    def __init__(self, policy: Policy):
+    def __init__(self, policy: Policy, meter: CapacityMeter | None = None):
         self._policy = policy
+        self._meter = meter if policy.clock is not None else None  # only a clock needs M
         self._waiting = WaitingQueue(policy)
         self._agents: dict[str, AgentInfo] = {}
         self._open: dict[str, int] = {}  # agent id -> requests not yet finished
         self._agent_seq = 0
         self._request_seq = 0
+
+    @classmethod
+    def for_policy(cls, name: str, capacity_per_s: float | None = None, cost: str | CostModel = KV,
+                   measure_every_s: float | None = None) -> "AgentScheduler":
+        """A core running the policy ``name``; ``capacity_per_s`` is the clock's M to start from,
+        then measured every ``measure_every_s`` busy seconds (``CapacityMeter``), or kept (None)."""
+        cost = cost_model(cost)
+        meter = CapacityMeter(capacity_per_s, cost, measure_every_s) if measure_every_s and capacity_per_s else None
+        return cls(make_policy(name, capacity_per_s, cost), meter)
 
     # ------------------------------------------------------------------------------ agents
     @property
@@ -45,6 +59,8 @@ class AgentScheduler:
         """Register an agent with its predicted total cost (justitia's clock stamps it here)."""
         if agent_id in self._agents:
             raise ValueError(f"agent '{agent_id}' has already arrived.")
+        if self._meter is not None and (m := self._meter.update(now_s)) is not None:
+            self._policy.set_capacity(m, now_s)
         info = AgentInfo(agent_id, agent_type, self._agent_seq, now_s, predicted_cost)
         self._agent_seq += 1
         self._agents[agent_id] = info
@@ -166,6 +182,22 @@ class AgentScheduler:
         """The clock's M, in cost units per second, or None under a policy without a clock."""
         clock = self._policy.clock
         return None if clock is None else clock.capacity
+
+    @property
+    def measures_capacity(self) -> bool:
+        """Whether the clock's M follows what the engine delivers (engines then report it)."""
+        return self._meter is not None
+
+    def observe_service(self, busy_s: float, service: Charge) -> None:
+        """The engine was backlogged (some request waiting) for ``busy_s`` seconds and delivered
+        ``service`` in them, summed over its requests; the clock's M follows at the next arrival."""
+        if self._meter is not None:
+            self._meter.observe(busy_s, service)
+
+    @property
+    def capacity_schedule(self) -> list[tuple[float, float]] | None:
+        """Every (time, M) the clock ran at, when M is measured; None otherwise."""
+        return None if self._meter is None else list(self._meter.schedule)
 
     # ---------------------------------------------------------------------------- look-ahead
     def is_backlogged(self, agent_id: str) -> bool:

@@ -45,18 +45,28 @@ def fairness(reference: dict[str, float], other: dict[str, float]) -> dict:
     }
 
 
-def gps_finish_times(agents: list[Agent], capacity_per_s: float) -> dict[str, float]:
-    """Each agent's finish time, in seconds, under ideal GPS with its true KV token-time cost."""
-    clock = VirtualClock(capacity_per_s)
+def gps_finish_times(agents: list[Agent], capacity_per_s: float,
+                     schedule: list[tuple[float, float]] | None = None) -> dict[str, float]:
+    """Each agent's finish time, in seconds, under ideal GPS with its true KV token-time cost, at
+    ``capacity_per_s``, or at the measured capacity ``schedule`` ((time, M) pairs: M from that time on)."""
+    changes = sorted(schedule or [(0.0, capacity_per_s)])
+    clock = VirtualClock(changes[0][1])
+    k = 1
     for a in sorted(agents, key=lambda a: a.arrival_s):
+        while k < len(changes) and changes[k][0] <= a.arrival_s:
+            clock.set_capacity(changes[k][1], changes[k][0])
+            k += 1
         clock.arrive(a.agent_id, a.cost(KV), a.arrival_s)
+    for t, m in changes[k:]:  # changes after the last arrival still pace the drain
+        clock.set_capacity(m, t)
     return clock.drain()
 
 
-def delay_bound_s(agents: list[Agent], config: EngineConfig) -> float:
+def delay_bound_s(agents: list[Agent], config: EngineConfig, capacity_per_s: float | None = None) -> float:
     """The paper's bound ``2 c_max + C_max / M`` on ``finish - gps_finish``, in seconds.
 
-    ``C_max / M``: the largest agent's KV token-time over the capacity per second. ``c_max``, the
+    ``C_max / M``: the largest agent's KV token-time over the capacity per second (``capacity_per_s``,
+    by default the engine's formula M; with a measured M, its smallest value). ``c_max``, the
     non-preemption term, is the longest time one inference holds its memory once it starts: its
     prefill chunks plus its decode iterations, at the nominal (memory-saturated) iteration time.
     """
@@ -67,4 +77,4 @@ def delay_bound_s(agents: list[Agent], config: EngineConfig) -> float:
     )
     c_max_s = iters * config.nominal_iteration_s
     big_c = max(a.cost(KV) for a in agents)
-    return 2 * c_max_s + big_c / config.capacity_per_s(KV)
+    return 2 * c_max_s + big_c / (capacity_per_s or config.capacity_per_s(KV))

@@ -91,8 +91,14 @@ class Preset:
     repeats: int = 1  # vllm: runs per policy, JCTs averaged per agent
 
 
-def _all_policies(predictor: str = "oracle") -> list[RunSpec]:
-    return [RunSpec(p, p, predictor) for p in POLICY_NAMES]
+def _all_policies(predictor: str = "oracle", formula: bool = False) -> list[RunSpec]:
+    """Every policy; with ``formula``, also justitia with the formula's M (the paper's rule) beside
+    the measured one."""
+    extra = [RunSpec(FORMULA_LABEL, "justitia", predictor, capacity="formula")] if formula else []
+    return [RunSpec(p, p, predictor) for p in POLICY_NAMES] + extra
+
+
+FORMULA_LABEL = "justitia@formula-M"
 
 
 # Light small agents: together they ask for about 40 % of the engine, so that under GPS the
@@ -153,7 +159,7 @@ def make_preset(name: str, seed: int = 0) -> Preset:
     if name == "main":
         agents, info = build_workload(300, seed, trace, 1.0)
         return Preset(name, "300 agents of nine workflows at 1x density, all seven policies", agents, info,
-                      _all_policies())
+                      _all_policies(formula=True))
     if name == "starvation":
         agents = starvation_workload(seed)
         info = {"arrivals": "elephant at 0 s, small agents 1/s", "agents": len(agents), "seed": seed}
@@ -163,7 +169,7 @@ def make_preset(name: str, seed: int = 0) -> Preset:
         load = SUSTAINED_LOADS[name]
         agents, info = sustained_workload(seed, load, EngineConfig(profile=load_profile(SIM_DEFAULT_PROFILE)))
         return Preset(name, f"an elephant, then small agents at {load:g}x the engine's saturated rate for "
-                      f"{SUSTAINED_S / 60:.0f} minutes, all seven policies", agents, info, _all_policies())
+                      f"{SUSTAINED_S / 60:.0f} minutes, all seven policies", agents, info, _all_policies(formula=True))
     if name == "noise":
         agents, info = build_workload(300, seed, trace, 1.0)
         specs = [RunSpec("vtc", "vtc")] + [

@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Callable
 
 from justitia.agent import AgentProcess, AgentResult, Answer, Call, RunResult, drive
-from justitia.core import RESET, AgentBook, ControlCall, cost_model
+from justitia.core import RESET, STATE, AgentBook, ControlCall, PolicyState, cost_model
 from justitia.core import capacity_per_s as default_capacity  # run() takes a capacity_per_s of its own
 from justitia.defaults import ITERATION_S
 from justitia.predictors import make_predictor
@@ -111,8 +111,11 @@ class VllmEngine(RunningEngine):
         seed: int = 0,
         step_log: str | Path | None = None,
         on_agent_finish: Callable[[AgentResult], None] | None = None,
+        measure_capacity: bool = True,
     ) -> "EngineRun":
-        """Replay ``agents`` under ``policy``; return per-agent results and the engine's step log."""
+        """Replay ``agents`` under ``policy``; return per-agent results and the engine's step log.
+        ``measure_capacity``: the plug-in's clock follows what the engine delivers (the front end's,
+        in tagging mode, sees no steps and keeps ``capacity_per_s``)."""
         if self.llm is None:
             raise RuntimeError("the engine is not started; use 'async with VllmEngine(spec) as engine'.")
         model = cost_model(cost)
@@ -129,7 +132,7 @@ class VllmEngine(RunningEngine):
             os.close(fd)
         Path(step_log).write_text("")
         if frontend is None:
-            await self._reset(policy, cost, capacity, str(step_log))
+            await self._reset(policy, cost, capacity, str(step_log), measure_capacity)
 
         results: list[AgentResult] = []
         lags: list[float] = []
@@ -167,19 +170,24 @@ class VllmEngine(RunningEngine):
         wall0 = time.perf_counter()
         await asyncio.gather(*(run_agent(a) for a in agents))
         wall = time.perf_counter() - wall0
-        if frontend is None:  # a reset closes (and flushes) the step log
-            await self._reset("fcfs", "kv", capacity, None)
+        schedule = None
+        if frontend is None:  # the plug-in's clock, then a reset that closes (and flushes) the step log
+            state = PolicyState.from_json(await control(self.llm, ControlCall(STATE)))
+            schedule = [tuple(x) for x in state.capacity_schedule] if state.capacity_schedule else None
+            await self._reset("fcfs", "kv", capacity, None, False)
         steps = read_step_log(step_log)
         if own_log:
             os.unlink(step_log)
         order = {a.agent_id: k for k, a in enumerate(agents)}
         results.sort(key=lambda r: order[r.agent_id])
         preemptions = sum(row[6] for row in steps)
-        run = RunResult(policy, results, max(r.finish_s for r in results), len(steps), len(steps), preemptions, wall)
+        run = RunResult(policy, results, max(r.finish_s for r in results), len(steps), len(steps), preemptions, wall,
+                        schedule)
         return EngineRun(run, steps, max(lags) if lags else 0.0)
 
-    async def _reset(self, policy: str, cost: str, capacity: float, step_log: str | None) -> None:
-        args = {"policy": policy, "cost": cost, "capacity_per_s": capacity, "step_log": step_log}
+    async def _reset(self, policy: str, cost: str, capacity: float, step_log: str | None, measure: bool) -> None:
+        args = {"policy": policy, "cost": cost, "capacity_per_s": capacity, "step_log": step_log,
+                "measure_capacity": measure}
         if not await control(self.llm, ControlCall(RESET, args)):
             raise RuntimeError("the plug-in refused to reset its policy state: the engine is not idle.")
 

@@ -47,7 +47,8 @@ def calibrate(engine_spec: EngineSpec, agents: list[Agent], seed: int = 0, repea
 
 
 def merge_repeats(runs: list) -> RunResult:
-    """One result from repeated runs of a policy: each agent's mean JCT (and finish), summed counts."""
+    """One result from repeated runs of a policy: each agent's mean JCT (and finish), summed counts,
+    and the first repeat's capacity schedule (its GPS reference)."""
     first = runs[0].result
     agents = []
     for k, a in enumerate(first.agents):
@@ -55,7 +56,8 @@ def merge_repeats(runs: list) -> RunResult:
         agents.append(replace(a, jct_s=jct, finish_s=a.arrival_s + jct))
     return RunResult(first.policy, agents, sum(r.result.makespan_s for r in runs) / len(runs),
                      sum(r.result.iterations for r in runs), sum(r.result.steps for r in runs),
-                     sum(r.result.preemptions for r in runs), sum(r.result.wall_s for r in runs))
+                     sum(r.result.preemptions for r in runs), sum(r.result.wall_s for r in runs),
+                     first.capacity_schedule)
 
 
 def engine_config(profile: LatencyProfile, spec: EngineSpec, block_size: int) -> EngineConfig:
@@ -107,7 +109,8 @@ def run_bench_vllm(
                         t = time.perf_counter()
                         run = await engine.run(agents, spec.policy, spec.predictor, spec.cost,
                                                config.capacity_per_s(spec.cost), seed,
-                                               on_agent_finish=lambda _r, s=spec: advance(s.label))
+                                               on_agent_finish=lambda _r, s=spec: advance(s.label),
+                                               measure_capacity=spec.capacity == "measured")
                         tries.setdefault(spec.label, []).append(run)
                         walls[spec.label] = walls.get(spec.label, 0.0) + time.perf_counter() - t
                 if tagging:

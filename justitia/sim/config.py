@@ -126,15 +126,31 @@ class EngineConfig:
     block_size: int | None = None  # None: the profile's (16 on GPUs, 128 on vLLM's CPU backend)
     max_num_batched_tokens: int = 2048
     max_num_seqs: int = 256
+    # (start_s, end_s, factor): steps that start in [start_s, end_s) take ``factor`` (an integer) times
+    # as long, as if the engine slowed down (other tenants, throttling); None: never
+    slowdown: tuple[float, float, int] | None = None
 
     def __post_init__(self) -> None:
         if self.block_size is None:
             object.__setattr__(self, "block_size", self.profile.block_size)
+        if self.slowdown is not None:
+            start, end, factor = self.slowdown
+            if not (0 <= start < end and isinstance(factor, int) and factor >= 1):
+                raise ValueError("engine config: 'slowdown' must be (start_s, end_s, integer factor >= 1), start < end.")
         for name in ("block_size", "max_num_batched_tokens", "max_num_seqs"):
             if getattr(self, name) < 1:
                 raise ValueError(f"engine config: '{name}' must be >= 1.")
         if self.blocks < 1:
             raise ValueError("engine config: 'kv_blocks' must be >= 1.")
+
+    def slowdown_at(self, now_ps: int) -> tuple[int, int | None]:
+        """The latency factor of a step starting at ``now_ps``, and when it next changes (ps, or None)."""
+        if self.slowdown is None:
+            return 1, None
+        start, end = round(self.slowdown[0] * PS_PER_S), round(self.slowdown[1] * PS_PER_S)
+        if now_ps < start:
+            return 1, start
+        return (self.slowdown[2], end) if now_ps < end else (1, None)
 
     @property
     def blocks(self) -> int:
@@ -164,5 +180,6 @@ class EngineConfig:
             "kv_tokens": self.kv_tokens,
             "max_num_batched_tokens": self.max_num_batched_tokens,
             "max_num_seqs": self.max_num_seqs,
+            **({"slowdown": list(self.slowdown)} if self.slowdown else {}),
             "nominal_iteration_s": self.nominal_iteration_s,
         }

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from justitia.agent import AgentProcess, AgentResult, Answer, Call, RunResult
-from justitia.core import AgentScheduler, CostModel, Policy, cost_model
+from justitia.core import WINDOW_STEPS, AgentScheduler, CapacityMeter, CostModel, Policy, cost_model
 from justitia.predictors import Predictor
 from justitia.sim.config import PS_PER_S, EngineConfig
 from justitia.sim.stepping import PlainRun, SimRequest, SkippingRun
@@ -35,19 +35,26 @@ class Simulator:
         cost: str | CostModel = "kv",
         event_skipping: bool = True,
         on_agent_finish: Callable[[AgentResult], None] | None = None,
+        measure_capacity: bool = False,
     ):
+        """``measure_capacity``: the policy's clock starts at the engine's formula M and then follows
+        what the engine delivers (``core.CapacityMeter``); else it keeps the formula's."""
         self.config = config
         self.policy = policy
         self.predictor = predictor
         self.cost = cost_model(cost)
         self.event_skipping = event_skipping
         self.on_agent_finish = on_agent_finish
+        self.measure_capacity = measure_capacity
 
     def run(self, agents: list[Agent]) -> RunResult:
         """Simulate ``agents`` to completion and return per-agent results."""
         self._validate(agents)
         wall0 = time.perf_counter()
-        core = AgentScheduler(self.policy)
+        cfg = self.config
+        meter = (CapacityMeter(cfg.capacity_per_s(self.cost), self.cost, WINDOW_STEPS * cfg.nominal_iteration_s)
+                 if self.measure_capacity else None)
+        core = AgentScheduler(self.policy, meter)
         results: list[AgentResult] = []
         stepper = SkippingRun if self.event_skipping else PlainRun
 
@@ -80,6 +87,7 @@ class Simulator:
                 nxt += 1
                 a = run.process.agent
                 calls = run.process.start()
+                engine.report_service()  # the clock's M may follow what the engine delivered so far
                 core.agent_arrived(a.agent_id, a.type, run.process.predicted_cost, a.arrival_s)
                 submit(run, calls)
             engine.next_arrival_ps = pending[nxt].arrival_ps if nxt < len(pending) else None
@@ -97,6 +105,7 @@ class Simulator:
             steps=engine.steps,
             preemptions=engine.preemptions,
             wall_s=time.perf_counter() - wall0,
+            capacity_schedule=core.capacity_schedule,
         )
 
     def _validate(self, agents: list[Agent]) -> None:

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from justitia.core import AgentScheduler, Charge, RequestInfo
-from justitia.sim.config import EngineConfig
+from justitia.sim.config import PS_PER_S, EngineConfig
 
 NEVER = 1 << 62
 
@@ -91,6 +91,8 @@ class PlainRun:
         self.reqs: dict[str, SimRequest] = {}
         self.iterations = self.steps = self.preemptions = 0
         self._admitted = 0
+        self.measuring = core.measures_capacity  # report delivered service for the clock's M
+        self.busy_ps = self.busy_prefill = self.busy_decode = self.busy_kv = 0  # since the last report
 
     # ------------------------------------------------------------------ what the simulator calls
     @property
@@ -109,6 +111,22 @@ class PlainRun:
         """One pass of the engine loop: here, one iteration."""
         self.steps += 1
         self._step()
+
+    def report_service(self) -> None:
+        """Tell the core what the engine delivered while backlogged since the last report (exact
+        integers, so both stepping modes report the same at every arrival)."""
+        if self.busy_ps:
+            self.core.observe_service(self.busy_ps / PS_PER_S, Charge(self.busy_prefill, self.busy_decode, self.busy_kv))
+            self.busy_ps = self.busy_prefill = self.busy_decode = self.busy_kv = 0
+
+    def _delivered(self, duration_ps: int, steps: list[Charge], decodes: int = 0, decode_kv: int = 0) -> None:
+        """A step (or a span of steps) in which requests waited delivered ``steps`` plus ``decodes``
+        lazily kept decode tokens holding ``decode_kv``. The KV token-time counted is what the
+        requests that sampled a token held (``delivered_service``)."""
+        self.busy_ps += duration_ps
+        self.busy_prefill += sum(c.prefill_tokens for c in steps)
+        self.busy_decode += decodes + sum(c.decode_tokens for c in steps)
+        self.busy_kv += decode_kv + sum(c.kv_token_iters for c in steps if c.decode_tokens)
 
     # ------------------------------------------------------------------------------- requests
     def _queued(self, r: SimRequest) -> None:
@@ -161,6 +179,7 @@ class PlainRun:
         budget = cfg.max_num_batched_tokens
         scheduled: dict[SimRequest, int] = {}
         preempted = False
+        backlogged = self.measuring and self.core.num_waiting > 0
         for r in list(self.running):
             if budget <= 0:
                 break
@@ -194,7 +213,10 @@ class PlainRun:
             raise RuntimeError("the engine made no progress in a step; the configuration cannot serve this workload.")
         batched = sum(scheduled.values())
         context = sum(c.kv_token_iters for c in charges.values() if c.prefill_tokens == 0)
-        self.now_ps += cfg.profile.iteration_ps(batched, context)
+        step_ps = cfg.profile.iteration_ps(batched, context) * cfg.slowdown_at(self.now_ps)[0]
+        if backlogged:
+            self._delivered(step_ps, [self._charge_for(r, n) for r, n in scheduled.items()])
+        self.now_ps += step_ps
         self.iterations += 1
         for r, n in scheduled.items():
             r.computed += n
@@ -380,6 +402,7 @@ class SkippingRun(PlainRun):
         n_dec = len(self._decoders)
         chunks = [(r, r.num_tokens - r.computed) for r in self._prefilling]
         demand = n_dec + sum(n for _, n in chunks)
+        backlogged = self.measuring and self.core.num_waiting > 0
         if demand > cfg.max_num_batched_tokens:
             return False  # the budget binds: running order decides who waits
         grow = self._pop_due(self._need_block, it)
@@ -405,7 +428,10 @@ class SkippingRun(PlainRun):
         if not chunks and not n_dec:
             raise RuntimeError("the engine made no progress in a step; the configuration cannot serve this workload.")
         batched = n_dec + sum(n for _, n in chunks)
-        self.now_ps += cfg.profile.iteration_ps(batched, self._dec_ctx + n_dec)
+        step_ps = cfg.profile.iteration_ps(batched, self._dec_ctx + n_dec) * cfg.slowdown_at(self.now_ps)[0]
+        if backlogged:
+            self._delivered(step_ps, [self._charge_for(r, n) for r, n in chunks], n_dec, self._dec_ctx + n_dec)
+        self.now_ps += step_ps
         self.iterations = it = it + 1
         self._dec_ctx += n_dec
         ended = self._pop_due(self._done, it)
@@ -438,12 +464,15 @@ class SkippingRun(PlainRun):
         floor, base, per_tok, per_ctx = cfg.profile.coefficients_ps()
         per_iter = max(floor, base + per_tok * n)
         ctx0 = self._dec_ctx
+        factor, change_ps = cfg.slowdown_at(self.now_ps)
 
         def duration_ps(iters: int) -> int:
-            return iters * per_iter + per_ctx * (iters * ctx0 + n * iters * (iters + 1) // 2)
+            return factor * (iters * per_iter + per_ctx * (iters * ctx0 + n * iters * (iters + 1) // 2))
 
-        if self.next_arrival_ps is not None:  # no arrival may be seen inside the span
-            gap = self.next_arrival_ps - self.now_ps
+        # no arrival may be seen, and no step may start past a change of the engine's speed, in the span
+        stops = [t for t in (self.next_arrival_ps, change_ps) if t is not None]
+        if stops:
+            gap = min(stops) - self.now_ps
             if duration_ps(k - 1) >= gap:
                 lo, hi = 1, k - 1
                 while lo < hi:
@@ -479,6 +508,8 @@ class SkippingRun(PlainRun):
                 heapq.heappush(heap, (due + bs, r.admit_no, r.epoch, r))
         if k < 1:
             return False
+        if self.measuring and self.core.num_waiting:
+            self._delivered(duration_ps(k), [], n * k, k * ctx0 + n * k * (k + 1) // 2)
         self.now_ps += duration_ps(k)
         self.iterations = it = it + k
         self._dec_ctx += n * k

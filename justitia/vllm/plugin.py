@@ -38,8 +38,8 @@ from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.engine.core import EngineCore
 from vllm.v1.request import Request
 
-from justitia.core import (ENGINE_UTILITY, REGISTER, RELEASE, RESET, STATE, AgentBook, AgentInfo, Charge, ControlCall,
-                           RequestMeta, capacity_per_s, cost_model)
+from justitia.core import (ENGINE_UTILITY, REGISTER, RELEASE, RESET, STATE, WINDOW_STEPS, AgentBook, AgentInfo,
+                           Charge, ControlCall, RequestMeta, capacity_per_s, cost_model)
 from justitia.defaults import policy_settings
 
 logger = init_logger("vllm.justitia")  # under "vllm": vLLM configures handlers for that tree only
@@ -111,18 +111,21 @@ class JustitiaScheduler(Scheduler):
         self.kv_tokens = blocks * self.cache_config.block_size
         self.log_agents = settings.log_agents
         self.idle_release_s = settings.agent_idle_s
+        self.iteration_s = settings.iteration_s
         cost = cost_model(settings.cost)
         capacity = settings.capacity_per_s or capacity_per_s(
             cost, self.kv_tokens, self.scheduler_config.max_num_batched_tokens, settings.iteration_s)
         self._step_log = None
-        self._reset(settings.policy, cost.name, capacity, None)
+        self._reset(settings.policy, cost.name, capacity, settings.measure_capacity, None)
         self.waiting = _CoreQueue(self)
 
-    def _reset(self, policy: str, cost: str, capacity: float, step_log: str | None) -> None:
+    def _reset(self, policy: str, cost: str, capacity: float, measure: bool, step_log: str | None) -> None:
         """Fresh policy state and clock (at start-up, or on a ``reset`` of an idle engine)."""
-        self.book = AgentBook.for_policy(policy, capacity, cost, self.idle_release_s, logger)
+        window = WINDOW_STEPS * self.iteration_s if measure else None
+        self.book = AgentBook.for_policy(policy, capacity, cost, self.idle_release_s, logger, window)
         self.core = self.book.core
         self.t0 = time.monotonic()
+        self._busy_step: tuple[float, Charge] | None = None  # the last step, if requests waited in it
         if self._step_log is not None:
             self._step_log.close()
         self._step_log = open(step_log, "a", buffering=1 << 16) if step_log else None
@@ -152,7 +155,7 @@ class JustitiaScheduler(Scheduler):
                 logger.warning("justitia: reset refused: the engine is not idle")
                 return False
             self._reset(str(args.get("policy", "justitia")), str(args.get("cost", "kv")),
-                        float(args["capacity_per_s"]), args.get("step_log"))
+                        float(args["capacity_per_s"]), bool(args.get("measure_capacity", True)), args.get("step_log"))
             return True
         raise ValueError(f"unknown control verb '{call.verb}'")
 
@@ -203,10 +206,17 @@ class JustitiaScheduler(Scheduler):
                 info = infos.get(request.request_id)
                 if info is not None:
                     request.priority = core.priority(info)
+        measure = core.measures_capacity
+        if measure and self._busy_step is not None:  # the last step, in which requests waited, ended now
+            started, delivered = self._busy_step
+            core.observe_service(now_s - started, delivered)
+            self._busy_step = None
+        backlogged = measure and bool(self.waiting)
         output = super().schedule(*args, **kwargs)
         charge = core.uses_service
-        if charge or self._step_log is not None:
+        if charge or backlogged or self._step_log is not None:
             batched = ctx = prefills = decodes = 0
+            delivered = [0, 0, 0]  # prefill and decode tokens, KV held by requests that sample a token
             per_agent: dict[str, tuple] = {}  # agent -> (a request, summed charge): charges add up
             for request_id, n in output.num_scheduled_tokens.items():
                 request = self.requests.get(request_id)
@@ -225,8 +235,13 @@ class JustitiaScheduler(Scheduler):
                 else:
                     decodes += 1
                     ctx += step.kv_token_iters
+                delivered[0] += step.prefill_tokens
+                delivered[1] += step.decode_tokens
+                delivered[2] += step.kv_token_iters if step.decode_tokens else 0
             for info, total in per_agent.values():
                 core.charge(info, total)
+            if backlogged:
+                self._busy_step = (now_s, Charge(*delivered))
             if self._step_log is not None:
                 self._last_step = (now_s, batched, ctx, prefills, decodes)
         return output

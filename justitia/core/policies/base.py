@@ -70,6 +70,11 @@ class Policy:
         """The request's priority key now; smaller is served first."""
         return self.agent_key(req.agent_id) + (req.seq,)
 
+    def set_capacity(self, capacity_per_s: float, now_s: float) -> None:
+        """The engine's measured capacity changed (policies with a clock move at the new rate)."""
+        if self.clock is not None:
+            self.clock.set_capacity(capacity_per_s, now_s)
+
     def virtual_finish(self, agent_id: str) -> float | None:
         """The agent's GPS virtual finish tag, for policies that keep a clock; None otherwise."""
         return None
