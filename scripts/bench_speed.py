@@ -1,4 +1,4 @@
-"""Time the simulator on the main preset: all seven policies with event skipping, and the same
+"""Time the simulator on the main preset: every run of the preset (the seven policies and justitia with the formula M) with event skipping, and the same
 runs stepped one iteration at a time, in one process. Prints a table and writes JSON.
 
     python scripts/bench_speed.py [--out results/speed.json] [--seed 0]
@@ -41,7 +41,7 @@ def main() -> None:
               f"x{slow.wall_s / fast.wall_s:4.1f}  identical={same}")
     total_fast = sum(r["skipping_s"] for r in rows)
     total_slow = sum(r["per_iteration_s"] for r in rows)
-    print(f"workload build {build_s:.2f} s; all seven policies: skipping {total_fast:.2f} s, "
+    print(f"workload build {build_s:.2f} s; all {len(preset.specs)} runs: skipping {total_fast:.2f} s, "
           f"per-iteration {total_slow:.2f} s, x{total_slow / total_fast:.1f}")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({"workload_build_s": build_s, "runs": rows,

@@ -47,12 +47,17 @@ def mean_mouse_jct(run: dict) -> float:
 PAMPER_MICE = ["sjf", "vtc", "srjf", "justitia", "las"]
 
 
+# The first mouse arrives 0.3 s after the elephant, always while the elephant's work (seconds of it)
+# is under way: how long it waits says who went first, however fast this machine runs the engine.
+# (Later mice may arrive after the elephant is done, more so the faster the engine.)
+
+
 @pytest.mark.parametrize("policy", ["fcfs", "parrot", "fcfs@tagging"])
 def test_first_come_first_served_makes_mice_wait_behind_the_elephant(policies, policy):
     run = policies[policy]
-    fastest = min(mean_mouse_jct(policies[p]) for p in PAMPER_MICE)
-    assert mean_mouse_jct(run) > 5 * fastest
-    # the first mouse, 0.3 s behind the elephant, waits for most of the elephant's work
+    slowest_pampered = max(policies[p]["mouse-00"]["jct_s"] for p in PAMPER_MICE)
+    assert run["mouse-00"]["jct_s"] > 5 * slowest_pampered
+    # the first mouse waits for most of the elephant's work
     assert run["mouse-00"]["jct_s"] > 0.5 * run["elephant"]["jct_s"]
 
 
@@ -60,7 +65,8 @@ def test_first_come_first_served_makes_mice_wait_behind_the_elephant(policies, p
 def test_a_mouse_arriving_after_the_elephant_finishes_first(policies, policy):
     run = policies[policy]
     assert run["mouse-00"]["finish_s"] < run["elephant"]["finish_s"]
-    assert mean_mouse_jct(run) < 0.2 * mean_mouse_jct(policies["fcfs"])
+    # no mouse waits anything like what the first one does behind the elephant under fcfs
+    assert max(r["jct_s"] for r in mice(run).values()) < 0.25 * policies["fcfs"]["mouse-00"]["jct_s"]
 
 
 def test_srjf_holds_the_elephant_back_behind_the_stream_of_mice(policies):
@@ -83,3 +89,14 @@ def test_finished_aborted_and_unlabelled_requests_release_all_policy_state():
     assert after_idle["idle_since"] == after_idle["agent_done"] == 0
     assert after_idle["policy_state"] and not any(after_idle["policy_state"].values())
     assert "justitia" not in "".join(line for line in log.splitlines() if "ERROR" in line)
+
+
+def test_the_plugins_clock_follows_what_the_engine_delivers():
+    doc, _ = run_script("vllm_meter_run.py")
+    schedule = doc["schedule"]
+    start = schedule[0][1]
+    assert len(schedule) >= 2, schedule  # M moved at least once while agents kept arriving
+    assert all(0.25 * start <= m <= 2 * start for _, m in schedule)  # within its floor and ceiling
+    assert [t for t, _ in schedule] == sorted(t for t, _ in schedule)
+    state = doc["state"]  # what the control channel reports: the same clock
+    assert state["capacity_per_s"] == schedule[-1][1] and state["capacity_schedule"][-1] == list(schedule[-1])

@@ -164,6 +164,7 @@ def make_preset(name: str, seed: int = 0) -> Preset:
         agents = starvation_workload(seed)
         info = {"arrivals": "elephant at 0 s, small agents 1/s", "agents": len(agents), "seed": seed}
         specs = [RunSpec(p, p) for p in ("fcfs", "vtc", "srjf", "justitia", "las")]
+        specs.append(RunSpec(FORMULA_LABEL, "justitia", capacity="formula"))
         return Preset(name, "one large mrs elephant among small agents arriving at 1/s", agents, info, specs)
     if name in SUSTAINED_LOADS:
         load = SUSTAINED_LOADS[name]

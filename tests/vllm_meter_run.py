@@ -1,0 +1,39 @@
+"""The plug-in's capacity meter inside real vLLM: a stream of agents saturates an in-process engine
+under justitia; print the capacity schedule its clock ran at as JSON.
+
+    python tests/vllm_meter_run.py
+"""
+
+import json
+import os
+import time
+
+if __name__ == "__main__":
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    os.environ["JUSTITIA_POLICY"] = "justitia"
+    os.environ["JUSTITIA_ITERATION_S"] = "0.004"  # the formula's M from a 4 ms step; a window is 100 of them
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "0-1")
+    from vllm import LLM, SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    from justitia.core import RequestMeta
+    from justitia.vllm.models import tiny_model
+    from justitia.vllm.plugin import JustitiaScheduler
+
+    llm = LLM(model=str(tiny_model()), scheduler_cls=JustitiaScheduler, scheduling_policy="priority",
+              num_gpu_blocks_override=16, max_model_len=1024, max_num_seqs=16, enforce_eager=True, dtype="float32")
+    engine = llm.llm_engine
+    sched = engine.engine_core.engine_core.scheduler
+    started, k = time.monotonic(), 0
+    while time.monotonic() - started < 20:  # a new agent of four requests every 80 ms: more than the engine serves
+        if (time.monotonic() - started) > k * 0.08:
+            meta = RequestMeta(f"a{k}", "t", 4 * (200 * 60 + 60 * 60 / 2), None, True).to_extra_args()
+            for i in range(4):
+                engine.add_request(f"a{k}-{i}", TokensPrompt(prompt_token_ids=list(range(3, 203))),
+                                   SamplingParams(max_tokens=60, ignore_eos=True, extra_args=meta))
+            k += 1
+        if engine.has_unfinished_requests():
+            engine.step()
+    print("RESULT " + json.dumps({"agents": k, "schedule": sched.core.capacity_schedule,
+                                  "state": sched.book.state(time.monotonic() - sched.t0).to_json()}))
