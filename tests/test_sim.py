@@ -93,10 +93,14 @@ LINEAR = LatencyProfile("lin", 1.0, 0.5, 0.01, 0.001, 1.3, 64, "tests: load-depe
     seqs=st.sampled_from([4, 16, 256]),
     measure=st.booleans(),
     slowdown=st.one_of(st.none(), st.tuples(st.floats(0.0, 2.0), st.floats(0.1, 3.0), st.integers(2, 3))),
+    weighted=st.booleans(),
 )
-def test_event_skipping_matches_per_iteration_stepping(seed, policy, blocks, budget, seqs, measure, slowdown):
+def test_event_skipping_matches_per_iteration_stepping(seed, policy, blocks, budget, seqs, measure, slowdown,
+                                                       weighted):
     rng = np.random.default_rng(seed)
     agents = random_agents(rng, 24, max_prompt=400, max_output=200, mean_gap_s=0.2)
+    if weighted:  # tenants' weights: weighted VTC keeps exact fractions, so charging groups do not matter
+        agents = [replace(a, weight=float(rng.choice([0.5, 1.0, 2.0, 3.0]))) for a in agents]
     cfg = engine(blocks=max(blocks, 38), budget=budget, seqs=seqs, profile=LINEAR)
     if slowdown is not None:  # the engine runs some times slower for a while
         cfg = replace(cfg, slowdown=(slowdown[0], slowdown[0] + slowdown[1], slowdown[2]))

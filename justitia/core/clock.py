@@ -5,7 +5,9 @@ time is in seconds, and ``capacity`` is the service the whole engine delivers pe
 saturated, in cost units per second. Under Generalized Processor Sharing each of the ``N_t`` active
 agents is served at ``capacity / N_t``, so the virtual time ``V`` (in cost units) grows at
 ``dV/dt = capacity / N_t`` and an agent of cost ``C`` arriving at ``a`` finishes, in GPS, when
-``V`` reaches its tag ``f = V(a) + C``. An agent is active in GPS from its arrival until ``V``
+``V`` reaches its tag ``f = V(a) + C``. Weighted GPS: an agent of weight ``w`` is served at
+``capacity * w / Σ w`` over the active agents, ``dV/dt = capacity / Σ w`` and ``f = V(a) + C / w``
+(all weights 1 is the unweighted clock, to the last bit). An agent is active in GPS from its arrival until ``V``
 passes its tag, whatever the real engine is doing. While no agent is active, ``V`` stands still.
 
 ``V`` is piecewise linear: it changes slope only when an agent arrives, its tag is reached, or the
@@ -29,7 +31,8 @@ class VirtualClock:
         self.record = record  # keep every GPS finish time (off for long-running servers)
         self._now_s = 0.0
         self._v = 0.0
-        self._tags: list[tuple[float, int, str]] = []  # (finish tag, arrival seq, agent id)
+        self._tags: list[tuple[float, int, str, float]] = []  # (finish tag, arrival seq, agent id, weight)
+        self._weight = 0.0  # Σ w over the active agents
         self._seq = 0
         self._gps_finish_s: dict[str, float] = {}
 
@@ -43,7 +46,7 @@ class VirtualClock:
         if now_s < self._now_s:
             raise ValueError(f"the clock cannot go back from t={self._now_s} to t={now_s}.")
         while self._tags:
-            rate = self.capacity / len(self._tags)
+            rate = self.capacity / self._weight
             tag = self._tags[0][0]
             reach_s = self._now_s + (tag - self._v) / rate
             if reach_s > now_s:
@@ -51,7 +54,8 @@ class VirtualClock:
                 break
             self._now_s, self._v = reach_s, tag
             while self._tags and self._tags[0][0] <= tag:
-                _, _, agent_id = heapq.heappop(self._tags)
+                _, _, agent_id, weight = heapq.heappop(self._tags)
+                self._weight = self._weight - weight if self._tags else 0.0  # no float dust when none is left
                 if self.record:
                     self._gps_finish_s[agent_id] = reach_s
         self._now_s = now_s
@@ -69,17 +73,20 @@ class VirtualClock:
         self._advance(now_s)
         return self._v
 
-    def arrive(self, agent_id: str, cost: float, now_s: float) -> float:
-        """Register an agent of ``cost`` arriving at ``now_s`` and return its finish tag."""
+    def arrive(self, agent_id: str, cost: float, now_s: float, weight: float = 1.0) -> float:
+        """Register an agent of ``cost`` and ``weight`` arriving at ``now_s`` and return its finish tag."""
         if not (cost >= 0 and math.isfinite(cost)):
             raise ValueError(f"agent '{agent_id}': cost must be a finite number >= 0, got {cost}.")
+        if not (weight > 0 and math.isfinite(weight)):
+            raise ValueError(f"agent '{agent_id}': weight must be a finite number > 0, got {weight}.")
         self._advance(now_s)
-        tag = self._v + cost
+        tag = self._v + (cost if weight == 1 else cost / weight)
         if cost == 0:
             if self.record:
                 self._gps_finish_s[agent_id] = now_s
         else:
-            heapq.heappush(self._tags, (tag, self._seq, agent_id))
+            heapq.heappush(self._tags, (tag, self._seq, agent_id, float(weight)))
+            self._weight += weight
         self._seq += 1
         return tag
 
@@ -90,11 +97,12 @@ class VirtualClock:
     def drain(self) -> dict[str, float]:
         """Run GPS until every registered agent has finished; return all GPS finish times."""
         if self._tags:
-            last_tag = max(t for t, _, _ in self._tags)
-            # Upper bound on the time left: serving at the slowest rate, capacity / active.
-            horizon = self._now_s + (last_tag - self._v) * len(self._tags) / self.capacity
+            last_tag = max(entry[0] for entry in self._tags)
+            # Upper bound on the time left: serving at the slowest rate, capacity / Σ w.
+            horizon = self._now_s + (last_tag - self._v) * self._weight / self.capacity
             self._advance(horizon)
             while self._tags:  # float rounding can leave the last tag a hair ahead
-                _, _, agent_id = heapq.heappop(self._tags)
+                agent_id = heapq.heappop(self._tags)[2]
                 self._gps_finish_s[agent_id] = self._now_s
+            self._weight = 0.0
         return dict(self._gps_finish_s)

@@ -8,6 +8,7 @@ on vLLM's OpenAI server). ``RequestMeta`` is the only code that writes or reads 
     agent_cost    predicted total cost C of the agent, in the cost model's unit (its first request sets it)
     request_cost  predicted cost of this request (for sjf)
     agent_done    truthy on the requests of the agent's last stage: its state goes when they finish
+    agent_weight  the agent's weight under weighted fairness (> 0, default 1; its first request sets it)
 
 **Control calls** go from the process that started a vLLM engine into the plug-in, inside the
 engine process (vLLM's utility-call channel, never reachable by an HTTP client): ``register`` an
@@ -24,9 +25,9 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Any, Mapping
 
-AGENT_ID, AGENT_TYPE, AGENT_COST, REQUEST_COST, AGENT_DONE = (
-    "agent_id", "agent_type", "agent_cost", "request_cost", "agent_done")
-META_KEYS = (AGENT_ID, AGENT_TYPE, AGENT_COST, REQUEST_COST, AGENT_DONE)
+AGENT_ID, AGENT_TYPE, AGENT_COST, REQUEST_COST, AGENT_DONE, AGENT_WEIGHT = (
+    "agent_id", "agent_type", "agent_cost", "request_cost", "agent_done", "agent_weight")
+META_KEYS = (AGENT_ID, AGENT_TYPE, AGENT_COST, REQUEST_COST, AGENT_DONE, AGENT_WEIGHT)
 
 
 @dataclass(frozen=True)
@@ -39,6 +40,7 @@ class RequestMeta:
     agent_cost: float | None = None
     request_cost: float | None = None
     agent_done: bool = False
+    agent_weight: float | None = None
 
     def to_extra_args(self) -> dict[str, Any]:
         """The metadata as ``extra_args`` / ``vllm_xargs`` (fields left unset are left out)."""
@@ -52,6 +54,8 @@ class RequestMeta:
                 doc[key] = value
         if self.agent_done:
             doc[AGENT_DONE] = True
+        if self.agent_weight is not None:
+            doc[AGENT_WEIGHT] = self.agent_weight
         return doc
 
     @classmethod
@@ -61,22 +65,24 @@ class RequestMeta:
         doc = extra_args or {}
         agent_id = doc.get(AGENT_ID)
         costs = {key: _cost(doc.get(key), key, request_id, log) for key in (AGENT_COST, REQUEST_COST)}
+        weight = _cost(doc.get(AGENT_WEIGHT), AGENT_WEIGHT, request_id, log, positive=True)
         return cls(str(agent_id) if agent_id else None, str(doc.get(AGENT_TYPE, "")), costs[AGENT_COST],
-                   costs[REQUEST_COST], bool(doc.get(AGENT_DONE)))
+                   costs[REQUEST_COST], bool(doc.get(AGENT_DONE)), weight)
 
 
-def _cost(value: Any, key: str, request_id: str, log: logging.Logger | None) -> float | None:
+def _cost(value: Any, key: str, request_id: str, log: logging.Logger | None, positive: bool = False) -> float | None:
+    """A number from the metadata (>= 0, or > 0 if ``positive``); a bad one is logged and ignored."""
     if value is None:
         return None
     try:
-        cost = float(value)
+        number = float(value)
     except (TypeError, ValueError):
-        cost = math.nan
-    if math.isfinite(cost) and cost >= 0:
-        return cost
+        number = math.nan
+    if math.isfinite(number) and (number > 0 if positive else number >= 0):
+        return number
     (log or logging.getLogger("justitia")).warning(
-        "justitia: request %s: %s=%r is not a finite number >= 0; ignored (the request's own estimate is used)",
-        request_id, key, value)
+        "justitia: request %s: %s=%r is not a finite number %s 0; ignored (the default is used)",
+        request_id, key, value, ">" if positive else ">=")
     return None
 
 

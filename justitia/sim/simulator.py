@@ -88,7 +88,7 @@ class Simulator:
                 a = run.process.agent
                 calls = run.process.start()
                 engine.report_service()  # the clock's M may follow what the engine delivered so far
-                core.agent_arrived(a.agent_id, a.type, run.process.predicted_cost, a.arrival_s)
+                core.agent_arrived(a.agent_id, a.type, run.process.predicted_cost, a.arrival_s, a.weight)
                 submit(run, calls)
             engine.next_arrival_ps = pending[nxt].arrival_ps if nxt < len(pending) else None
             if not engine.busy:

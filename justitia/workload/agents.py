@@ -2,7 +2,7 @@
 
 A workload file holds one agent per line (gzip-compressed when its name ends in ``.gz``):
 
-    {"agent_id": str, "type": str, "arrival_s": float,
+    {"agent_id": str, "type": str, "arrival_s": float, "weight": float (optional, > 0, default 1),
      "stages": [[{"prompt": str, "prompt_tokens": int, "output_tokens": int}, ...], ...]}
 
 Stages run one after another; the tasks inside a stage run in parallel. ``output_tokens`` is the
@@ -43,6 +43,7 @@ class Agent:
     arrival_s: float
     stages: tuple[tuple[Task, ...], ...]
     meta: dict = field(default_factory=dict, compare=False)
+    weight: float = 1.0  # its share under weighted GPS (a tenant's weight)
 
     @property
     def tasks(self) -> list[Task]:
@@ -61,6 +62,8 @@ class Agent:
             "arrival_s": self.arrival_s,
             "stages": [[asdict(t) for t in stage] for stage in self.stages],
         }
+        if self.weight != 1:
+            doc["weight"] = self.weight
         if self.meta:
             doc["meta"] = self.meta
         return doc
@@ -95,7 +98,7 @@ def agent_from_json(doc: object, where: str) -> Agent:
     """Validate one workload document and build the agent; ``where`` names it in errors."""
     if not isinstance(doc, dict):
         raise WorkloadError(f"{where}: expected a JSON object for the agent, got {type(doc).__name__}.")
-    _check_fields(doc, _AGENT_FIELDS, where, optional=frozenset({"meta"}))
+    _check_fields(doc, _AGENT_FIELDS, where, optional=frozenset({"meta", "weight"}))
     if not doc["agent_id"]:
         raise WorkloadError(f"{where}: field 'agent_id' must be a non-empty string.")
     arrival = float(doc["arrival_s"])
@@ -122,7 +125,10 @@ def agent_from_json(doc: object, where: str) -> Agent:
     meta = doc.get("meta", {})
     if not isinstance(meta, dict):
         raise WorkloadError(f"{where}: field 'meta' must be an object.")
-    return Agent(doc["agent_id"], doc["type"], arrival, tuple(stages), meta)
+    weight = doc.get("weight", 1.0)
+    if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not (math.isfinite(weight) and weight > 0):
+        raise WorkloadError(f"{where}: field 'weight' must be a finite number > 0, got {json.dumps(weight)[:60]}.")
+    return Agent(doc["agent_id"], doc["type"], arrival, tuple(stages), meta, float(weight))
 
 
 def read_jsonl(path: Path) -> Iterator[tuple[int, str, object]]:
@@ -205,6 +211,6 @@ def scale_tokens(agents: Iterable[Agent], factor: float) -> list[Agent]:
         Agent(a.agent_id, a.type, a.arrival_s,
               tuple(tuple(Task(t.prompt, shrink(t.prompt_tokens), shrink(t.output_tokens)) for t in stage)
                     for stage in a.stages),
-              a.meta)
+              a.meta, a.weight)
         for a in agents
     ]

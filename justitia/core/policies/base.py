@@ -18,6 +18,7 @@ class AgentInfo:
     seq: int  # arrival order among agents
     arrival_s: float
     predicted_cost: float  # predicted total cost, in the cost model's unit
+    weight: float = 1.0  # its share under weighted fairness (a tenant's weight)
 
 
 @dataclass(frozen=True, eq=False)
