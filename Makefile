@@ -57,7 +57,7 @@ server-bench: setup
 	$(BIN)/python scripts/bench_server.py --out results/server.json
 
 presets: setup
-	for p in main starvation noise ablation sustained sustained-near; do $(BIN)/justitia bench --preset $$p --out results/$$p || exit 1; done
+	for p in main starvation noise ablation sustained sustained-near trojan; do $(BIN)/justitia bench --preset $$p --out results/$$p || exit 1; done
 
 clean:
 	rm -rf $(VENV) results

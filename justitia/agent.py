@@ -25,6 +25,9 @@ from justitia.predictors import Predictor
 from justitia.workload import Agent
 
 
+PRICINGS = ("first-stage", "all-stages")
+
+
 @dataclass(frozen=True)
 class Call:
     """One request of an agent, ready for an engine."""
@@ -86,16 +89,23 @@ class AgentProcess:
 
     def __init__(self, agent: Agent, predictor: Predictor, cost: CostModel = KV, *,
                  tasks: Sequence[Sequence[Any]] | None = None, request_prefix: str = "",
-                 render: Render | None = None):
+                 render: Render | None = None, pricing: str = "first-stage"):
         """``agent`` is what the predictor sees (its id, type and stages with the lengths known at
         arrival); ``tasks`` are the stages' tasks to hand the engine (default: ``agent.stages``);
-        ``render`` fills a prompt's placeholders from earlier answers (default: prompts as given)."""
+        ``render`` fills a prompt's placeholders from earlier answers (default: prompts as given).
+        ``pricing``: ``first-stage``, the predictor's agent cost (it reads the first stage: the
+        paper's rule, and all an engine that sees only requests can do), or ``all-stages``, for an
+        agent submitted whole: at least the sum of its requests' predicted costs over every stage,
+        so that a cheap first stage cannot hide heavy later ones."""
+        if pricing not in PRICINGS:
+            raise ValueError(f"pricing must be one of {', '.join(PRICINGS)}, got '{pricing}'.")
         self.agent = agent
         self.predictor = predictor
         self.cost = cost
         self.tasks = agent.stages if tasks is None else tasks
         self.request_prefix = request_prefix
         self.render = render
+        self.pricing = pricing
         self.state = "new"
         self.stage = -1
         self.predicted_cost: float | None = None
@@ -110,7 +120,11 @@ class AgentProcess:
     def predict(self) -> float:
         """The agent's predicted total cost (the predictor runs once)."""
         if self.predicted_cost is None:
-            self.predicted_cost = float(self.predictor.agent_cost(self.agent, self.cost))
+            cost = float(self.predictor.agent_cost(self.agent, self.cost))
+            if self.pricing == "all-stages":
+                p, a, m = self.predictor, self.agent, self.cost
+                cost = max(cost, sum(float(p.request_cost(a, s, i, m)) for s, st in enumerate(a.stages) for i in range(len(st))))
+            self.predicted_cost = cost
         return self.predicted_cost
 
     def start(self) -> list[Call]:

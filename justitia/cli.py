@@ -48,6 +48,11 @@ def _parser() -> argparse.ArgumentParser:
     b.add_argument("--capacity", choices=["measured", "formula"], default="measured",
                    help="the clock's M: measured from what the engine delivers (default), or the formula's "
                         "(KV tokens / nominal step, the paper's rule)")
+    b.add_argument("--no-retag", action="store_true",
+                   help="keep each agent's first tag even when its stages reveal more work than predicted")
+    b.add_argument("--pricing", choices=["first-stage", "all-stages"], default="first-stage",
+                   help="price an agent on arrival from its first stage (the predictor's, default) or at least "
+                        "the sum of every stage's predicted requests (an agent submitted whole)")
     b.add_argument("--latency", help=f"simulator latency profile: {', '.join(sorted(PROFILES))} (sim default) "
                    "or a file from 'justitia calibrate' (vllm default: calibrate first)")
     _add_engine_args(b)
@@ -192,7 +197,7 @@ def _cmd_bench(args) -> int:
         if unknown or not names:
             raise ValueError(f"--policies: unknown policy '{(unknown or [''])[0]}'; expected some of: {', '.join(POLICY_NAMES)}.")
         make_predictor(args.predictor)  # validate before running anything
-        specs = [RunSpec(p, p, args.predictor, args.cost, args.capacity) for p in names]
+        specs = [RunSpec(p, p, args.predictor, args.cost, args.capacity, not args.no_retag, args.pricing) for p in names]
     engine = args.engine or (preset.engine if preset else "sim")
     if engine == "vllm":
         doc = _bench_vllm(args, agents, specs, info, preset)
@@ -207,6 +212,8 @@ def _cmd_bench(args) -> int:
     print_results(doc, title)
     if any(a["agent_id"] == "elephant" for a in next(iter(doc["policies"].values()))["agents"]):
         _print_elephant(doc)
+    if any(a["agent_id"].startswith("trojan-") for a in next(iter(doc["policies"].values()))["agents"]):
+        _print_trojans(doc)
     print(f"results: {path}")
     return 0
 
@@ -383,6 +390,18 @@ def _print_elephant(doc: dict) -> None:
             extra = f"  (GPS finish {e['gps_finish_s']:.1f} s, bound {entry['delay_bound_s']:.1f} s)"
         print(f"  {label:<10} elephant finishes {e['finish_s']:8.1f} s, small agents' mean JCT "
               f"{sum(mice) / len(mice):7.1f} s{extra}")
+
+
+def _print_trojans(doc: dict) -> None:
+    from justitia.lab.presets import TROJAN_PREFIX
+
+    print("honest agents and trojans (first stage 1/20 of their cost) per run, mean JCT:")
+    for label, entry in doc["policies"].items():
+        groups = {True: [], False: []}
+        for a in entry["agents"]:
+            groups[a["agent_id"].startswith(TROJAN_PREFIX)].append(a["jct_s"])
+        print(f"  {label:<26} honest {sum(groups[False]) / len(groups[False]):7.1f} s   "
+              f"trojans {sum(groups[True]) / len(groups[True]):7.1f} s")
 
 
 def main(argv: list[str] | None = None) -> int:

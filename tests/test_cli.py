@@ -78,7 +78,23 @@ def test_presets_use_the_shipped_arrivals_and_name_no_local_path():
     preset = presets.make_preset("noise")
     assert preset.workload_info["arrivals"] == "trace" and preset.workload_info["trace"] == "mooncake_conversation"
     assert len(preset.agents) == 300 and 90.0 < max(a.arrival_s for a in preset.agents) < 115.0
-    assert [s.label for s in preset.specs] == ["vtc", "justitia", "justitia@noisy:1.5", "justitia@noisy:2", "justitia@noisy:3"]
+    assert [s.label for s in preset.specs] == ["vtc", "justitia", "justitia@noisy:1.5", "justitia@noisy:2", "justitia@noisy:3",
+                                              "justitia@noisy:1.5/no-retag", "justitia@noisy:3/no-retag"]
+    assert [s.retag for s in preset.specs] == [True] * 5 + [False] * 2
+
+
+def test_the_trojan_preset_hides_a_twentieth_of_the_cost_in_the_first_stage():
+    import justitia.lab.presets as presets
+    from justitia.core import KV
+
+    preset = presets.make_preset("trojan")
+    trojans = [a for a in preset.agents if a.agent_id.startswith(presets.TROJAN_PREFIX)]
+    assert len(trojans) == preset.workload_info["trojans"] == round(0.1 * len(preset.agents))
+    for a in trojans:
+        first = sum(KV.request_cost(t.prompt_tokens, t.output_tokens) for t in a.stages[0])
+        assert len(a.stages) == 2 and first / a.cost(KV) == pytest.approx(1 / 20)
+    runs = {s.label: s for s in preset.specs}
+    assert not runs["justitia@mlp/no-retag"].retag and runs["justitia@mlp/all-stages"].pricing == "all-stages"
 
 
 def test_the_sustained_presets_stream_small_agents_at_a_multiple_of_what_the_engine_serves():

@@ -136,3 +136,47 @@ def test_many_events_are_cheap(monkeypatch):
     assert ops == {"push": 20000, "pop": 20000}
     # a quadratic clock would take minutes here; this one takes a fraction of a second
     assert time.perf_counter() - started < 20
+
+
+def test_a_settled_agent_that_declared_a_huge_cost_stops_slowing_the_clock():
+    clock = VirtualClock(100.0)
+    clock.arrive("liar", 1e19, 0.0)  # a client's absurd cost: it halves everyone's rate while it is active
+    clock.arrive("A", 100.0, 0.0)
+    clock.settle("liar", 10.0, 0.5)  # it left having asked for 10: V(0.5) = 25 is past 0 + 10
+    assert clock.virtual_time(0.5) == pytest.approx(25.0) and clock.active == 1
+    assert clock.drain() == {"liar": 0.5, "A": pytest.approx(0.5 + 75 / 100)}  # not 2.0 s, as with the liar in
+
+
+def test_an_honest_agent_keeps_its_tag_when_it_leaves_early():
+    clock = VirtualClock(100.0)
+    clock.arrive("A", 100.0, 0.0)
+    clock.arrive("B", 100.0, 0.0)
+    clock.settle("A", 100.0, 0.2)  # served ahead of GPS, it asked for what it declared: GPS is unchanged
+    assert clock.drain() == {"A": pytest.approx(2.0), "B": pytest.approx(2.0)}
+
+
+def test_an_overpriced_agent_counts_until_gps_would_have_finished_its_real_work():
+    clock = VirtualClock(100.0)
+    clock.arrive("A", 100.0, 0.0)
+    clock.arrive("B", 100.0, 0.0)
+    clock.settle("A", 40.0, 0.2)  # V(0.2) = 10; A counts until V = 40 (t = 0.8), then B runs alone
+    assert clock.drain() == {"A": pytest.approx(0.8), "B": pytest.approx(0.8 + 60 / 100)}
+
+
+def test_retagging_moves_a_tag_to_v_now_plus_the_work_left():
+    clock = VirtualClock(100.0)
+    clock.arrive("A", 10.0, 0.0)
+    clock.arrive("B", 100.0, 0.0)
+    assert clock.retag("A", 4.0, 0.1) == 10.0  # V(0.1) = 5, 5 + 4 is below its tag: no move
+    assert clock.retag("A", 55.0, 0.1) == pytest.approx(60.0)  # 5 + 55
+    assert clock.virtual_time(0.4) == pytest.approx(20.0)  # A (now 60) still counts: V(0.4) = 0.4 * 50
+    assert clock.drain() == {"A": pytest.approx(1.2), "B": pytest.approx(1.2 + 40 / 100)}
+    assert clock.retag("nobody", 1.0, 2.0) is None
+
+
+def test_a_zero_cost_agent_is_retagged_when_its_work_shows_up():
+    clock = VirtualClock(100.0)
+    assert clock.arrive("Z", 0.0, 0.0) == 0.0 and clock.active == 0  # declared nothing: done in GPS at once
+    clock.arrive("B", 100.0, 0.0)
+    assert clock.retag("Z", 100.0, 0.0) == pytest.approx(100.0) and clock.active == 2  # it counts again
+    assert clock.drain()["B"] == pytest.approx(2.0)

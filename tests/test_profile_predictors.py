@@ -117,7 +117,8 @@ def test_ablation_preset_replays_held_out_profile_agents_with_trained_predictors
     monkeypatch.setattr(profiles, "lm_available", lambda: False)  # the lm run is slow; its own tests are above
     preset = presets.make_preset("ablation")
     labels = [s.label for s in preset.specs]
-    assert labels == ["vtc", "justitia", "justitia/C", "justitia@mlp", "justitia@mean", "justitia@linear"]
+    assert labels == ["vtc", "justitia", "justitia/C", "justitia@mlp", "justitia@mean", "justitia@linear",
+                      "justitia@mlp/no-retag"]
     assert preset.notes and "lm predictor skipped" in preset.notes[0]
     held_out = {a.agent_id.split("#")[0] for a in preset.agents}
     trained_on = {a.agent_id for a in load_workload(tmp_path / "cache" / "predictors" /

@@ -82,6 +82,37 @@ def test_metrics_report_the_clock_of_the_policy_that_orders_the_engine_or_say_th
         assert "# justitia_virtual_time: none, policy 'vtc' keeps no GPS virtual clock" in text
 
 
+class WordTokenizer:
+    chat_template = None
+
+    def encode(self, text):
+        return list(range(len(text.split())))
+
+
+class FirstStagePredictor(type(make_predictor("oracle"))):
+    """Reads only the first stage, as the paper's predictors do."""
+
+    def agent_cost(self, agent, model):
+        return sum(model.request_cost(t.prompt_tokens, t.output_tokens) for t in agent.stages[0])
+
+
+def test_an_agent_submitted_whole_is_priced_on_every_stage_so_a_cheap_first_stage_hides_nothing():
+    backend = ClocklessBackend("justitia")
+    manager = AgentManager(backend, WordTokenizer(), Settings(), FirstStagePredictor())
+    task = {"prompt": "one two three four", "max_tokens": 8}
+    trojan = AgentSpec.model_validate({"stages": [[task], [task] * 19]})
+
+    async def submit():
+        run = await manager.submit(trojan)
+        run.task.cancel()
+        return run
+
+    run = asyncio.run(submit())
+    one = 4 * 8 + 8 * 8 / 2  # what the first stage's request costs, at its max_tokens
+    assert run.process.predicted_cost == pytest.approx(20 * one)  # not the predictor's 1 x
+    assert backend.book.core.virtual_finish(run.agent_id) == pytest.approx(20 * one)
+
+
 # ------------------------------------------------------------------------------------ the server
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):

@@ -34,21 +34,22 @@ class AgentBook:
     @classmethod
     def for_policy(cls, policy: str, capacity_per_s: float, cost: str | CostModel = KV,
                    idle_release_s: float = 60.0, log: logging.Logger | None = None,
-                   measure_every_s: float | None = None) -> "AgentBook":
+                   measure_every_s: float | None = None, retag: bool = True) -> "AgentBook":
         """A book over a fresh core running ``policy`` (its clock's M measured every
-        ``measure_every_s`` busy seconds, if given)."""
-        return cls(AgentScheduler.for_policy(policy, capacity_per_s, cost, measure_every_s), cost, idle_release_s,
-                   log)
+        ``measure_every_s`` busy seconds, if given; ``retag``: see ``AgentScheduler``)."""
+        return cls(AgentScheduler.for_policy(policy, capacity_per_s, cost, measure_every_s, retag), cost,
+                   idle_release_s, log)
 
     @classmethod
     def tagging(cls, policy: str, capacity_per_s: float, cost: str | CostModel = KV, idle_release_s: float = 60.0,
-                log: logging.Logger | None = None) -> "AgentBook":
-        """A book for front-end tagging (``tag``): only policies whose keys are fixed on arrival qualify."""
+                log: logging.Logger | None = None, retag: bool = True) -> "AgentBook":
+        """A book for front-end tagging (``tag``): only policies whose keys are fixed on arrival qualify
+        (a retagged agent's requests tagged from then on carry its new key)."""
         if policy not in STATIC_POLICY_NAMES:
             make_policy(policy, capacity_per_s, cost)  # an unknown name gets its own error
             raise ValueError(f"policy '{policy}' changes its keys as service accrues, which a front end cannot see; "
                              f"front-end tagging supports only {', '.join(STATIC_POLICY_NAMES)}.")
-        return cls.for_policy(policy, capacity_per_s, cost, idle_release_s, log)
+        return cls.for_policy(policy, capacity_per_s, cost, idle_release_s, log, retag=retag)
 
     # ------------------------------------------------------------------------------ agents
     def register(self, agent_id: str, agent_type: str, predicted_cost: float, now_s: float,
@@ -105,7 +106,7 @@ class AgentBook:
         self.idle_since.pop(agent_id, None)
         if meta.agent_done or meta.agent_id is None:  # an unnamed request is an agent of its own
             self.agent_done.add(agent_id)
-        info = self.core.request_arrived(request_id, agent_id, prompt_tokens, request_cost)
+        info = self.core.request_arrived(request_id, agent_id, prompt_tokens, request_cost, now_s)
         self.infos[request_id] = info
         return info, new
 

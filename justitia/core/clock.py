@@ -8,7 +8,9 @@ agents is served at ``capacity / N_t``, so the virtual time ``V`` (in cost units
 ``V`` reaches its tag ``f = V(a) + C``. Weighted GPS: an agent of weight ``w`` is served at
 ``capacity * w / Σ w`` over the active agents, ``dV/dt = capacity / Σ w`` and ``f = V(a) + C / w``
 (all weights 1 is the unweighted clock, to the last bit). An agent is active in GPS from its arrival until ``V``
-passes its tag, whatever the real engine is doing. While no agent is active, ``V`` stands still.
+passes its tag, whatever the real engine is doing. While no agent is active, ``V`` stands still. Tags
+follow the truth: ``retag`` moves an agent that revealed more work than it was stamped with back to
+``V(now) + remaining / w``, and ``settle`` shortens a leaving agent's stay to ``V(a) + what it asked for / w``.
 
 ``V`` is piecewise linear: it changes slope only when an agent arrives, its tag is reached, or the
 capacity changes (``set_capacity``, at an event), so the clock keeps the pending tags in a heap and
@@ -33,18 +35,29 @@ class VirtualClock:
         self._v = 0.0
         self._tags: list[tuple[float, int, str, float]] = []  # (finish tag, arrival seq, agent id, weight)
         self._weight = 0.0  # Σ w over the active agents
+        self._active: dict[str, tuple[int, float]] = {}  # agents active in GPS -> (their heap entry's seq, weight)
+        self._agents: dict[str, list[float]] = {}  # agents not settled -> [V at arrival, tag, weight]
         self._seq = 0
         self._gps_finish_s: dict[str, float] = {}
 
     @property
     def active(self) -> int:
         """Number of agents still active in GPS at the last time the clock was advanced to."""
-        return len(self._tags)
+        return len(self._active)
+
+    def _live(self, entry: tuple) -> bool:
+        """Whether a heap entry is an active agent's (not one forgotten, or an earlier visit of its id)."""
+        return self._active.get(entry[2], (None,))[0] == entry[1]
+
+    def _drop_forgotten(self) -> None:
+        while self._tags and not self._live(self._tags[0]):
+            heapq.heappop(self._tags)
 
     def _advance(self, now_s: float) -> None:
         """Move the clock to ``now_s``, retiring every tag that ``V`` reaches on the way."""
         if now_s < self._now_s:
             raise ValueError(f"the clock cannot go back from t={self._now_s} to t={now_s}.")
+        self._drop_stale()
         while self._tags:
             rate = self.capacity / self._weight
             tag = self._tags[0][0]
@@ -54,11 +67,32 @@ class VirtualClock:
                 break
             self._now_s, self._v = reach_s, tag
             while self._tags and self._tags[0][0] <= tag:
-                _, _, agent_id, weight = heapq.heappop(self._tags)
-                self._weight = self._weight - weight if self._tags else 0.0  # no float dust when none is left
-                if self.record:
-                    self._gps_finish_s[agent_id] = reach_s
+                self._retire(heapq.heappop(self._tags)[2], reach_s)
+                self._drop_stale()
         self._now_s = now_s
+
+    def _live(self, entry: tuple) -> bool:
+        """Whether a heap entry is current (not one that ``retag`` or ``settle`` replaced)."""
+        return self._active.get(entry[2], (None,))[0] == entry[1]
+
+    def _drop_stale(self) -> None:
+        while self._tags and not self._live(self._tags[0]):
+            heapq.heappop(self._tags)
+
+    def _retire(self, agent_id: str, now_s: float) -> None:
+        """GPS has finished the agent: it stops counting among the active ones."""
+        weight = self._active.pop(agent_id)[1]
+        self._weight = self._weight - weight if self._active else 0.0  # no float dust when none is left
+        if self.record:
+            self._gps_finish_s[agent_id] = now_s
+
+    def _file(self, agent_id: str, tag: float, weight: float) -> None:
+        """(Re)file an agent under ``tag``: any earlier heap entry of it goes stale."""
+        if agent_id not in self._active:
+            self._weight += weight
+        heapq.heappush(self._tags, (tag, self._seq, agent_id, weight))
+        self._active[agent_id] = (self._seq, weight)
+        self._seq += 1
 
     def set_capacity(self, capacity: float, now_s: float) -> None:
         """From ``now_s`` on, the engine delivers ``capacity`` cost units per second (V up to ``now_s``
@@ -67,6 +101,42 @@ class VirtualClock:
             raise ValueError(f"capacity must be a positive finite number, got {capacity}.")
         self._advance(now_s)
         self.capacity = float(capacity)
+
+    def retag(self, agent_id: str, remaining_cost: float, now_s: float) -> float | None:
+        """The agent has revealed more work than it was stamped with, ``remaining_cost`` of it not done:
+        its tag becomes ``max(tag, V(now) + remaining / w)``, that of an agent arriving now with that
+        work (it counts among the active agents again if GPS had finished it). The new tag, or None if
+        the agent is not known here (never arrived, or settled)."""
+        self._advance(now_s)
+        known = self._agents.get(agent_id)
+        if known is None:
+            return None
+        _, old, weight = known
+        tag = max(old, self._v + (remaining_cost if weight == 1 else remaining_cost / weight))
+        if tag > old:
+            known[1] = tag
+            if tag > self._v:
+                self._file(agent_id, tag, weight)
+        return tag
+
+    def settle(self, agent_id: str, cost: float, now_s: float) -> None:
+        """The agent left the engine (finished, cancelled, released) having asked for ``cost`` in all:
+        GPS keeps it no longer than that work would have kept it, that is until ``V`` reaches
+        ``min(tag, V(a) + cost / w)`` (at once if ``V`` is past it). An honest agent keeps its tag; one
+        that declared more than it asked for (a cost of 1e19) stops slowing ``V`` for the others."""
+        self._advance(now_s)
+        known = self._agents.pop(agent_id, None)
+        if known is None or agent_id not in self._active:
+            return
+        start, tag, weight = known
+        settled = start + (cost if weight == 1 else cost / weight)
+        if settled >= tag:
+            return
+        if settled <= self._v:
+            self._retire(agent_id, now_s)
+            self._drop_stale()
+        else:
+            self._file(agent_id, settled, weight)
 
     def virtual_time(self, now_s: float) -> float:
         """V(now_s), in cost units; ``now_s`` must not be earlier than any earlier call's."""
@@ -81,13 +151,12 @@ class VirtualClock:
             raise ValueError(f"agent '{agent_id}': weight must be a finite number > 0, got {weight}.")
         self._advance(now_s)
         tag = self._v + (cost if weight == 1 else cost / weight)
-        if cost == 0:
+        self._agents[agent_id] = [self._v, tag, float(weight)]
+        if cost == 0:  # GPS finishes it at once (and retag can still move it back)
             if self.record:
                 self._gps_finish_s[agent_id] = now_s
         else:
-            heapq.heappush(self._tags, (tag, self._seq, agent_id, float(weight)))
-            self._weight += weight
-        self._seq += 1
+            self._file(agent_id, tag, float(weight))
         return tag
 
     def gps_finish_s(self, agent_id: str) -> float | None:
@@ -97,12 +166,14 @@ class VirtualClock:
     def drain(self) -> dict[str, float]:
         """Run GPS until every registered agent has finished; return all GPS finish times."""
         if self._tags:
-            last_tag = max(entry[0] for entry in self._tags)
+            last_tag = max(entry[0] for entry in self._tags if self._live(entry))
             # Upper bound on the time left: serving at the slowest rate, capacity / Σ w.
             horizon = self._now_s + (last_tag - self._v) * self._weight / self.capacity
             self._advance(horizon)
             while self._tags:  # float rounding can leave the last tag a hair ahead
-                agent_id = heapq.heappop(self._tags)[2]
-                self._gps_finish_s[agent_id] = self._now_s
+                entry = heapq.heappop(self._tags)
+                if self._live(entry):
+                    del self._active[entry[2]]
+                    self._gps_finish_s[entry[2]] = self._now_s
             self._weight = 0.0
         return dict(self._gps_finish_s)

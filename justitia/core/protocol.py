@@ -99,7 +99,7 @@ class ControlCall:
     ``register``: ``agent_id``, ``agent_type``, ``predicted_cost`` -> the agent's virtual finish
     tag (None under a policy without a clock); ``release``: ``agent_id`` -> whether it was released now (else: when its last open request ends);
     ``state`` -> ``PolicyState.to_json()``; ``reset``: ``policy``, ``cost``,
-    ``capacity_per_s``, ``measure_capacity``, ``step_log`` (a CSV path or None) -> whether the idle
+    ``capacity_per_s``, ``measure_capacity``, ``retag``, ``step_log`` (a CSV path or None) -> whether the idle
     engine was reset.
     """
 

@@ -32,23 +32,27 @@ from justitia.core.queue import WaitingQueue
 class AgentScheduler:
     """Agent-aware request ordering for one engine, under one policy."""
 
-    def __init__(self, policy: Policy, meter: CapacityMeter | None = None):
+    def __init__(self, policy: Policy, meter: CapacityMeter | None = None, retag: bool = True):
+        """``retag``: when an agent's requests reveal more work than its predicted cost, its policy
+        may move it back (``Policy.revise``: justitia's tag ``f = max(f, V(now) + remaining / w)``)."""
         self._policy = policy
         self._meter = meter if policy.clock is not None else None  # only a clock needs M
+        self._retag = retag
         self._waiting = WaitingQueue(policy)
         self._agents: dict[str, AgentInfo] = {}
         self._open: dict[str, int] = {}  # agent id -> requests not yet finished
+        self._revealed: dict[str, list[float]] = {}  # agent id -> [its requests' predicted costs, those finished]
         self._agent_seq = 0
         self._request_seq = 0
 
     @classmethod
     def for_policy(cls, name: str, capacity_per_s: float | None = None, cost: str | CostModel = KV,
-                   measure_every_s: float | None = None) -> "AgentScheduler":
+                   measure_every_s: float | None = None, retag: bool = True) -> "AgentScheduler":
         """A core running the policy ``name``; ``capacity_per_s`` is the clock's M to start from,
         then measured every ``measure_every_s`` busy seconds (``CapacityMeter``), or kept (None)."""
         cost = cost_model(cost)
         meter = CapacityMeter(capacity_per_s, cost, measure_every_s) if measure_every_s and capacity_per_s else None
-        return cls(make_policy(name, capacity_per_s, cost), meter)
+        return cls(make_policy(name, capacity_per_s, cost), meter, retag)
 
     # ------------------------------------------------------------------------------ agents
     @property
@@ -74,7 +78,11 @@ class AgentScheduler:
         return info
 
     def agent_finished(self, agent_id: str, now_s: float) -> None:
-        """The agent is done (or cancelled): drop its waiting requests and every bit of its state."""
+        """The agent is done (or cancelled): drop its waiting requests and every bit of its state. The
+        policy settles it at the work it asked for: its finished requests, at their predicted costs."""
+        revealed = self._revealed.pop(agent_id, None)
+        if agent_id in self._agents:
+            self._policy.settle(agent_id, revealed[1] if revealed else 0.0, now_s)
         for req in self._waiting.requests_of(agent_id):
             self.request_finished(req)
         self._agents.pop(agent_id, None)
@@ -95,10 +103,20 @@ class AgentScheduler:
         return self._open.get(agent_id, 0)
 
     # ---------------------------------------------------------------------------- requests
-    def request_arrived(self, request_id: str, agent_id: str, prompt_tokens: int, predicted_cost: float) -> RequestInfo:
-        """Queue a new request of a registered agent."""
-        if agent_id not in self._agents:
+    def request_arrived(self, request_id: str, agent_id: str, prompt_tokens: int, predicted_cost: float,
+                        now_s: float | None = None) -> RequestInfo:
+        """Queue a new request of a registered agent. Its predicted cost adds to what the agent has
+        revealed; once that exceeds the agent's predicted total, the agent is revised at ``now_s``
+        with the work it still has (its revealed requests not finished), if the core retags."""
+        info = self._agents.get(agent_id)
+        if info is None:
             raise KeyError(f"request '{request_id}': agent '{agent_id}' has not arrived.")
+        revealed = self._revealed.setdefault(agent_id, [0.0, 0.0])
+        revealed[0] += predicted_cost
+        if self._retag and now_s is not None and revealed[0] > info.predicted_cost * (1 + 1e-9):
+            self._policy.revise(agent_id, revealed[0], revealed[0] - revealed[1], now_s)
+            if self._policy.dynamic:
+                self._waiting.touch(agent_id)
         req = RequestInfo(request_id, agent_id, self._request_seq, prompt_tokens, predicted_cost)
         self._request_seq += 1
         self._open[agent_id] += 1
@@ -118,6 +136,9 @@ class AgentScheduler:
         if req in self._waiting:
             self._waiting.remove(req)
         self._open[req.agent_id] -= 1
+        revealed = self._revealed.get(req.agent_id)
+        if revealed is not None:
+            revealed[1] += req.predicted_cost
 
     def charge(self, req: RequestInfo, service: Charge) -> None:
         """Report service the engine scheduled for ``req`` (charges of one agent may be summed)."""

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from justitia.agent import AgentResult, RunResult
+from justitia.agent import PRICINGS, AgentResult, RunResult
 from justitia.core import make_policy
 from justitia.lab.metrics import delay_bound_s, fairness, gps_finish_times, jct_stats
 from justitia.lab.progress import progress_bar
@@ -31,14 +31,19 @@ class RunSpec:
     predictor: str = "oracle"
     cost: str = "kv"
     capacity: str = "measured"  # the clock's M: measured from what the engine delivers, or the formula's
+    retag: bool = True  # an agent that reveals more work than predicted moves back (AgentScheduler)
+    pricing: str = "first-stage"  # or all-stages: an agent submitted whole (AgentProcess)
 
     def __post_init__(self) -> None:
         if self.capacity not in CAPACITIES:
             raise ValueError(f"--capacity must be one of {', '.join(CAPACITIES)}, got '{self.capacity}'.")
+        if self.pricing not in PRICINGS:
+            raise ValueError(f"--pricing must be one of {', '.join(PRICINGS)}, got '{self.pricing}'.")
 
     def to_json(self) -> dict:
         """The run's settings as a results-file document."""
-        return {"policy": self.policy, "predictor": self.predictor, "cost": self.cost, "capacity": self.capacity}
+        return {"policy": self.policy, "predictor": self.predictor, "cost": self.cost, "capacity": self.capacity,
+                "retag": self.retag, "pricing": self.pricing}
 
 
 CAPACITIES = ("measured", "formula")
@@ -56,7 +61,8 @@ def simulate(
     policy = make_policy(spec.policy, config.capacity_per_s(spec.cost), spec.cost)
     predictor = make_predictor(spec.predictor, seed)
     sim = Simulator(config, policy, predictor, spec.cost, event_skipping, on_agent_finish,
-                    measure_capacity=spec.capacity == "measured")
+                    measure_capacity=spec.capacity == "measured", retag=spec.retag,
+                    pricing=spec.pricing)
     return sim.run(agents)
 
 

@@ -153,6 +153,25 @@ def sustained_workload(seed: int, load: float, config) -> tuple[list[Agent], dic
     return [elephant, *mice], info
 
 
+# The trojan preset: a tenth of the ablation's agents keep their first stage and follow it with a
+# stage of 19 copies of it, so that the first stage is 1/20 of their cost. A predictor reads only the
+# first stage (justitia.predictors.features), so it prices them as the ordinary agents they look like.
+TROJAN_FRAC, TROJAN_COPIES, TROJAN_PREFIX = 0.1, 19, "trojan-"
+
+
+def trojan_workload(seed: int) -> tuple[list[Agent], dict, list[Agent]]:
+    """The ablation's workload (``profile_workload``) with ``TROJAN_FRAC`` of its agents made trojans:
+    their first stage, then ``TROJAN_COPIES`` copies of its tasks. Returns (workload, description, train)."""
+    agents, info, train = profile_workload(seed, MOONCAKE_ARRIVALS, ABLATION_DENSITY)
+    rng = np.random.default_rng([seed, 2])
+    picks = rng.choice(len(agents), size=max(1, round(TROJAN_FRAC * len(agents))), replace=False)
+    for j in picks:
+        a = agents[j]
+        agents[j] = Agent(TROJAN_PREFIX + a.agent_id, a.type, a.arrival_s, (a.stages[0], a.stages[0] * TROJAN_COPIES),
+                          a.meta)
+    return agents, info | {"trojans": len(picks), "trojan_first_stage_share": 1 / (1 + TROJAN_COPIES)}, train
+
+
 def make_preset(name: str, seed: int = 0) -> Preset:
     """Build the preset called ``name``: main, starvation, noise, ablation (simulator) or cpu (vLLM)."""
     trace = MOONCAKE_ARRIVALS
@@ -177,7 +196,12 @@ def make_preset(name: str, seed: int = 0) -> Preset:
             RunSpec("justitia" if lam == 1 else f"justitia@noisy:{lam:g}", "justitia", f"noisy:{lam:g}")
             for lam in (1, 1.5, 2, 3)
         ]
-        return Preset(name, "Justitia with predictions off by up to a factor lambda", agents, info, specs)
+        # and without retagging: each request's prediction is off by its own factor, so an agent's
+        # requests can add up to more than its own prediction, which then moves it back
+        specs += [RunSpec(f"justitia@noisy:{lam:g}/no-retag", "justitia", f"noisy:{lam:g}", retag=False)
+                  for lam in (1.5, 3)]
+        return Preset(name, "Justitia with predictions off by up to a factor lambda, retagging on and off",
+                      agents, info, specs)
     if name == "ablation":
         # Agents profiled on a real LM (their true output lengths), so that learned predictors meet
         # the outputs they were trained to predict. Predictors train on the rest of the profile.
@@ -193,11 +217,31 @@ def make_preset(name: str, seed: int = 0) -> Preset:
         names = tuple(k for k in KINDS if k != "lm" or lm_available())
         specs = [RunSpec("vtc", "vtc"), RunSpec("justitia", "justitia"),
                  RunSpec("justitia/C", "justitia", cost="compute")]
-        specs += [RunSpec(f"justitia@{n}", "justitia", spec) for n, spec in trained_predictors(train, seed, names).items()]
+        trained = trained_predictors(train, seed, names)
+        specs += [RunSpec(f"justitia@{n}", "justitia", spec) for n, spec in trained.items()]
+        specs.append(RunSpec("justitia@mlp/no-retag", "justitia", trained["mlp"], retag=False))  # what retagging costs
         notes = [] if "lm" in names else [f"lm predictor skipped: {_lm_missing()}"]
         return Preset(name, f"cost model (Justitia/C) and predictor ablation on real-LM (SmolLM2) agents, "
                       f"{ABLATION_DENSITY:g}x density, KV cache / {scale:g}", agents, info, specs, notes,
                       sim_options={"kv_blocks": blocks})
+    if name == "trojan":
+        # Trojans fool any predictor that reads the first stage (the OpenAI path sees no more); the
+        # oracle, like an agent submitted whole, prices every stage. Retagging moves a trojan back
+        # when its second stage arrives.
+        from justitia.predictors.committed import trained_predictors
+
+        agents, info, train = trojan_workload(seed)
+        scale = float(agents[0].meta.get("scale", 1.0))
+        blocks = round(load_profile(SIM_DEFAULT_PROFILE).kv_blocks / scale)
+        info |= {"kv_blocks": blocks, "profile_scale": scale}
+        mlp = trained_predictors(train, seed, ("mlp",))["mlp"]
+        specs = [RunSpec("vtc", "vtc"), RunSpec("justitia", "justitia"),
+                 RunSpec("justitia@mlp", "justitia", mlp), RunSpec("justitia@mlp/no-retag", "justitia", mlp, retag=False),
+                 RunSpec("justitia@mlp/all-stages", "justitia", mlp, pricing="all-stages"),
+                 RunSpec("srjf@mlp", "srjf", mlp), RunSpec("srjf@mlp/no-retag", "srjf", mlp, retag=False)]
+        return Preset(name, f"{TROJAN_FRAC:.0%} of the ablation's agents are trojans (first stage 1/"
+                      f"{1 + TROJAN_COPIES} of their cost): the paper's predictor, retagging on and off",
+                      agents, info, specs, sim_options={"kv_blocks": blocks})
     if name == "cpu":
         # Sized for a 2-core CPU running the tiny model: ~1 agent/s (a third of the trace's density),
         # token lengths / 8, and a 24-block KV cache (3,072 tokens) that a few agents fill. Each
@@ -220,4 +264,4 @@ def _lm_missing() -> str:
 
 
 CPU_AGENTS, CPU_CALIBRATION_AGENTS, CPU_DENSITY, CPU_SCALE, CPU_REPEATS = 24, 20, 1 / 3, 8, 2
-PRESET_NAMES = ("main", "starvation", "noise", "ablation", "sustained", "sustained-near", "cpu")
+PRESET_NAMES = ("main", "starvation", "noise", "ablation", "sustained", "sustained-near", "trojan", "cpu")

@@ -112,10 +112,13 @@ class VllmEngine(RunningEngine):
         step_log: str | Path | None = None,
         on_agent_finish: Callable[[AgentResult], None] | None = None,
         measure_capacity: bool = True,
+        retag: bool = True,
+        pricing: str = "first-stage",
     ) -> "EngineRun":
         """Replay ``agents`` under ``policy``; return per-agent results and the engine's step log.
         ``measure_capacity``: the plug-in's clock follows what the engine delivers (the front end's,
-        in tagging mode, sees no steps and keeps ``capacity_per_s``)."""
+        in tagging mode, sees no steps and keeps ``capacity_per_s``). ``retag``: see ``AgentScheduler``; ``pricing``:
+        see ``AgentProcess``."""
         if self.llm is None:
             raise RuntimeError("the engine is not started; use 'async with VllmEngine(spec) as engine'.")
         model = cost_model(cost)
@@ -125,14 +128,14 @@ class VllmEngine(RunningEngine):
         ids = self.prompt_ids(agents)
         run_id = uuid.uuid4().hex[:8]
         # tagging: the policy lives here, in the same kind of book as the plug-in's, fed the same metadata
-        frontend = AgentBook.tagging(policy, capacity, cost) if self.tagging else None
+        frontend = AgentBook.tagging(policy, capacity, cost, retag=retag) if self.tagging else None
         own_log = step_log is None
         if own_log:
             fd, step_log = tempfile.mkstemp(prefix="justitia-steps-", suffix=".csv")
             os.close(fd)
         Path(step_log).write_text("")
         if frontend is None:
-            await self._reset(policy, cost, capacity, str(step_log), measure_capacity)
+            await self._reset(policy, cost, capacity, str(step_log), measure_capacity, retag)
 
         results: list[AgentResult] = []
         lags: list[float] = []
@@ -160,7 +163,7 @@ class VllmEngine(RunningEngine):
             if delay > 0:
                 await asyncio.sleep(delay)
             lags.append(time.monotonic() - t0 - agent.arrival_s)
-            process = AgentProcess(agent, pred, model, request_prefix=f"{run_id}/")
+            process = AgentProcess(agent, pred, model, request_prefix=f"{run_id}/", pricing=pricing)
             await drive(process, serve)
             result = process.result(agent.arrival_s, time.monotonic() - t0)
             results.append(result)
@@ -185,9 +188,10 @@ class VllmEngine(RunningEngine):
                         schedule)
         return EngineRun(run, steps, max(lags) if lags else 0.0)
 
-    async def _reset(self, policy: str, cost: str, capacity: float, step_log: str | None, measure: bool) -> None:
+    async def _reset(self, policy: str, cost: str, capacity: float, step_log: str | None, measure: bool,
+                     retag: bool = True) -> None:
         args = {"policy": policy, "cost": cost, "capacity_per_s": capacity, "step_log": step_log,
-                "measure_capacity": measure}
+                "measure_capacity": measure, "retag": retag}
         if not await control(self.llm, ControlCall(RESET, args)):
             raise RuntimeError("the plug-in refused to reset its policy state: the engine is not idle.")
 

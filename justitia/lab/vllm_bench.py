@@ -110,7 +110,8 @@ def run_bench_vllm(
                         run = await engine.run(agents, spec.policy, spec.predictor, spec.cost,
                                                config.capacity_per_s(spec.cost), seed,
                                                on_agent_finish=lambda _r, s=spec: advance(s.label),
-                                               measure_capacity=spec.capacity == "measured")
+                                               measure_capacity=spec.capacity == "measured", retag=spec.retag,
+                                               pricing=spec.pricing)
                         tries.setdefault(spec.label, []).append(run)
                         walls[spec.label] = walls.get(spec.label, 0.0) + time.perf_counter() - t
                 if tagging:

@@ -131,7 +131,8 @@ class AgentManager:
         view = Agent(agent_id, spec.type, 0.0, tuple(
             tuple(Task(t.prompt, first[i] if s == 0 else max(1, len(t.prompt) // 4), t.max_tokens)
                   for i, t in enumerate(stage)) for s, stage in enumerate(spec.stages)))
-        process = AgentProcess(view, self.predictor, KV, tasks=spec.stages, render=render)
+        # submitted whole: priced on every stage, so that a cheap first stage cannot hide heavy later ones
+        process = AgentProcess(view, self.predictor, KV, tasks=spec.stages, render=render, pricing="all-stages")
         before = self.predict_s
         predicted = self.timed_prediction(process.predict)
         predict_ms = 1000 * (self.predict_s - before)

@@ -36,9 +36,13 @@ class Simulator:
         event_skipping: bool = True,
         on_agent_finish: Callable[[AgentResult], None] | None = None,
         measure_capacity: bool = False,
+        retag: bool = True,
+        pricing: str = "first-stage",
     ):
         """``measure_capacity``: the policy's clock starts at the engine's formula M and then follows
-        what the engine delivers (``core.CapacityMeter``); else it keeps the formula's."""
+        what the engine delivers (``core.CapacityMeter``); else it keeps the formula's. ``retag``: an
+        agent whose stages reveal more work than predicted moves back (``core.AgentScheduler``). ``pricing``:
+        how an agent is priced on arrival (``AgentProcess``)."""
         self.config = config
         self.policy = policy
         self.predictor = predictor
@@ -46,6 +50,8 @@ class Simulator:
         self.event_skipping = event_skipping
         self.on_agent_finish = on_agent_finish
         self.measure_capacity = measure_capacity
+        self.retag = retag
+        self.pricing = pricing
 
     def run(self, agents: list[Agent]) -> RunResult:
         """Simulate ``agents`` to completion and return per-agent results."""
@@ -54,7 +60,7 @@ class Simulator:
         cfg = self.config
         meter = (CapacityMeter(cfg.capacity_per_s(self.cost), self.cost, WINDOW_STEPS * cfg.nominal_iteration_s)
                  if self.measure_capacity else None)
-        core = AgentScheduler(self.policy, meter)
+        core = AgentScheduler(self.policy, meter, self.retag)
         results: list[AgentResult] = []
         stepper = SkippingRun if self.event_skipping else PlainRun
 
@@ -78,7 +84,7 @@ class Simulator:
                     self.on_agent_finish(result)
 
         engine = stepper(self.config, core, finished)
-        pending = sorted((_AgentRun(AgentProcess(a, self.predictor, self.cost), round(a.arrival_s * PS_PER_S))
+        pending = sorted((_AgentRun(AgentProcess(a, self.predictor, self.cost, pricing=self.pricing), round(a.arrival_s * PS_PER_S))
                           for a in agents), key=lambda r: r.arrival_ps)
         nxt = 0
         while True:
@@ -88,7 +94,8 @@ class Simulator:
                 a = run.process.agent
                 calls = run.process.start()
                 engine.report_service()  # the clock's M may follow what the engine delivered so far
-                core.agent_arrived(a.agent_id, a.type, run.process.predicted_cost, a.arrival_s, a.weight)
+                # the engine sees the agent at the step boundary where it takes it in, as a real one does
+                core.agent_arrived(a.agent_id, a.type, run.process.predicted_cost, engine.now_ps / PS_PER_S, a.weight)
                 submit(run, calls)
             engine.next_arrival_ps = pending[nxt].arrival_ps if nxt < len(pending) else None
             if not engine.busy:

@@ -103,7 +103,8 @@ class PlainRun:
     def submit(self, reqs: list[SimRequest]) -> None:
         """Queue new requests (a stage of one agent)."""
         for r in reqs:
-            r.info = self.core.request_arrived(r.request_id, r.agent_id, r.prompt_tokens, r.predicted_cost)
+            r.info = self.core.request_arrived(r.request_id, r.agent_id, r.prompt_tokens, r.predicted_cost,
+                                               self.now_ps / PS_PER_S)
             self.reqs[r.request_id] = r
             self._queued(r)
 

@@ -116,13 +116,14 @@ class JustitiaScheduler(Scheduler):
         capacity = settings.capacity_per_s or capacity_per_s(
             cost, self.kv_tokens, self.scheduler_config.max_num_batched_tokens, settings.iteration_s)
         self._step_log = None
-        self._reset(settings.policy, cost.name, capacity, settings.measure_capacity, None)
+        self._reset(settings.policy, cost.name, capacity, settings.measure_capacity, None, settings.retag)
         self.waiting = _CoreQueue(self)
 
-    def _reset(self, policy: str, cost: str, capacity: float, measure: bool, step_log: str | None) -> None:
+    def _reset(self, policy: str, cost: str, capacity: float, measure: bool, step_log: str | None,
+               retag: bool = True) -> None:
         """Fresh policy state and clock (at start-up, or on a ``reset`` of an idle engine)."""
         window = WINDOW_STEPS * self.iteration_s if measure else None
-        self.book = AgentBook.for_policy(policy, capacity, cost, self.idle_release_s, logger, window)
+        self.book = AgentBook.for_policy(policy, capacity, cost, self.idle_release_s, logger, window, retag)
         self.core = self.book.core
         self.t0 = time.monotonic()
         self._busy_step: tuple[float, Charge] | None = None  # the last step, if requests waited in it
@@ -156,7 +157,8 @@ class JustitiaScheduler(Scheduler):
                 logger.warning("justitia: reset refused: the engine is not idle")
                 return False
             self._reset(str(args.get("policy", "justitia")), str(args.get("cost", "kv")),
-                        float(args["capacity_per_s"]), bool(args.get("measure_capacity", True)), args.get("step_log"))
+                        float(args["capacity_per_s"]), bool(args.get("measure_capacity", True)), args.get("step_log"),
+                        bool(args.get("retag", True)))
             return True
         raise ValueError(f"unknown control verb '{call.verb}'")
 

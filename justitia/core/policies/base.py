@@ -79,3 +79,11 @@ class Policy:
     def virtual_finish(self, agent_id: str) -> float | None:
         """The agent's GPS virtual finish tag, for policies that keep a clock; None otherwise."""
         return None
+
+    def revise(self, agent_id: str, revealed_cost: float, remaining_cost: float, now_s: float) -> None:
+        """The agent has revealed more work than predicted: ``revealed_cost`` in all (its requests so
+        far, at their predicted costs), of which ``remaining_cost`` is not finished."""
+
+    def settle(self, agent_id: str, cost: float, now_s: float) -> None:
+        """The agent is leaving (``agent_finished`` follows) having asked for ``cost`` in all (its
+        finished requests, at their predicted costs)."""

@@ -20,8 +20,23 @@ class Justitia(Policy):
         self._tags[agent.agent_id] = (tag, agent.seq)
 
     def agent_finished(self, agent_id: str, now_s: float) -> None:
-        """Forget the agent's tag (the clock keeps running on its own)."""
+        """Forget the agent's tag (the clock keeps it as ``settle`` left it)."""
         self._tags.pop(agent_id, None)
+
+    def settle(self, agent_id: str, cost: float, now_s: float) -> None:
+        """GPS keeps a leaving agent no longer than the work it asked for (``VirtualClock.settle``)."""
+        self.clock.settle(agent_id, cost, now_s)
+
+    def revise(self, agent_id: str, revealed_cost: float, remaining_cost: float, now_s: float) -> None:
+        """An agent that reveals more work than its tag assumed moves back to where an agent arriving
+        now with its remaining work would be: ``f = max(f, V(now) + remaining / w)``; requests queued
+        from now on carry the new tag."""
+        entry = self._tags.get(agent_id)
+        if entry is None:
+            return
+        tag = self.clock.retag(agent_id, remaining_cost, now_s)
+        if tag is not None and tag > entry[0]:
+            self._tags[agent_id] = (tag, entry[1])
 
     def virtual_finish(self, agent_id: str) -> float | None:
         """The agent's virtual finish tag, or None if it is not (or no longer) known."""

@@ -25,6 +25,14 @@ class SRJF(LAS):
         super().agent_finished(agent_id, now_s)
         self._predicted.pop(agent_id, None)
 
+    def revise(self, agent_id: str, revealed_cost: float, remaining_cost: float, now_s: float) -> None:
+        """An agent that reveals more work than predicted: its predicted total becomes at least what
+        it has received plus what it has revealed and not finished (else its remaining cost, clamped at
+        zero, would put it first for good)."""
+        if agent_id in self._predicted:
+            attained = super().agent_key(agent_id)[0]
+            self._predicted[agent_id] = max(self._predicted[agent_id], attained + remaining_cost)
+
     def agent_key(self, agent_id: str, extra: Charge = NO_CHARGE) -> tuple:
         """Predicted remaining cost (never below zero), then agent arrival order."""
         attained, seq = super().agent_key(agent_id, extra)

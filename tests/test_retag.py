@@ -1,0 +1,120 @@
+"""Tags that follow the truth: an agent whose stages reveal more work than it was priced at moves
+back (justitia: ``f = max(f, V(now) + remaining / w)``, as if it arrived now with the work it still
+has; srjf: its predicted total grows), and a leaving agent counts in the clock's N_t no longer than its
+real work would have kept it."""
+
+import pytest
+
+from helpers import agent, engine
+from justitia.core import AgentScheduler, Charge, make_policy
+from justitia.agent import AgentProcess
+from justitia.core import KV
+from justitia.predictors import OraclePredictor
+from justitia.sim import Simulator
+
+
+def core(policy="justitia", retag=True):
+    return AgentScheduler.for_policy(policy, 100.0, retag=retag)
+
+
+def test_an_agent_that_reveals_more_work_moves_back_to_v_now_plus_what_remains():
+    c = core()
+    c.agent_arrived("T", "t", 10.0, 0.0)  # priced at 10: its tag is 10
+    c.agent_arrived("H", "t", 100.0, 0.0)
+    first = c.request_arrived("T/0", "T", 1, 10.0, 0.0)
+    assert c.virtual_finish("T") == pytest.approx(10.0)
+    c.dequeue(first)
+    c.request_finished(first)
+    # at 0.1 s (V = 5: two agents share 100/s) the second stage reveals 190 more
+    second = c.request_arrived("T/1", "T", 1, 190.0, 0.1)
+    assert c.virtual_finish("T") == pytest.approx(5.0 + 190.0)  # max(10, V + remaining)
+    h = c.request_arrived("H/0", "H", 1, 100.0, 0.1)
+    assert c.peek() is h and c.priority(h) < c.priority(second)  # the honest agent goes first now
+
+
+def test_without_retagging_the_first_tag_stays():
+    c = core(retag=False)
+    c.agent_arrived("T", "t", 10.0, 0.0)
+    c.request_arrived("T/0", "T", 1, 10.0, 0.0)
+    c.request_arrived("T/1", "T", 1, 190.0, 0.1)
+    assert c.virtual_finish("T") == pytest.approx(10.0)
+
+
+def test_work_within_the_prediction_never_moves_a_tag():
+    c = core()
+    c.agent_arrived("A", "t", 100.0, 0.0)
+    for i in range(4):  # 4 x 25 = the predicted 100 exactly
+        c.request_arrived(f"A/{i}", "A", 1, 25.0, 0.1 * i)
+    assert c.virtual_finish("A") == pytest.approx(100.0)
+
+
+def test_a_tag_only_moves_back():
+    c = core()
+    c.agent_arrived("A", "t", 100.0, 0.0)
+    c.agent_arrived("B", "t", 1000.0, 0.0)
+    r = c.request_arrived("A/0", "A", 1, 90.0, 0.0)
+    c.dequeue(r)
+    c.request_finished(r)  # 90 done
+    c.request_arrived("A/1", "A", 1, 20.0, 0.2)  # 110 revealed, but V(0.2) + 20 = 30 is below its 100
+    assert c.virtual_finish("A") == pytest.approx(100.0)
+
+
+def test_an_agent_gps_had_finished_counts_again_when_it_reveals_more():
+    c = core()
+    c.agent_arrived("A", "t", 10.0, 0.0)
+    r = c.request_arrived("A/0", "A", 1, 10.0, 0.0)
+    c.dequeue(r)
+    assert c.gps_active == 1 and c.virtual_time(0.5) == pytest.approx(10.0) and c.gps_active == 0
+    c.request_finished(r)
+    c.request_arrived("A/1", "A", 1, 50.0, 0.5)  # V stopped at 10 when GPS finished A
+    assert c.virtual_finish("A") == pytest.approx(60.0) and c.gps_active == 1  # V + 50
+    c.agent_arrived("B", "t", 50.0, 0.5)
+    assert c.virtual_time(0.6) == pytest.approx(10.0 + 0.1 * 100 / 2)  # two agents share the clock again
+
+
+def test_srjf_does_not_keep_an_underpriced_agent_first_for_good():
+    c = core("srjf")
+    c.agent_arrived("T", "t", 10.0, 0.0)
+    c.agent_arrived("H", "t", 100.0, 0.0)
+    t0 = c.request_arrived("T/0", "T", 1, 10.0, 0.0)
+    c.dequeue(t0)
+    c.charge(t0, Charge(kv_token_iters=50))  # served past its price
+    c.request_finished(t0)
+    h = c.request_arrived("H/0", "H", 1, 100.0, 0.1)
+    t1 = c.request_arrived("T/1", "T", 1, 190.0, 0.1)
+    assert c.peek() is h, "T's remaining cost would be max(10 - served, 0) = 0 without the revision"
+    assert c.priority(t1) > c.priority(h)
+
+
+class StageZeroPredictor(OraclePredictor):
+    """Prices an agent by its first stage only, as a predictor that reads stage 0 would price a
+    trojan; each request at its true cost when it is submitted."""
+
+    name = "stage0"
+
+    def agent_cost(self, agent, model):
+        return sum(model.request_cost(t.prompt_tokens, t.output_tokens) for t in agent.stages[0])
+
+
+def test_retagging_stops_a_trojan_from_jumping_the_honest_agents():
+    trojan = agent("trojan", 0.0, [(100, 20)] * 2, [(100, 20)] * 38)  # first stage 1/20 of its cost
+    honest = [agent(f"h{i}", 0.05 + 0.01 * i, [(100, 20)] * 6) for i in range(8)]
+    cfg = engine(blocks=16, budget=256, seqs=8)
+
+    def honest_mean(retag):
+        sim = Simulator(cfg, make_policy("justitia", cfg.capacity_per_s("kv")), StageZeroPredictor(), retag=retag)
+        res = {a.agent_id: a.jct_s for a in sim.run([trojan, *honest]).agents}
+        return sum(res[a.agent_id] for a in honest) / len(honest), res["trojan"]
+
+    (fooled, trojan_fooled), (retagged, trojan_retagged) = honest_mean(False), honest_mean(True)
+    assert retagged < 0.8 * fooled, (retagged, fooled)  # the honest agents no longer wait behind its 38 requests
+    assert trojan_retagged > trojan_fooled
+
+
+def test_an_agent_submitted_whole_is_priced_on_every_stage():
+    trojan = agent("trojan", 0.0, [(100, 20)] * 2, [(100, 20)] * 38)
+    first = AgentProcess(trojan, StageZeroPredictor(), KV).predict()
+    whole = AgentProcess(trojan, StageZeroPredictor(), KV, pricing="all-stages").predict()
+    assert first == pytest.approx(trojan.cost(KV) / 20) and whole == pytest.approx(trojan.cost(KV))
+    with pytest.raises(ValueError, match="pricing"):
+        AgentProcess(trojan, StageZeroPredictor(), KV, pricing="guess")
