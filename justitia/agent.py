@@ -170,7 +170,7 @@ class AgentProcess:
             prompt = task.prompt if self.render is None else self.render(task.prompt, s, texts)
             meta = RequestMeta(a.agent_id, a.type, self.predicted_cost,
                                float(self.predictor.request_cost(a, s, i, self.cost)), last,
-                               None if a.weight == 1 else a.weight)
+                               None if a.weight == 1 else a.weight, a.tenant)
             calls.append(Call(f"{self.request_prefix}{a.agent_id}/{s}/{i}", s, i, task, prompt, meta))
         return calls
 

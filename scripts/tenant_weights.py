@@ -5,8 +5,10 @@
 Each tenant's agents arrive (Poisson) for 60 s at ``--load`` times the engine's formula M; every
 agent of tenant A has weight 2, of tenant B weight 1. The service each tenant received between
 15 s and 45 s (KV token-time charged to its requests, plain stepping) is printed per policy, with
-each tenant's mean JCT. Weights are per agent (weighted GPS over agents), so a tenant with many
-agents in flight is not owed w / Σw of the engine as a whole: see docs/design.md, "Weights".
+each tenant's mean JCT: justitia with the agents' ``tenant`` set (a tenant's agents share one GPS
+flow, so Σw runs over tenants), justitia with weights per agent only (no tenant: each agent is
+owed w / Σw over agents, so a tenant with more agents in flight gets more), and VTC (counters per
+agent). See docs/design.md, "Weights and tenants".
 """
 
 from __future__ import annotations
@@ -57,15 +59,18 @@ def main() -> None:
     agents = []
     for tenant, weight in (("A", 2.0), ("B", 1.0)):
         times = np.cumsum(rng.exponential(1 / rate, size=int(rate * 80)))
-        agents += [replace(agent(f"{tenant}{i:05d}", round(float(t), 4), [(100, 60)], type=tenant), weight=weight)
-                   for i, t in enumerate(times[times < 60])]
+        agents += [replace(agent(f"{tenant}{i:05d}", round(float(t), 4), [(100, 60)], type=tenant), weight=weight,
+                           tenant=tenant) for i, t in enumerate(times[times < 60])]
     agents.sort(key=lambda a: a.arrival_s)
-    for name, policy in (("justitia", recording(Justitia)(m)), ("vtc", recording(VTC)())):
-        res = Simulator(cfg, policy, make_predictor("oracle"), event_skipping=False).run(agents)
+    untenanted = [replace(a, tenant=None) for a in agents]
+    for name, policy, workload in (("justitia (tenants)", recording(Justitia)(m), agents),
+                                   ("justitia (per agent)", recording(Justitia)(m), untenanted),
+                                   ("vtc", recording(VTC)(), agents)):
+        res = Simulator(cfg, policy, make_predictor("oracle"), event_skipping=False).run(workload)
         at = {t: next(s for when, s in policy.notes if when >= t) for t in (15, 45)}
         share = (at[45]["A"] - at[15]["A"]) / (at[45]["B"] - at[15]["B"])
         jct = {t: np.mean([a.jct_s for a in res.agents if a.agent_id[0] == t]) for t in "AB"}
-        print(f"{name:9s} service A:B in 15-45 s = {share:.2f}; mean JCT A {jct['A']:.1f} s, B {jct['B']:.1f} s")
+        print(f"{name:21s} service A:B in 15-45 s = {share:.2f}; mean JCT A {jct['A']:.1f} s, B {jct['B']:.1f} s")
 
 
 if __name__ == "__main__":

@@ -73,3 +73,101 @@ def test_weights_travel_in_workload_files_and_request_metadata(tmp_path, caplog)
     book = AgentBook.for_policy("justitia", 100.0)
     book.arrive("r1", meta, 10, 10, now_s=0.0)
     assert book.core.virtual_finish("a") == pytest.approx((10 * 10 + 50) / 2)  # C / w: the request's estimate
+
+
+# ------------------------------------------------------------------------------------ tenants
+def test_a_tenants_agents_share_one_flow_so_weights_divide_the_engine_among_tenants():
+    clock = VirtualClock(100.0)
+    assert clock.arrive("A1", 400.0, 0.0, weight=2.0, flow="A") == 200.0
+    # B's four agents queue behind each other in B's flow: S = the flow's largest tag
+    assert [clock.arrive(f"B{i}", 100.0, 0.0, flow="B") for i in range(1, 5)] == [100.0, 200.0, 300.0, 400.0]
+    assert clock.active == 5 and clock.active_flows == 2  # Σ w = 3: A is owed 2/3 however many agents B has
+    finish = clock.drain()
+    # V grows at 100/3 until A1 is done at V=200 (6 s, 400 served to A, 200 to B: 2:1); then B alone
+    assert finish == {"A1": pytest.approx(6.0), "B1": pytest.approx(3.0), "B2": pytest.approx(6.0),
+                      "B3": pytest.approx(7.0), "B4": pytest.approx(8.0)}
+    per_agent = VirtualClock(100.0)  # the same agents, each a flow of its own: A1 owed only 2/6
+    per_agent.arrive("A1", 400.0, 0.0, weight=2.0)
+    for i in range(1, 5):
+        per_agent.arrive(f"B{i}", 100.0, 0.0)
+    assert per_agent.drain()["A1"] == pytest.approx(8.0)
+
+
+def test_a_flow_that_goes_idle_starts_again_at_v():
+    clock = VirtualClock(10.0)
+    clock.arrive("a", 10.0, 0.0, flow="T")  # tag 10, done at 1 s
+    assert clock.arrive("b", 10.0, 5.0, flow="T") == 20.0  # the flow idled: S = V(5 s) = 10, not a backlog
+    clock.settle("b", 2.0, 5.0)  # b asked for 2: GPS keeps it until S + 2 = 12
+    assert clock.arrive("c", 5.0, 5.0, flow="T") == 25.0  # stamped behind b's old tag; settle moves only b
+    assert clock.drain()["b"] == pytest.approx(5.2)
+
+
+def test_agents_of_their_own_tenant_are_scheduled_exactly_as_agents_without_one():
+    agents = [agent(f"a{i}", 0.3 * i, [(100, 40 + 7 * i)] * (1 + i % 3)) for i in range(12)]
+    plain = run(agents, "justitia")
+    assert run([replace(a, tenant=f"t-{a.agent_id}") for a in agents], "justitia") == plain
+    shared = run([replace(a, tenant="one") for a in agents], "justitia")  # one flow: agents in arrival order
+    assert shared != plain
+
+
+def saturating_tenants(seconds=40.0, load=0.75):
+    """Tenants A (weight 2) and B (weight 1), identical Poisson streams of one-request agents, each at
+    ``load`` times the engine's M: together more than the engine serves."""
+    import numpy as np
+
+    cfg = engine(blocks=60, budget=512)
+    m = cfg.capacity_per_s("kv")
+    rate = load * m / (100 * 60 + 60 * 60 / 2)
+    times = np.cumsum(np.random.default_rng(0).exponential(1 / rate, size=int(rate * seconds * 1.5)))
+    times = [round(float(t), 4) for t in times[times < seconds]]
+    agents = [replace(agent(f"{t}{i:05d}", at, [(100, 60)], type=t), weight=w, tenant=t)
+              for t, w in (("A", 2.0), ("B", 1.0)) for i, at in enumerate(times)]
+    return cfg, sorted(agents, key=lambda a: a.arrival_s)
+
+
+def test_two_saturating_tenants_weighted_two_to_one_are_served_two_to_one():
+    from justitia.core.policies import Justitia
+
+    cfg, agents = saturating_tenants()
+
+    class Recording(Justitia):  # the KV token-time charged to each tenant, noted at each arrival
+        def __init__(self, m):
+            super().__init__(m)
+            self.served, self.notes = {"A": 0, "B": 0}, []
+
+        def charge(self, req, service):
+            self.served[req.agent_id[0]] += service.kv_token_iters
+
+        def agent_arrived(self, info, now_s):
+            super().agent_arrived(info, now_s)
+            self.notes.append((now_s, dict(self.served)))
+
+    policy = Recording(cfg.capacity_per_s("kv"))
+    res = Simulator(cfg, policy, make_predictor("oracle"), event_skipping=False).run(agents)
+    at = {t: next(s for when, s in policy.notes if when >= t) for t in (10.0, 30.0)}  # both backlogged
+    share = (at[30.0]["A"] - at[10.0]["A"]) / (at[30.0]["B"] - at[10.0]["B"])
+    assert share == pytest.approx(2.0, rel=0.1)
+    jct = {t: sum(a.jct_s for a in res.agents if a.agent_id[0] == t) / len(agents) * 2 for t in "AB"}
+    assert jct["A"] < 0.7 * jct["B"]
+
+
+def test_tenants_travel_in_workload_files_and_request_metadata(tmp_path, caplog):
+    path = save_workload([replace(agent("A", 0.0, [(10, 5)]), tenant="acme"), agent("B", 0.0, [(10, 5)])],
+                         tmp_path / "w.jsonl")
+    docs = [json.loads(line) for line in path.read_text().splitlines()]
+    assert docs[0]["tenant"] == "acme" and "tenant" not in docs[1]
+    assert [a.tenant for a in load_workload(path)] == ["acme", None]
+    for bad in ("", "x" * 129, 7, None):
+        docs[0]["tenant"] = bad
+        path.write_text("\n".join(json.dumps(d) for d in docs) + "\n")
+        with pytest.raises(WorkloadError, match=r"w.jsonl:1: field 'tenant' must be a string of 1-128 characters"):
+            load_workload(path)
+    meta = RequestMeta("a", tenant="acme")
+    assert RequestMeta.parse(meta.to_extra_args()).tenant == "acme"
+    with caplog.at_level("WARNING"):
+        assert RequestMeta.parse({"agent_id": "a", "tenant": ["x"]}, "r1").tenant is None
+    assert "tenant=['x'] is not a string of 1-128 characters" in caplog.text
+    book = AgentBook.for_policy("justitia", 100.0)
+    book.arrive("r1", RequestMeta("a", tenant="acme"), 10, 10, now_s=0.0)
+    book.arrive("r2", RequestMeta("b", tenant="acme"), 10, 10, now_s=0.0)
+    assert book.core.virtual_finish("b") == pytest.approx(2 * (10 * 10 + 50))  # behind a in acme's flow

@@ -53,11 +53,11 @@ class AgentBook:
 
     # ------------------------------------------------------------------------------ agents
     def register(self, agent_id: str, agent_type: str, predicted_cost: float, now_s: float,
-                 weight: float = 1.0) -> AgentInfo | None:
+                 weight: float = 1.0, tenant: str | None = None) -> AgentInfo | None:
         """Register an agent ahead of its requests; its info if it is new, None if it is known."""
         if self.core.has_agent(agent_id):
             return None
-        return self.core.agent_arrived(agent_id, agent_type, predicted_cost, now_s, weight)
+        return self.core.agent_arrived(agent_id, agent_type, predicted_cost, now_s, weight, tenant)
 
     def release(self, agent_id: str, now_s: float) -> bool:
         """Release the agent's policy state now (a no-op if it is not known); True if it was."""
@@ -102,7 +102,7 @@ class AgentBook:
         if request_cost is None:
             request_cost = self.cost.request_cost(prompt_tokens, max_tokens)
         agent_cost = request_cost if meta.agent_cost is None else meta.agent_cost
-        new = self.register(agent_id, meta.agent_type, agent_cost, now_s, meta.agent_weight or 1.0)
+        new = self.register(agent_id, meta.agent_type, agent_cost, now_s, meta.agent_weight or 1.0, meta.tenant)
         self.idle_since.pop(agent_id, None)
         if meta.agent_done or meta.agent_id is None:  # an unnamed request is an agent of its own
             self.agent_done.add(agent_id)

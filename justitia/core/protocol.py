@@ -9,6 +9,8 @@ on vLLM's OpenAI server). ``RequestMeta`` is the only code that writes or reads 
     request_cost  predicted cost of this request (for sjf)
     agent_done    truthy on the requests of the agent's last stage: its state goes when they finish
     agent_weight  the agent's weight under weighted fairness (> 0, default 1; its first request sets it)
+    tenant        the tenant the agent belongs to (a string; its first request sets it): under justitia a
+                  tenant's agents share one GPS flow, so weights divide the engine among tenants
 
 **Control calls** go from the process that started a vLLM engine into the plug-in, inside the
 engine process (vLLM's utility-call channel, never reachable by an HTTP client): ``register`` an
@@ -25,9 +27,9 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Any, Mapping
 
-AGENT_ID, AGENT_TYPE, AGENT_COST, REQUEST_COST, AGENT_DONE, AGENT_WEIGHT = (
-    "agent_id", "agent_type", "agent_cost", "request_cost", "agent_done", "agent_weight")
-META_KEYS = (AGENT_ID, AGENT_TYPE, AGENT_COST, REQUEST_COST, AGENT_DONE, AGENT_WEIGHT)
+AGENT_ID, AGENT_TYPE, AGENT_COST, REQUEST_COST, AGENT_DONE, AGENT_WEIGHT, TENANT = (
+    "agent_id", "agent_type", "agent_cost", "request_cost", "agent_done", "agent_weight", "tenant")
+META_KEYS = (AGENT_ID, AGENT_TYPE, AGENT_COST, REQUEST_COST, AGENT_DONE, AGENT_WEIGHT, TENANT)
 
 
 @dataclass(frozen=True)
@@ -41,6 +43,7 @@ class RequestMeta:
     request_cost: float | None = None
     agent_done: bool = False
     agent_weight: float | None = None
+    tenant: str | None = None
 
     def to_extra_args(self) -> dict[str, Any]:
         """The metadata as ``extra_args`` / ``vllm_xargs`` (fields left unset are left out)."""
@@ -56,6 +59,8 @@ class RequestMeta:
             doc[AGENT_DONE] = True
         if self.agent_weight is not None:
             doc[AGENT_WEIGHT] = self.agent_weight
+        if self.tenant is not None:
+            doc[TENANT] = self.tenant
         return doc
 
     @classmethod
@@ -66,8 +71,13 @@ class RequestMeta:
         agent_id = doc.get(AGENT_ID)
         costs = {key: _cost(doc.get(key), key, request_id, log) for key in (AGENT_COST, REQUEST_COST)}
         weight = _cost(doc.get(AGENT_WEIGHT), AGENT_WEIGHT, request_id, log, positive=True)
+        tenant = doc.get(TENANT)
+        if tenant is not None and not (isinstance(tenant, str) and 1 <= len(tenant) <= 128):
+            (log or logging.getLogger("justitia")).warning(
+                "justitia: request %s: %s=%.60r is not a string of 1-128 characters; ignored", request_id, TENANT, tenant)
+            tenant = None
         return cls(str(agent_id) if agent_id else None, str(doc.get(AGENT_TYPE, "")), costs[AGENT_COST],
-                   costs[REQUEST_COST], bool(doc.get(AGENT_DONE)), weight)
+                   costs[REQUEST_COST], bool(doc.get(AGENT_DONE)), weight, tenant)
 
 
 def _cost(value: Any, key: str, request_id: str, log: logging.Logger | None, positive: bool = False) -> float | None:

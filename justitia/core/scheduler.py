@@ -61,16 +61,19 @@ class AgentScheduler:
         return self._policy.name
 
     def agent_arrived(self, agent_id: str, agent_type: str, predicted_cost: float, now_s: float,
-                      weight: float = 1.0) -> AgentInfo:
-        """Register an agent with its predicted total cost and its weight (its share under weighted
-        fairness); justitia's clock stamps it here."""
+                      weight: float = 1.0, tenant: str | None = None) -> AgentInfo:
+        """Register an agent with its predicted total cost, its weight (its share under weighted
+        fairness) and its tenant (justitia: a tenant's agents share one GPS flow); justitia's clock
+        stamps it here."""
         if agent_id in self._agents:
             raise ValueError(f"agent '{agent_id}' has already arrived.")
         if not (weight > 0 and math.isfinite(weight)):
             raise ValueError(f"agent '{agent_id}': weight must be a finite number > 0, got {weight}.")
         if self._meter is not None and (m := self._meter.update(now_s)) is not None:
             self._policy.set_capacity(m, now_s)
-        info = AgentInfo(agent_id, agent_type, self._agent_seq, now_s, predicted_cost, float(weight))
+        if tenant is not None and not (isinstance(tenant, str) and tenant):
+            raise ValueError(f"agent '{agent_id}': tenant must be a non-empty string or None, got {tenant!r}.")
+        info = AgentInfo(agent_id, agent_type, self._agent_seq, now_s, predicted_cost, float(weight), tenant)
         self._agent_seq += 1
         self._agents[agent_id] = info
         self._open[agent_id] = 0

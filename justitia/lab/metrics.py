@@ -56,7 +56,7 @@ def gps_finish_times(agents: list[Agent], capacity_per_s: float,
         while k < len(changes) and changes[k][0] <= a.arrival_s:
             clock.set_capacity(changes[k][1], changes[k][0])
             k += 1
-        clock.arrive(a.agent_id, a.cost(KV), a.arrival_s, a.weight)
+        clock.arrive(a.agent_id, a.cost(KV), a.arrival_s, a.weight, a.tenant)
     for t, m in changes[k:]:  # changes after the last arrival still pace the drain
         clock.set_capacity(m, t)
     return clock.drain()

@@ -95,7 +95,8 @@ class Simulator:
                 calls = run.process.start()
                 engine.report_service()  # the clock's M may follow what the engine delivered so far
                 # the engine sees the agent at the step boundary where it takes it in, as a real one does
-                core.agent_arrived(a.agent_id, a.type, run.process.predicted_cost, engine.now_ps / PS_PER_S, a.weight)
+                core.agent_arrived(a.agent_id, a.type, run.process.predicted_cost, engine.now_ps / PS_PER_S, a.weight,
+                                   a.tenant)
                 submit(run, calls)
             engine.next_arrival_ps = pending[nxt].arrival_ps if nxt < len(pending) else None
             if not engine.busy:

@@ -140,7 +140,7 @@ class JustitiaScheduler(Scheduler):
         if call.verb == REGISTER:
             agent_id = str(args["agent_id"])
             agent = self.book.register(agent_id, str(args.get("agent_type", "")), float(args["predicted_cost"]), now,
-                                       float(args.get("weight", 1.0)))
+                                       float(args.get("weight", 1.0)), args.get("tenant"))
             if agent is not None:
                 self._log_arrival(agent)
             return self.core.virtual_finish(agent_id)

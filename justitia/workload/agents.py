@@ -3,7 +3,7 @@
 A workload file holds one agent per line (gzip-compressed when its name ends in ``.gz``):
 
     {"agent_id": str, "type": str, "arrival_s": float, "weight": float (optional, > 0, default 1),
-     "stages": [[{"prompt": str, "prompt_tokens": int, "output_tokens": int}, ...], ...]}
+     "tenant": str (optional, 1-128 characters), "stages": [[{"prompt": str, "prompt_tokens": int, "output_tokens": int}, ...], ...]}
 
 Stages run one after another; the tasks inside a stage run in parallel. ``output_tokens`` is the
 task's true decode length: engines use it, predictors must not.
@@ -43,7 +43,8 @@ class Agent:
     arrival_s: float
     stages: tuple[tuple[Task, ...], ...]
     meta: dict = field(default_factory=dict, compare=False)
-    weight: float = 1.0  # its share under weighted GPS (a tenant's weight)
+    weight: float = 1.0  # its share under weighted GPS (its tenant's, if it has one)
+    tenant: str | None = None  # the tenant it belongs to: a tenant's agents share one GPS flow
 
     @property
     def tasks(self) -> list[Task]:
@@ -64,6 +65,8 @@ class Agent:
         }
         if self.weight != 1:
             doc["weight"] = self.weight
+        if self.tenant is not None:
+            doc["tenant"] = self.tenant
         if self.meta:
             doc["meta"] = self.meta
         return doc
@@ -98,7 +101,7 @@ def agent_from_json(doc: object, where: str) -> Agent:
     """Validate one workload document and build the agent; ``where`` names it in errors."""
     if not isinstance(doc, dict):
         raise WorkloadError(f"{where}: expected a JSON object for the agent, got {type(doc).__name__}.")
-    _check_fields(doc, _AGENT_FIELDS, where, optional=frozenset({"meta", "weight"}))
+    _check_fields(doc, _AGENT_FIELDS, where, optional=frozenset({"meta", "weight", "tenant"}))
     if not doc["agent_id"]:
         raise WorkloadError(f"{where}: field 'agent_id' must be a non-empty string.")
     arrival = float(doc["arrival_s"])
@@ -128,7 +131,10 @@ def agent_from_json(doc: object, where: str) -> Agent:
     weight = doc.get("weight", 1.0)
     if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not (math.isfinite(weight) and weight > 0):
         raise WorkloadError(f"{where}: field 'weight' must be a finite number > 0, got {json.dumps(weight)[:60]}.")
-    return Agent(doc["agent_id"], doc["type"], arrival, tuple(stages), meta, float(weight))
+    tenant = doc.get("tenant")
+    if "tenant" in doc and not (isinstance(tenant, str) and 1 <= len(tenant) <= 128):
+        raise WorkloadError(f"{where}: field 'tenant' must be a string of 1-128 characters, got {json.dumps(tenant)[:60]}.")
+    return Agent(doc["agent_id"], doc["type"], arrival, tuple(stages), meta, float(weight), tenant)
 
 
 def read_jsonl(path: Path) -> Iterator[tuple[int, str, object]]:
@@ -211,6 +217,6 @@ def scale_tokens(agents: Iterable[Agent], factor: float) -> list[Agent]:
         Agent(a.agent_id, a.type, a.arrival_s,
               tuple(tuple(Task(t.prompt, shrink(t.prompt_tokens), shrink(t.output_tokens)) for t in stage)
                     for stage in a.stages),
-              a.meta, a.weight)
+              a.meta, a.weight, a.tenant)
         for a in agents
     ]

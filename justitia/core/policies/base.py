@@ -18,7 +18,8 @@ class AgentInfo:
     seq: int  # arrival order among agents
     arrival_s: float
     predicted_cost: float  # predicted total cost, in the cost model's unit
-    weight: float = 1.0  # its share under weighted fairness (a tenant's weight)
+    weight: float = 1.0  # its share under weighted fairness (its tenant's, if it has one)
+    tenant: str | None = None  # justitia: a tenant's agents share one GPS flow (None: a flow of its own)
 
 
 @dataclass(frozen=True, eq=False)

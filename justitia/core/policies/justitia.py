@@ -16,7 +16,7 @@ class Justitia(Policy):
 
     def agent_arrived(self, agent: AgentInfo, now_s: float) -> None:
         """Stamp the agent with its virtual finish tag."""
-        tag = self.clock.arrive(agent.agent_id, agent.predicted_cost, now_s, agent.weight)
+        tag = self.clock.arrive(agent.agent_id, agent.predicted_cost, now_s, agent.weight, agent.tenant)
         self._tags[agent.agent_id] = (tag, agent.seq)
 
     def agent_finished(self, agent_id: str, now_s: float) -> None:

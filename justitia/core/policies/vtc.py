@@ -5,7 +5,8 @@ compute cost model); an agent that becomes backlogged again is lifted to the sma
 among the other backlogged agents, so idling earns no credit; the next request comes from the
 backlogged agent with the smallest counter. Weighted, as in the VTC paper: an agent of weight ``w``
 advances its counter by the service over ``w``, kept as an exact fraction (so that charging is
-exact in any grouping of steps, as the integer counters of weight-1 agents are).
+exact in any grouping of steps, as the integer counters of weight-1 agents are). The VTC paper's
+clients are the agents here: an agent's ``tenant`` does not pool counters (docs/design.md, "Weights").
 """
 
 from fractions import Fraction
