@@ -9,7 +9,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from helpers import agent, engine
-from justitia.core import KV, AgentScheduler, CapacityMeter, Charge, VirtualClock
+from justitia.core import KV, AgentBook, AgentScheduler, CapacityMeter, Charge, RequestMeta, VirtualClock
 from justitia.core.policies import make_policy
 from justitia.lab.metrics import delay_bound_s, gps_finish_times
 from justitia.predictors import make_predictor
@@ -41,6 +41,24 @@ def test_the_meter_moves_m_once_a_window_of_busy_time_has_gathered_within_its_fl
     meter.observe(2.0, Charge(kv_token_iters=100_000))
     assert meter.update(31.0) is None  # unchanged: nothing to tell the clock
     assert meter.schedule[0] == (0.0, 1000.0) and meter.schedule[1] == (2.0, pytest.approx(700.0))
+
+
+def test_a_tagging_front_end_measures_m_from_its_requests_round_trips():
+    book = AgentBook.tagging("justitia", 10_000.0, measure_every_s=1.0, kv_tokens=150)
+    book.tag("r1", RequestMeta("a"), 60, 40, now_s=0.0)  # demand 100: fits the cache, not busy yet
+    book.tag("r2", RequestMeta("b"), 60, 40, now_s=1.0)  # demand 200 > 150: some request must wait
+    book.finish("r1", 2.0, 40)  # 60*40 + 40*40/2 = 3200 served in 1 busy second
+    book.finish("r2", 2.5, 40)  # demand 100: the half second after r1 was not busy
+    assert book.core.capacity_per_s == 10_000.0  # M moves only at an agent's arrival
+    book.tag("r3", RequestMeta("c"), 60, 40, now_s=3.0)
+    assert book.core.capacity_per_s == pytest.approx(0.5 * 10_000 + 0.5 * 3200)  # the meter's smoothing
+    assert book.core.capacity_schedule == [(0.0, 10_000.0), (3.0, pytest.approx(6600.0))]
+    idle = AgentBook.tagging("justitia", 10_000.0, measure_every_s=1.0, kv_tokens=10_000)
+    for k in range(5):  # never more asked than the cache holds: nothing to measure
+        idle.tag(f"r{k}", RequestMeta(f"a{k}"), 60, 40, now_s=float(k))
+        idle.finish(f"r{k}", k + 0.9, 40)
+    assert idle.core.capacity_schedule == [(0.0, 10_000.0)]
+    assert AgentBook.tagging("justitia", 10_000.0).core.capacity_schedule is None  # no kv_tokens, no meter
 
 
 def test_only_a_policy_with_a_clock_is_measured_and_m_changes_only_at_arrivals():

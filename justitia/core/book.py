@@ -5,13 +5,22 @@ vLLM) learns about agents from each request's ``RequestMeta``. An agent is regis
 request (or ahead of it, ``register``) and released when its ``agent_done`` requests have all
 finished, when ``release`` is called, or after ``idle_release_s`` with no open request. Missing
 costs are estimated as the cost model's price of the prompt and ``max_tokens``.
+
+A front end that tags requests for another engine (``tagging``) sees no engine steps, only its
+requests going out and coming back. Given the engine's ``kv_tokens``, it measures the clock's M
+from them: it counts the engine as backlogged while the open requests' prompts and ``max_tokens``
+together exceed the KV cache (then some of them must wait), and credits each request that finishes
+in such a stretch with its cost, ``p*d + d^2/2`` at the tokens it produced, to the busy time. The
+meter (``CapacityMeter``) smooths it, within its floor and ceiling, as the plug-in's does. With
+``max_tokens`` far above what requests produce, the front end counts as busy some time that was
+not, and measures a lower M (the floor bounds it).
 """
 
 from __future__ import annotations
 
 import logging
 
-from justitia.core.cost import KV, CostModel, cost_model
+from justitia.core.cost import KV, NO_CHARGE, Charge, CostModel, cost_model, kv_token_iters
 from justitia.core.policies import STATIC_POLICY_NAMES, AgentInfo, RequestInfo, make_policy
 from justitia.core.protocol import PolicyState, RequestMeta
 from justitia.core.scheduler import AgentScheduler
@@ -30,6 +39,10 @@ class AgentBook:
         self.agent_done: set[str] = set()  # agents whose last stage has arrived
         self.idle_since: dict[str, float] = {}  # agents with no open request, since when
         self._next_sweep_s = 0.0
+        self.kv_tokens: int | None = None  # a tagging front end measuring M: the engine's KV cache
+        self._demand: dict[str, int] = {}  # open requests -> prompt + max_tokens
+        self._demand_sum = 0
+        self._seen_s = 0.0  # the last time the front end looked
 
     @classmethod
     def for_policy(cls, policy: str, capacity_per_s: float, cost: str | CostModel = KV,
@@ -42,14 +55,20 @@ class AgentBook:
 
     @classmethod
     def tagging(cls, policy: str, capacity_per_s: float, cost: str | CostModel = KV, idle_release_s: float = 60.0,
-                log: logging.Logger | None = None, retag: bool = True) -> "AgentBook":
+                log: logging.Logger | None = None, retag: bool = True, measure_every_s: float | None = None,
+                kv_tokens: int | None = None) -> "AgentBook":
         """A book for front-end tagging (``tag``): only policies whose keys are fixed on arrival qualify
-        (a retagged agent's requests tagged from then on carry its new key)."""
+        (a retagged agent's requests tagged from then on carry its new key). With ``measure_every_s``
+        and the engine's ``kv_tokens``, M is measured from the requests' round trips (above)."""
         if policy not in STATIC_POLICY_NAMES:
             make_policy(policy, capacity_per_s, cost)  # an unknown name gets its own error
             raise ValueError(f"policy '{policy}' changes its keys as service accrues, which a front end cannot see; "
                              f"front-end tagging supports only {', '.join(STATIC_POLICY_NAMES)}.")
-        return cls.for_policy(policy, capacity_per_s, cost, idle_release_s, log, retag=retag)
+        measure = measure_every_s if kv_tokens else None
+        book = cls.for_policy(policy, capacity_per_s, cost, idle_release_s, log, measure, retag)
+        if book.core.measures_capacity:
+            book.kv_tokens = int(kv_tokens)
+        return book
 
     # ------------------------------------------------------------------------------ agents
     def register(self, agent_id: str, agent_type: str, predicted_cost: float, now_s: float,
@@ -115,12 +134,32 @@ class AgentBook:
         """Front-end tagging: a request that another engine will queue (stock vLLM with
         ``scheduling_policy="priority"``); returns its info and its key as vLLM's int ``priority``.
         ``finish`` it when the engine is done with it."""
+        if self.kv_tokens is not None:
+            self._look(now_s)
         info, _ = self.arrive(request_id, meta, prompt_tokens, max_tokens, now_s)
         self.core.dequeue(info)  # the engine queues it; this book only tags it
+        if self.kv_tokens is not None:
+            self._demand[request_id] = prompt_tokens + max_tokens
+            self._demand_sum += prompt_tokens + max_tokens
         return info, int_priority(self.core.priority(info))
 
-    def finish(self, request_id: str, now_s: float) -> RequestInfo | None:
-        """A request finished or was aborted; its agent is released if that was its last."""
+    def _look(self, now_s: float, served: Charge = NO_CHARGE) -> None:
+        """A tagging front end's view of the engine up to ``now_s``: busy time while the open
+        requests' demand exceeded the cache, and ``served`` if a request finished in it."""
+        busy = self._demand_sum > self.kv_tokens
+        if busy:
+            self.core.observe_service(max(0.0, now_s - self._seen_s), served)
+        self._seen_s = max(self._seen_s, now_s)
+
+    def finish(self, request_id: str, now_s: float, output_tokens: int | None = None) -> RequestInfo | None:
+        """A request finished (having produced ``output_tokens``) or was aborted; its agent is
+        released if that was its last."""
+        if self.kv_tokens is not None and request_id in self._demand:
+            prompt = self.infos[request_id].prompt_tokens if request_id in self.infos else 0
+            served = NO_CHARGE if not output_tokens else Charge(
+                prompt, output_tokens, round(kv_token_iters(prompt, output_tokens)))
+            self._look(now_s, served)
+            self._demand_sum -= self._demand.pop(request_id)
         info = self.infos.pop(request_id, None)
         if info is None or not self.core.has_agent(info.agent_id):
             return info

@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Callable
 
 from justitia.agent import AgentProcess, AgentResult, Answer, Call, RunResult, drive
-from justitia.core import RESET, STATE, AgentBook, ControlCall, PolicyState, cost_model
+from justitia.core import RESET, STATE, WINDOW_STEPS, AgentBook, ControlCall, PolicyState, cost_model
 from justitia.core import capacity_per_s as default_capacity  # run() takes a capacity_per_s of its own
 from justitia.defaults import ITERATION_S
 from justitia.predictors import make_predictor
@@ -116,8 +116,8 @@ class VllmEngine(RunningEngine):
         pricing: str = "first-stage",
     ) -> "EngineRun":
         """Replay ``agents`` under ``policy``; return per-agent results and the engine's step log.
-        ``measure_capacity``: the plug-in's clock follows what the engine delivers (the front end's,
-        in tagging mode, sees no steps and keeps ``capacity_per_s``). ``retag``: see ``AgentScheduler``; ``pricing``:
+        ``measure_capacity``: the clock follows what the engine delivers (the plug-in's from its steps;
+        the front end's, in tagging mode, from its requests' round trips: ``AgentBook``). ``retag``: see ``AgentScheduler``; ``pricing``:
         see ``AgentProcess``."""
         if self.llm is None:
             raise RuntimeError("the engine is not started; use 'async with VllmEngine(spec) as engine'.")
@@ -128,7 +128,9 @@ class VllmEngine(RunningEngine):
         ids = self.prompt_ids(agents)
         run_id = uuid.uuid4().hex[:8]
         # tagging: the policy lives here, in the same kind of book as the plug-in's, fed the same metadata
-        frontend = AgentBook.tagging(policy, capacity, cost, retag=retag) if self.tagging else None
+        window = WINDOW_STEPS * ITERATION_S if measure_capacity else None  # the front end measures M from round trips
+        frontend = AgentBook.tagging(policy, capacity, cost, retag=retag, measure_every_s=window,
+                                     kv_tokens=self.kv_tokens) if self.tagging else None
         own_log = step_log is None
         if own_log:
             fd, step_log = tempfile.mkstemp(prefix="justitia-steps-", suffix=".csv")
@@ -149,10 +151,11 @@ class VllmEngine(RunningEngine):
             else:
                 _, priority = frontend.tag(call.request_id, call.meta, task.prompt_tokens, task.output_tokens,
                                            time.monotonic() - t0)
+                n = 0
                 try:
                     n = await self._generate(prompt, task.output_tokens, call.request_id, None, priority)
                 finally:
-                    frontend.finish(call.request_id, time.monotonic() - t0)  # the last one releases the agent
+                    frontend.finish(call.request_id, time.monotonic() - t0, n)  # the last one releases the agent
             if n != task.output_tokens:
                 raise RuntimeError(f"request '{call.request_id}': the engine produced {n} tokens, "
                                    f"{task.output_tokens} were forced.")
@@ -178,6 +181,8 @@ class VllmEngine(RunningEngine):
             state = PolicyState.from_json(await control(self.llm, ControlCall(STATE)))
             schedule = [tuple(x) for x in state.capacity_schedule] if state.capacity_schedule else None
             await self._reset("fcfs", "kv", capacity, None, False)
+        else:  # the front end's clock
+            schedule = frontend.core.capacity_schedule
         steps = read_step_log(step_log)
         if own_log:
             os.unlink(step_log)

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import httpx
 
-from justitia.core import KV, AgentBook, PolicyState, RequestMeta, capacity_per_s
+from justitia.core import KV, WINDOW_STEPS, AgentBook, PolicyState, RequestMeta, capacity_per_s
 from justitia.defaults import policy_settings
 from justitia.server.backend import Backend, BackendError, Completion, Output, metric_lines
 
@@ -113,7 +113,9 @@ class UpstreamBackend(Backend):
         self.policy = policy
         self.model = replicas[0].model
         self.tokenizer_dir = tokenizer_dir
-        self.book = AgentBook.tagging(policy, capacity, KV, idle_release_s, log)
+        settings = policy_settings()
+        window = WINDOW_STEPS * settings.iteration_s if settings.measure_capacity else None
+        self.book = AgentBook.tagging(policy, capacity, KV, idle_release_s, log, settings.retag, window, self.kv_tokens)
         self.t0 = time.monotonic()
 
     @classmethod
@@ -187,6 +189,7 @@ class UpstreamBackend(Backend):
                     "stream": delta, "return_token_ids": True,
                     "vllm_xargs": {k: v for k, v in xargs.items() if isinstance(v, (str, int, float))}}
             tried: set[str] = set()
+            produced = 0  # tokens the replica produced (the front end's meter credits them)
             while True:
                 replica = min((r for r in self.replicas if r.url not in tried), key=Replica.pressure, default=None)
                 if replica is None:
@@ -197,6 +200,7 @@ class UpstreamBackend(Backend):
                 replica.sent += 1
                 try:
                     async for out in self._send(replica, body | {"model": replica.model}, request_id, delta):
+                        produced += len(out.outputs[0].token_ids)
                         yield out
                     return
                 except httpx.ConnectError as exc:  # nothing was sent: try the next replica
@@ -211,7 +215,7 @@ class UpstreamBackend(Backend):
                     replica.load -= info.predicted_cost
                     replica.in_flight -= 1
         finally:
-            self.book.finish(request_id, self.now())
+            self.book.finish(request_id, self.now(), produced)
 
     @staticmethod
     async def _send(replica: Replica, body: dict, request_id: str, delta: bool):
