@@ -42,7 +42,8 @@ def _parser() -> argparse.ArgumentParser:
     b.add_argument("--workload", type=Path, help="JSONL workload file (instead of generating one)")
     _add_workload_args(b)
     b.add_argument("--scale", type=float, default=1.0, help="divide every token length by this (small engines)")
-    b.add_argument("--policies", default=",".join(POLICY_NAMES), help="comma-separated policies")
+    b.add_argument("--policies", default=",".join(POLICY_NAMES),
+                   help="comma-separated policies (also: justitia-eligible, an option for the tail; docs/design.md)")
     b.add_argument("--predictor", default="oracle", help=f"{SPEC_HELP} (default oracle)")
     b.add_argument("--cost", choices=["kv", "compute"], default="kv", help="cost model (default kv)")
     b.add_argument("--capacity", choices=["measured", "formula"], default="measured",
@@ -166,7 +167,7 @@ def _cmd_generate(args) -> int:
 
 
 def _cmd_bench(args) -> int:
-    from justitia.core import POLICY_NAMES
+    from justitia.core import OPTION_NAMES, POLICY_NAMES
     from justitia.lab.bench import RunSpec, run_bench, write_results
     from justitia.lab.presets import make_preset
     from justitia.lab.report import print_results
@@ -193,9 +194,10 @@ def _cmd_bench(args) -> int:
             agents = scale_tokens(agents, args.scale)
             info |= {"token_scale": args.scale}
         names = [p.strip() for p in args.policies.split(",") if p.strip()]
-        unknown = [p for p in names if p not in POLICY_NAMES]
+        unknown = [p for p in names if p not in POLICY_NAMES + OPTION_NAMES]
         if unknown or not names:
-            raise ValueError(f"--policies: unknown policy '{(unknown or [''])[0]}'; expected some of: {', '.join(POLICY_NAMES)}.")
+            raise ValueError(f"--policies: unknown policy '{(unknown or [''])[0]}'; expected some of: "
+                             f"{', '.join(POLICY_NAMES + OPTION_NAMES)}.")
         make_predictor(args.predictor)  # validate before running anything
         specs = [RunSpec(p, p, args.predictor, args.cost, args.capacity, not args.no_retag, args.pricing) for p in names]
     engine = args.engine or (preset.engine if preset else "sim")

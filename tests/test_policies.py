@@ -123,6 +123,26 @@ def test_justitia_orders_by_finish_tag_not_arrival():
     assert order(core) == ["b1", "a1"]
 
 
+def test_justitia_eligible_holds_back_an_agent_ahead_of_gps_until_v_catches_up():
+    core = scheduler("justitia-eligible", capacity=100)
+    assert core.timed and core.keys_move
+    core.agent_arrived("A", "t", 100, 0.0)  # tag 100
+    core.agent_arrived("B", "t", 300, 0.0)  # tag 300: plain justitia serves A first, whatever A got
+    a1 = core.request_arrived("a1", "A", 10, 50.0)
+    core.request_arrived("b1", "B", 10, 50.0)
+    core.advance(0.0)
+    assert core.peek().request_id == "a1"
+    core.dequeue(a1)
+    core.charge(a1, Charge(10, 1, 120))  # A got 120 at once; GPS gives each 50 a second (V grows at 50/s)
+    core.request_arrived("a2", "A", 10, 50.0)
+    core.advance(1.0)  # V = 50: A is ahead of GPS (its next start, 0 + 120, is past V), B is not
+    assert core.peek().request_id == "b1"
+    core.advance(2.5)  # V = 125 > 120: A is eligible again and its smaller tag wins
+    assert core.peek().request_id == "a2"
+    plain = scheduler("justitia", capacity=100)
+    assert not plain.timed
+
+
 # x arrived first with a small agent cost but an expensive request, and has been served a lot;
 # y arrived later, costs more in all, and its request is cheap: each policy preempts by its own key.
 LOWEST_PRIORITY = {"fcfs": "y1", "sjf": "x1", "parrot": "y1", "vtc": "x1", "srjf": "y1", "justitia": "y1", "las": "x1"}

@@ -112,6 +112,15 @@ def test_event_skipping_matches_per_iteration_stepping(seed, policy, blocks, bud
     assert fast.steps <= slow.steps
 
 
+def test_a_policy_whose_keys_move_with_time_is_stepped_every_iteration():
+    agents = random_agents(np.random.default_rng(5), 24, max_prompt=400, max_output=200, mean_gap_s=0.2)
+    asked_to_skip = run(agents, "justitia-eligible", engine(blocks=60), skip=True)
+    plain = run(agents, "justitia-eligible", engine(blocks=60), skip=False)
+    assert asked_to_skip.steps == plain.steps >= plain.iterations  # no step skipped: eligibility moves with V
+    assert finish(asked_to_skip) == finish(plain)
+    assert finish(plain) != finish(run(agents, "justitia", engine(blocks=60), skip=False))
+
+
 def test_a_slower_engine_takes_longer_in_exactly_its_window():
     agents = [agent("a", 0.0, [(16, 100)])]  # 100 iterations of 10 ms
     f = finish(run(agents, cfg=replace(engine(), slowdown=(0.5, 0.7, 3))))

@@ -7,7 +7,7 @@ from justitia.core.capacity import WINDOW_STEPS, CapacityMeter
 from justitia.core.clock import VirtualClock
 from justitia.core.cost import (COMPUTE, COST_MODELS, KV, NO_CHARGE, Charge, CostModel, capacity_per_s,
                                 compute_tokens, cost_model, kv_token_iters)
-from justitia.core.policies import POLICY_NAMES, STATIC_POLICY_NAMES, AgentInfo, Policy, RequestInfo, make_policy
+from justitia.core.policies import OPTION_NAMES, POLICY_NAMES, STATIC_POLICY_NAMES, AgentInfo, Policy, RequestInfo, make_policy
 from justitia.core.protocol import (ENGINE_UTILITY, META_KEYS, REGISTER, RELEASE, RESET, STATE, ControlCall, PolicyState,
                                     RequestMeta)
 from justitia.core.scheduler import AgentScheduler
@@ -15,6 +15,6 @@ from justitia.core.scheduler import AgentScheduler
 __all__ = [
     "AgentBook", "AgentInfo", "AgentScheduler", "CapacityMeter", "Charge", "ControlCall", "CostModel", "PolicyState", "RequestInfo",
     "RequestMeta", "VirtualClock", "STATE", "COMPUTE", "COST_MODELS", "ENGINE_UTILITY", "KV", "META_KEYS", "NO_CHARGE",
-    "POLICY_NAMES", "Policy", "REGISTER", "RELEASE", "RESET", "STATIC_POLICY_NAMES", "WINDOW_STEPS", "capacity_per_s", "compute_tokens",
+    "OPTION_NAMES", "POLICY_NAMES", "Policy", "REGISTER", "RELEASE", "RESET", "STATIC_POLICY_NAMES", "WINDOW_STEPS", "capacity_per_s", "compute_tokens",
     "cost_model", "int_priority", "kv_token_iters", "make_policy",
 ]

@@ -187,6 +187,11 @@ class VirtualClock:
             self._file(agent_id, tag, float(weight), flow_id)
         return tag
 
+    def start(self, agent_id: str) -> float | None:
+        """The agent's GPS start ``S`` (``V(a)``, or its flow's last tag), or None if it is not known."""
+        known = self._agents.get(agent_id)
+        return None if known is None else known[0]
+
     def gps_finish_s(self, agent_id: str) -> float | None:
         """When the agent finished under GPS, or None if it has not finished by the clock's time."""
         return self._gps_finish_s.get(agent_id)

@@ -150,6 +150,18 @@ class AgentScheduler:
             self._waiting.touch(req.agent_id)
 
     # ------------------------------------------------------------------------------- order
+    @property
+    def timed(self) -> bool:
+        """Whether keys also move with time (justitia-eligible): an engine calls ``advance`` before
+        each step, and cannot skip steps."""
+        return self._policy.timed
+
+    def advance(self, now_s: float) -> None:
+        """The engine is about to take a step at ``now_s``: keys that moved with time are refreshed."""
+        if self._policy.timed:
+            for agent_id in self._policy.advance(now_s):
+                self._waiting.touch(agent_id)
+
     def peek(self, extra: Mapping[str, Charge] | None = None) -> RequestInfo | None:
         """The request to admit next, or None; with ``extra``, as if those agents had been
         charged that much more (a dynamic policy's look-ahead; nothing is charged)."""

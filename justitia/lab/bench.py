@@ -96,7 +96,7 @@ def summarize(
             "wall_s": run.wall_s,
         }
         agent_docs = [a.to_json() for a in run.agents]
-        if spec.policy == "justitia":
+        if spec.policy in ("justitia", "justitia-eligible"):  # policies with a clock
             schedule = run.capacity_schedule or [(0.0, config.capacity_per_s("kv"))]
             gps = gps_finish_times(agents, config.capacity_per_s("kv"), schedule)
             bound_s = delay_bound_s(agents, config, min(m for _, m in schedule))

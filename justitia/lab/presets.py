@@ -177,8 +177,8 @@ def make_preset(name: str, seed: int = 0) -> Preset:
     trace = MOONCAKE_ARRIVALS
     if name == "main":
         agents, info = build_workload(300, seed, trace, 1.0)
-        return Preset(name, "300 agents of nine workflows at 1x density, all seven policies", agents, info,
-                      _all_policies(formula=True))
+        specs = _all_policies(formula=True) + [RunSpec("justitia-eligible", "justitia-eligible")]  # an option for the tail
+        return Preset(name, "300 agents of nine workflows at 1x density, all seven policies", agents, info, specs)
     if name == "starvation":
         agents = starvation_workload(seed)
         info = {"arrivals": "elephant at 0 s, small agents 1/s", "agents": len(agents), "seed": seed}

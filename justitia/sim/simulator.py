@@ -62,7 +62,7 @@ class Simulator:
                  if self.measure_capacity else None)
         core = AgentScheduler(self.policy, meter, self.retag)
         results: list[AgentResult] = []
-        stepper = SkippingRun if self.event_skipping else PlainRun
+        stepper = SkippingRun if self.event_skipping and not core.timed else PlainRun  # time-moved keys: every step
 
         def submit(run: _AgentRun, calls: list[Call]) -> None:
             agent_id = run.process.agent.agent_id

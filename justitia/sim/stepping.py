@@ -176,6 +176,7 @@ class PlainRun:
     # ---------------------------------------------------------------------- one plain iteration
     def _step(self) -> None:
         cfg = self.config
+        self.core.advance(self.now_ps / PS_PER_S)  # keys that move with time (justitia-eligible)
         bs = cfg.block_size
         budget = cfg.max_num_batched_tokens
         scheduled: dict[SimRequest, int] = {}

@@ -204,6 +204,7 @@ class JustitiaScheduler(Scheduler):
             if self.log_agents:
                 logger.info("justitia: agent %s released (idle)", agent_id)
         core, infos = self.core, self.book.infos
+        core.advance(now_s)  # keys that move with time (justitia-eligible)
         if core.keys_move:  # running requests' keys moved with the service charged last step
             for request in self.running:
                 info = infos.get(request.request_id)

@@ -2,6 +2,7 @@
 
 from justitia.core.cost import KV, CostModel, cost_model
 from justitia.core.policies.base import AgentInfo, Policy, RequestInfo
+from justitia.core.policies.eligible import EligibleJustitia
 from justitia.core.policies.fcfs import FCFS
 from justitia.core.policies.justitia import Justitia
 from justitia.core.policies.las import LAS
@@ -12,6 +13,7 @@ from justitia.core.policies.vtc import VTC
 
 POLICY_NAMES = ("fcfs", "sjf", "parrot", "vtc", "srjf", "justitia", "las")
 STATIC_POLICY_NAMES = tuple(n for n in POLICY_NAMES if n not in ("vtc", "srjf", "las"))  # keys fixed on arrival
+OPTION_NAMES = ("justitia-eligible",)  # options beside the paper's seven (not run unless named)
 
 
 def make_policy(name: str, capacity_per_s: float | None = None, cost: str | CostModel = KV) -> Policy:
@@ -21,17 +23,17 @@ def make_policy(name: str, capacity_per_s: float | None = None, cost: str | Cost
     (VTC always counts compute tokens, as the VTC paper does).
     """
     cost = cost_model(cost)
-    if name == "justitia":
+    if name in ("justitia", "justitia-eligible"):
         if capacity_per_s is None:
-            raise ValueError("policy 'justitia' needs capacity_per_s for its virtual clock.")
-        return Justitia(capacity_per_s)
+            raise ValueError(f"policy '{name}' needs capacity_per_s for its virtual clock.")
+        return Justitia(capacity_per_s) if name == "justitia" else EligibleJustitia(capacity_per_s, cost)
     if name in ("srjf", "las"):
         return {"srjf": SRJF, "las": LAS}[name](cost)
     classes = {"fcfs": FCFS, "sjf": SJF, "parrot": Parrot, "vtc": VTC}
     if name not in classes:
-        raise ValueError(f"unknown policy '{name}'; expected one of: {', '.join(POLICY_NAMES)}.")
+        raise ValueError(f"unknown policy '{name}'; expected one of: {', '.join(POLICY_NAMES + OPTION_NAMES)}.")
     return classes[name]()
 
 
-__all__ = ["AgentInfo", "Policy", "RequestInfo", "POLICY_NAMES", "STATIC_POLICY_NAMES", "make_policy",
-           "FCFS", "SJF", "Parrot", "VTC", "SRJF", "Justitia", "LAS"]
+__all__ = ["AgentInfo", "Policy", "RequestInfo", "POLICY_NAMES", "STATIC_POLICY_NAMES", "OPTION_NAMES", "make_policy",
+           "FCFS", "SJF", "Parrot", "VTC", "SRJF", "Justitia", "LAS", "EligibleJustitia"]

@@ -47,6 +47,7 @@ class Policy:
     name: ClassVar[str]
     agent_level: ClassVar[bool]
     dynamic: ClassVar[bool] = False
+    timed: ClassVar[bool] = False  # keys also move with time: engines call ``advance`` before each step
     clock: VirtualClock | None = None  # the GPS clock, for policies that keep one (justitia)
 
     def agent_arrived(self, agent: AgentInfo, now_s: float) -> None:
@@ -80,6 +81,11 @@ class Policy:
     def virtual_finish(self, agent_id: str) -> float | None:
         """The agent's GPS virtual finish tag, for policies that keep a clock; None otherwise."""
         return None
+
+    def advance(self, now_s: float) -> Iterable[str]:
+        """The engine is about to take a step at ``now_s`` (``timed`` policies): the agents whose key
+        moved with time."""
+        return ()
 
     def revise(self, agent_id: str, revealed_cost: float, remaining_cost: float, now_s: float) -> None:
         """The agent has revealed more work than predicted: ``revealed_cost`` in all (its requests so
