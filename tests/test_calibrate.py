@@ -5,7 +5,7 @@ import json
 import numpy as np
 import pytest
 
-from justitia.lab.calibrate import fit_profile, step_durations
+from justitia.lab.calibrate import delivered_capacity, fit_profile, step_durations
 from justitia.cli import main
 from justitia.sim.config import LatencyProfile, load_profile
 from justitia.workload import Agent, Task, scale_tokens
@@ -32,6 +32,20 @@ def test_the_fit_recovers_the_coefficients_and_ignores_steps_before_an_idle_gap(
     assert profile.per_context_token_ms == pytest.approx(0.0004, rel=1e-6)
     assert stats["r2"] == pytest.approx(1.0)
     assert profile.block_size == 128 and profile.kv_blocks == 23
+
+
+def test_calibration_measures_m_over_the_steps_that_started_with_requests_waiting():
+    # (t, batched, ctx, prefills, decodes, busy_after, preemptions, waiting_before, delivered_kv)
+    rows = [(0.00, 64, 0, 1, 0, 1, 0, 0, 0),  # nothing waited: not counted
+            (0.01, 8, 900, 0, 8, 1, 0, 3, 900),  # 900 delivered in 0.02 s while 3 waited
+            (0.03, 8, 1000, 0, 8, 0, 0, 2, 1000),  # an idle gap follows: no measurable duration
+            (0.50, 8, 500, 0, 8, 1, 0, 1, 500),  # 500 in 0.01 s
+            (0.51, 8, 500, 0, 8, 1, 0, 0, 500)]
+    per_s, busy_s = delivered_capacity([rows])
+    assert per_s == pytest.approx(1400 / 0.03) and busy_s == pytest.approx(0.03)
+    assert delivered_capacity([[r[:7] for r in rows]]) == (None, 0.0)  # an old step log has no such columns
+    _, stats = fit_profile([synthetic_steps(7.5, 0.03, 0.0004)], "fit", 23, 128, "test")
+    assert stats["delivered_capacity_per_s"] is None  # no request waited
 
 
 def test_a_coefficient_the_data_would_make_negative_is_dropped():

@@ -7,6 +7,10 @@ it includes everything the engine does per step (scheduling, the forward pass, s
 processing), which is what the simulator's iteration time stands for. Only steps followed at once
 count; a step before an idle gap has no measurable duration.
 
+The same run measures the clock's M: the KV token-time the engine delivered (held by the requests
+that sampled a token) over the duration of the steps that started with requests waiting, the
+rule the plug-in's meter follows (``CapacityMeter``), over the whole run at once.
+
 The fit is least squares of ``step_ms = base + per_batched_token * batched + per_context_token * ctx``
 with every coefficient kept >= 0 (a negative one is dropped and the rest refitted). The profile's
 floor is 0: on a CPU there is no weight-streaming floor separate from the per-token cost.
@@ -31,6 +35,19 @@ def step_durations(rows: Sequence[tuple[float, ...]]) -> np.ndarray:
     return np.asarray(out, dtype=float).reshape(-1, 3)
 
 
+def delivered_capacity(runs: Iterable[Sequence[tuple[float, ...]]]) -> tuple[float | None, float]:
+    """(KV token-iterations per second delivered while requests waited, or None if they never did;
+    the seconds of such steps) over the steps of one or more runs."""
+    service, busy_s = 0, 0.0
+    for rows in runs:
+        for k in range(len(rows) - 1):
+            row = rows[k]
+            if len(row) >= 9 and row[7] > 0 and row[5]:  # requests waited, and the next step followed at once
+                service += row[8]
+                busy_s += rows[k + 1][0] - row[0]
+    return (service / busy_s if busy_s > 0 else None), busy_s
+
+
 def fit_profile(
     runs: Iterable[Sequence[tuple[float, ...]]],
     name: str,
@@ -39,6 +56,7 @@ def fit_profile(
     source: str,
 ) -> tuple[LatencyProfile, dict]:
     """Fit a profile to the steps of one or more runs; also return fit statistics."""
+    runs = list(runs)
     data = np.concatenate([step_durations(rows) for rows in runs] or [np.zeros((0, 3))])
     if len(data) < 10:
         raise ValueError(f"calibration needs at least 10 busy engine steps, got {len(data)}.")
@@ -67,4 +85,7 @@ def fit_profile(
         "total_measured_s": float(y.sum() / 1000),
         "total_fitted_s": float(pred.sum() / 1000),
     }
+    delivered, backlogged_s = delivered_capacity(runs)
+    stats["delivered_capacity_per_s"] = delivered  # the clock's M, measured (None: requests never waited)
+    stats["backlogged_s"] = backlogged_s
     return profile, stats

@@ -39,7 +39,7 @@ from justitia.vllm.engine import EngineSpec, RunningEngine, control
 from justitia.workload import Agent
 
 STEP_LOG_COLUMNS = ("t_s", "batched_tokens", "decode_context_tokens", "prefill_reqs", "decode_reqs", "busy_after",
-                    "preemptions")
+                    "preemptions", "waiting_before", "delivered_kv")  # delivered_kv: KV held by sampling requests
 
 
 class VllmEngine(RunningEngine):

@@ -102,13 +102,24 @@ def run_bench_vllm(
                 profile, stats = await _calibrate(engine, calibration_agents, seed)
                 calibration = {"agents": len(calibration_agents), "wall_s": time.perf_counter() - t} | stats
             config = engine_config(profile, engine_spec, block_size)
+            measured = calibration.get("delivered_capacity_per_s")  # the M calibration measured (KV units)
+            if calibration:
+                calibration["formula_capacity_per_s"] = config.capacity_per_s("kv")
+
+            def start_m(spec: RunSpec) -> float:
+                """The clock's M to start from: the calibration's measured one, when the run measures M."""
+                if measured and spec.capacity == "measured" and spec.cost == "kv":
+                    return measured
+                return config.capacity_per_s(spec.cost)
+
+            tagged = RunSpec(TAGGING_LABEL, "justitia", predictor)
             total = len(agents) * (len(specs) + tagging) * repeats
             with progress_bar(total, progress, "vllm") as advance:
                 for _ in range(repeats):  # interleaved: a slow spell of the machine hits every policy
                     for spec in specs:
                         t = time.perf_counter()
                         run = await engine.run(agents, spec.policy, spec.predictor, spec.cost,
-                                               config.capacity_per_s(spec.cost), seed,
+                                               start_m(spec), seed,
                                                on_agent_finish=lambda _r, s=spec: advance(s.label),
                                                measure_capacity=spec.capacity == "measured", retag=spec.retag,
                                                pricing=spec.pricing)
@@ -119,10 +130,10 @@ def run_bench_vllm(
                         # A fresh engine's first steps of each batch shape are slow (CPU kernels get
                         # built); the plug-in engine warmed up before calibrating, this one does here.
                         await stock.run(calibration_agents or agents, "justitia", predictor, "kv",
-                                        config.capacity_per_s("kv"), seed)
+                                        start_m(tagged), seed)
                         for _ in range(repeats):
                             t = time.perf_counter()
-                            run = await stock.run(agents, "justitia", predictor, "kv", config.capacity_per_s("kv"),
+                            run = await stock.run(agents, "justitia", predictor, "kv", start_m(tagged),
                                                   seed, on_agent_finish=lambda _r: advance(TAGGING_LABEL))
                             tries.setdefault(TAGGING_LABEL, []).append(run)
                             walls[TAGGING_LABEL] = walls.get(TAGGING_LABEL, 0.0) + time.perf_counter() - t

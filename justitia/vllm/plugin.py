@@ -215,7 +215,8 @@ class JustitiaScheduler(Scheduler):
             started, delivered = self._busy_step
             core.observe_service(now_s - started, delivered)
             self._busy_step = None
-        backlogged = measure and bool(self.waiting)
+        waiting = len(self.waiting)
+        backlogged = measure and waiting > 0
         output = super().schedule(*args, **kwargs)
         charge = core.uses_service
         if charge or backlogged or self._step_log is not None:
@@ -247,7 +248,7 @@ class JustitiaScheduler(Scheduler):
             if backlogged:
                 self._busy_step = (now_s, Charge(*delivered))
             if self._step_log is not None:
-                self._last_step = (now_s, batched, ctx, prefills, decodes)
+                self._last_step = (now_s, batched, ctx, prefills, decodes, waiting, delivered[2])
         return output
 
     def _preempt_request(self, *args, **kwargs):
@@ -259,9 +260,10 @@ class JustitiaScheduler(Scheduler):
         """vLLM's bookkeeping after a step; with a step log, the step is written out."""
         outputs = super().update_from_output(*args, **kwargs)
         if self._step_log is not None and self._last_step is not None:
-            t, batched, ctx, prefills, decodes = self._last_step
+            t, batched, ctx, prefills, decodes, waiting, delivered = self._last_step
             busy = int(self.has_unfinished_requests())
-            self._step_log.write(f"{t:.6f},{batched},{ctx},{prefills},{decodes},{busy},{self._preemptions}\n")
+            self._step_log.write(f"{t:.6f},{batched},{ctx},{prefills},{decodes},{busy},{self._preemptions},"
+                                 f"{waiting},{delivered}\n")
             self._last_step = None
             self._preemptions = 0
         return outputs
