@@ -366,15 +366,13 @@ def _cmd_serve(args) -> int:
 def _cmd_calibrate(args) -> int:
     import json
 
-    from justitia.lab.vllm_bench import calibrate
+    from justitia.lab.vllm_bench import calibrate, engine_config
     from justitia.workload import scale_tokens
 
     spec = _engine_spec(args)
     agents, _ = _workload_from_args(args)
     profile, stats = calibrate(spec, scale_tokens(agents, args.scale), args.seed, args.repeats)
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    from justitia.lab.vllm_bench import engine_config
-
     formula = engine_config(profile, spec, profile.block_size).capacity_per_s("kv")
     stats["formula_capacity_per_s"] = formula
     args.out.write_text(json.dumps(profile.to_json() | {"fit": stats}, indent=1))
