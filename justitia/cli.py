@@ -109,6 +109,10 @@ def _parser() -> argparse.ArgumentParser:
     sv.add_argument("--max-tasks-per-agent", type=int, default=256)
     sv.add_argument("--max-agents-in-flight", type=int, default=2048)
     sv.add_argument("--max-body-bytes", type=int, default=1_000_000)
+    sv.add_argument("--api-key", action="append", metavar="KEY",
+                    help="a client key (repeatable; tenant 'default', weight 1); clients send 'Authorization: Bearer KEY'")
+    sv.add_argument("--api-keys", type=Path, metavar="FILE",
+                    help="client keys, one a line: KEY TENANT WEIGHT [trusted] (docs/server.md)")
     sv.add_argument("--upstream", nargs="+", metavar="URL",
                     help="front stock vLLM OpenAI servers (started with --scheduling-policy priority) instead of "
                          "running an engine here; one clock over all of them, least-loaded routing")
@@ -357,7 +361,8 @@ def _cmd_serve(args) -> int:
     try:
         asyncio.run(serve(args.model, args.policy, args.predictor, args.host, args.port, args.kv_blocks,
                           args.max_num_seqs, args.max_model_len, args.max_tasks_per_agent, args.max_agents_in_flight,
-                          args.max_body_bytes, args.upstream, args.upstream_kv_tokens))
+                          args.max_body_bytes, args.upstream, args.upstream_kv_tokens, api_keys=args.api_key,
+                          api_keys_file=args.api_keys))
     except KeyboardInterrupt:
         pass
     return 0

@@ -27,6 +27,7 @@ ENV_AGENT_IDLE_S = "JUSTITIA_AGENT_IDLE_S"  # default AGENT_IDLE_S
 ENV_LOG_AGENTS = "JUSTITIA_LOG_AGENTS"  # 1: one log line per agent arrival and release
 ENV_MEASURE_CAPACITY = "JUSTITIA_MEASURE_CAPACITY"  # 0: keep the formula's M (default 1: measure it)
 ENV_RETAG = "JUSTITIA_RETAG"  # 0: an agent keeps its first tag (default 1: it moves back when it reveals more work)
+ENV_CLIENT_PRICES = "JUSTITIA_CLIENT_PRICES"  # 0: the plug-in ignores agent_cost, request_cost, agent_weight, tenant
 ENV_CACHE = "JUSTITIA_CACHE"  # built models and trained predictors (default ~/.cache/justitia)
 
 
@@ -47,6 +48,7 @@ class PolicySettings:
     log_agents: bool = False
     measure_capacity: bool = True  # the clock's M follows what the engine delivers
     retag: bool = True  # an agent that reveals more work than predicted moves back
+    client_prices: bool = True  # the plug-in reads costs, weights and tenants from request metadata
 
 
 def policy_settings(environ: Mapping[str, str] | None = None) -> PolicySettings:
@@ -70,5 +72,5 @@ def policy_settings(environ: Mapping[str, str] | None = None) -> PolicySettings:
         capacity_per_s=number(ENV_CAPACITY, None), iteration_s=number(ENV_ITERATION_S, ITERATION_S),
         agent_idle_s=number(ENV_AGENT_IDLE_S, AGENT_IDLE_S, strict=False),
         log_agents=env.get(ENV_LOG_AGENTS) == "1", measure_capacity=env.get(ENV_MEASURE_CAPACITY, "1") != "0",
-        retag=env.get(ENV_RETAG, "1") != "0",
+        retag=env.get(ENV_RETAG, "1") != "0", client_prices=env.get(ENV_CLIENT_PRICES, "1") != "0",
     )

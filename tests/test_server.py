@@ -52,8 +52,8 @@ class ClocklessBackend(Backend):
     def generate(self, prompt, params, request_id):
         raise BackendError("no engine here")
 
-    async def register(self, agent_id, agent_type, predicted_cost):
-        self.book.register(agent_id, agent_type, predicted_cost, 0.0)
+    async def register(self, agent_id, agent_type, predicted_cost, weight=1.0, tenant=None):
+        self.book.register(agent_id, agent_type, predicted_cost, 0.0, weight, tenant)
         return self.book.core.virtual_finish(agent_id)
 
     async def release(self, agent_id):
@@ -114,16 +114,22 @@ def test_an_agent_submitted_whole_is_priced_on_every_stage_so_a_cheap_first_stag
 
 
 # ------------------------------------------------------------------------------------ the server
+KEY, OTHER_KEY = "sk-test-owner-1", "sk-test-other-2"
+
+
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     port = free_port()
+    where = tmp_path_factory.mktemp("serve")
+    keys = where / "keys.txt"
+    keys.write_text(f"{KEY} team-a 1\n{OTHER_KEY} team-b 2\n")
     srv = Server([sys.executable, "-m", "justitia", "serve", "--port", str(port), "--predictor", "mean",
                   "--kv-blocks", "16", "--max-model-len", "1024", "--max-tasks-per-agent", "16",
-                  "--max-body-bytes", "20000", "--max-agents-in-flight", "3"], port,
-                 tmp_path_factory.mktemp("serve") / "serve.log",
+                  "--max-body-bytes", "20000", "--max-agents-in-flight", "3", "--api-keys", str(keys)], port,
+                 where / "serve.log",
                  env={"JUSTITIA_AGENT_IDLE_S": "600", "JUSTITIA_LOG_AGENTS": "1"})  # no release by idleness
     srv.wait_ready("/health")
-    with httpx.Client(base_url=srv.url, timeout=30) as client:
+    with httpx.Client(base_url=srv.url, timeout=30, headers={"Authorization": f"Bearer {KEY}"}) as client:
         client.server = srv
         yield client
     srv.stop()
@@ -205,6 +211,20 @@ def test_cancel_aborts_the_agent_and_the_server_goes_on(server):
     assert server.get("/health").json()["agents_in_flight"] == 0
 
 
+def test_only_a_key_reaches_the_api_and_only_its_owner_sees_an_agent(server):
+    body = {"stages": [[{"prompt": "hi", "max_tokens": 2}]]}
+    assert httpx.post(f"{server.server.url}/v1/agents", json=body).status_code == 401
+    assert "justitia serve: 2 API key(s)" in server.server.output()
+    agent_id = server.post("/v1/agents", json=body).json()["agent_id"]
+    other = {"Authorization": f"Bearer {OTHER_KEY}"}
+    assert server.get(f"/v1/agents/{agent_id}", headers=other).status_code == 404
+    assert server.delete(f"/v1/agents/{agent_id}", headers=other).status_code == 404
+    assert wait_agent(server, agent_id)["status"] == "done"  # the owner's view; the other key's DELETE did nothing
+    r = server.post("/v1/completions", json={"prompt": "hi", "max_tokens": 2, "vllm_xargs": {"agent_cost": 0}})
+    assert r.status_code == 400 and "vllm_xargs.agent_cost" in r.json()["error"]["message"]
+    assert server.post("/v1/completions", json={"model": "gpt-4", "prompt": "hi", "max_tokens": 2}).status_code == 404
+
+
 def test_openapi_document_describes_the_agent_api(server):
     doc = server.get("/openapi.json").json()
     assert "/v1/agents" in doc["paths"] and "/v1/agents/{agent_id}/events" in doc["paths"]
@@ -213,7 +233,7 @@ def test_openapi_document_describes_the_agent_api(server):
 
 def test_openai_endpoints_join_agents_by_vllm_xargs_or_header(server):
     openai = pytest.importorskip("openai")
-    client = openai.OpenAI(base_url=str(server.base_url) + "/v1", api_key="none")
+    client = openai.OpenAI(base_url=str(server.base_url) + "/v1", api_key=KEY)
     done = client.completions.create(model="tiny", prompt="Once upon a time", max_tokens=5,
                                      extra_body={"vllm_xargs": {"agent_id": "story-1", "agent_type": "mrs"}})
     assert done.choices[0].text and done.usage.completion_tokens <= 5 and done.usage.prompt_tokens > 0

@@ -8,13 +8,13 @@ from justitia.core.clock import VirtualClock
 from justitia.core.cost import (COMPUTE, COST_MODELS, KV, NO_CHARGE, Charge, CostModel, capacity_per_s,
                                 compute_tokens, cost_model, kv_token_iters)
 from justitia.core.policies import OPTION_NAMES, POLICY_NAMES, STATIC_POLICY_NAMES, AgentInfo, Policy, RequestInfo, make_policy
-from justitia.core.protocol import (ENGINE_UTILITY, META_KEYS, REGISTER, RELEASE, RESET, STATE, ControlCall, PolicyState,
+from justitia.core.protocol import (ENGINE_UTILITY, META_KEYS, PRICE_KEYS, REGISTER, RELEASE, RESET, STATE, ControlCall, PolicyState,
                                     RequestMeta)
 from justitia.core.scheduler import AgentScheduler
 
 __all__ = [
     "AgentBook", "AgentInfo", "AgentScheduler", "CapacityMeter", "Charge", "ControlCall", "CostModel", "PolicyState", "RequestInfo",
-    "RequestMeta", "VirtualClock", "STATE", "COMPUTE", "COST_MODELS", "ENGINE_UTILITY", "KV", "META_KEYS", "NO_CHARGE",
+    "RequestMeta", "VirtualClock", "STATE", "COMPUTE", "COST_MODELS", "ENGINE_UTILITY", "KV", "META_KEYS", "PRICE_KEYS", "NO_CHARGE",
     "OPTION_NAMES", "POLICY_NAMES", "Policy", "REGISTER", "RELEASE", "RESET", "STATIC_POLICY_NAMES", "WINDOW_STEPS", "capacity_per_s", "compute_tokens",
     "cost_model", "int_priority", "kv_token_iters", "make_policy",
 ]

@@ -30,6 +30,7 @@ from typing import Any, Mapping
 AGENT_ID, AGENT_TYPE, AGENT_COST, REQUEST_COST, AGENT_DONE, AGENT_WEIGHT, TENANT = (
     "agent_id", "agent_type", "agent_cost", "request_cost", "agent_done", "agent_weight", "tenant")
 META_KEYS = (AGENT_ID, AGENT_TYPE, AGENT_COST, REQUEST_COST, AGENT_DONE, AGENT_WEIGHT, TENANT)
+PRICE_KEYS = (AGENT_COST, REQUEST_COST, AGENT_WEIGHT, TENANT)  # what only a trusted sender may set
 
 
 @dataclass(frozen=True)
@@ -44,6 +45,11 @@ class RequestMeta:
     agent_done: bool = False
     agent_weight: float | None = None
     tenant: str | None = None
+
+    def without_prices(self) -> "RequestMeta":
+        """The metadata with what only a trusted sender may set left out (costs, weight, tenant):
+        the engine then prices the request itself (``JUSTITIA_CLIENT_PRICES=0``)."""
+        return RequestMeta(self.agent_id, self.agent_type, None, None, self.agent_done)
 
     def to_extra_args(self) -> dict[str, Any]:
         """The metadata as ``extra_args`` / ``vllm_xargs`` (fields left unset are left out)."""

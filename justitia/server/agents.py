@@ -20,6 +20,7 @@ from justitia.agent import AgentProcess, Answer, Call, drive
 from justitia.core import KV
 from justitia.predictors import Predictor
 from justitia.server.backend import Backend
+from justitia.server.keys import ANONYMOUS, Client
 from justitia.server.schema import AgentSpec, SpecError, check_agent, render
 from justitia.vllm.models import chat_ids
 from justitia.workload import Agent, Task
@@ -52,6 +53,7 @@ class AgentRun:
     process: AgentProcess
     arrival_s: float
     virtual_finish: float | None
+    owner: str = ANONYMOUS.owner  # the key that submitted it (its owner id, not the key)
     status: str = "queued"
     error: str | None = None
     finish_s: float | None = None
@@ -82,6 +84,7 @@ class AgentManager:
         self.backend, self.tokenizer, self.settings, self.predictor = backend, tokenizer, settings, predictor
         self.agents: dict[str, AgentRun] = {}
         self.t0 = time.monotonic()
+        self.t_start = time.time()
         self.finished: dict[str, int] = {s: 0 for s in TERMINAL}
         self.jct: dict[str, list[int]] = {}  # type -> counts per JCT_BUCKETS (cumulative at export)
         self.jct_sum: dict[str, float] = {}
@@ -115,8 +118,14 @@ class AgentManager:
         self.requests[endpoint] += 1
 
     # ----------------------------------------------------------------------------- agents
-    async def submit(self, spec: AgentSpec) -> AgentRun:
-        """Check, predict, register and start one agent; raises SpecError on a bad one."""
+    def owned(self, agent_id: str, client: Client) -> AgentRun | None:
+        """The agent if ``client`` owns it; None if it is unknown or another key's (both 404)."""
+        run = self.agents.get(agent_id)
+        return run if run is not None and run.owner == client.owner else None
+
+    async def submit(self, spec: AgentSpec, client: Client = ANONYMOUS) -> AgentRun:
+        """Check, predict, register and start one agent for ``client`` (its owner, in its tenant's
+        flow with its weight); raises SpecError on a bad one."""
         check_agent(spec, self.settings.max_tasks_per_agent, self.settings.max_model_len - 1)
         first = []
         for i, t in enumerate(spec.stages[0]):
@@ -130,7 +139,8 @@ class AgentManager:
         # prompts still hold their placeholders; their lengths are not known yet)
         view = Agent(agent_id, spec.type, 0.0, tuple(
             tuple(Task(t.prompt, first[i] if s == 0 else max(1, len(t.prompt) // 4), t.max_tokens)
-                  for i, t in enumerate(stage)) for s, stage in enumerate(spec.stages)))
+                  for i, t in enumerate(stage)) for s, stage in enumerate(spec.stages)),
+            weight=client.weight, tenant=client.tenant)
         # submitted whole: priced on every stage, so that a cheap first stage cannot hide heavy later ones
         process = AgentProcess(view, self.predictor, KV, tasks=spec.stages, render=render, pricing="all-stages")
         before = self.predict_s
@@ -138,12 +148,13 @@ class AgentManager:
         predict_ms = 1000 * (self.predict_s - before)
         self.count_request("agents")
         arrival = self.now()
-        tag = await self.backend.register(agent_id, spec.type, predicted)
-        run = AgentRun(agent_id, spec, process, arrival, tag, outputs=[[None] * len(stage) for stage in spec.stages])
+        tag = await self.backend.register(agent_id, spec.type, predicted, client.weight, client.tenant)
+        run = AgentRun(agent_id, spec, process, arrival, tag, client.owner,
+                       outputs=[[None] * len(stage) for stage in spec.stages])
         self.agents[agent_id] = run
         run.emit("queued", predicted_cost=predicted, virtual_finish=tag, predict_ms=round(predict_ms, 3))
         run.task = asyncio.get_running_loop().create_task(self._run(run))
-        log.info(json.dumps({"event": "agent_submitted", "agent_id": agent_id, "type": spec.type,
+        log.info(json.dumps({"event": "agent_submitted", "agent_id": agent_id, "owner": client.owner, "type": spec.type,
                              "tasks": sum(len(s) for s in spec.stages), "predicted_cost": predicted}))
         return run
 

@@ -1,7 +1,9 @@
 """The HTTP application: the agent API and the OpenAI endpoints over one ``Backend``.
 
-``create_app(backend, tokenizer, settings, predictor)`` returns a FastAPI app. The agents run in
-``agents.AgentManager``; ``/metrics`` is ``metrics.prometheus_text``.
+``create_app(backend, tokenizer, settings, predictor, keys)`` returns a FastAPI app. The agents
+run in ``agents.AgentManager``; ``/metrics`` is ``metrics.prometheus_text``. Every ``/v1/`` route
+needs a key when the server has any (``keys.KeyRing``: 401 without one); ``/health``, ``/metrics``
+and the API docs are open.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from justitia.predictors import Predictor
 from justitia.server.agents import TERMINAL, AgentManager, Settings
 from justitia.server.backend import Backend
+from justitia.server.keys import KeyRing, client_of
 from justitia.server.metrics import prometheus_text
 from justitia.server.openai_api import add_openai_routes
 from justitia.server.schema import AgentSpec, SpecError, first_error
@@ -26,8 +29,10 @@ def _error(status: int, message: str) -> JSONResponse:
     return JSONResponse({"error": message}, status_code=status)
 
 
-def create_app(backend: Backend, tokenizer, settings: Settings, predictor: Predictor) -> FastAPI:
-    """The FastAPI application of one server."""
+def create_app(backend: Backend, tokenizer, settings: Settings, predictor: Predictor,
+               keys: KeyRing | None = None) -> FastAPI:
+    """The FastAPI application of one server (open if ``keys`` is empty or None)."""
+    keys = keys or KeyRing()
     app = FastAPI(title="Justitia", version="0.1.0",
                   description="Agent-aware serving on vLLM: task-parallel agents scheduled by Justitia.")
     manager = AgentManager(backend, tokenizer, settings, predictor)
@@ -48,6 +53,20 @@ def create_app(backend: Backend, tokenizer, settings: Settings, predictor: Predi
                                f"{settings.max_body_bytes}.")
         return await call_next(request)
 
+    @app.middleware("http")
+    async def _authenticate(request: Request, call_next):
+        if request.url.path.startswith("/v1/"):
+            client = keys.authenticate(request.headers.get("authorization"))
+            if client is None:
+                message = "a valid API key is required: send 'Authorization: Bearer KEY'."
+                if request.url.path in ("/v1/completions", "/v1/chat/completions", "/v1/models"):
+                    body = {"error": {"message": message, "type": "authentication_error", "code": 401}}
+                else:
+                    body = {"error": message}
+                return JSONResponse(body, status_code=401, headers={"WWW-Authenticate": "Bearer"})
+            request.state.client = client
+        return await call_next(request)
+
     add_openai_routes(app, manager)
 
     @app.get("/metrics", response_class=PlainTextResponse)
@@ -62,31 +81,31 @@ def create_app(backend: Backend, tokenizer, settings: Settings, predictor: Predi
                 "virtual_clock": state.has_clock}
 
     @app.post("/v1/agents", status_code=202)
-    async def submit(spec: AgentSpec):
+    async def submit(spec: AgentSpec, request: Request):
         if manager.in_flight() >= settings.max_agents_in_flight:
             return _error(429, f"{manager.in_flight()} agents are in flight, this server's limit; retry later.")
         try:
-            run = await manager.submit(spec)
+            run = await manager.submit(spec, client_of(request))
         except SpecError as exc:
             return _error(400, str(exc))
         return JSONResponse({"agent_id": run.agent_id, "status": run.status}, status_code=202)
 
     @app.get("/v1/agents/{agent_id}")
-    async def status(agent_id: str):
-        run = manager.agents.get(agent_id)
-        if run is None:
+    async def status(agent_id: str, request: Request):
+        run = manager.owned(agent_id, client_of(request))
+        if run is None:  # unknown, or another key's: the same answer
             return _error(404, f"no agent '{agent_id}'.")
         return run.doc()
 
     @app.delete("/v1/agents/{agent_id}")
-    async def cancel(agent_id: str):
-        if agent_id not in manager.agents:
+    async def cancel(agent_id: str, request: Request):
+        if manager.owned(agent_id, client_of(request)) is None:
             return _error(404, f"no agent '{agent_id}'.")
         return (await manager.cancel(agent_id)).doc()
 
     @app.get("/v1/agents/{agent_id}/events")
-    async def events(agent_id: str):
-        run = manager.agents.get(agent_id)
+    async def events(agent_id: str, request: Request):
+        run = manager.owned(agent_id, client_of(request))
         if run is None:
             return _error(404, f"no agent '{agent_id}'.")
 

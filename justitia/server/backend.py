@@ -66,9 +66,10 @@ class Backend(ABC):
         """Serve one request (``prompt``: ``{"prompt_token_ids": [...]}``); see the module's docstring."""
 
     @abstractmethod
-    async def register(self, agent_id: str, agent_type: str, predicted_cost: float) -> float | None:
-        """Register an agent with the policy that orders the engine, ahead of its requests; its
-        virtual finish tag (None under a policy without a clock)."""
+    async def register(self, agent_id: str, agent_type: str, predicted_cost: float, weight: float = 1.0,
+                       tenant: str | None = None) -> float | None:
+        """Register an agent (of ``weight``, in ``tenant``'s GPS flow) with the policy that orders the
+        engine, ahead of its requests; its virtual finish tag (None under a policy without a clock)."""
 
     @abstractmethod
     async def release(self, agent_id: str) -> None:

@@ -60,9 +60,11 @@ class LocalBackend(Backend):
 
         return self.llm.generate(TokensPrompt(prompt_token_ids=prompt["prompt_token_ids"]), params, request_id)
 
-    async def register(self, agent_id: str, agent_type: str, predicted_cost: float) -> float | None:
+    async def register(self, agent_id: str, agent_type: str, predicted_cost: float, weight: float = 1.0,
+                       tenant: str | None = None) -> float | None:
         """Register the agent in the plug-in; the tag its clock stamped."""
-        args = {"agent_id": agent_id, "agent_type": agent_type, "predicted_cost": predicted_cost}
+        args = {"agent_id": agent_id, "agent_type": agent_type, "predicted_cost": predicted_cost, "weight": weight,
+                "tenant": tenant}
         return await control(self.llm, ControlCall(REGISTER, args))
 
     async def release(self, agent_id: str) -> None:

@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 import logging
 import signal
+from pathlib import Path
 
 from justitia.core import POLICY_NAMES
 from justitia.predictors import make_predictor
@@ -30,16 +31,21 @@ async def serve(model: str | None = None, policy: str = "justitia", predictor: s
                 port: int = 8000, kv_blocks: int | None = None, max_num_seqs: int = 256, max_model_len: int = 2048,
                 max_tasks_per_agent: int = 256, max_agents_in_flight: int = 2048, max_body_bytes: int = 1_000_000,
                 upstream: list[str] | None = None, upstream_kv_tokens: int | None = None,
-                ready: asyncio.Event | None = None) -> None:
+                ready: asyncio.Event | None = None, api_keys: list[str] | None = None,
+                api_keys_file: Path | None = None) -> None:
     """Run the server until it is stopped (Ctrl-C or SIGTERM).
 
     Without ``upstream``: AsyncLLM with the Justitia plug-in in this process (``model``, default
     tiny). With it: the front end of stock vLLM servers (``model``, if given, names the tokenizer;
-    by default the replicas' model directory).
+    by default the replicas' model directory). ``api_keys`` / ``api_keys_file``: the clients
+    allowed (``server.keys``); none: the server is open, and says so.
     """
     if policy not in POLICY_NAMES:
         raise ValueError(f"--policy: unknown policy '{policy}'; expected one of: {', '.join(POLICY_NAMES)}.")
-    pred = make_predictor(predictor)  # before the engine: a bad predictor fails fast
+    pred = make_predictor(predictor)  # before the engine: a bad predictor (or key file) fails fast
+    from justitia.server.keys import KeyRing
+
+    keys = KeyRing.load(api_keys, api_keys_file)
     import uvicorn
     from transformers import AutoTokenizer
 
@@ -50,7 +56,7 @@ async def serve(model: str | None = None, policy: str = "justitia", predictor: s
         settings = Settings(model=backend.model, policy=policy, max_model_len=backend.max_model_len,
                             max_tasks_per_agent=max_tasks_per_agent, max_agents_in_flight=max_agents_in_flight,
                             max_body_bytes=max_body_bytes)
-        app = create_app(backend, AutoTokenizer.from_pretrained(str(backend.tokenizer_dir)), settings, pred)
+        app = create_app(backend, AutoTokenizer.from_pretrained(str(backend.tokenizer_dir)), settings, pred, keys)
         log = logging.getLogger("justitia.server")  # one JSON object a line, on stderr
         if not log.handlers:
             handler = logging.StreamHandler()
@@ -72,6 +78,9 @@ async def serve(model: str | None = None, policy: str = "justitia", predictor: s
             where = (f"{len(upstream)} upstream vLLM server(s)" if upstream else backend.model)
             print(f"justitia serve: {where} ({backend.kv_tokens:,} KV tokens) with policy {policy} on "
                   f"http://{host}:{port} (API docs at /docs)", flush=True)
+            print(f"justitia serve: {len(keys)} API key(s)" if not keys.open else
+                  "justitia serve: no API key configured: open to every client that can reach it "
+                  "(--api-key / --api-keys to require keys)", flush=True)
             if ready is not None:
                 ready.set()
         await task

@@ -2,9 +2,13 @@
 
 A request joins an agent through ``vllm_xargs: {"agent_id": ...}`` (what the ``openai`` client
 sends with ``extra_body={"vllm_xargs": {...}}``) or an ``X-Agent-Id`` header; without either it is
-an agent of its own. ``vllm_xargs`` may also carry ``agent_type``, ``agent_cost`` and
-``agent_done`` (``core.protocol.RequestMeta``); without ``agent_cost`` the server's predictor
-prices the request as a one-task agent. ``stream: true`` answers with server-sent chunks; a
+an agent of its own. Agent ids live in the key's own namespace (``keys``): two keys naming the same
+id name two agents. ``vllm_xargs`` takes only the request-metadata keys
+(``core.protocol.RequestMeta``), each a scalar: any client may send ``agent_id``, ``agent_type`` and
+``agent_done``; prices and shares (``agent_cost``, ``request_cost``, ``agent_weight``, ``tenant``)
+only a trusted key (anyone else: 400 naming the field). The server's predictor prices a request
+as a one-task agent, and the key's tenant and weight place it. ``model``, when given, must be the
+served model (404, as OpenAI answers). ``stream: true`` answers with server-sent chunks; a
 client that disconnects from a stream has its request aborted in vLLM.
 """
 
@@ -20,12 +24,30 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr
 
-from justitia.core import KV, META_KEYS, RequestMeta
+from justitia.core import KV, META_KEYS, PRICE_KEYS, RequestMeta
 from justitia.server.backend import BackendError
+from justitia.server.keys import client_of
 from justitia.vllm.models import chat_ids
 from justitia.workload import Agent, Task
 
 log = logging.getLogger("justitia.server")
+
+
+def check_xargs(xargs: dict[str, Any] | None, trusted: bool) -> str | None:
+    """Why ``vllm_xargs`` is refused (naming the field), or None if it is fine."""
+    for key, value in (xargs or {}).items():
+        field = f"vllm_xargs.{key}"
+        if key not in META_KEYS:
+            return f"field '{field}': unknown key; vllm_xargs takes only {', '.join(META_KEYS)}."
+        if key in PRICE_KEYS and not trusted:
+            return f"field '{field}': set by the server (its predictor and your key's tenant); only a trusted key may send it."
+        if value is not None and not isinstance(value, (str, int, float, bool)):
+            return f"field '{field}': must be a string, number or boolean, got {type(value).__name__}."
+        if isinstance(value, int) and not isinstance(value, bool) and not -(2**63) <= value < 2**63:
+            return f"field '{field}': integer out of range."
+        if isinstance(value, str) and len(value) > 256:
+            return f"field '{field}': longer than 256 characters."
+    return None
 
 
 class _Common(BaseModel):
@@ -69,7 +91,7 @@ class ChatRequest(_Common):
 
 
 def add_openai_routes(app: FastAPI, manager) -> None:
-    """Register the two endpoints on ``app``; ``manager`` is the server's AgentManager."""
+    """Register the endpoints on ``app``; ``manager`` is the server's AgentManager."""
     settings = manager.settings
 
     def error(status: int, message: str) -> JSONResponse:
@@ -83,21 +105,29 @@ def add_openai_routes(app: FastAPI, manager) -> None:
         if len(ids) + max_tokens > settings.max_model_len:
             return error(400, f"{len(ids)} prompt tokens + max_tokens {max_tokens} exceed the model's context of "
                               f"{settings.max_model_len} tokens.")
+        client = client_of(http)
         rid = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:16]}"
         given = RequestMeta.parse(req.vllm_xargs, rid, log)
         named = given.agent_id or http.headers.get("x-agent-id")
-        agent_id, agent_type = named or f"req-{uuid.uuid4().hex[:12]}", given.agent_type or "default"
-        agent_cost = given.agent_cost
+        if named is not None and not 1 <= len(named) <= 256:
+            return error(400, "field 'agent_id': must be 1-256 characters.")
+        # the key's own namespace: another key naming the same id names another agent
+        agent_id = f"{client.owner}/{named}" if named else f"req-{uuid.uuid4().hex[:12]}"
+        agent_type = given.agent_type or "default"
+        agent_cost = given.agent_cost if client.trusted else None
         if agent_cost is None:  # priced by the server's predictor, as a one-task agent
             view = Agent(agent_id, agent_type, 0.0, ((Task("", len(ids), max_tokens),),))
             agent_cost = manager.timed_prediction(lambda: manager.predictor.agent_cost(view, KV))
-        meta = RequestMeta(agent_id, agent_type, agent_cost, given.request_cost, given.agent_done or not named)
-        other = {k: v for k, v in (req.vllm_xargs or {}).items() if k not in META_KEYS}  # for other extensions
+        weight, tenant = client.weight, client.tenant
+        if client.trusted:  # a front end that places its own requests
+            weight, tenant = given.agent_weight or weight, given.tenant or tenant
+        meta = RequestMeta(agent_id, agent_type, agent_cost, given.request_cost if client.trusted else None,
+                           given.agent_done or not named, None if weight == 1 else weight, tenant)
         stream = req.stream
         params = SamplingParams(max_tokens=max_tokens, temperature=req.temperature, top_p=req.top_p, seed=req.seed,
                                 stop=req.stop, presence_penalty=req.presence_penalty,
                                 frequency_penalty=req.frequency_penalty, ignore_eos=req.ignore_eos,
-                                extra_args=other | meta.to_extra_args(),
+                                extra_args=meta.to_extra_args(),
                                 output_kind=RequestOutputKind.DELTA if stream else RequestOutputKind.FINAL_ONLY)
         created = int(time.time())
         model = req.model or settings.model
@@ -140,12 +170,29 @@ def add_openai_routes(app: FastAPI, manager) -> None:
 
         return StreamingResponse(chunks(), media_type="text/event-stream")
 
+    def refused(req: _Common, http: Request) -> JSONResponse | None:
+        """The answer to a request refused at the door, or None."""
+        if req.model is not None and req.model != settings.model:
+            return JSONResponse({"error": {"message": f"The model `{req.model[:100]}` does not exist.",
+                                           "type": "NotFoundError", "param": "model", "code": 404}}, status_code=404)
+        why = check_xargs(req.vllm_xargs, client_of(http).trusted)
+        return None if why is None else error(400, why)
+
+    @app.get("/v1/models")
+    async def models():
+        return {"object": "list", "data": [{"id": settings.model, "object": "model", "created": int(manager.t_start),
+                                            "owned_by": "justitia", "max_model_len": settings.max_model_len}]}
+
     @app.post("/v1/completions")
     async def completions(req: CompletionRequest, http: Request):
+        if (no := refused(req, http)) is not None:
+            return no
         return await answer(req, manager.tokenizer.encode(req.prompt), http, chat=False)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(req: ChatRequest, http: Request):
+        if (no := refused(req, http)) is not None:
+            return no
         tok = manager.tokenizer
         if not tok.chat_template:
             return error(400, f"model '{settings.model}' has no chat template; use /v1/completions.")

@@ -110,6 +110,7 @@ class JustitiaScheduler(Scheduler):
         blocks = self.kv_cache_manager.block_pool.get_num_free_blocks()
         self.kv_tokens = blocks * self.cache_config.block_size
         self.log_agents = settings.log_agents
+        self.client_prices = settings.client_prices
         self.idle_release_s = settings.agent_idle_s
         self.iteration_s = settings.iteration_s
         cost = cost_model(settings.cost)
@@ -172,6 +173,8 @@ class JustitiaScheduler(Scheduler):
             sp = request.sampling_params
             meta = RequestMeta.parse(getattr(sp, "extra_args", None) if sp is not None else None,
                                      request.request_id, logger)
+            if not self.client_prices:  # behind vLLM's own OpenAI server, clients are not trusted
+                meta = meta.without_prices()
             max_tokens = getattr(sp, "max_tokens", None) or 256
             info, agent = self.book.arrive(request.request_id, meta, request.num_prompt_tokens, max_tokens,
                                            self._now())

@@ -1,0 +1,129 @@
+"""API keys: who a client is, which tenant it belongs to, and whether it may set prices.
+
+Keys come from ``--api-key KEY`` (repeatable; tenant ``default``, weight 1) and ``--api-keys FILE``,
+one key a line::
+
+    # key                     tenant     weight   [trusted]
+    sk-team-a-1b9f...         team-a     2
+    sk-frontend-77c1...       frontends  1        trusted
+
+Blank lines and lines starting with ``#`` are skipped. A client sends its key as vLLM's OpenAI
+server expects, ``Authorization: Bearer KEY``. Keys are compared in constant time (``hmac``), every
+configured key each time, so the time taken says nothing about which key came close.
+
+What a key gives:
+
+- **ownership**: an agent belongs to the key that submitted it; another key's GET, DELETE or events
+  get 404, and OpenAI-path agent ids (``vllm_xargs.agent_id``, ``X-Agent-Id``) live in the key's
+  own namespace, so a guessable id cannot be claimed or joined by another key;
+- **a tenant and its weight**: every agent of the key runs in its tenant's GPS flow with the
+  tenant's weight (``core.VirtualClock``; docs/design.md, "Weights and tenants");
+- **trust**: only a ``trusted`` key (a front end that prices requests itself) may send
+  ``agent_cost``, ``request_cost``, ``agent_weight`` or ``tenant`` in ``vllm_xargs``; anyone else
+  gets 400 naming the field.
+
+With no key configured the server is open (the embedded default, on loopback): every client is
+the one anonymous, untrusted owner, and the server logs that it is open.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+OPEN_OWNER = "open"
+
+
+class KeyFileError(ValueError):
+    """A bad key file or key (the message names the line)."""
+
+
+@dataclass(frozen=True)
+class Client:
+    """An authenticated client: its owner id (never the key itself), tenant, weight and trust."""
+
+    owner: str
+    tenant: str | None = None
+    weight: float = 1.0
+    trusted: bool = False
+
+
+ANONYMOUS = Client(OPEN_OWNER)
+
+
+def client_of(request) -> Client:
+    """The client the server's auth middleware found for an HTTP request."""
+    return getattr(request.state, "client", ANONYMOUS)
+
+
+def _owner_id(key: str) -> str:
+    """A stable id for a key that does not reveal it (agent ids and logs carry this, not the key)."""
+    return "k" + hashlib.sha256(key.encode()).hexdigest()[:12]
+
+
+class KeyRing:
+    """The server's keys; empty: an open server."""
+
+    def __init__(self, entries: dict[str, Client] | None = None):
+        self._keys = [(k.encode(), c) for k, c in (entries or {}).items()]
+
+    @property
+    def open(self) -> bool:
+        return not self._keys
+
+    def __len__(self) -> int:
+        return len(self._keys)
+
+    @classmethod
+    def load(cls, keys: list[str] | None = None, path: Path | None = None) -> "KeyRing":
+        """``--api-key`` values (tenant ``default``, weight 1) and an ``--api-keys`` file."""
+        entries: dict[str, Client] = {}
+        for key in keys or []:
+            _check_key(key, "--api-key")
+            entries[key] = Client(_owner_id(key), "default", 1.0, False)
+        if path is not None:
+            try:
+                text = Path(path).read_text()
+            except OSError as exc:
+                raise KeyFileError(f"--api-keys: cannot read {path}: {exc.strerror or exc}.") from None
+            for no, line in enumerate(text.splitlines(), 1):
+                fields = line.split()
+                if not fields or fields[0].startswith("#"):
+                    continue
+                where = f"--api-keys {path}:{no}"
+                if not 3 <= len(fields) <= 4 or (len(fields) == 4 and fields[3] != "trusted"):
+                    raise KeyFileError(f"{where}: expected 'KEY TENANT WEIGHT [trusted]', got {len(fields)} fields.")
+                key, tenant, weight = fields[:3]
+                _check_key(key, where)
+                if len(tenant) > 128:
+                    raise KeyFileError(f"{where}: the tenant name has more than 128 characters.")
+                try:
+                    w = float(weight)
+                except ValueError:
+                    w = math.nan
+                if not (math.isfinite(w) and w > 0):
+                    raise KeyFileError(f"{where}: the weight must be a finite number > 0, got '{weight}'.")
+                if key in entries:
+                    raise KeyFileError(f"{where}: this key is listed twice.")
+                entries[key] = Client(_owner_id(key), tenant, w, len(fields) == 4)
+        return cls(entries)
+
+    def authenticate(self, authorization: str | None) -> Client | None:
+        """The client an ``Authorization`` header names, ``ANONYMOUS`` on an open server, or None."""
+        if self.open:
+            return ANONYMOUS
+        scheme, _, token = (authorization or "").partition(" ")
+        given = token.strip().encode() if scheme.lower() == "bearer" else b""
+        found = None
+        for key, client in self._keys:  # every key, every time: constant time in which one matched
+            if hmac.compare_digest(key, given) and given:
+                found = client
+        return found
+
+
+def _check_key(key: str, where: str) -> None:
+    if len(key) < 8 or any(c.isspace() for c in key) or not key.isprintable():
+        raise KeyFileError(f"{where}: a key must be at least 8 printable characters without spaces.")

@@ -1,0 +1,188 @@
+"""Keys and ownership, and prices that are the server's: the app in process over a recording
+backend (no engine), with a real HTTP client (Starlette's TestClient)."""
+
+from __future__ import annotations
+
+import re
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+from fastapi.testclient import TestClient
+
+from justitia.core import AgentBook, RequestMeta
+from justitia.predictors import make_predictor
+from justitia.server.app import Settings, create_app
+from justitia.server.backend import Backend
+from justitia.server.keys import ANONYMOUS, KeyFileError, KeyRing
+
+A, B, FRONT = "sk-alpha-0001", "sk-bravo-0002", "sk-front-0003"
+
+
+class WordTokenizer:
+    chat_template = None
+
+    def encode(self, text):
+        return list(range(1, len(text.split()) + 1))
+
+
+class RecordingBackend(Backend):
+    """Answers every request with one token; keeps each request's metadata and each registration."""
+
+    model, tokenizer_dir, kv_tokens, max_model_len, policy = "tiny", Path("."), 4096, 512, "justitia"
+
+    def __init__(self):
+        self.book = AgentBook.for_policy("justitia", 1000.0)
+        self.metas: list[RequestMeta] = []
+        self.registered: list[tuple] = []
+
+    async def generate(self, prompt, params, request_id):
+        meta = RequestMeta.parse(params.extra_args)
+        self.metas.append(meta)
+        self.book.arrive(request_id, meta, len(prompt["prompt_token_ids"]), params.max_tokens, 0.0)
+        self.book.finish(request_id, 0.0)
+        yield SimpleNamespace(outputs=[SimpleNamespace(text="ok", token_ids=[7], finish_reason="length")])
+
+    async def register(self, agent_id, agent_type, predicted_cost, weight=1.0, tenant=None):
+        self.registered.append((agent_id, weight, tenant))
+        self.book.register(agent_id, agent_type, predicted_cost, 0.0, weight, tenant)
+        return self.book.core.virtual_finish(agent_id)
+
+    async def release(self, agent_id):
+        self.book.release(agent_id, 0.0)
+
+    async def state(self):
+        return self.book.state(0.0)
+
+    def unfinished(self):
+        return 0
+
+
+@pytest.fixture
+def keyfile(tmp_path):
+    path = tmp_path / "keys.txt"
+    path.write_text(f"# key tenant weight [trusted]\n{A} team-a 2\n\n{B} team-b 1\n{FRONT} edge 1 trusted\n")
+    return path
+
+
+@pytest.fixture
+def app(keyfile):
+    backend = RecordingBackend()
+    application = create_app(backend, WordTokenizer(), Settings(max_model_len=512), make_predictor("oracle"),
+                             KeyRing.load(path=keyfile))
+    with TestClient(application) as client:
+        client.backend = backend
+        yield client
+
+
+def auth(key):
+    return {"Authorization": f"Bearer {key}"}
+
+
+def wait_done(client, agent_id, key):
+    deadline = time.time() + 60
+    while (doc := client.get(f"/v1/agents/{agent_id}", headers=auth(key)).json())["status"] not in (
+            "done", "failed", "cancelled"):
+        assert time.time() < deadline, doc
+        time.sleep(0.01)
+    return doc
+
+
+def test_key_files_are_read_line_by_line_and_a_bad_line_is_named(tmp_path, keyfile):
+    ring = KeyRing.load(["sk-single-key"], keyfile)
+    assert len(ring) == 4 and not ring.open
+    alpha = ring.authenticate(f"Bearer {A}")
+    assert (alpha.tenant, alpha.weight, alpha.trusted) == ("team-a", 2.0, False) and A not in alpha.owner
+    assert ring.authenticate(f"Bearer {FRONT}").trusted
+    assert ring.authenticate("Bearer sk-single-key").tenant == "default"
+    for header in (None, "", "Bearer", f"Basic {A}", f"Bearer {A}x", f"Bearer {A[:-1]}"):
+        assert ring.authenticate(header) is None
+    assert KeyRing.load().authenticate(None) is ANONYMOUS  # no keys: an open server
+    for line, words in ((f"{A} t", "expected 'KEY TENANT WEIGHT [trusted]'"), (f"{A} t 0", "finite number > 0"),
+                        (f"{A} t heavy", "finite number > 0"), (f"{A} t 1 admin", "expected"),
+                        ("short t 1", "at least 8"), (f"{A} t 1\n{A} u 2", "listed twice")):
+        bad = tmp_path / "bad.txt"
+        bad.write_text("# header\n" + line + "\n")
+        with pytest.raises(KeyFileError, match=r"bad.txt:[23]: .*" + re.escape(words)):
+            KeyRing.load(path=bad)
+    with pytest.raises(KeyFileError, match="cannot read"):
+        KeyRing.load(path=tmp_path / "missing.txt")
+
+
+def test_without_a_valid_key_every_v1_route_is_401_and_health_stays_open(app):
+    for method, path in (("post", "/v1/agents"), ("get", "/v1/agents/x"), ("delete", "/v1/agents/x"),
+                         ("post", "/v1/completions"), ("get", "/v1/models")):
+        for headers in ({}, auth("sk-nobody-999"), {"Authorization": A}):
+            r = getattr(app, method)(path, headers=headers)
+            assert r.status_code == 401 and r.headers["www-authenticate"] == "Bearer", (method, path, headers)
+    assert app.get("/health").status_code == 200 and app.get("/metrics").status_code == 200
+
+
+def test_an_agent_belongs_to_its_key_and_runs_in_its_tenants_flow(app):
+    body = {"type": "mrs", "stages": [[{"prompt": "one two", "max_tokens": 4}], [{"prompt": "{{prev}}", "max_tokens": 2}]]}
+    agent_id = app.post("/v1/agents", json=body, headers=auth(A)).json()["agent_id"]
+    assert wait_done(app, agent_id, A)["stages"][1][0]["output"] == "ok"
+    for method in ("get", "delete"):  # another key sees nothing there: the same 404 as an unknown id
+        r = getattr(app, method)(f"/v1/agents/{agent_id}", headers=auth(B))
+        assert r.status_code == 404 and r.json() == {"error": f"no agent '{agent_id}'."}
+    assert app.get(f"/v1/agents/{agent_id}/events", headers=auth(B)).status_code == 404
+    assert app.backend.registered[-1] == (agent_id, 2.0, "team-a")  # the key's tenant and weight
+    assert {(m.agent_weight, m.tenant) for m in app.backend.metas} == {(2.0, "team-a")}
+
+
+def test_openai_agent_ids_live_in_each_keys_namespace(app):
+    for key in (A, B):
+        r = app.post("/v1/completions", headers=auth(key),
+                     json={"model": "tiny", "prompt": "hi there", "max_tokens": 3, "vllm_xargs": {"agent_id": "story"}})
+        assert r.status_code == 200, r.text
+    r = app.post("/v1/completions", headers=auth(A) | {"X-Agent-Id": "story"}, json={"prompt": "hi", "max_tokens": 2})
+    assert r.status_code == 200, r.text
+    ids = [m.agent_id for m in app.backend.metas]
+    assert len(set(ids)) == 2 and ids[0] == ids[2] != ids[1]  # A's "story" twice, B's is another agent
+    assert all(i.endswith("/story") and A not in i and B not in i for i in ids)
+
+
+@pytest.mark.parametrize("field, value", [("agent_cost", 0), ("request_cost", 1), ("agent_weight", 100),
+                                          ("tenant", "team-b")])
+def test_only_a_trusted_key_may_set_prices_and_shares(app, field, value):
+    body = {"prompt": "hi", "max_tokens": 2, "vllm_xargs": {"agent_id": "x", field: value}}
+    r = app.post("/v1/completions", json=body, headers=auth(A))
+    assert r.status_code == 400 and f"'vllm_xargs.{field}'" in r.json()["error"]["message"]
+    assert app.backend.metas == []  # refused at the door: nothing reached the engine
+    assert app.post("/v1/completions", json=body, headers=auth(FRONT)).status_code == 200
+    meta = app.backend.metas[-1]
+    assert {"agent_cost": meta.agent_cost, "request_cost": meta.request_cost, "agent_weight": meta.agent_weight,
+            "tenant": meta.tenant}[field] == value
+
+
+@pytest.mark.parametrize("xargs, words", [({"justitia_control": "reset"}, "unknown key"),
+                                          ({"agent_id": {"deep": {"er": 1}}}, "must be a string, number or boolean"),
+                                          ({"agent_type": ["a"]}, "must be a string, number or boolean"),
+                                          ({"agent_done": 2**64}, "integer out of range"),
+                                          ({"agent_type": "t" * 300}, "longer than 256")])
+def test_vllm_xargs_takes_only_known_scalar_keys(app, xargs, words):
+    r = app.post("/v1/completions", json={"prompt": "hi", "max_tokens": 2, "vllm_xargs": xargs}, headers=auth(FRONT))
+    assert r.status_code == 400 and words in r.json()["error"]["message"]
+    assert app.backend.metas == []
+
+
+def test_an_unknown_model_is_404_as_openai_answers_and_models_lists_the_served_one(app):
+    r = app.post("/v1/completions", json={"model": "gpt-9", "prompt": "hi", "max_tokens": 2}, headers=auth(A))
+    assert r.status_code == 404 and r.json()["error"]["code"] == 404 and "gpt-9" in r.json()["error"]["message"]
+    assert [m["id"] for m in app.get("/v1/models", headers=auth(A)).json()["data"]] == ["tiny"]
+
+
+def test_an_open_server_is_one_anonymous_untrusted_owner():
+    backend = RecordingBackend()
+    application = create_app(backend, WordTokenizer(), Settings(max_model_len=512), make_predictor("oracle"))
+    with TestClient(application) as client:
+        r = client.post("/v1/completions", json={"prompt": "hi", "max_tokens": 2, "vllm_xargs": {"agent_cost": 0}})
+        assert r.status_code == 400  # no key, no trust: prices stay the server's
+        assert client.post("/v1/completions", json={"prompt": "hi", "max_tokens": 2}).status_code == 200
+        assert backend.metas[-1].agent_cost > 0 and backend.metas[-1].tenant is None
+
+
+def test_the_plug_in_can_ignore_client_prices():
+    meta = RequestMeta("a", "t", 0.0, 0.0, True, 50.0, "vip")
+    assert meta.without_prices() == RequestMeta("a", "t", None, None, True)
