@@ -173,6 +173,10 @@ def test_a_map_reduce_agent_runs_its_stages_in_order_and_quotes_earlier_outputs(
     ({"stages": [[{"prompt": "{{prev}}"}]]}, 400, "earlier stage"),
     ({"stages": [[{"prompt": "a"}] * 17]}, 400, "limit of 16"),
     ({"stages": [[{"prompt": "x" * 30000}]]}, 413, "limit of 20000"),
+    ({"stages": [[{"prompt": "a", "temperature": 5}]]}, 422, "field 'stages[0][0].temperature'"),
+    ({"stages": [[{"prompt": "a", "stop": [""]}]]}, 422, "field 'stages[0][0].stop[0]'"),
+    ({"stages": [[{"prompt": "a", "seed": 2**64}]]}, 422, "field 'stages[0][0].seed'"),
+    ({"stages": [[{"prompt": ""}]]}, 422, "field 'stages[0][0].prompt'"),
 ])
 def test_bad_input_gets_a_4xx_naming_the_field_and_the_server_keeps_serving(server, body, status, words):
     r = server.post("/v1/agents", json=body)

@@ -28,6 +28,7 @@ from justitia.workload import Agent, Task
 log = logging.getLogger("justitia.server")
 TERMINAL = ("done", "failed", "cancelled")
 JCT_BUCKETS = (0.1, 0.25, 0.5, 1, 2.5, 5, 10, 25, 50, 100, 250, 500, float("inf"))
+MAX_METRIC_TYPES = 64  # agent types with series of their own in /metrics; the rest are counted as "other"
 
 
 @dataclass
@@ -204,9 +205,10 @@ class AgentManager:
         self.finished[run.status] += 1
         if run.status == "done":
             jct = run.finish_s - run.arrival_s
-            counts = self.jct.setdefault(run.spec.type, [0] * len(JCT_BUCKETS))
+            label = run.spec.type if run.spec.type in self.jct or len(self.jct) < MAX_METRIC_TYPES else "other"
+            counts = self.jct.setdefault(label, [0] * len(JCT_BUCKETS))
             counts[next(k for k, b in enumerate(JCT_BUCKETS) if jct <= b)] += 1
-            self.jct_sum[run.spec.type] = self.jct_sum.get(run.spec.type, 0.0) + jct
+            self.jct_sum[label] = self.jct_sum.get(label, 0.0) + jct
         run.emit(run.status, **({"error": run.error} if run.error else {}))
         self.ended.append(run.agent_id)
         while len(self.ended) > self.settings.keep_finished:  # a server runs for days

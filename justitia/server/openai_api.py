@@ -16,17 +16,20 @@ from __future__ import annotations
 
 import json
 import logging
+import math
+import re
 import time
 import uuid
 from typing import Annotated, Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr
 
 from justitia.core import KV, META_KEYS, PRICE_KEYS, RequestMeta
 from justitia.server.backend import BackendError
 from justitia.server.keys import client_of
+from justitia.server.schema import TYPE_PATTERN, Penalty, Prompt, Seed, Stop, StopWord, Temperature, Text, TopP
 from justitia.vllm.models import chat_ids
 from justitia.workload import Agent, Task
 
@@ -47,6 +50,15 @@ def check_xargs(xargs: dict[str, Any] | None, trusted: bool) -> str | None:
             return f"field '{field}': integer out of range."
         if isinstance(value, str) and len(value) > 256:
             return f"field '{field}': longer than 256 characters."
+        if isinstance(value, str) and key == "agent_type" and not re.match(TYPE_PATTERN, value):
+            return f"field '{field}': 1-64 characters of A-Z, a-z, 0-9, '_', '.', ':' and '-' (it labels metrics)."
+        if isinstance(value, float) and not math.isfinite(value):
+            return f"field '{field}': must be finite."
+        if isinstance(value, str):
+            try:
+                value.encode("utf-8")
+            except UnicodeEncodeError:
+                return f"field '{field}': contains a lone surrogate, which is not valid UTF-8."
     return None
 
 
@@ -56,16 +68,16 @@ class _Common(BaseModel):
     model: StrictStr | None = None
     max_tokens: Annotated[StrictInt, Field(ge=1)] | None = None
     max_completion_tokens: Annotated[StrictInt, Field(ge=1)] | None = None
-    temperature: Annotated[StrictFloat | StrictInt, Field(ge=0, le=10)] = 1.0
-    top_p: Annotated[StrictFloat | StrictInt, Field(gt=0, le=1)] = 1.0
+    temperature: Temperature = 1.0
+    top_p: TopP = 1.0
     n: Annotated[StrictInt, Field(ge=1, le=1)] = 1
-    stop: StrictStr | list[StrictStr] | None = None
-    seed: StrictInt | None = None
+    stop: StopWord | Stop | None = None
+    seed: Seed | None = None
     stream: StrictBool = False
-    stream_options: dict | None = None
-    presence_penalty: Annotated[StrictFloat | StrictInt, Field(ge=-2, le=2)] = 0.0
-    frequency_penalty: Annotated[StrictFloat | StrictInt, Field(ge=-2, le=2)] = 0.0
-    user: StrictStr | None = None
+    stream_options: dict[str, StrictBool] | None = None
+    presence_penalty: Penalty = 0.0
+    frequency_penalty: Penalty = 0.0
+    user: Annotated[Text, Field(max_length=256)] | None = None
     ignore_eos: StrictBool = False  # vLLM's extension: generate exactly max_tokens
     vllm_xargs: dict[str, Any] | None = None
 
@@ -73,15 +85,15 @@ class _Common(BaseModel):
 class CompletionRequest(_Common):
     """``POST /v1/completions`` (one prompt, n = 1)."""
 
-    prompt: StrictStr
+    prompt: Prompt
 
 
 class Message(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    role: StrictStr
-    content: StrictStr
-    name: StrictStr | None = None
+    role: Annotated[StrictStr, Field(pattern=r"^(system|user|assistant|developer|tool|function)$")]
+    content: Text
+    name: Annotated[Text, Field(max_length=64)] | None = None
 
 
 class ChatRequest(_Common):
@@ -102,6 +114,9 @@ def add_openai_routes(app: FastAPI, manager) -> None:
         from vllm.sampling_params import RequestOutputKind
 
         max_tokens = req.max_completion_tokens or req.max_tokens or (settings.max_model_len - len(ids) if chat else 16)
+        if max_tokens < 1:
+            return error(400, f"field '{'messages' if chat else 'prompt'}': {len(ids)} prompt tokens fill the model's "
+                              f"context of {settings.max_model_len} tokens; nothing is left to generate.")
         if len(ids) + max_tokens > settings.max_model_len:
             return error(400, f"{len(ids)} prompt tokens + max_tokens {max_tokens} exceed the model's context of "
                               f"{settings.max_model_len} tokens.")

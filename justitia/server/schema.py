@@ -24,6 +24,20 @@ from typing import Annotated
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr
 
 PLACEHOLDER = re.compile(r"\{\{\s*(prev|stage\[(\d+)\])(?:\[(\d+)\])?\s*\}\}")
+TYPE_PATTERN = r"^[A-Za-z0-9_.:-]{1,64}$"  # agent types are metric labels: a safe alphabet
+
+
+# Sampling fields, bounded as vLLM's SamplingParams bounds them, so that what is accepted runs.
+# (StrictStr also refuses lone surrogates, which JSON can carry and tokenizers choke on.)
+Text = StrictStr
+Prompt = Annotated[StrictStr, Field(min_length=1)]
+Temperature = Annotated[StrictFloat | StrictInt, Field(ge=0, le=2)]
+TopP = Annotated[StrictFloat | StrictInt, Field(gt=0, le=1)]
+Penalty = Annotated[StrictFloat | StrictInt, Field(ge=-2, le=2)]
+Seed = Annotated[StrictInt, Field(ge=0, lt=2**63)]
+StopWord = Annotated[StrictStr, Field(min_length=1, max_length=256)]
+Stop = Annotated[list[StopWord], Field(max_length=16)]
+AgentType = Annotated[StrictStr, Field(pattern=TYPE_PATTERN)]
 
 
 class TaskSpec(BaseModel):
@@ -31,12 +45,12 @@ class TaskSpec(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    prompt: StrictStr
+    prompt: Prompt
     max_tokens: Annotated[StrictInt, Field(ge=1)] = 256
-    temperature: Annotated[StrictFloat | StrictInt, Field(ge=0, le=10)] = 0.0
-    top_p: Annotated[StrictFloat | StrictInt, Field(gt=0, le=1)] = 1.0
-    seed: StrictInt | None = None
-    stop: list[StrictStr] | None = None
+    temperature: Temperature = 0.0
+    top_p: TopP = 1.0
+    seed: Seed | None = None
+    stop: Stop | None = None
     ignore_eos: StrictBool = False  # generate exactly max_tokens (benchmarks)
 
 
@@ -45,7 +59,7 @@ class AgentSpec(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    type: Annotated[StrictStr, Field(min_length=1, max_length=64)] = "default"
+    type: AgentType = "default"
     stages: Annotated[list[Annotated[list[TaskSpec], Field(min_length=1)]], Field(min_length=1)]
 
 

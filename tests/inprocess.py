@@ -1,0 +1,54 @@
+"""The server's app in process, over a backend that records what reaches it (no engine)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import SimpleNamespace
+
+from justitia.core import AgentBook, RequestMeta
+from justitia.server.backend import Backend
+
+
+class WordTokenizer:
+    """One token a word; with ``chat``, a chat template that just joins the messages' words."""
+
+    def __init__(self, chat: bool = False):
+        self.chat_template = "words" if chat else None
+
+    def encode(self, text):
+        return list(range(1, len(text.split()) + 1))
+
+    def apply_chat_template(self, messages, tokenize=True, add_generation_prompt=True):
+        return self.encode(" ".join(m["content"] for m in messages) + " assistant:")
+
+
+class RecordingBackend(Backend):
+    """Answers every request with one token; keeps each request's metadata and each registration."""
+
+    model, tokenizer_dir, kv_tokens, max_model_len, policy = "tiny", Path("."), 4096, 512, "justitia"
+
+    def __init__(self):
+        self.book = AgentBook.for_policy("justitia", 1000.0)
+        self.metas: list[RequestMeta] = []
+        self.registered: list[tuple] = []
+
+    async def generate(self, prompt, params, request_id):
+        meta = RequestMeta.parse(params.extra_args)
+        self.metas.append(meta)
+        self.book.arrive(request_id, meta, len(prompt["prompt_token_ids"]), params.max_tokens, 0.0)
+        self.book.finish(request_id, 0.0)
+        yield SimpleNamespace(outputs=[SimpleNamespace(text="ok", token_ids=[7], finish_reason="length")])
+
+    async def register(self, agent_id, agent_type, predicted_cost, weight=1.0, tenant=None):
+        self.registered.append((agent_id, weight, tenant))
+        self.book.register(agent_id, agent_type, predicted_cost, 0.0, weight, tenant)
+        return self.book.core.virtual_finish(agent_id)
+
+    async def release(self, agent_id):
+        self.book.release(agent_id, 0.0)
+
+    async def state(self):
+        return self.book.state(0.0)
+
+    def unfinished(self):
+        return 0

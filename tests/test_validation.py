@@ -1,0 +1,101 @@
+"""Validation at the door: every bad field is a 4xx naming it, at submission, and nothing reaches
+the engine (the app in process over a recording backend; a real HTTP client)."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+from fastapi.testclient import TestClient
+from pydantic import ValidationError
+
+from inprocess import RecordingBackend, WordTokenizer
+from justitia.predictors import make_predictor
+from justitia.server.agents import MAX_METRIC_TYPES
+from justitia.server.app import Settings, create_app
+from justitia.server.schema import AgentSpec
+
+
+@pytest.fixture
+def app():
+    backend = RecordingBackend()
+    application = create_app(backend, WordTokenizer(chat=True), Settings(max_model_len=64),
+                             make_predictor("oracle"))
+    with TestClient(application) as client:
+        client.backend = backend
+        yield client
+
+
+def agent(**task):
+    return {"stages": [[{"prompt": "hello there", "max_tokens": 4} | task]]}
+
+
+@pytest.mark.parametrize("body, field", [
+    (agent(temperature=5), "stages[0][0].temperature"),  # vLLM takes [0, 2]
+    (agent(top_p=0), "stages[0][0].top_p"),
+    (agent(stop=[""]), "stages[0][0].stop[0]"),  # vLLM refuses an empty stop string
+    (agent(stop=["x"] * 17), "stages[0][0].stop"),
+    (agent(prompt=""), "stages[0][0].prompt"),
+    (agent(seed=2**64), "stages[0][0].seed"),  # would overflow vLLM's seed (and leak a request)
+    (agent(seed=-5), "stages[0][0].seed"),
+    (agent(max_tokens=64), "stages[0][0].max_tokens"),  # the whole context
+    ({"type": 'bad"type\nx', "stages": [[{"prompt": "hi"}]]}, "type"),  # it labels metrics
+])
+def test_a_bad_agent_field_is_refused_naming_it(app, body, field):
+    r = app.post("/v1/agents", json=body)
+    assert 400 <= r.status_code < 500 and f"'{field}'" in r.json()["error"], r.text
+    assert app.backend.registered == [] and app.backend.metas == []
+
+
+def test_a_lone_surrogate_is_refused_not_tokenized(app):
+    raw = '{"stages": [[{"prompt": "hi \\ud800 there"}]]}'  # valid JSON, not valid UTF-8 text
+    r = app.post("/v1/agents", content=raw, headers={"content-type": "application/json"})
+    assert r.status_code == 422 and "'stages[0][0].prompt'" in r.json()["error"]
+    with pytest.raises(ValidationError, match="unicode"):  # the same from Python
+        AgentSpec.model_validate({"stages": [[{"prompt": "hi \ud800"}]]})
+    raw = '{"prompt": "hi", "max_tokens": 2, "vllm_xargs": {"agent_id": "a\\ud800"}}'
+    r = app.post("/v1/completions", content=raw, headers={"content-type": "application/json"})
+    assert r.status_code == 400 and "lone surrogate" in r.json()["error"]["message"]  # free-form: checked by hand
+    assert app.backend.metas == []
+    raw = '{"prompt": "\\udfff", "max_tokens": 2}'
+    r = app.post("/v1/completions", content=raw, headers={"content-type": "application/json"})
+    assert r.status_code == 422 and "prompt" in r.json()["error"]["message"]
+
+
+@pytest.mark.parametrize("extra, field", [
+    ({"temperature": 5}, "temperature"), ({"stop": ""}, "stop"), ({"stop": [""]}, "stop"),
+    ({"prompt": ""}, "prompt"), ({"seed": 2**64}, "seed"), ({"presence_penalty": 3}, "presence_penalty"),
+    ({"n": 2}, "n"), ({"max_tokens": 0}, "max_tokens"),
+])
+def test_a_bad_completion_field_is_refused_naming_it(app, extra, field):
+    r = app.post("/v1/completions", json={"prompt": "hello", "max_tokens": 2} | extra)
+    assert r.status_code == 422 and field in r.json()["error"]["message"], r.text
+    assert app.backend.metas == []
+
+
+def test_a_chat_that_fills_the_context_without_max_tokens_is_a_400_not_a_failure(app):
+    words = " ".join(["w"] * 63)  # 63 words + "assistant:" = 64 tokens, the whole context
+    r = app.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": words}]})
+    assert r.status_code == 400 and "'messages'" in r.json()["error"]["message"]
+    r = app.post("/v1/chat/completions", json={"messages": [{"role": "wizard", "content": "hi"}], "max_tokens": 2})
+    assert r.status_code == 422 and "role" in r.json()["error"]["message"]
+    assert app.backend.metas == []
+    ok = app.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2})
+    assert ok.status_code == 200 and ok.json()["choices"][0]["message"]["content"] == "ok"
+
+
+def test_agent_types_are_safe_metric_labels_and_their_number_is_capped(app):
+    r = app.post("/v1/completions", json={"prompt": "hi", "max_tokens": 2, "vllm_xargs": {"agent_type": 'a"}\n'}})
+    assert r.status_code == 400 and "vllm_xargs.agent_type" in r.json()["error"]["message"]
+    for k in range(MAX_METRIC_TYPES + 5):
+        assert app.post("/v1/agents", json={"type": f"t{k}", "stages": [[{"prompt": "hi", "max_tokens": 2}]]}
+                        ).status_code == 202
+    deadline = time.time() + 60
+    while app.get("/health").json()["agents_in_flight"]:
+        assert time.time() < deadline
+        time.sleep(0.01)
+    text = app.get("/metrics").text
+    labels = {line.split('type="')[1].split('"')[0] for line in text.splitlines() if "jct_seconds_count{" in line}
+    assert len(labels) == MAX_METRIC_TYPES + 1 and "other" in labels
+    assert all(json.dumps(label) == f'"{label}"' for label in labels)  # nothing to escape
