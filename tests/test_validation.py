@@ -99,3 +99,44 @@ def test_agent_types_are_safe_metric_labels_and_their_number_is_capped(app):
     labels = {line.split('type="')[1].split('"')[0] for line in text.splitlines() if "jct_seconds_count{" in line}
     assert len(labels) == MAX_METRIC_TYPES + 1 and "other" in labels
     assert all(json.dumps(label) == f'"{label}"' for label in labels)  # nothing to escape
+
+
+def test_the_body_limit_counts_the_bytes_received_chunked_bodies_included():
+    backend = RecordingBackend()
+    application = create_app(backend, WordTokenizer(), Settings(max_model_len=64, max_body_bytes=1000),
+                             make_predictor("oracle"))
+    body = json.dumps({"stages": [[{"prompt": "x " * 2000, "max_tokens": 2}]]}).encode()
+
+    def chunks():  # no Content-Length: the body arrives in pieces
+        for k in range(0, len(body), 256):
+            yield body[k:k + 256]
+
+    with TestClient(application) as client:
+        r = client.post("/v1/agents", content=chunks(), headers={"content-type": "application/json"})
+        assert r.status_code == 413 and "more than 1000 bytes" in r.json()["error"]
+        r = client.post("/v1/agents", content=body, headers={"content-type": "application/json"})
+        assert r.status_code == 413 and f"has {len(body)} bytes" in r.json()["error"]
+        small = json.dumps({"stages": [[{"prompt": "hi", "max_tokens": 2}]]}).encode()
+        assert client.post("/v1/agents", content=iter([small[:10], small[10:]]),
+                           headers={"content-type": "application/json"}).status_code == 202
+    assert backend.registered and all(len(r) == 3 for r in backend.registered)
+
+
+def test_placeholders_and_rendered_prompts_are_capped_before_anything_is_tokenized(app):
+    many = {"stages": [[{"prompt": "hi", "max_tokens": 2}], [{"prompt": "{{prev}} " * 65, "max_tokens": 2}]]}
+    r = app.post("/v1/agents", json=many)
+    assert r.status_code == 400 and "'stages[1][0].prompt': 65 placeholders" in r.json()["error"]
+    long = "w " * 600  # 1,200 characters: more than 16 per context token of 64
+    r = app.post("/v1/agents", json={"stages": [[{"prompt": long, "max_tokens": 2}]]})
+    assert r.status_code == 400 and "more than this server's limit of 1024" in r.json()["error"]
+    r = app.post("/v1/completions", json={"prompt": long, "max_tokens": 2})
+    assert r.status_code == 400 and "'prompt'" in r.json()["error"]["message"]
+    # a later stage whose placeholders fill past the limit fails its task, untokenized, with the reason
+    grows = {"stages": [[{"prompt": "hi", "max_tokens": 2}] * 16, [{"prompt": "{{prev}}" * 40, "max_tokens": 2}]]}
+    agent_id = app.post("/v1/agents", json=grows).json()["agent_id"]
+    deadline = time.time() + 60
+    while (doc := app.get(f"/v1/agents/{agent_id}").json())["status"] not in ("done", "failed"):
+        assert time.time() < deadline
+        time.sleep(0.01)
+    assert doc["status"] == "failed" and "stage 1" in doc["error"] and "limit of 1024" in doc["error"], doc
+    assert len(app.backend.metas) == 16  # the first stage ran; nothing of stage 1 reached the engine

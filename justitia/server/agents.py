@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import functools
 import json
 import logging
 import time
@@ -42,6 +43,11 @@ class Settings:
     max_agents_in_flight: int = 2048
     max_body_bytes: int = 1_000_000
     keep_finished: int = 10_000  # finished agents kept for GET; older ones are forgotten (404)
+    chars_per_context_token: int = 16  # a rendered prompt longer than this x max_model_len is refused untokenized
+
+    @property
+    def max_prompt_chars(self) -> int:
+        return self.chars_per_context_token * self.max_model_len
     chat: bool = True  # wrap agent prompts in the model's chat template when it has one
 
 
@@ -107,13 +113,22 @@ class AgentManager:
             return chat_ids(tok, [{"role": "user", "content": prompt}])
         return tok.encode(prompt)
 
-    def timed_prediction(self, predict) -> float:
-        """Run ``predict()`` (a predictor's agent cost), its latency kept for /metrics."""
+    async def predicted(self, predict) -> float:
+        """Run ``predict()`` (a predictor's agent cost) off the event loop (a predictor can take
+        milliseconds), its latency kept for /metrics."""
         t0 = time.perf_counter()
-        predicted = float(predict())
+        value = float(await asyncio.to_thread(predict))
         self.predict_s += time.perf_counter() - t0
         self.predictions += 1
-        return predicted
+        return value
+
+    async def encode(self, prompt: str) -> list[int]:
+        """``ids_of`` off the event loop (tokenizing a long prompt takes time); refused untokenized if
+        the prompt is longer than any prompt that could fit the context."""
+        if len(prompt) > self.settings.max_prompt_chars:
+            raise SpecError(f"the prompt has {len(prompt)} characters, more than this server's limit of "
+                            f"{self.settings.max_prompt_chars}.")
+        return await asyncio.to_thread(self.ids_of, prompt)
 
     def count_request(self, endpoint: str) -> None:
         self.requests[endpoint] += 1
@@ -130,7 +145,10 @@ class AgentManager:
         check_agent(spec, self.settings.max_tasks_per_agent, self.settings.max_model_len - 1)
         first = []
         for i, t in enumerate(spec.stages[0]):
-            n = len(self.ids_of(t.prompt))
+            try:
+                n = len(await self.encode(t.prompt))
+            except SpecError as exc:
+                raise SpecError(f"field 'stages[0][{i}].prompt': {exc}") from None
             if n + t.max_tokens > self.settings.max_model_len:
                 raise SpecError(f"field 'stages[0][{i}].prompt': {n} prompt tokens + max_tokens {t.max_tokens} exceed "
                                 f"the model's context of {self.settings.max_model_len} tokens.")
@@ -143,9 +161,10 @@ class AgentManager:
                   for i, t in enumerate(stage)) for s, stage in enumerate(spec.stages)),
             weight=client.weight, tenant=client.tenant)
         # submitted whole: priced on every stage, so that a cheap first stage cannot hide heavy later ones
-        process = AgentProcess(view, self.predictor, KV, tasks=spec.stages, render=render, pricing="all-stages")
+        process = AgentProcess(view, self.predictor, KV, tasks=spec.stages, pricing="all-stages",
+                               render=functools.partial(render, limit=self.settings.max_prompt_chars))
         before = self.predict_s
-        predicted = self.timed_prediction(process.predict)
+        predicted = await self.predicted(process.predict)
         predict_ms = 1000 * (self.predict_s - before)
         self.count_request("agents")
         arrival = self.now()
@@ -165,7 +184,10 @@ class AgentManager:
         from vllm.sampling_params import RequestOutputKind
 
         task = call.task
-        ids = self.ids_of(call.prompt)
+        try:
+            ids = await self.encode(call.prompt)
+        except SpecError as exc:
+            raise SpecError(f"stage {call.stage} task {call.index}: {exc}") from None
         if len(ids) + task.max_tokens > self.settings.max_model_len:
             raise SpecError(f"stage {call.stage} task {call.index}: {len(ids)} prompt tokens (after placeholders) + "
                             f"max_tokens {task.max_tokens} exceed the model's context of "

@@ -18,6 +18,7 @@ from justitia.predictors import Predictor
 from justitia.server.agents import TERMINAL, AgentManager, Settings
 from justitia.server.backend import Backend
 from justitia.server.keys import KeyRing, client_of
+from justitia.server.limits import Authenticate, BodyLimit, BodyTooLarge, body_too_large
 from justitia.server.metrics import prometheus_text
 from justitia.server.openai_api import add_openai_routes
 from justitia.server.schema import AgentSpec, SpecError, first_error
@@ -45,29 +46,10 @@ def create_app(backend: Backend, tokenizer, settings: Settings, predictor: Predi
             return JSONResponse({"error": {"message": message, "type": "invalid_request_error"}}, status_code=422)
         return _error(422, message)
 
-    @app.middleware("http")
-    async def _limit_body(request: Request, call_next):
-        length = request.headers.get("content-length")
-        if length is not None and length.isdigit() and int(length) > settings.max_body_bytes:
-            return _error(413, f"the request body has {length} bytes, more than this server's limit of "
-                               f"{settings.max_body_bytes}.")
-        return await call_next(request)
-
-    @app.middleware("http")
-    async def _authenticate(request: Request, call_next):
-        if request.url.path.startswith("/v1/"):
-            client = keys.authenticate(request.headers.get("authorization"))
-            if client is None:
-                message = "a valid API key is required: send 'Authorization: Bearer KEY'."
-                if request.url.path in ("/v1/completions", "/v1/chat/completions", "/v1/models"):
-                    body = {"error": {"message": message, "type": "authentication_error", "code": 401}}
-                else:
-                    body = {"error": message}
-                return JSONResponse(body, status_code=401, headers={"WWW-Authenticate": "Bearer"})
-            request.state.client = client
-        return await call_next(request)
-
     add_openai_routes(app, manager)
+    app.add_middleware(Authenticate, keys=keys)
+    app.add_middleware(BodyLimit, limit=settings.max_body_bytes)  # outermost: counted before anything reads it
+    app.add_exception_handler(BodyTooLarge, body_too_large)
 
     @app.get("/metrics", response_class=PlainTextResponse)
     async def metrics():

@@ -14,6 +14,7 @@ client that disconnects from a stream has its request aborted in vLLM.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import math
@@ -132,7 +133,7 @@ def add_openai_routes(app: FastAPI, manager) -> None:
         agent_cost = given.agent_cost if client.trusted else None
         if agent_cost is None:  # priced by the server's predictor, as a one-task agent
             view = Agent(agent_id, agent_type, 0.0, ((Task("", len(ids), max_tokens),),))
-            agent_cost = manager.timed_prediction(lambda: manager.predictor.agent_cost(view, KV))
+            agent_cost = await manager.predicted(lambda: manager.predictor.agent_cost(view, KV))
         weight, tenant = client.weight, client.tenant
         if client.trusted:  # a front end that places its own requests
             weight, tenant = given.agent_weight or weight, given.tenant or tenant
@@ -202,7 +203,10 @@ def add_openai_routes(app: FastAPI, manager) -> None:
     async def completions(req: CompletionRequest, http: Request):
         if (no := refused(req, http)) is not None:
             return no
-        return await answer(req, manager.tokenizer.encode(req.prompt), http, chat=False)
+        if len(req.prompt) > settings.max_prompt_chars:
+            return error(400, f"field 'prompt': {len(req.prompt)} characters, more than this server's limit of "
+                              f"{settings.max_prompt_chars}.")
+        return await answer(req, await asyncio.to_thread(manager.tokenizer.encode, req.prompt), http, chat=False)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(req: ChatRequest, http: Request):
@@ -212,4 +216,8 @@ def add_openai_routes(app: FastAPI, manager) -> None:
         if not tok.chat_template:
             return error(400, f"model '{settings.model}' has no chat template; use /v1/completions.")
         messages = [m.model_dump(exclude_none=True) for m in req.messages]
-        return await answer(req, chat_ids(tok, messages), http, chat=True)
+        size = sum(len(m["content"]) for m in messages)
+        if size > settings.max_prompt_chars:
+            return error(400, f"field 'messages': {size} characters, more than this server's limit of "
+                              f"{settings.max_prompt_chars}.")
+        return await answer(req, await asyncio.to_thread(chat_ids, tok, messages), http, chat=True)

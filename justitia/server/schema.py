@@ -12,8 +12,10 @@ earlier stages (stages and tasks count from 0):
     {{stage[k]}}      every output of stage k
     {{stage[k][i]}}   task i of stage k
 
-A placeholder must name an earlier stage and an existing task: anything else is rejected when the
-agent is submitted, before anything runs. Other text in braces is left as it is.
+A placeholder must name an earlier stage and an existing task, and a prompt holds at most
+``MAX_PLACEHOLDERS``: anything else is rejected when the agent is submitted, before anything runs.
+Other text in braces is left as it is. A rendered prompt longer than the server's
+``max_prompt_chars`` fails its task before it is tokenized.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, Stri
 
 PLACEHOLDER = re.compile(r"\{\{\s*(prev|stage\[(\d+)\])(?:\[(\d+)\])?\s*\}\}")
 TYPE_PATTERN = r"^[A-Za-z0-9_.:-]{1,64}$"  # agent types are metric labels: a safe alphabet
+MAX_PLACEHOLDERS = 64  # per prompt
 
 
 # Sampling fields, bounded as vLLM's SamplingParams bounds them, so that what is accepted runs.
@@ -78,6 +81,9 @@ def check_agent(spec: AgentSpec, max_tasks: int, max_tokens_limit: int) -> None:
             if task.max_tokens > max_tokens_limit:
                 raise SpecError(f"field '{where}.max_tokens': {task.max_tokens} is more than the model's context "
                                 f"allows ({max_tokens_limit}).")
+            found = PLACEHOLDER.findall(task.prompt)
+            if len(found) > MAX_PLACEHOLDERS:
+                raise SpecError(f"field '{where}.prompt': {len(found)} placeholders, more than {MAX_PLACEHOLDERS}.")
             for m in PLACEHOLDER.finditer(task.prompt):
                 k = s - 1 if m.group(1) == "prev" else int(m.group(2))
                 if not 0 <= k < s:
@@ -87,15 +93,22 @@ def check_agent(spec: AgentSpec, max_tasks: int, max_tokens_limit: int) -> None:
                                     f"but stage {k} has {len(spec.stages[k])} tasks.")
 
 
-def render(prompt: str, stage: int, outputs: list[list[str]]) -> str:
-    """``prompt`` with its placeholders replaced by the outputs of earlier stages."""
-    def sub(m: re.Match) -> str:
+def render(prompt: str, stage: int, outputs: list[list[str]], limit: int | None = None) -> str:
+    """``prompt`` with its placeholders replaced by the outputs of earlier stages; SpecError if the
+    result would pass ``limit`` characters (checked before it is built)."""
+    def piece(m: re.Match) -> list[str]:
         k = stage - 1 if m.group(1) == "prev" else int(m.group(2))
-        if m.group(3) is not None:
-            return outputs[k][int(m.group(3))]
-        return "\n\n".join(outputs[k])
+        return [outputs[k][int(m.group(3))]] if m.group(3) is not None else outputs[k]
 
-    return PLACEHOLDER.sub(sub, prompt)
+    if limit is not None:
+        size = len(prompt)
+        for m in PLACEHOLDER.finditer(prompt):
+            parts = piece(m)
+            size += sum(len(p) for p in parts) + 2 * max(len(parts) - 1, 0) - len(m.group(0))
+        if size > limit:
+            raise SpecError(f"stage {stage}: the prompt with its placeholders filled has {size} characters, more "
+                            f"than this server's limit of {limit}.")
+    return PLACEHOLDER.sub(lambda m: "\n\n".join(piece(m)), prompt)
 
 
 def first_error(errors: list[dict]) -> str:

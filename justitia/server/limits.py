@@ -1,0 +1,99 @@
+"""The door, as plain ASGI middleware (FastAPI's own middleware wraps ``receive`` in ways that
+turn an error raised while reading a body into a 400): ``Authenticate`` (a key on every ``/v1/``
+route) and ``BodyLimit`` (the request body, counted on the bytes received).
+
+``BodyLimit`` is plain ASGI middleware. A ``Content-Length`` over the limit is refused at once;
+otherwise (a chunked body, or a ``Content-Length`` that lies) the bytes are counted as they arrive
+and the request is refused with 413 as soon as they pass the limit, before the rest is read.
+"""
+
+from __future__ import annotations
+
+import json
+
+from starlette.exceptions import HTTPException
+
+
+class BodyTooLarge(HTTPException):
+    """Raised from the request's ``receive`` once its body passes the limit. An HTTPException, so
+    that FastAPI's body parsing lets it through (it turns any other error into a 400); the app
+    answers it with ``body_too_large``."""
+
+    def __init__(self, limit: int):
+        super().__init__(413, f"the request body has more than {limit} bytes, this server's limit.")
+
+
+def body_too_large(request, exc: BodyTooLarge):
+    from starlette.responses import JSONResponse
+
+    return JSONResponse({"error": exc.detail}, status_code=413, headers={"connection": "close"})
+
+
+OPENAI_PATHS = ("/v1/completions", "/v1/chat/completions", "/v1/models")
+
+
+async def _answer(send, status: int, doc: dict, headers: list | None = None) -> None:
+    body = json.dumps(doc).encode()
+    await send({"type": "http.response.start", "status": status,
+                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
+                            *(headers or [])]})
+    await send({"type": "http.response.body", "body": body})
+
+
+class Authenticate:
+    """Every ``/v1/`` route needs a client ``keys`` knows (401 otherwise, before the body is read);
+    the client goes to ``request.state.client``."""
+
+    def __init__(self, app, keys):
+        self.app, self.keys = app, keys
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] == "http" and scope["path"].startswith("/v1/"):
+            header = dict(scope["headers"]).get(b"authorization", b"").decode("latin-1")
+            client = self.keys.authenticate(header)
+            if client is None:
+                message = "a valid API key is required: send 'Authorization: Bearer KEY'."
+                doc = ({"error": {"message": message, "type": "authentication_error", "code": 401}}
+                       if scope["path"] in OPENAI_PATHS else {"error": message})
+                return await _answer(send, 401, doc, [(b"www-authenticate", b"Bearer")])
+            scope.setdefault("state", {})["client"] = client
+        await self.app(scope, receive, send)
+
+
+class BodyLimit:
+    """Refuse request bodies over ``limit`` bytes with 413 (JSON ``{"error": ...}``)."""
+
+    def __init__(self, app, limit: int):
+        self.app, self.limit = app, limit
+
+    async def _refuse(self, send, size: str) -> None:
+        await _answer(send, 413, {"error": f"the request body has {size} bytes, more than this server's limit of "
+                                           f"{self.limit}."}, [(b"connection", b"close")])
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        length = dict(scope["headers"]).get(b"content-length", b"")
+        if length.isdigit() and int(length) > self.limit:
+            return await self._refuse(send, length.decode())
+        received, started = 0, False
+
+        async def counted():
+            nonlocal received
+            message = await receive()
+            if message["type"] == "http.request":
+                received += len(message.get("body", b""))
+                if received > self.limit:
+                    raise BodyTooLarge(self.limit)
+            return message
+
+        async def tracked(message):
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, counted, tracked)
+        except BodyTooLarge:  # raised where no handler answered it
+            if not started:
+                await self._refuse(send, f"more than {self.limit}")
