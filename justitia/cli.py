@@ -113,6 +113,16 @@ def _parser() -> argparse.ArgumentParser:
                     help="a client key (repeatable; tenant 'default', weight 1); clients send 'Authorization: Bearer KEY'")
     sv.add_argument("--api-keys", type=Path, metavar="FILE",
                     help="client keys, one a line: KEY TENANT WEIGHT [trusted] (docs/server.md)")
+    sv.add_argument("--key-agents-in-flight", type=int, help="agents in flight per key (default: --max-agents-in-flight)")
+    sv.add_argument("--key-requests-in-flight", type=int, default=256, help="OpenAI requests in flight per key (default 256)")
+    sv.add_argument("--key-rate", type=float, default=0.0,
+                    help="requests (agents and completions) per second per key, 0: no limit (default 0)")
+    sv.add_argument("--key-burst", type=int, default=0, help="the rate limit's burst (default: one second's worth)")
+    sv.add_argument("--max-requests-in-flight", type=int, default=1024,
+                    help="OpenAI requests in flight in all; beyond: 503 (default 1024)")
+    sv.add_argument("--max-streams-per-agent", type=int, default=8, help="open event streams per agent (default 8)")
+    sv.add_argument("--finished-mib", type=int, default=64, help="finished agents kept, in MiB of documents (default 64)")
+    sv.add_argument("--finished-hours", type=float, default=24.0, help="finished agents kept this long (default 24)")
     sv.add_argument("--upstream", nargs="+", metavar="URL",
                     help="front stock vLLM OpenAI servers (started with --scheduling-policy priority) instead of "
                          "running an engine here; one clock over all of them, least-loaded routing")
@@ -353,16 +363,27 @@ def _cmd_serve(args) -> int:
 
     from justitia.server.main import serve
 
-    for name in ("max_num_seqs", "max_model_len", "max_tasks_per_agent", "max_agents_in_flight", "max_body_bytes"):
+    for name in ("max_num_seqs", "max_model_len", "max_tasks_per_agent", "max_agents_in_flight", "max_body_bytes",
+                 "key_requests_in_flight", "max_requests_in_flight", "max_streams_per_agent", "finished_mib"):
         if getattr(args, name) < 1:
             raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}.")
+    if args.key_agents_in_flight is not None and args.key_agents_in_flight < 1:
+        raise ValueError(f"--key-agents-in-flight must be >= 1, got {args.key_agents_in_flight}.")
+    for name in ("key_rate", "key_burst", "finished_hours"):
+        value = getattr(args, name)
+        if not (value >= 0 and value < float("inf")):
+            raise ValueError(f"--{name.replace('_', '-')} must be a finite number >= 0, got {value}.")
+    limits = {"key_agents_in_flight": args.key_agents_in_flight, "key_requests_in_flight": args.key_requests_in_flight,
+              "key_rate": args.key_rate, "key_burst": args.key_burst, "max_requests_in_flight": args.max_requests_in_flight,
+              "max_streams_per_agent": args.max_streams_per_agent, "finished_bytes": args.finished_mib << 20,
+              "finished_s": args.finished_hours * 3600}
     if args.upstream_kv_tokens is not None and args.upstream_kv_tokens < 1:
         raise ValueError(f"--upstream-kv-tokens must be >= 1, got {args.upstream_kv_tokens}.")
     try:
         asyncio.run(serve(args.model, args.policy, args.predictor, args.host, args.port, args.kv_blocks,
                           args.max_num_seqs, args.max_model_len, args.max_tasks_per_agent, args.max_agents_in_flight,
                           args.max_body_bytes, args.upstream, args.upstream_kv_tokens, api_keys=args.api_key,
-                          api_keys_file=args.api_keys))
+                          api_keys_file=args.api_keys, limits=limits))
     except KeyboardInterrupt:
         pass
     return 0

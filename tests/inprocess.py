@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import threading
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -31,8 +33,12 @@ class RecordingBackend(Backend):
         self.book = AgentBook.for_policy("justitia", 1000.0)
         self.metas: list[RequestMeta] = []
         self.registered: list[tuple] = []
+        self.gate = threading.Event()  # cleared: requests wait (in flight) until it is set
+        self.gate.set()
 
     async def generate(self, prompt, params, request_id):
+        if not self.gate.is_set():
+            await asyncio.to_thread(self.gate.wait)
         meta = RequestMeta.parse(params.extra_args)
         self.metas.append(meta)
         self.book.arrive(request_id, meta, len(prompt["prompt_token_ids"]), params.max_tokens, 0.0)

@@ -42,13 +42,20 @@ class Settings:
     max_tasks_per_agent: int = 256
     max_agents_in_flight: int = 2048
     max_body_bytes: int = 1_000_000
-    keep_finished: int = 10_000  # finished agents kept for GET; older ones are forgotten (404)
+    finished_bytes: int = 64 << 20  # finished agents' documents kept for GET, oldest dropped first (then 410)
+    finished_s: float = 24 * 3600.0  # and for at most this long
     chars_per_context_token: int = 16  # a rendered prompt longer than this x max_model_len is refused untokenized
+    chat: bool = True  # wrap agent prompts in the model's chat template when it has one
+    key_agents_in_flight: int | None = None  # per key (None: max_agents_in_flight)
+    key_requests_in_flight: int = 256  # OpenAI requests per key
+    key_rate: float = 0.0  # requests (agents and completions) per second per key; 0: no rate limit
+    key_burst: int = 0  # the rate limit's burst (0: one second's worth, at least 1)
+    max_requests_in_flight: int = 1024  # OpenAI requests in all (beyond: 503)
+    max_streams_per_agent: int = 8  # open event streams of one agent
 
     @property
     def max_prompt_chars(self) -> int:
         return self.chars_per_context_token * self.max_model_len
-    chat: bool = True  # wrap agent prompts in the model's chat template when it has one
 
 
 @dataclass
@@ -68,6 +75,7 @@ class AgentRun:
     events: list[dict] = field(default_factory=list)
     changed: asyncio.Event = field(default_factory=asyncio.Event)
     task: asyncio.Task | None = None
+    streams: int = 0  # open event streams
 
     def emit(self, kind: str, **data) -> None:
         self.events.append({"event": kind, "agent_id": self.agent_id, "t_s": round(time.monotonic(), 6)} | data)
@@ -98,13 +106,18 @@ class AgentManager:
         self.predict_s, self.predictions = 0.0, 0
         self.requests: dict[str, int] = {"agents": 0, "completions": 0, "chat": 0}
         self.tasks_in_flight = 0
-        self.ended: collections.deque[str] = collections.deque()  # finished agents, oldest first
+        self.ended: collections.deque[tuple[str, float, int]] = collections.deque()  # (id, when, bytes), oldest first
+        self.ended_bytes = 0
+        self.expired: collections.OrderedDict[str, str] = collections.OrderedDict()  # dropped agents -> owner (410)
+        self.owner_agents: dict[str, int] = {}  # agents in flight per owner
+        self.owner_requests: dict[str, int] = {}  # OpenAI requests in flight per owner
+        self.requests_in_flight = 0
 
     def now(self) -> float:
         return time.monotonic() - self.t0
 
     def in_flight(self) -> int:
-        return sum(a.status not in TERMINAL for a in self.agents.values())
+        return sum(self.owner_agents.values())
 
     def ids_of(self, prompt: str) -> list[int]:
         """A prompt's token ids, in the model's chat template when it has one (and ``settings.chat``)."""
@@ -136,8 +149,26 @@ class AgentManager:
     # ----------------------------------------------------------------------------- agents
     def owned(self, agent_id: str, client: Client) -> AgentRun | None:
         """The agent if ``client`` owns it; None if it is unknown or another key's (both 404)."""
+        self.forget_old()
         run = self.agents.get(agent_id)
         return run if run is not None and run.owner == client.owner else None
+
+    def was_owned(self, agent_id: str, client: Client) -> bool:
+        """Whether ``client``'s agent of that id finished and was dropped since (410, not 404)."""
+        return self.expired.get(agent_id) == client.owner
+
+    def forget_old(self) -> None:
+        """Drop finished agents past the bytes and age kept (a server runs for days); their ids are
+        remembered, bounded, to answer 410."""
+        limit_s = self.now() - self.settings.finished_s
+        while self.ended and (self.ended_bytes > self.settings.finished_bytes or self.ended[0][1] < limit_s):
+            agent_id, _, size = self.ended.popleft()
+            self.ended_bytes -= size
+            run = self.agents.pop(agent_id, None)
+            if run is not None:
+                self.expired[agent_id] = run.owner
+                while len(self.expired) > 100_000:
+                    self.expired.popitem(last=False)
 
     async def submit(self, spec: AgentSpec, client: Client = ANONYMOUS) -> AgentRun:
         """Check, predict, register and start one agent for ``client`` (its owner, in its tenant's
@@ -172,6 +203,7 @@ class AgentManager:
         run = AgentRun(agent_id, spec, process, arrival, tag, client.owner,
                        outputs=[[None] * len(stage) for stage in spec.stages])
         self.agents[agent_id] = run
+        self.owner_agents[client.owner] = self.owner_agents.get(client.owner, 0) + 1
         run.emit("queued", predicted_cost=predicted, virtual_finish=tag, predict_ms=round(predict_ms, 3))
         run.task = asyncio.get_running_loop().create_task(self._run(run))
         log.info(json.dumps({"event": "agent_submitted", "agent_id": agent_id, "owner": client.owner, "type": spec.type,
@@ -232,9 +264,11 @@ class AgentManager:
             counts[next(k for k, b in enumerate(JCT_BUCKETS) if jct <= b)] += 1
             self.jct_sum[label] = self.jct_sum.get(label, 0.0) + jct
         run.emit(run.status, **({"error": run.error} if run.error else {}))
-        self.ended.append(run.agent_id)
-        while len(self.ended) > self.settings.keep_finished:  # a server runs for days
-            self.agents.pop(self.ended.popleft(), None)
+        self.owner_agents[run.owner] -= 1
+        size = len(json.dumps(run.doc())) + sum(len(json.dumps(e)) for e in run.events)
+        self.ended.append((run.agent_id, run.finish_s, size))
+        self.ended_bytes += size
+        self.forget_old()
         log.info(json.dumps({"event": "agent_" + run.status, "agent_id": run.agent_id,
                              "jct_s": round(run.finish_s - run.arrival_s, 4), "error": run.error}))
 

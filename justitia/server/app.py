@@ -18,7 +18,7 @@ from justitia.predictors import Predictor
 from justitia.server.agents import TERMINAL, AgentManager, Settings
 from justitia.server.backend import Backend
 from justitia.server.keys import KeyRing, client_of
-from justitia.server.limits import Authenticate, BodyLimit, BodyTooLarge, body_too_large
+from justitia.server.limits import Authenticate, BodyLimit, BodyTooLarge, RateLimit, body_too_large, retry_after
 from justitia.server.metrics import prometheus_text
 from justitia.server.openai_api import add_openai_routes
 from justitia.server.schema import AgentSpec, SpecError, first_error
@@ -26,8 +26,8 @@ from justitia.server.schema import AgentSpec, SpecError, first_error
 __all__ = ["Settings", "create_app"]
 
 
-def _error(status: int, message: str) -> JSONResponse:
-    return JSONResponse({"error": message}, status_code=status)
+def _error(status: int, message: str, headers: dict | None = None) -> JSONResponse:
+    return JSONResponse({"error": message}, status_code=status, headers=headers)
 
 
 def create_app(backend: Backend, tokenizer, settings: Settings, predictor: Predictor,
@@ -37,6 +37,7 @@ def create_app(backend: Backend, tokenizer, settings: Settings, predictor: Predi
     app = FastAPI(title="Justitia", version="0.1.0",
                   description="Agent-aware serving on vLLM: task-parallel agents scheduled by Justitia.")
     manager = AgentManager(backend, tokenizer, settings, predictor)
+    manager.rate = RateLimit(settings.key_rate, settings.key_burst)
     app.state.manager = manager
 
     @app.exception_handler(RequestValidationError)
@@ -64,44 +65,66 @@ def create_app(backend: Backend, tokenizer, settings: Settings, predictor: Predi
 
     @app.post("/v1/agents", status_code=202)
     async def submit(spec: AgentSpec, request: Request):
+        client = client_of(request)
         if manager.in_flight() >= settings.max_agents_in_flight:
-            return _error(429, f"{manager.in_flight()} agents are in flight, this server's limit; retry later.")
+            return _error(429, f"{manager.in_flight()} agents are in flight, this server's limit; retry later.",
+                          retry_after(1))
+        mine, cap = manager.owner_agents.get(client.owner, 0), settings.key_agents_in_flight or settings.max_agents_in_flight
+        if mine >= cap:
+            return _error(429, f"your key has {mine} agents in flight, its limit; retry later.", retry_after(1))
+        if (wait := manager.rate.take(client.owner)) is not None:
+            return _error(429, f"your key's rate limit ({settings.key_rate:g} requests a second); retry later.",
+                          retry_after(wait))
         try:
-            run = await manager.submit(spec, client_of(request))
+            run = await manager.submit(spec, client)
         except SpecError as exc:
             return _error(400, str(exc))
         return JSONResponse({"agent_id": run.agent_id, "status": run.status}, status_code=202)
+
+    def missing(agent_id: str, request: Request) -> JSONResponse:
+        """404 for an unknown agent or another key's; 410 for one of this key's that was dropped."""
+        if manager.was_owned(agent_id, client_of(request)):
+            return _error(410, f"agent '{agent_id}' finished and is no longer kept (this server keeps finished "
+                               f"agents {settings.finished_s / 3600:g} hours, {settings.finished_bytes >> 20} MiB in all).")
+        return _error(404, f"no agent '{agent_id}'.")
 
     @app.get("/v1/agents/{agent_id}")
     async def status(agent_id: str, request: Request):
         run = manager.owned(agent_id, client_of(request))
         if run is None:  # unknown, or another key's: the same answer
-            return _error(404, f"no agent '{agent_id}'.")
+            return missing(agent_id, request)
         return run.doc()
 
     @app.delete("/v1/agents/{agent_id}")
     async def cancel(agent_id: str, request: Request):
         if manager.owned(agent_id, client_of(request)) is None:
-            return _error(404, f"no agent '{agent_id}'.")
+            return missing(agent_id, request)
         return (await manager.cancel(agent_id)).doc()
 
     @app.get("/v1/agents/{agent_id}/events")
     async def events(agent_id: str, request: Request):
         run = manager.owned(agent_id, client_of(request))
         if run is None:
-            return _error(404, f"no agent '{agent_id}'.")
+            return missing(agent_id, request)
+        if run.streams >= settings.max_streams_per_agent:
+            return _error(429, f"agent '{agent_id}' has {run.streams} event streams open, this server's limit.",
+                          retry_after(1))
+        run.streams += 1
 
         async def stream():
             sent = 0
-            while True:
-                changed = run.changed
-                while sent < len(run.events):
-                    e = run.events[sent]
-                    sent += 1
-                    yield f"event: {e['event']}\ndata: {json.dumps(e)}\n\n"
-                if run.status in TERMINAL and sent == len(run.events):
-                    return
-                await changed.wait()
+            try:
+                while True:
+                    changed = run.changed
+                    while sent < len(run.events):
+                        e = run.events[sent]
+                        sent += 1
+                        yield f"event: {e['event']}\ndata: {json.dumps(e)}\n\n"
+                    if run.status in TERMINAL and sent == len(run.events):
+                        return
+                    await changed.wait()
+            finally:
+                run.streams -= 1
 
         return StreamingResponse(stream(), media_type="text/event-stream")
 

@@ -10,6 +10,8 @@ and the request is refused with 413 as soon as they pass the limit, before the r
 from __future__ import annotations
 
 import json
+import math
+import time
 
 from starlette.exceptions import HTTPException
 
@@ -97,3 +99,30 @@ class BodyLimit:
         except BodyTooLarge:  # raised where no handler answered it
             if not started:
                 await self._refuse(send, f"more than {self.limit}")
+
+
+class RateLimit:
+    """A token bucket per owner: ``rate`` requests a second, bursts of ``burst``; 0: no limit."""
+
+    def __init__(self, rate: float, burst: int = 0, clock=time.monotonic):
+        self.rate, self.burst = rate, float(burst or max(1, math.ceil(rate)))
+        self.clock = clock
+        self._buckets: dict[str, tuple[float, float]] = {}  # owner -> (tokens, when)
+
+    def take(self, owner: str) -> float | None:
+        """Take one request's token: None if granted, else the seconds until one is (Retry-After)."""
+        if self.rate <= 0:
+            return None
+        now = self.clock()
+        tokens, when = self._buckets.get(owner, (self.burst, now))
+        tokens = min(self.burst, tokens + (now - when) * self.rate)
+        if tokens >= 1:
+            self._buckets[owner] = (tokens - 1, now)
+            return None
+        self._buckets[owner] = (tokens, now)
+        return (1 - tokens) / self.rate
+
+
+def retry_after(seconds: float) -> dict[str, str]:
+    """The ``Retry-After`` header, in whole seconds (at least 1)."""
+    return {"Retry-After": str(max(1, math.ceil(seconds)))}

@@ -32,13 +32,14 @@ async def serve(model: str | None = None, policy: str = "justitia", predictor: s
                 max_tasks_per_agent: int = 256, max_agents_in_flight: int = 2048, max_body_bytes: int = 1_000_000,
                 upstream: list[str] | None = None, upstream_kv_tokens: int | None = None,
                 ready: asyncio.Event | None = None, api_keys: list[str] | None = None,
-                api_keys_file: Path | None = None) -> None:
+                api_keys_file: Path | None = None, limits: dict | None = None) -> None:
     """Run the server until it is stopped (Ctrl-C or SIGTERM).
 
     Without ``upstream``: AsyncLLM with the Justitia plug-in in this process (``model``, default
     tiny). With it: the front end of stock vLLM servers (``model``, if given, names the tokenizer;
     by default the replicas' model directory). ``api_keys`` / ``api_keys_file``: the clients
-    allowed (``server.keys``); none: the server is open, and says so.
+    allowed (``server.keys``); none: the server is open, and says so. ``limits``: other
+    ``Settings`` fields (per-key limits, what finished agents are kept).
     """
     if policy not in POLICY_NAMES:
         raise ValueError(f"--policy: unknown policy '{policy}'; expected one of: {', '.join(POLICY_NAMES)}.")
@@ -55,7 +56,7 @@ async def serve(model: str | None = None, policy: str = "justitia", predictor: s
     try:
         settings = Settings(model=backend.model, policy=policy, max_model_len=backend.max_model_len,
                             max_tasks_per_agent=max_tasks_per_agent, max_agents_in_flight=max_agents_in_flight,
-                            max_body_bytes=max_body_bytes)
+                            max_body_bytes=max_body_bytes, **(limits or {}))
         app = create_app(backend, AutoTokenizer.from_pretrained(str(backend.tokenizer_dir)), settings, pred, keys)
         log = logging.getLogger("justitia.server")  # one JSON object a line, on stderr
         if not log.handlers:

@@ -30,6 +30,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, Strict
 from justitia.core import KV, META_KEYS, PRICE_KEYS, RequestMeta
 from justitia.server.backend import BackendError
 from justitia.server.keys import client_of
+from justitia.server.limits import retry_after
 from justitia.server.schema import TYPE_PATTERN, Penalty, Prompt, Seed, Stop, StopWord, Temperature, Text, TopP
 from justitia.vllm.models import chat_ids
 from justitia.workload import Agent, Task
@@ -150,14 +151,22 @@ def add_openai_routes(app: FastAPI, manager) -> None:
         obj = "chat.completion" if chat else "text_completion"
         manager.count_request("chat" if chat else "completions")
         gen = manager.backend.generate({"prompt_token_ids": ids}, params, rid)
+        owner = client.owner
+
+        def hold(n: int) -> None:  # the request is in flight (n = 1) or no longer (n = -1)
+            manager.requests_in_flight += n
+            manager.owner_requests[owner] = manager.owner_requests.get(owner, 0) + n
 
         if not stream:
             final = None
+            hold(1)
             try:
                 async for out in gen:
                     final = out
             except BackendError as exc:  # the engine failed the request (--upstream: a replica's reason)
                 return JSONResponse({"error": {"message": str(exc), "type": "upstream_error"}}, status_code=502)
+            finally:
+                hold(-1)
             o = final.outputs[0]
             choice = {"index": 0, "finish_reason": o.finish_reason, "logprobs": None}
             choice |= {"message": {"role": "assistant", "content": o.text}} if chat else {"text": o.text}
@@ -167,6 +176,7 @@ def add_openai_routes(app: FastAPI, manager) -> None:
 
         async def chunks():
             # a disconnected client stops this generator; closing ``gen`` aborts the request in vLLM
+            hold(1)
             try:
                 first = True
                 async for out in gen:
@@ -182,6 +192,7 @@ def add_openai_routes(app: FastAPI, manager) -> None:
                     yield f"data: {json.dumps(doc)}\n\n"
                 yield "data: [DONE]\n\n"
             finally:
+                hold(-1)
                 await gen.aclose()
 
         return StreamingResponse(chunks(), media_type="text/event-stream")
@@ -191,8 +202,24 @@ def add_openai_routes(app: FastAPI, manager) -> None:
         if req.model is not None and req.model != settings.model:
             return JSONResponse({"error": {"message": f"The model `{req.model[:100]}` does not exist.",
                                            "type": "NotFoundError", "param": "model", "code": 404}}, status_code=404)
-        why = check_xargs(req.vllm_xargs, client_of(http).trusted)
-        return None if why is None else error(400, why)
+        client = client_of(http)
+        why = check_xargs(req.vllm_xargs, client.trusted)
+        if why is not None:
+            return error(400, why)
+        if manager.requests_in_flight >= settings.max_requests_in_flight:
+            return JSONResponse({"error": {"message": f"{manager.requests_in_flight} requests are in flight, this "
+                                           "server's limit; retry later.", "type": "overloaded", "code": 503}},
+                                status_code=503, headers=retry_after(1))
+        mine = manager.owner_requests.get(client.owner, 0)
+        if mine >= settings.key_requests_in_flight:
+            return JSONResponse({"error": {"message": f"your key has {mine} requests in flight, its limit; retry later.",
+                                           "type": "rate_limit_exceeded", "code": 429}}, status_code=429,
+                                headers=retry_after(1))
+        if (wait := manager.rate.take(client.owner)) is not None:
+            return JSONResponse({"error": {"message": f"your key's rate limit ({settings.key_rate:g} requests a "
+                                           "second); retry later.", "type": "rate_limit_exceeded", "code": 429}},
+                                status_code=429, headers=retry_after(wait))
+        return None
 
     @app.get("/v1/models")
     async def models():
