@@ -135,6 +135,20 @@ class AgentProcess:
         self.state = "running"
         return self._stage_calls(0)
 
+    def resume(self, answers: list[list[Answer]]) -> list[Call]:
+        """Start after the stages ``answers`` answered in full (a restarted server): predict (if not
+        yet done) and return the next stage's calls (none if every stage is answered)."""
+        if self.state != "new":
+            raise RuntimeError(f"agent '{self.agent.agent_id}' has already started.")
+        self.predict()
+        self.state = "running"
+        for s, stage in enumerate(answers):
+            self.answers[s] = list(stage)
+        if len(answers) >= len(self.tasks):
+            self.state = "done"
+            return []
+        return self._stage_calls(len(answers))
+
     def answered(self, call: Call, answer: Answer) -> list[Call]:
         """Record ``answer``; the next stage's calls if it completes its stage (none after the last)."""
         if self.state != "running" or call.stage != self.stage or self.answers[call.stage][call.index] is not None:
@@ -175,11 +189,12 @@ class AgentProcess:
         return calls
 
 
-async def drive(process: AgentProcess, serve: Callable[[Call], Awaitable[Answer]]) -> None:
+async def drive(process: AgentProcess, serve: Callable[[Call], Awaitable[Answer]],
+                resume: list[list[Answer]] | None = None) -> None:
     """Run ``process`` to its end on a real engine: each stage's calls served in parallel by
-    ``serve``. If one call fails (or the agent is cancelled), the stage's other calls are cancelled
-    and the error propagates."""
-    calls = process.start()
+    ``serve`` (after the stages ``resume`` answered, if given). If one call fails (or the agent is
+    cancelled), the stage's other calls are cancelled and the error propagates."""
+    calls = process.start() if resume is None else process.resume(resume)
     while calls:
         pending = [asyncio.ensure_future(serve(c)) for c in calls]
         try:

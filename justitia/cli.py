@@ -123,6 +123,12 @@ def _parser() -> argparse.ArgumentParser:
     sv.add_argument("--max-streams-per-agent", type=int, default=8, help="open event streams per agent (default 8)")
     sv.add_argument("--finished-mib", type=int, default=64, help="finished agents kept, in MiB of documents (default 64)")
     sv.add_argument("--finished-hours", type=float, default=24.0, help="finished agents kept this long (default 24)")
+    sv.add_argument("--journal", type=Path, metavar="FILE",
+                    help="SQLite journal of accepted agents and their outputs (default "
+                         "~/.local/state/justitia/serve-HOST-PORT.sqlite, or $JUSTITIA_STATE_DIR)")
+    sv.add_argument("--no-journal", action="store_true", help="keep agents in memory only (a restart loses them)")
+    sv.add_argument("--drain-s", type=float, default=30.0,
+                    help="on SIGTERM, wait this long for agents in flight before stopping (default 30)")
     sv.add_argument("--upstream", nargs="+", metavar="URL",
                     help="front stock vLLM OpenAI servers (started with --scheduling-policy priority) instead of "
                          "running an engine here; one clock over all of them, least-loaded routing")
@@ -379,14 +385,18 @@ def _cmd_serve(args) -> int:
               "finished_s": args.finished_hours * 3600}
     if args.upstream_kv_tokens is not None and args.upstream_kv_tokens < 1:
         raise ValueError(f"--upstream-kv-tokens must be >= 1, got {args.upstream_kv_tokens}.")
+    journal = False if args.no_journal else (args.journal or True)
+    if args.no_journal and args.journal:
+        raise ValueError("--journal and --no-journal contradict each other.")
+    if not (args.drain_s >= 0 and args.drain_s < float("inf")):
+        raise ValueError(f"--drain-s must be a finite number >= 0, got {args.drain_s}.")
     try:
-        asyncio.run(serve(args.model, args.policy, args.predictor, args.host, args.port, args.kv_blocks,
+        return asyncio.run(serve(args.model, args.policy, args.predictor, args.host, args.port, args.kv_blocks,
                           args.max_num_seqs, args.max_model_len, args.max_tasks_per_agent, args.max_agents_in_flight,
                           args.max_body_bytes, args.upstream, args.upstream_kv_tokens, api_keys=args.api_key,
-                          api_keys_file=args.api_keys, limits=limits))
+                          api_keys_file=args.api_keys, limits=limits, journal=journal, drain_s=args.drain_s))
     except KeyboardInterrupt:
-        pass
-    return 0
+        return 0
 
 
 def _cmd_calibrate(args) -> int:

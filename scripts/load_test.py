@@ -22,6 +22,7 @@ import random
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from urllib.parse import urlparse
@@ -131,7 +132,9 @@ def start(cmd: list[str], port: int, ready: str, quiet: bool = False) -> tuple[s
 def start_server(*args: str, quiet: bool = False) -> tuple[subprocess.Popen, str]:
     """``justitia serve ARGS`` on a free loopback port, once it answers /health."""
     port = _free_port()
-    return start([sys.executable, "-m", "justitia", "serve", "--port", str(port), *args], port, "/health", quiet)
+    journal = Path(tempfile.mkdtemp(prefix="justitia-load-")) / "journal.sqlite"  # a fresh one: nothing to resume
+    return start([sys.executable, "-m", "justitia", "serve", "--port", str(port), "--journal", str(journal), *args],
+                 port, "/health", quiet)
 
 
 def start_replica(model_dir: str, quiet: bool = True) -> tuple[subprocess.Popen, str]:

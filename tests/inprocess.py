@@ -8,7 +8,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 from justitia.core import AgentBook, RequestMeta
-from justitia.server.backend import Backend
+from justitia.server.backend import Backend, BackendError
 
 
 class WordTokenizer:
@@ -35,10 +35,13 @@ class RecordingBackend(Backend):
         self.registered: list[tuple] = []
         self.gate = threading.Event()  # cleared: requests wait (in flight) until it is set
         self.gate.set()
+        self.dead = False  # True: the engine has died
 
     async def generate(self, prompt, params, request_id):
         if not self.gate.is_set():
             await asyncio.to_thread(self.gate.wait)
+        if self.dead:
+            raise BackendError("the engine core died")
         meta = RequestMeta.parse(params.extra_args)
         self.metas.append(meta)
         self.book.arrive(request_id, meta, len(prompt["prompt_token_ids"]), params.max_tokens, 0.0)
@@ -58,3 +61,6 @@ class RecordingBackend(Backend):
 
     def unfinished(self):
         return 0
+
+    def alive(self):
+        return not self.dead

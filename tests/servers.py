@@ -86,6 +86,30 @@ class Server:
             assert (children or not spawns) and not left, f"processes outlived {self.proc.args[:4]}: {left}"
 
 
+def running(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie waiting to be reaped does not)."""
+    try:
+        return open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def sigkill(server: Server, timeout_s: float = 30) -> list[int]:
+    """Kill the server with SIGKILL, as the OOM killer or ``kill -9`` would; return the processes
+    it started that still run ``timeout_s`` later (they are killed then)."""
+    children = descendants(server.proc.pid)
+    server.proc.kill()
+    server.proc.wait()
+    server._out.close()
+    deadline = time.time() + timeout_s
+    while any(running(p) for p in children) and time.time() < deadline:
+        time.sleep(0.2)
+    left = [p for p in children if running(p)]
+    for p in left:
+        os.kill(p, 9)
+    return left
+
+
 def wait_agent(client: httpx.Client, agent_id: str, timeout: float = 120) -> dict:
     deadline = time.time() + timeout
     while time.time() < deadline:

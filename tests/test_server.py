@@ -3,6 +3,7 @@
 import asyncio
 import json
 import re
+import sqlite3
 import sys
 import time
 from pathlib import Path
@@ -16,7 +17,7 @@ from justitia.server.agents import AgentManager, Settings
 from justitia.server.backend import Backend, BackendError
 from justitia.server.metrics import prometheus_text
 from justitia.server.schema import AgentSpec, SpecError, check_agent, render
-from servers import Server, free_port, metric, wait_agent
+from servers import Server, free_port, metric, sigkill, wait_agent
 
 
 # ------------------------------------------------------------------------- placeholders (no server)
@@ -113,6 +114,48 @@ def test_an_agent_submitted_whole_is_priced_on_every_stage_so_a_cheap_first_stag
     assert backend.book.core.virtual_finish(run.agent_id) == pytest.approx(20 * one)
 
 
+# ---------------------------------------------------------------------------- a crash mid-run
+def test_a_server_killed_mid_run_loses_no_accepted_agent_and_leaves_no_engine_behind(tmp_path):
+    journal = tmp_path / "journal.sqlite"
+
+    def start(name):
+        port = free_port()
+        srv = Server([sys.executable, "-m", "justitia", "serve", "--port", str(port), "--predictor", "mean",
+                      "--kv-blocks", "16", "--max-model-len", "1024", "--journal", str(journal)], port,
+                     tmp_path / f"{name}.log")
+        srv.wait_ready("/health")
+        return srv
+
+    def agent(k):
+        return {"type": "mrs", "stages": [
+            [{"prompt": f"Part {k}.{i}.", "max_tokens": 64, "ignore_eos": True} for i in range(2)],
+            [{"prompt": "Combine: {{prev}}", "max_tokens": 64, "ignore_eos": True}],
+            [{"prompt": "Shorter: {{prev[0]}}", "max_tokens": 16, "ignore_eos": True}]]}
+
+    first = start("first")
+    with httpx.Client(base_url=first.url, timeout=30) as client:
+        ids = [client.post("/v1/agents", json=agent(k)).json()["agent_id"] for k in range(8)]
+    db = sqlite3.connect(journal)
+    deadline = time.time() + 120
+    while db.execute("SELECT COUNT(*) FROM outputs").fetchone()[0] < 2:  # some tasks answered, and journaled
+        assert time.time() < deadline, "no task finished"
+        time.sleep(0.05)
+    assert sigkill(first) == []  # vLLM's engine processes died with the server
+    unfinished = db.execute("SELECT COUNT(*) FROM agents WHERE status != 'done'").fetchone()[0]
+    assert db.execute("SELECT COUNT(*) FROM agents").fetchone()[0] == 8 and unfinished >= 1  # killed mid-run
+    db.close()
+    second = start("second")
+    try:
+        assert f"{8 - unfinished} finished and {unfinished} unfinished agent(s) reloaded" in second.output()
+        with httpx.Client(base_url=second.url, timeout=30) as client:
+            for agent_id in ids:  # every accepted agent finishes, with every output
+                doc = wait_agent(client, agent_id)
+                assert doc["status"] == "done", doc
+                assert [[t["output_tokens"] for t in stage] for stage in doc["stages"]] == [[64, 64], [64], [16]]
+    finally:
+        second.stop()
+
+
 # ------------------------------------------------------------------------------------ the server
 KEY, OTHER_KEY = "sk-test-owner-1", "sk-test-other-2"
 
@@ -125,7 +168,8 @@ def server(tmp_path_factory):
     keys.write_text(f"{KEY} team-a 1\n{OTHER_KEY} team-b 2\n")
     srv = Server([sys.executable, "-m", "justitia", "serve", "--port", str(port), "--predictor", "mean",
                   "--kv-blocks", "16", "--max-model-len", "1024", "--max-tasks-per-agent", "16",
-                  "--max-body-bytes", "20000", "--max-agents-in-flight", "3", "--api-keys", str(keys)], port,
+                  "--max-body-bytes", "20000", "--max-agents-in-flight", "3", "--api-keys", str(keys),
+                  "--journal", str(where / "journal.sqlite")], port,
                  where / "serve.log",
                  env={"JUSTITIA_AGENT_IDLE_S": "600", "JUSTITIA_LOG_AGENTS": "1"})  # no release by idleness
     srv.wait_ready("/health")

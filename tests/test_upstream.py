@@ -154,7 +154,8 @@ def upstream(tmp_path_factory):
             r.wait_ready("/v1/models", timeout_s=400)
         port = free_port()
         front = Server([sys.executable, "-m", "justitia", "serve", "--port", str(port), "--predictor", "mean",
-                        "--upstream", *(r.url for r in replicas)], port, logs / "front.log",
+                        "--journal", str(logs / "journal.sqlite"), "--upstream", *(r.url for r in replicas)], port,
+                       logs / "front.log",
                        env={"JUSTITIA_AGENT_IDLE_S": "600"})  # agents without agent_done stay put
         front.wait_ready("/health")
         with httpx.Client(base_url=front.url, timeout=60) as client:

@@ -21,6 +21,7 @@ from justitia.agent import AgentProcess, Answer, Call, drive
 from justitia.core import KV
 from justitia.predictors import Predictor
 from justitia.server.backend import Backend
+from justitia.server.journal import Journal, Record
 from justitia.server.keys import ANONYMOUS, Client
 from justitia.server.schema import AgentSpec, SpecError, check_agent, render
 from justitia.vllm.models import chat_ids
@@ -76,6 +77,8 @@ class AgentRun:
     changed: asyncio.Event = field(default_factory=asyncio.Event)
     task: asyncio.Task | None = None
     streams: int = 0  # open event streams
+    client: Client = ANONYMOUS  # who submitted it (owner, tenant, weight)
+    cancelled_by_client: bool = False  # (a task cancelled otherwise is the server stopping)
 
     def emit(self, kind: str, **data) -> None:
         self.events.append({"event": kind, "agent_id": self.agent_id, "t_s": round(time.monotonic(), 6)} | data)
@@ -95,11 +98,15 @@ class AgentRun:
 class AgentManager:
     """Runs agents stage by stage on the backend and keeps their state for the API."""
 
-    def __init__(self, backend: Backend, tokenizer, settings: Settings, predictor: Predictor):
+    def __init__(self, backend: Backend, tokenizer, settings: Settings, predictor: Predictor,
+                 journal: Journal | None = None):
         self.backend, self.tokenizer, self.settings, self.predictor = backend, tokenizer, settings, predictor
+        self.journal = journal
         self.agents: dict[str, AgentRun] = {}
         self.t0 = time.monotonic()
-        self.t_start = time.time()
+        self.t_start, self.t_start_s = time.time(), 0.0  # the wall clock at server time 0
+        self.idempotent: dict[tuple[str, str], asyncio.Future] = {}  # (owner, Idempotency-Key) -> its agent
+        self.draining = False
         self.finished: dict[str, int] = {s: 0 for s in TERMINAL}
         self.jct: dict[str, list[int]] = {}  # type -> counts per JCT_BUCKETS (cumulative at export)
         self.jct_sum: dict[str, float] = {}
@@ -161,19 +168,22 @@ class AgentManager:
         """Drop finished agents past the bytes and age kept (a server runs for days); their ids are
         remembered, bounded, to answer 410."""
         limit_s = self.now() - self.settings.finished_s
+        dropped = []
         while self.ended and (self.ended_bytes > self.settings.finished_bytes or self.ended[0][1] < limit_s):
             agent_id, _, size = self.ended.popleft()
             self.ended_bytes -= size
             run = self.agents.pop(agent_id, None)
             if run is not None:
+                dropped.append(agent_id)
                 self.expired[agent_id] = run.owner
                 while len(self.expired) > 100_000:
                     self.expired.popitem(last=False)
+        if dropped and self.journal is not None:
+            asyncio.get_running_loop().create_task(self.journal.forget(dropped))
 
-    async def submit(self, spec: AgentSpec, client: Client = ANONYMOUS) -> AgentRun:
-        """Check, predict, register and start one agent for ``client`` (its owner, in its tenant's
-        flow with its weight); raises SpecError on a bad one."""
-        check_agent(spec, self.settings.max_tasks_per_agent, self.settings.max_model_len - 1)
+    async def _process(self, agent_id: str, spec: AgentSpec, client: Client) -> AgentProcess:
+        """The agent's process, with what the predictor sees at arrival: the first stage's prompts
+        and lengths (later stages' prompts still hold their placeholders; their lengths are not known yet)."""
         first = []
         for i, t in enumerate(spec.stages[0]):
             try:
@@ -184,31 +194,119 @@ class AgentManager:
                 raise SpecError(f"field 'stages[0][{i}].prompt': {n} prompt tokens + max_tokens {t.max_tokens} exceed "
                                 f"the model's context of {self.settings.max_model_len} tokens.")
             first.append(n)
-        agent_id = f"agent-{uuid.uuid4().hex[:12]}"
-        # what the predictor sees at arrival: the first stage's prompts and lengths (later stages'
-        # prompts still hold their placeholders; their lengths are not known yet)
         view = Agent(agent_id, spec.type, 0.0, tuple(
             tuple(Task(t.prompt, first[i] if s == 0 else max(1, len(t.prompt) // 4), t.max_tokens)
                   for i, t in enumerate(stage)) for s, stage in enumerate(spec.stages)),
             weight=client.weight, tenant=client.tenant)
         # submitted whole: priced on every stage, so that a cheap first stage cannot hide heavy later ones
-        process = AgentProcess(view, self.predictor, KV, tasks=spec.stages, pricing="all-stages",
-                               render=functools.partial(render, limit=self.settings.max_prompt_chars))
+        return AgentProcess(view, self.predictor, KV, tasks=spec.stages, pricing="all-stages",
+                            render=functools.partial(render, limit=self.settings.max_prompt_chars))
+
+    async def submit(self, spec: AgentSpec, client: Client = ANONYMOUS,
+                     idempotency_key: str | None = None) -> AgentRun:
+        """Check, predict, journal, register and start one agent for ``client`` (its owner, in its
+        tenant's flow with its weight); raises SpecError on a bad one. A retried ``idempotency_key``
+        of the same key returns the first agent."""
+        if idempotency_key is not None:
+            known = self.idempotent.get((client.owner, idempotency_key))
+            if known is not None:
+                return await asyncio.shield(known)  # the first one (still being accepted, or accepted)
+            self.idempotent[(client.owner, idempotency_key)] = asyncio.get_running_loop().create_future()
+        try:
+            run = await self._accept(spec, client, idempotency_key)
+        except BaseException as exc:
+            if idempotency_key is not None:  # a retry may try again
+                first = self.idempotent.pop((client.owner, idempotency_key))
+                if isinstance(exc, Exception):
+                    first.set_exception(exc)
+                    first.exception()  # retrieved: no warning when no retry was waiting
+                else:
+                    first.cancel()
+            raise
+        if idempotency_key is not None:
+            self.idempotent[(client.owner, idempotency_key)].set_result(run)
+        return run
+
+    async def _accept(self, spec: AgentSpec, client: Client, idempotency_key: str | None) -> AgentRun:
+        check_agent(spec, self.settings.max_tasks_per_agent, self.settings.max_model_len - 1)
+        agent_id = f"agent-{uuid.uuid4().hex[:12]}"
+        process = await self._process(agent_id, spec, client)
         before = self.predict_s
         predicted = await self.predicted(process.predict)
         predict_ms = 1000 * (self.predict_s - before)
         self.count_request("agents")
         arrival = self.now()
-        tag = await self.backend.register(agent_id, spec.type, predicted, client.weight, client.tenant)
-        run = AgentRun(agent_id, spec, process, arrival, tag, client.owner,
+        if self.journal is not None:  # committed before the 202: accepted work survives a crash
+            await self.journal.accept(Record(agent_id, client.owner, client.tenant, client.weight, spec.model_dump(),
+                                             idempotency_key, predicted, "queued", None, self.wall(arrival), None))
+        run = AgentRun(agent_id, spec, process, arrival, None, client.owner,
                        outputs=[[None] * len(stage) for stage in spec.stages])
-        self.agents[agent_id] = run
-        self.owner_agents[client.owner] = self.owner_agents.get(client.owner, 0) + 1
-        run.emit("queued", predicted_cost=predicted, virtual_finish=tag, predict_ms=round(predict_ms, 3))
-        run.task = asyncio.get_running_loop().create_task(self._run(run))
+        run.client = client
+        await self._start(run, predict_ms=round(predict_ms, 3))
         log.info(json.dumps({"event": "agent_submitted", "agent_id": agent_id, "owner": client.owner, "type": spec.type,
                              "tasks": sum(len(s) for s in spec.stages), "predicted_cost": predicted}))
         return run
+
+    async def _start(self, run: AgentRun, resume: list[list[Answer]] | None = None, **event) -> None:
+        """Register the agent with the policy (its tag) and run it (after the stages ``resume`` answered)."""
+        client = run.client
+        run.virtual_finish = await self.backend.register(run.agent_id, run.spec.type, run.process.predicted_cost,
+                                                         client.weight, client.tenant)
+        self.agents[run.agent_id] = run
+        self.owner_agents[client.owner] = self.owner_agents.get(client.owner, 0) + 1
+        run.emit("queued", predicted_cost=run.process.predicted_cost, virtual_finish=run.virtual_finish, **event)
+        run.task = asyncio.get_running_loop().create_task(self._run(run, resume))
+
+    def wall(self, now_s: float) -> float:
+        """Wall-clock time of a server time (``now``)."""
+        return self.t_start + (now_s - self.t_start_s)
+
+    async def recover(self) -> tuple[int, int]:
+        """Reload the journal at start-up: finished agents answer as before, unfinished ones run
+        again from their first stage not fully answered, same id and owner. (finished, resumed)."""
+        if self.journal is None:
+            return 0, 0
+        finished = resumed = 0
+        for rec in self.journal.load():
+            spec = AgentSpec.model_validate(rec.spec)
+            client = Client(rec.owner, rec.tenant, rec.weight)
+            try:
+                process = await self._process(rec.agent_id, spec, client)
+            except SpecError:  # the server now runs a model with a shorter context: fail it, with why
+                process = AgentProcess(Agent(rec.agent_id, spec.type, 0.0, ((Task("", 1, 1),),)), self.predictor, KV)
+                rec.status, rec.error = "failed", rec.error or "the restarted server cannot fit its first stage."
+            process.predicted_cost = rec.predicted_cost
+            arrival = rec.arrival_wall - self.wall(0.0)
+            run = AgentRun(rec.agent_id, spec, process, arrival, None, rec.owner,
+                           outputs=[[rec.outputs.get((s, i)) for i in range(len(stage))]
+                                    for s, stage in enumerate(spec.stages)])
+            run.client = client
+            if rec.idempotency_key is not None:
+                done = asyncio.get_running_loop().create_future()
+                done.set_result(run)
+                self.idempotent[(rec.owner, rec.idempotency_key)] = done
+            if rec.status in TERMINAL:
+                run.status, run.error = rec.status, rec.error
+                run.finish_s = (rec.finish_wall or rec.arrival_wall) - self.wall(0.0)
+                self.agents[run.agent_id] = run
+                self.finished[run.status] += 1
+                run.emit(run.status, **({"error": run.error} if run.error else {}))
+                self._keep(run)
+                finished += 1
+                continue
+            answered = []
+            for stage in run.outputs:  # the stages answered in full
+                if any(doc is None for doc in stage):
+                    break
+                answered.append([Answer(d["output"], d["prompt_tokens"], d["output_tokens"], d["finish_reason"])
+                                 for d in stage])
+            for s in range(len(answered), len(run.outputs)):  # a partly answered stage runs again whole
+                run.outputs[s] = [None] * len(run.outputs[s])
+            await self._start(run, answered, resumed_after_stage=len(answered) - 1)
+            resumed += 1
+        log.info(json.dumps({"event": "journal_recovered", "journal": str(self.journal.path),
+                             "finished": finished, "resumed": resumed}))
+        return finished, resumed
 
     async def _serve(self, run: AgentRun, call: Call) -> Answer:
         """One task of an agent on the backend."""
@@ -235,22 +333,37 @@ class AgentManager:
         finally:
             self.tasks_in_flight -= 1
         o = final.outputs[0]
-        run.outputs[call.stage][call.index] = {"output": o.text, "prompt_tokens": len(ids),
-                                               "output_tokens": len(o.token_ids), "finish_reason": o.finish_reason}
+        doc = {"output": o.text, "prompt_tokens": len(ids), "output_tokens": len(o.token_ids),
+               "finish_reason": o.finish_reason}
+        if self.journal is not None:  # before the agent moves on: a restart resumes after it
+            await self.journal.task_done(run.agent_id, call.stage, call.index, doc)
+        run.outputs[call.stage][call.index] = doc
         run.emit("task_done", stage=call.stage, task=call.index, output_tokens=len(o.token_ids))
         return Answer(o.text, len(ids), len(o.token_ids), o.finish_reason)
 
-    async def _run(self, run: AgentRun) -> None:
+    async def _run(self, run: AgentRun, resume: list[list[Answer]] | None = None) -> None:
         try:
             run.status = "running"
             run.emit("running")
-            await drive(run.process, lambda call: self._serve(run, call))
+            await drive(run.process, lambda call: self._serve(run, call), resume)
             run.status = "done"
         except asyncio.CancelledError:
+            if not run.cancelled_by_client:  # the server is stopping: the journal resumes it at restart
+                self.owner_agents[run.owner] -= 1
+                raise
             run.status = "cancelled"
         except Exception as exc:  # noqa: BLE001  (any failure of a task fails the agent, with its reason)
+            if not self.backend.alive():  # the engine died under it: the restarted server resumes it
+                self.owner_agents[run.owner] -= 1
+                log.warning(json.dumps({"event": "agent_interrupted", "agent_id": run.agent_id, "error": str(exc)}))
+                return
             run.status, run.error = "failed", str(exc) or type(exc).__name__
         run.finish_s = self.now()
+        if self.journal is not None:
+            try:
+                await self.journal.ended(run.agent_id, run.status, run.error, self.wall(run.finish_s))
+            except Exception as exc:  # noqa: BLE001  (kept in memory; a restart would run it again)
+                log.warning(json.dumps({"event": "journal_failed", "agent_id": run.agent_id, "error": str(exc)}))
         if run.status != "done":  # its agent_done requests may never have run: release it now
             try:
                 await self.backend.release(run.agent_id)
@@ -265,15 +378,20 @@ class AgentManager:
             self.jct_sum[label] = self.jct_sum.get(label, 0.0) + jct
         run.emit(run.status, **({"error": run.error} if run.error else {}))
         self.owner_agents[run.owner] -= 1
+        self._keep(run)
+        log.info(json.dumps({"event": "agent_" + run.status, "agent_id": run.agent_id,
+                             "jct_s": round(run.finish_s - run.arrival_s, 4), "error": run.error}))
+
+    def _keep(self, run: AgentRun) -> None:
+        """A finished agent joins those kept (by bytes and age)."""
         size = len(json.dumps(run.doc())) + sum(len(json.dumps(e)) for e in run.events)
         self.ended.append((run.agent_id, run.finish_s, size))
         self.ended_bytes += size
         self.forget_old()
-        log.info(json.dumps({"event": "agent_" + run.status, "agent_id": run.agent_id,
-                             "jct_s": round(run.finish_s - run.arrival_s, 4), "error": run.error}))
 
     async def cancel(self, agent_id: str) -> AgentRun:
         run = self.agents[agent_id]
+        run.cancelled_by_client = True
         if run.status not in TERMINAL and run.task is not None:
             run.task.cancel()
             await asyncio.gather(run.task, return_exceptions=True)

@@ -17,6 +17,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from justitia.predictors import Predictor
 from justitia.server.agents import TERMINAL, AgentManager, Settings
 from justitia.server.backend import Backend
+from justitia.server.journal import Journal, JournalError
 from justitia.server.keys import KeyRing, client_of
 from justitia.server.limits import Authenticate, BodyLimit, BodyTooLarge, RateLimit, body_too_large, retry_after
 from justitia.server.metrics import prometheus_text
@@ -31,12 +32,13 @@ def _error(status: int, message: str, headers: dict | None = None) -> JSONRespon
 
 
 def create_app(backend: Backend, tokenizer, settings: Settings, predictor: Predictor,
-               keys: KeyRing | None = None) -> FastAPI:
-    """The FastAPI application of one server (open if ``keys`` is empty or None)."""
+               keys: KeyRing | None = None, journal: Journal | None = None) -> FastAPI:
+    """The FastAPI application of one server (open if ``keys`` is empty or None; journaled to
+    ``journal``, if given: ``await app.state.manager.recover()`` before serving)."""
     keys = keys or KeyRing()
     app = FastAPI(title="Justitia", version="0.1.0",
                   description="Agent-aware serving on vLLM: task-parallel agents scheduled by Justitia.")
-    manager = AgentManager(backend, tokenizer, settings, predictor)
+    manager = AgentManager(backend, tokenizer, settings, predictor, journal)
     manager.rate = RateLimit(settings.key_rate, settings.key_burst)
     app.state.manager = manager
 
@@ -59,13 +61,28 @@ def create_app(backend: Backend, tokenizer, settings: Settings, predictor: Predi
 
     @app.get("/health")
     async def health():
+        if not backend.alive():
+            return JSONResponse({"status": "engine_dead", "error": "the engine has stopped; the server is exiting"},
+                                status_code=503)
         state = await backend.state()
-        return {"status": "ok", "model": settings.model, "policy": settings.policy, "agents_in_flight": manager.in_flight(),
-                "virtual_clock": state.has_clock}
+        return {"status": "draining" if manager.draining else "ok", "model": settings.model, "policy": settings.policy,
+                "agents_in_flight": manager.in_flight(), "virtual_clock": state.has_clock,
+                "journal": None if journal is None else str(journal.path)}
 
     @app.post("/v1/agents", status_code=202)
     async def submit(spec: AgentSpec, request: Request):
         client = client_of(request)
+        if manager.draining:
+            return _error(503, "the server is stopping; retry on its successor.", retry_after(5))
+        idempotency = request.headers.get("idempotency-key")
+        if idempotency is not None and not 1 <= len(idempotency) <= 256:
+            return _error(400, "header 'Idempotency-Key': must be 1-256 characters.")
+        if idempotency is not None and (client.owner, idempotency) in manager.idempotent:
+            try:
+                run = await manager.submit(spec, client, idempotency)  # the first agent, not a second one
+            except SpecError as exc:
+                return _error(400, str(exc))
+            return JSONResponse({"agent_id": run.agent_id, "status": run.status}, status_code=202)
         if manager.in_flight() >= settings.max_agents_in_flight:
             return _error(429, f"{manager.in_flight()} agents are in flight, this server's limit; retry later.",
                           retry_after(1))
@@ -76,9 +93,11 @@ def create_app(backend: Backend, tokenizer, settings: Settings, predictor: Predi
             return _error(429, f"your key's rate limit ({settings.key_rate:g} requests a second); retry later.",
                           retry_after(wait))
         try:
-            run = await manager.submit(spec, client)
+            run = await manager.submit(spec, client, idempotency)
         except SpecError as exc:
             return _error(400, str(exc))
+        except JournalError as exc:  # not recorded, so not accepted
+            return _error(503, f"the agent could not be journaled ({exc}); retry later.", retry_after(5))
         return JSONResponse({"agent_id": run.agent_id, "status": run.status}, status_code=202)
 
     def missing(agent_id: str, request: Request) -> JSONResponse:

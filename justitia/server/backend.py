@@ -87,5 +87,9 @@ class Backend(ABC):
         """Prometheus lines of the backend's own (its queues, its replicas)."""
         return []
 
+    def alive(self) -> bool:
+        """Whether the engine can still serve (a dead engine core: False)."""
+        return True
+
     async def aclose(self) -> None:
         """Stop the engine, or close the connections to it."""

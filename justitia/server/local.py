@@ -75,6 +75,10 @@ class LocalBackend(Backend):
         """The plug-in's policy, read in the engine process."""
         return PolicyState.from_json(await control(self.llm, ControlCall(STATE)))
 
+    def alive(self) -> bool:
+        """False once vLLM's engine core has died."""
+        return not self.llm.errored
+
     def unfinished(self) -> int:
         """Requests in AsyncLLM's output processor."""
         return int(self.llm.output_processor.get_num_unfinished_requests())

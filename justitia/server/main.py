@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import signal
 from pathlib import Path
@@ -32,14 +33,18 @@ async def serve(model: str | None = None, policy: str = "justitia", predictor: s
                 max_tasks_per_agent: int = 256, max_agents_in_flight: int = 2048, max_body_bytes: int = 1_000_000,
                 upstream: list[str] | None = None, upstream_kv_tokens: int | None = None,
                 ready: asyncio.Event | None = None, api_keys: list[str] | None = None,
-                api_keys_file: Path | None = None, limits: dict | None = None) -> None:
+                api_keys_file: Path | None = None, limits: dict | None = None,
+                journal: Path | None | bool = True, drain_s: float = 30.0) -> int:
     """Run the server until it is stopped (Ctrl-C or SIGTERM).
 
     Without ``upstream``: AsyncLLM with the Justitia plug-in in this process (``model``, default
     tiny). With it: the front end of stock vLLM servers (``model``, if given, names the tokenizer;
     by default the replicas' model directory). ``api_keys`` / ``api_keys_file``: the clients
     allowed (``server.keys``); none: the server is open, and says so. ``limits``: other
-    ``Settings`` fields (per-key limits, what finished agents are kept).
+    ``Settings`` fields (per-key limits, what finished agents are kept). ``journal``: a file,
+    True (the default file, ``journal.default_path``) or False (none). SIGTERM or Ctrl-C stops
+    taking agents and waits up to ``drain_s`` for those in flight (the journal resumes the rest at
+    the next start). Returns the exit status: 1 if the engine died (a supervisor restarts it).
     """
     if policy not in POLICY_NAMES:
         raise ValueError(f"--policy: unknown policy '{policy}'; expected one of: {', '.join(POLICY_NAMES)}.")
@@ -47,6 +52,11 @@ async def serve(model: str | None = None, policy: str = "justitia", predictor: s
     from justitia.server.keys import KeyRing
 
     keys = KeyRing.load(api_keys, api_keys_file)
+    from justitia.server.journal import Journal, default_path
+
+    if journal is True:
+        journal = default_path(host, port)
+    book = Journal(journal) if journal else None  # before the engine: a bad path fails fast
     import uvicorn
     from transformers import AutoTokenizer
 
@@ -57,7 +67,9 @@ async def serve(model: str | None = None, policy: str = "justitia", predictor: s
         settings = Settings(model=backend.model, policy=policy, max_model_len=backend.max_model_len,
                             max_tasks_per_agent=max_tasks_per_agent, max_agents_in_flight=max_agents_in_flight,
                             max_body_bytes=max_body_bytes, **(limits or {}))
-        app = create_app(backend, AutoTokenizer.from_pretrained(str(backend.tokenizer_dir)), settings, pred, keys)
+        app = create_app(backend, AutoTokenizer.from_pretrained(str(backend.tokenizer_dir)), settings, pred, keys,
+                         book)
+        manager = app.state.manager
         log = logging.getLogger("justitia.server")  # one JSON object a line, on stderr
         if not log.handlers:
             handler = logging.StreamHandler()
@@ -70,8 +82,39 @@ async def serve(model: str | None = None, policy: str = "justitia", predictor: s
         server = _uvicorn_server()(uvicorn.Config(app, host=host, port=port, log_level="warning",
                                                   timeout_keep_alive=75))
         loop = asyncio.get_running_loop()
+        status = 0
+
+        async def drain():  # stop taking agents; wait for those in flight, up to drain_s; then stop
+            manager.draining = True
+            deadline = loop.time() + drain_s
+            while manager.in_flight() and loop.time() < deadline:
+                await asyncio.sleep(0.1)
+            server.should_exit = True
+
+        def stop():
+            if not manager.draining:
+                print(f"justitia serve: stopping: {manager.in_flight()} agent(s) in flight, waiting up to "
+                      f"{drain_s:g} s", flush=True)
+                loop.create_task(drain())
+            else:  # a second signal: stop now
+                server.should_exit = True
+
+        async def watch():  # the engine died: exit, so that a supervisor restarts the server
+            nonlocal status
+            while not server.should_exit:
+                if not backend.alive():
+                    log.error(json.dumps({"event": "engine_dead", "action": "exiting"}))
+                    status = 1
+                    server.should_exit = True
+                await asyncio.sleep(1.0)
+
         for sig in (signal.SIGINT, signal.SIGTERM):  # stop serving, then shut the backend down (finally)
-            loop.add_signal_handler(sig, lambda: setattr(server, "should_exit", True))
+            loop.add_signal_handler(sig, stop)
+        if book is not None:
+            finished, resumed = await manager.recover()
+            print(f"justitia serve: journal {book.path}: {finished} finished and {resumed} unfinished agent(s) "
+                  f"reloaded", flush=True)
+        watcher = asyncio.create_task(watch())
         task = asyncio.create_task(server.serve())
         while not server.started and not task.done():
             await asyncio.sleep(0.05)
@@ -85,8 +128,16 @@ async def serve(model: str | None = None, policy: str = "justitia", predictor: s
             if ready is not None:
                 ready.set()
         await task
+        watcher.cancel()
+        for run in list(manager.agents.values()):  # unfinished: the journal resumes them at the next start
+            if run.task is not None and not run.task.done():
+                run.task.cancel()
+        await asyncio.gather(*(r.task for r in manager.agents.values() if r.task is not None), return_exceptions=True)
+        return status
     finally:
         await backend.aclose()
+        if book is not None:
+            book.close()
 
 
 async def _backend(model, policy, kv_blocks, max_num_seqs, max_model_len, upstream, upstream_kv_tokens):

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from justitia.core import ENGINE_UTILITY, ControlCall
 from justitia.defaults import ENV_AGENT_IDLE_S, ENV_CAPACITY, ENV_COST, ENV_ITERATION_S, ENV_POLICY
+from justitia.vllm.reaper import guard
 
 PLUGIN_CLASS = "justitia.vllm.plugin.JustitiaScheduler"
 SCHEDULERS = ("plugin", "priority", "fcfs")  # the plug-in; stock vLLM by int priority; stock vLLM's default
@@ -104,6 +105,7 @@ def start_engine(spec: EngineSpec, stat_loggers: list | None = None, plugin_env:
         options["scheduler_cls"] = PLUGIN_CLASS
         options["async_scheduling"] = False  # the plug-in charges each step's service after it is scheduled
     llm = AsyncLLM.from_engine_args(AsyncEngineArgs(**options), stat_loggers=stat_loggers)
+    guard()  # the engine's processes die with this one, even by SIGKILL
     return llm, Path(model_dir)
 
 
