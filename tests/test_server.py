@@ -323,6 +323,20 @@ def test_a_client_that_leaves_a_stream_has_its_request_aborted(server):
     assert lines[-1] == "data: [DONE]" and len(lines) >= 2
 
 
+def test_a_client_that_leaves_a_plain_completion_has_its_request_aborted(server):
+    body = {"prompt": "Tell me everything.", "max_tokens": 1000, "temperature": 0, "ignore_eos": True}
+    started = time.time()
+    with pytest.raises(httpx.ReadTimeout):  # the client gives up and closes its connection
+        server.post("/v1/completions", json=body, timeout=httpx.Timeout(30, read=2.0))
+    gave_up_s = time.time() - started
+    # 1,000 tokens take far longer than the 2 s the client waited; the request must leave the
+    # engine soon after the client did (within twice its wait, however busy this machine is)
+    deadline = time.time() + max(10.0, 2 * gave_up_s)
+    while metric(server, "justitia_engine_requests_unfinished") != 0:
+        assert time.time() < deadline, "the abandoned completion is still in the engine"
+        time.sleep(0.1)
+
+
 def test_metrics_in_prometheus_format(server):
     text = server.get("/metrics").text
     for name in ("justitia_agents_in_flight", "justitia_virtual_time", "justitia_predictor_latency_seconds_count",

@@ -27,6 +27,9 @@ class FakeReplica:
 
     def __init__(self, name: str, kv_tokens: int, refuse: bool = False, status: int = 200):
         self.name, self.refuse, self.status = name, refuse, status
+        self.timeout = False  # True: connections time out
+        self.healthy = True  # what /health says
+        self.cut_after: int | None = None  # a stream that breaks after this many tokens
         self.bodies: list[dict] = []
         self.gate = asyncio.Event()
         self.gate.set()
@@ -37,6 +40,10 @@ class FakeReplica:
     async def handle(self, request: httpx.Request) -> httpx.Response:
         if self.refuse:
             raise httpx.ConnectError("connection refused", request=request)
+        if self.timeout:
+            raise httpx.ConnectTimeout("timed out", request=request)
+        if request.url.path == "/health":
+            return httpx.Response(200 if self.healthy else 503)
         body = json.loads(request.content)
         self.bodies.append(body)
         await self.gate.wait()
@@ -49,6 +56,13 @@ class FakeReplica:
         chunks = [{"choices": [{"text": f"t{k}", "token_ids": [k], "finish_reason": "length" if k == n - 1 else None}]}
                   for k in range(n)]
         text = "".join(f"data: {json.dumps(c)}\n\n" for c in chunks) + "data: [DONE]\n\n"
+        if self.cut_after is not None:  # the replica dies midway through the stream
+            head = "".join(f"data: {json.dumps(c)}\n\n" for c in chunks[:self.cut_after])
+
+            async def broken():
+                yield head.encode()
+                raise httpx.ReadError("connection reset", request=request)
+            return httpx.Response(200, content=broken(), headers={"content-type": "text/event-stream"})
         return httpx.Response(200, text=text, headers={"content-type": "text/event-stream"})
 
 
@@ -121,6 +135,64 @@ def test_an_unreachable_replica_is_skipped_and_a_refusal_fails_the_request_with_
         with pytest.raises(UpstreamError, match="answered 400: the prompt is too long"):
             await collect(engine, 2, {"agent_id": "X", "agent_done": True}, "x/0")
         assert not engine.book.core.has_agent("X") and not engine.book.infos
+
+    asyncio.run(main())
+
+
+def test_a_request_that_fails_before_any_token_is_retried_on_the_next_replica():
+    async def main():
+        sick, well = FakeReplica("sick", 5000, status=503), FakeReplica("well", 1000)
+        engine = UpstreamEngine([sick.replica, well.replica], "fcfs", capacity_per_s=1e6)
+        out = await collect(engine, 2, {}, "r1")  # the emptier replica answers 503 first
+        assert out[0].outputs[0].text == "t0t1" and sick.replica.failed == 1 and len(well.bodies) == 1
+        slow = FakeReplica("slow", 5000)
+        slow.timeout = True  # a connect timeout is failed over too
+        engine = UpstreamEngine([slow.replica, well.replica], "fcfs", capacity_per_s=1e6)
+        assert (await collect(engine, 2, {}, "r2"))[0].outputs[0].text == "t0t1" and slow.replica.failed == 1
+        await engine.aclose()
+
+    asyncio.run(main())
+
+
+def test_a_replica_that_keeps_failing_is_left_out_until_a_probe_finds_it_healthy(monkeypatch):
+    import justitia.server.upstream as upstream
+
+    monkeypatch.setattr(upstream, "PROBE_S", 0.05)
+
+    async def main():
+        flaky, steady = FakeReplica("flaky", 5000, status=500), FakeReplica("steady", 1000)
+        flaky.healthy = False
+        engine = UpstreamEngine([flaky.replica, steady.replica], "fcfs", capacity_per_s=1e6)
+        for k in range(upstream.BREAKER_FAILURES):
+            await collect(engine, 1, {}, f"a{k}")
+        assert flaky.replica.out and len(flaky.bodies) == upstream.BREAKER_FAILURES
+        for k in range(3):  # left out, although it has the most room
+            await collect(engine, 1, {}, f"b{k}")
+        assert len(flaky.bodies) == upstream.BREAKER_FAILURES
+        assert "justitia_replica_out{replica=\"http://flaky\"} 1" in "\n".join(engine.metrics_lines())
+        flaky.status, flaky.healthy = 200, True
+        deadline = time.time() + 10
+        while flaky.replica.out:
+            assert time.time() < deadline, "the probe did not bring the replica back"
+            await asyncio.sleep(0.02)
+        await collect(engine, 1, {}, "c")
+        assert len(flaky.bodies) == upstream.BREAKER_FAILURES + 1  # routed to again
+        await engine.aclose()
+
+    asyncio.run(main())
+
+
+def test_a_stream_cut_midway_fails_with_a_retryable_error():
+    from justitia.server.backend import BackendInterrupted
+
+    async def main():
+        cut, spare = FakeReplica("cut", 5000), FakeReplica("spare", 1000)
+        cut.cut_after = 2
+        engine = UpstreamEngine([cut.replica, spare.replica], "fcfs", capacity_per_s=1e6)
+        with pytest.raises(BackendInterrupted, match="midway"):  # tokens went out: not silently re-sent
+            await collect(engine, 5, {}, "s", delta=True)
+        assert spare.bodies == [] and engine.unfinished() == 0
+        await engine.aclose()
 
     asyncio.run(main())
 
@@ -200,7 +272,10 @@ def test_agents_run_across_two_stock_vllm_servers_under_one_clock(upstream):
     # an OpenAI client joins an agent the same way as on one engine
     openai = pytest.importorskip("openai")
     client = openai.OpenAI(base_url=str(upstream.base_url) + "/v1", api_key="none")
-    done = client.completions.create(model="tiny", prompt="Once upon a time", max_tokens=5,
+    served = client.models.list().data[0].id  # the replicas' model, as /v1/models names it
+    with pytest.raises(openai.NotFoundError):
+        client.completions.create(model="no-such-model", prompt="x", max_tokens=2)
+    done = client.completions.create(model=served, prompt="Once upon a time", max_tokens=5,
                                      extra_body={"vllm_xargs": {"agent_id": "story-1", "agent_type": "mrs"}})
     assert done.usage.completion_tokens <= 5 and done.usage.prompt_tokens > 0
 

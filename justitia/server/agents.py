@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from justitia.agent import AgentProcess, Answer, Call, drive
 from justitia.core import KV
 from justitia.predictors import Predictor
-from justitia.server.backend import Backend
+from justitia.server.backend import Backend, BackendInterrupted
 from justitia.server.journal import Journal, Record
 from justitia.server.keys import ANONYMOUS, Client
 from justitia.server.schema import AgentSpec, SpecError, check_agent, render
@@ -328,8 +328,17 @@ class AgentManager:
         final = None
         self.tasks_in_flight += 1
         try:
-            async for out in self.backend.generate({"prompt_token_ids": ids}, params, call.request_id):
-                final = out
+            for attempt in (1, 2):  # a replica that fails midway: the task runs once more (on another)
+                try:
+                    async for out in self.backend.generate({"prompt_token_ids": ids}, params,
+                                                           call.request_id + ("" if attempt == 1 else "/retry")):
+                        final = out
+                    break
+                except BackendInterrupted as exc:
+                    if attempt == 2 or not self.backend.alive():
+                        raise
+                    log.warning(json.dumps({"event": "task_retried", "agent_id": run.agent_id, "stage": call.stage,
+                                            "task": call.index, "error": str(exc)}))
         finally:
             self.tasks_in_flight -= 1
         o = final.outputs[0]

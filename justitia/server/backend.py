@@ -34,6 +34,11 @@ class BackendError(RuntimeError):
     """An engine that cannot be used, or that failed a request: the message says why."""
 
 
+class BackendInterrupted(BackendError):
+    """The engine failed a request after it had begun to answer (a replica lost midway); sending the
+    request again may succeed."""
+
+
 @dataclass
 class Completion:
     """One choice of an answer, shaped like vLLM's ``CompletionOutput``."""

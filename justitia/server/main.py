@@ -34,7 +34,7 @@ async def serve(model: str | None = None, policy: str = "justitia", predictor: s
                 upstream: list[str] | None = None, upstream_kv_tokens: int | None = None,
                 ready: asyncio.Event | None = None, api_keys: list[str] | None = None,
                 api_keys_file: Path | None = None, limits: dict | None = None,
-                journal: Path | None | bool = True, drain_s: float = 30.0) -> int:
+                journal: Path | None | bool = True, drain_s: float = 30.0, upstream_timeout_s: float = 600.0) -> int:
     """Run the server until it is stopped (Ctrl-C or SIGTERM).
 
     Without ``upstream``: AsyncLLM with the Justitia plug-in in this process (``model``, default
@@ -62,7 +62,8 @@ async def serve(model: str | None = None, policy: str = "justitia", predictor: s
 
     from justitia.server.app import Settings, create_app
 
-    backend = await _backend(model, policy, kv_blocks, max_num_seqs, max_model_len, upstream, upstream_kv_tokens)
+    backend = await _backend(model, policy, kv_blocks, max_num_seqs, max_model_len, upstream, upstream_kv_tokens,
+                             upstream_timeout_s)
     try:
         settings = Settings(model=backend.model, policy=policy, max_model_len=backend.max_model_len,
                             max_tasks_per_agent=max_tasks_per_agent, max_agents_in_flight=max_agents_in_flight,
@@ -140,14 +141,15 @@ async def serve(model: str | None = None, policy: str = "justitia", predictor: s
             book.close()
 
 
-async def _backend(model, policy, kv_blocks, max_num_seqs, max_model_len, upstream, upstream_kv_tokens):
+async def _backend(model, policy, kv_blocks, max_num_seqs, max_model_len, upstream, upstream_kv_tokens,
+                   upstream_timeout_s=600.0):
     """The engine the server talks to: the local one, or the upstream replicas."""
     if upstream:
         from justitia.server.upstream import UpstreamBackend
         from justitia.vllm.models import resolve_model
 
         return await UpstreamBackend.connect(upstream, policy, upstream_kv_tokens,
-                                             resolve_model(model) if model is not None else None)
+                                             resolve_model(model) if model is not None else None, upstream_timeout_s)
     from justitia.server.local import LocalBackend
 
     return LocalBackend(local_spec(model or "tiny", kv_blocks, max_num_seqs, max_model_len), policy)

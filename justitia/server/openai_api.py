@@ -159,14 +159,31 @@ def add_openai_routes(app: FastAPI, manager) -> None:
 
         if not stream:
             final = None
-            hold(1)
-            try:
+
+            async def consume():
+                nonlocal final
                 async for out in gen:
                     final = out
+
+            hold(1)
+            work = asyncio.ensure_future(consume())
+            try:
+                while not work.done():  # a client that leaves has its request aborted in the engine
+                    await asyncio.wait({work}, timeout=0.5)
+                    if not work.done() and await http.is_disconnected():
+                        work.cancel()
+                        await asyncio.gather(work, return_exceptions=True)
+                        log.info(json.dumps({"event": "client_left", "request_id": rid}))
+                        return JSONResponse({"error": {"message": "the client left", "type": "client_closed"}},
+                                            status_code=499)
+                work.result()
             except BackendError as exc:  # the engine failed the request (--upstream: a replica's reason)
                 return JSONResponse({"error": {"message": str(exc), "type": "upstream_error"}}, status_code=502)
             finally:
+                if not work.done():
+                    work.cancel()
                 hold(-1)
+                await gen.aclose()
             o = final.outputs[0]
             choice = {"index": 0, "finish_reason": o.finish_reason, "logprobs": None}
             choice |= {"message": {"role": "assistant", "content": o.text}} if chat else {"text": o.text}
@@ -199,7 +216,7 @@ def add_openai_routes(app: FastAPI, manager) -> None:
 
     def refused(req: _Common, http: Request) -> JSONResponse | None:
         """The answer to a request refused at the door, or None."""
-        if req.model is not None and req.model != settings.model:
+        if req.model is not None and req.model not in (settings.model, settings.model.rstrip("/").rsplit("/", 1)[-1]):
             return JSONResponse({"error": {"message": f"The model `{req.model[:100]}` does not exist.",
                                            "type": "NotFoundError", "param": "model", "code": 404}}, status_code=404)
         client = client_of(http)

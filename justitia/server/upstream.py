@@ -12,10 +12,19 @@ spread over the replicas).
 A request that wants its final output only is one plain completion; a streamed one streams from
 the replica. Cancelling a request closes its connection, and vLLM aborts a request whose client
 has gone (streamed or not).
+
+Faults: connections time out after 10 s and reads after ``read_timeout_s`` (600 s by default:
+a request may wait long in a busy replica's queue). A request that fails before any token came
+back (refused or timed-out connection, a 5xx, a dropped connection) is retried on the next
+replica; a 4xx is the request's own fault and fails it; a failure after tokens streamed fails it
+(the server's agents retry such a task once). A replica that fails ``BREAKER_FAILURES`` times in a
+row is left out (its circuit breaker opens) and probed on ``/health`` every ``PROBE_S`` seconds
+until it answers; if every replica is left out, the request tries them anyway.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import re
@@ -28,15 +37,27 @@ import httpx
 
 from justitia.core import KV, WINDOW_STEPS, AgentBook, PolicyState, RequestMeta, capacity_per_s
 from justitia.defaults import policy_settings
-from justitia.server.backend import Backend, BackendError, Completion, Output, metric_lines
+from justitia.server.backend import Backend, BackendError, BackendInterrupted, Completion, Output, metric_lines
 
 log = logging.getLogger("justitia.server")
 _INFO = re.compile(r'^vllm:cache_config_info\{(.*)\}', re.M)
 _LABEL = re.compile(r'(\w+)="([^"]*)"')
 
 
+BREAKER_FAILURES = 3  # failures in a row that take a replica out of routing
+PROBE_S = 2.0  # how often a replica left out is probed
+
+
 class UpstreamError(BackendError):
     """A replica that cannot be used, or that failed a request."""
+
+
+class ReplicaUnavailable(UpstreamError):
+    """A replica answered 5xx: the next one may serve the request."""
+
+
+class ReplicaLostMidway(UpstreamError, BackendInterrupted):
+    """A replica failed a request after tokens had come back."""
 
 
 @dataclass
@@ -53,9 +74,21 @@ class Replica:
     in_flight: int = 0
     sent: int = 0
     failed: int = 0
+    failures_in_row: int = 0
+    out: bool = False  # its circuit breaker is open: left out of routing until a probe succeeds
 
     def pressure(self) -> float:
         return self.load / self.kv_tokens
+
+    def failure(self) -> None:
+        self.failed += 1
+        self.failures_in_row += 1
+        if self.failures_in_row >= BREAKER_FAILURES and not self.out:
+            self.out = True
+            log.warning(json.dumps({"event": "replica_out", "replica": self.url, "failures_in_row": self.failures_in_row}))
+
+    def success(self) -> None:
+        self.failures_in_row = 0
 
 
 def _client(url: str, timeout_s: float | None) -> httpx.AsyncClient:
@@ -117,17 +150,18 @@ class UpstreamBackend(Backend):
         window = WINDOW_STEPS * settings.iteration_s if settings.measure_capacity else None
         self.book = AgentBook.tagging(policy, capacity, KV, idle_release_s, log, settings.retag, window, self.kv_tokens)
         self.t0 = time.monotonic()
+        self._prober: asyncio.Task | None = None
 
     @classmethod
     async def connect(cls, urls: list[str], policy: str, kv_tokens: int | None = None,
-                      tokenizer_dir: Path | None = None) -> "UpstreamBackend":
+                      tokenizer_dir: Path | None = None, read_timeout_s: float = 600.0) -> "UpstreamBackend":
         """Probe every replica, then keep one clock over them all: M = their KV tokens together per
         nominal step (``JUSTITIA_CAPACITY`` / ``JUSTITIA_ITERATION_S``). ``tokenizer_dir``: by
         default the replicas' model directory, when it is one here."""
         replicas = []
         try:
             for url in urls:
-                replicas.append(await probe_replica(url, kv_tokens))
+                replicas.append(await probe_replica(url, kv_tokens, read_timeout_s))
             settings = policy_settings()
             total = sum(r.kv_tokens for r in replicas)
             capacity = settings.capacity_per_s or capacity_per_s(KV, total, 0, settings.iteration_s)
@@ -191,27 +225,34 @@ class UpstreamBackend(Backend):
                     "vllm_xargs": {k: v for k, v in xargs.items() if isinstance(v, (str, int, float))}}
             tried: set[str] = set()
             produced = 0  # tokens the replica produced (the front end's meter credits them)
+            self._start_prober()
             while True:
-                replica = min((r for r in self.replicas if r.url not in tried), key=Replica.pressure, default=None)
+                left = [r for r in self.replicas if r.url not in tried]
+                replica = min([r for r in left if not r.out] or left, key=Replica.pressure, default=None)
                 if replica is None:
                     raise UpstreamError(f"request {request_id}: no replica could be reached ({', '.join(tried)}).")
                 tried.add(replica.url)
                 replica.load += info.predicted_cost
                 replica.in_flight += 1
                 replica.sent += 1
+                streamed = False
                 try:
                     async for out in self._send(replica, body | {"model": replica.model}, request_id, delta):
+                        streamed = True
                         produced += len(out.outputs[0].token_ids)
                         yield out
+                    replica.success()
                     return
-                except httpx.ConnectError as exc:  # nothing was sent: try the next replica
-                    replica.failed += 1
-                    log.warning(json.dumps({"event": "replica_unreachable", "replica": replica.url,
-                                            "request_id": request_id, "error": str(exc)}))
-                except httpx.HTTPError as exc:
-                    replica.failed += 1
-                    raise UpstreamError(f"replica {replica.url} failed request {request_id}: "
-                                        f"{str(exc) or type(exc).__name__}") from exc
+                except (httpx.HTTPError, ReplicaUnavailable) as exc:
+                    replica.failure()
+                    reason = str(exc) or type(exc).__name__
+                    if streamed:  # tokens went out already: the caller decides
+                        raise ReplicaLostMidway(f"replica {replica.url} failed request {request_id} midway: {reason}") from exc
+                    log.warning(json.dumps({"event": "replica_failed", "replica": replica.url, "request_id": request_id,
+                                            "error": reason, "action": "next replica"}))
+                except UpstreamError:  # a 4xx: the request's own fault
+                    replica.success()
+                    raise
                 finally:
                     replica.load -= info.predicted_cost
                     replica.in_flight -= 1
@@ -225,7 +266,8 @@ class UpstreamBackend(Backend):
         if not delta:
             resp = await replica.client.post("/v1/completions", json=body)
             if resp.status_code != 200:
-                raise UpstreamError(f"replica {replica.url} answered {resp.status_code}: {_message(resp.text)}")
+                kind = ReplicaUnavailable if resp.status_code >= 500 else UpstreamError
+                raise kind(f"replica {replica.url} answered {resp.status_code}: {_message(resp.text)}")
             choice = resp.json()["choices"][0]
             yield Output(request_id, [Completion(choice.get("text") or "", list(choice.get("token_ids") or []),
                                                  choice.get("finish_reason"))], True)
@@ -233,7 +275,8 @@ class UpstreamBackend(Backend):
         async with replica.client.stream("POST", "/v1/completions", json=body) as resp:
             if resp.status_code != 200:
                 await resp.aread()
-                raise UpstreamError(f"replica {replica.url} answered {resp.status_code}: {_message(resp.text)}")
+                kind = ReplicaUnavailable if resp.status_code >= 500 else UpstreamError
+                raise kind(f"replica {replica.url} answered {resp.status_code}: {_message(resp.text)}")
             async for line in resp.aiter_lines():
                 if not line.startswith("data: ") or line == "data: [DONE]":
                     continue
@@ -253,13 +296,36 @@ class UpstreamBackend(Backend):
                 ("replica_requests_in_flight", "gauge", "in_flight", "Requests sent to a replica and not finished."),
                 ("replica_requests_total", "counter", "sent", "Requests sent to a replica."),
                 ("replica_failures_total", "counter", "failed", "Requests a replica could not take or failed."),
-                ("replica_kv_tokens", "gauge", "kv_tokens", "A replica's KV cache, in tokens.")):
-            lines += metric_lines(name, kind, text, *(f'justitia_{name}{{replica="{r.url}"}} {getattr(r, attr)}'
+                ("replica_kv_tokens", "gauge", "kv_tokens", "A replica's KV cache, in tokens."),
+                ("replica_out", "gauge", "out", "1 while a replica's circuit breaker keeps it out of routing.")):
+            lines += metric_lines(name, kind, text, *(f'justitia_{name}{{replica="{r.url}"}} {int(getattr(r, attr))}'
                                                       for r in self.replicas))
         return lines
 
+    def _start_prober(self) -> None:
+        if self._prober is None or self._prober.done():
+            self._prober = asyncio.get_running_loop().create_task(self._probe())
+
+    async def _probe(self) -> None:
+        """Active probes: a replica left out comes back once its ``/health`` answers 200."""
+        while True:
+            await asyncio.sleep(PROBE_S)
+            for r in self.replicas:
+                if not r.out:
+                    continue
+                try:
+                    ok = (await r.client.get("/health", timeout=5.0)).status_code == 200
+                except httpx.HTTPError:
+                    ok = False
+                if ok:
+                    r.out, r.failures_in_row = False, 0
+                    log.warning(json.dumps({"event": "replica_back", "replica": r.url}))
+
     async def aclose(self) -> None:
-        """Close the connections to the replicas."""
+        """Stop probing; close the connections to the replicas."""
+        if self._prober is not None:
+            self._prober.cancel()
+            await asyncio.gather(self._prober, return_exceptions=True)
         for r in self.replicas:
             await r.client.aclose()
 
