@@ -129,6 +129,8 @@ def _parser() -> argparse.ArgumentParser:
     sv.add_argument("--no-journal", action="store_true", help="keep agents in memory only (a restart loses them)")
     sv.add_argument("--upstream-timeout", type=float, default=600.0, metavar="S",
                     help="--upstream: seconds a replica may take to send the next bytes of an answer (default 600)")
+    sv.add_argument("--header-timeout", type=float, default=10.0, metavar="S",
+                    help="close a connection whose request headers take longer than this (default 10)")
     sv.add_argument("--drain-s", type=float, default=30.0,
                     help="on SIGTERM, wait this long for agents in flight before stopping (default 30)")
     sv.add_argument("--upstream", nargs="+", metavar="URL",
@@ -392,6 +394,8 @@ def _cmd_serve(args) -> int:
         raise ValueError("--journal and --no-journal contradict each other.")
     if not (args.drain_s >= 0 and args.drain_s < float("inf")):
         raise ValueError(f"--drain-s must be a finite number >= 0, got {args.drain_s}.")
+    if not (args.header_timeout > 0 and args.header_timeout < float("inf")):
+        raise ValueError(f"--header-timeout must be a finite number > 0, got {args.header_timeout}.")
     if not (args.upstream_timeout > 0 and args.upstream_timeout < float("inf")):
         raise ValueError(f"--upstream-timeout must be a finite number > 0, got {args.upstream_timeout}.")
     try:
@@ -399,7 +403,7 @@ def _cmd_serve(args) -> int:
                           args.max_num_seqs, args.max_model_len, args.max_tasks_per_agent, args.max_agents_in_flight,
                           args.max_body_bytes, args.upstream, args.upstream_kv_tokens, api_keys=args.api_key,
                           api_keys_file=args.api_keys, limits=limits, journal=journal, drain_s=args.drain_s,
-                          upstream_timeout_s=args.upstream_timeout))
+                          upstream_timeout_s=args.upstream_timeout, header_timeout_s=args.header_timeout))
     except KeyboardInterrupt:
         return 0
 

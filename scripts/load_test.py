@@ -19,6 +19,7 @@ import asyncio
 import json
 import os
 import random
+import secrets
 import socket
 import subprocess
 import sys
@@ -48,9 +49,12 @@ def _range(text: str) -> tuple[int, int]:
     return lo_, hi_
 
 
-async def run(url: str, n: int, timeout_s: float, seed: int, stages=(4, 4), tasks=(1, 2), tokens=(200, 250)) -> dict:
+async def run(url: str, n: int, timeout_s: float, seed: int, stages=(4, 4), tasks=(1, 2), tokens=(200, 250),
+              keys: list[str] | None = None) -> dict:
     rng = random.Random(seed)
     bodies = [agent_body(rng, k, stages, tasks, tokens) for k in range(n)]
+    # agent k is submitted (and read back) with key k mod len(keys); none: an open server
+    auth = [{"Authorization": f"Bearer {keys[k % len(keys)]}"} if keys else {} for k in range(n)]
     limits = httpx.Limits(max_connections=64)
     async with httpx.AsyncClient(base_url=url, timeout=60, limits=limits) as client:
         peak = 0
@@ -65,16 +69,16 @@ async def run(url: str, n: int, timeout_s: float, seed: int, stages=(4, 4), task
 
         sampler = asyncio.create_task(sample())
         t0 = time.perf_counter()
-        replies = await asyncio.gather(*(client.post("/v1/agents", json=b) for b in bodies))
+        replies = await asyncio.gather(*(client.post("/v1/agents", json=b, headers=h) for b, h in zip(bodies, auth)))
         submit_s = time.perf_counter() - t0
         rejected = [r.text for r in replies if r.status_code != 202]
-        ids = [r.json()["agent_id"] for r in replies if r.status_code == 202]
+        ids = [(r.json()["agent_id"], h) for r, h in zip(replies, auth) if r.status_code == 202]
         while time.perf_counter() - t0 < timeout_s and (await client.get("/health")).json()["agents_in_flight"] > 0:
             await asyncio.sleep(0.5)
         wall_s = time.perf_counter() - t0
         finished.set()
         await sampler
-        docs = await asyncio.gather(*(client.get(f"/v1/agents/{i}") for i in ids))
+        docs = await asyncio.gather(*(client.get(f"/v1/agents/{i}", headers=h) for i, h in ids))
     statuses: dict[str, int] = {}
     lost, incomplete, jcts = 0, 0, []
     for reply, body in zip(docs, [b for b, r in zip(bodies, replies) if r.status_code == 202]):
@@ -168,11 +172,15 @@ def main() -> int:
     ap.add_argument("--stages", type=_range, default=(4, 4), help="stages per agent, A:B (default 4:4)")
     ap.add_argument("--tasks", type=_range, default=(1, 2), help="tasks per stage, A:B (default 1:2)")
     ap.add_argument("--tokens", type=_range, default=(200, 250), help="max_tokens of a task, A:B (default 200:250)")
+    ap.add_argument("--keys", type=int, default=4, help="API keys the agents are spread over (default 4; 0: an open "
+                    "server)")
     ap.add_argument("--out", type=Path, help="also write the result as JSON here")
     args = ap.parse_args()
+    keys = [f"sk-load-{secrets.token_hex(8)}" for _ in range(args.keys)] if args.url is None else []
     procs = []
     url = args.url
-    serve_args = ("--predictor", "mean", "--max-agents-in-flight", str(max(args.agents, 1)))
+    serve_args = ("--predictor", "mean", "--max-agents-in-flight", str(max(args.agents, 1)),
+                  *(x for key in keys for x in ("--api-key", key)))
     if url is None and args.upstream:
         from justitia.vllm.models import resolve_model
 
@@ -188,7 +196,9 @@ def main() -> int:
         print(f"load test: {url} is not a loopback address; this script only loads a local server", file=sys.stderr)
         return 2
     try:
-        result = asyncio.run(run(url, args.agents, args.timeout, args.seed, args.stages, args.tasks, args.tokens))
+        result = asyncio.run(run(url, args.agents, args.timeout, args.seed, args.stages, args.tasks, args.tokens,
+                                 keys))
+        result["keys"] = len(keys)
         if args.upstream:
             result["replicas"] = replica_split(url)
     finally:

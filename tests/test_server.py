@@ -3,6 +3,7 @@
 import asyncio
 import json
 import re
+import socket
 import sqlite3
 import sys
 import time
@@ -169,7 +170,7 @@ def server(tmp_path_factory):
     srv = Server([sys.executable, "-m", "justitia", "serve", "--port", str(port), "--predictor", "mean",
                   "--kv-blocks", "16", "--max-model-len", "1024", "--max-tasks-per-agent", "16",
                   "--max-body-bytes", "20000", "--max-agents-in-flight", "3", "--api-keys", str(keys),
-                  "--journal", str(where / "journal.sqlite")], port,
+                  "--journal", str(where / "journal.sqlite"), "--header-timeout", "2"], port,
                  where / "serve.log",
                  env={"JUSTITIA_AGENT_IDLE_S": "600", "JUSTITIA_LOG_AGENTS": "1"})  # no release by idleness
     srv.wait_ready("/health")
@@ -271,6 +272,26 @@ def test_only_a_key_reaches_the_api_and_only_its_owner_sees_an_agent(server):
     r = server.post("/v1/completions", json={"prompt": "hi", "max_tokens": 2, "vllm_xargs": {"agent_cost": 0}})
     assert r.status_code == 400 and "vllm_xargs.agent_cost" in r.json()["error"]["message"]
     assert server.post("/v1/completions", json={"model": "gpt-4", "prompt": "hi", "max_tokens": 2}).status_code == 404
+
+
+def test_connections_whose_headers_never_finish_are_closed(server):
+    host, port = server.server.url.removeprefix("http://").split(":")
+    slow = []
+    for _ in range(20):  # half-requests: uvicorn alone would hold each connection forever
+        sock = socket.create_connection((host, int(port)))
+        sock.sendall(b"POST /v1/agents HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n")
+        sock.settimeout(30)
+        slow.append(sock)
+    assert server.get("/health").json()["status"] == "ok"  # the server serves meanwhile
+    started = time.time()
+    for sock in slow:  # closed by the server (--header-timeout 2): recv sees the end of the stream
+        assert sock.recv(1024) == b""
+        sock.close()
+    assert time.time() - started < 25
+    with socket.create_connection((host, int(port))) as sock:  # a whole request on a raw socket is served
+        sock.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+        sock.settimeout(30)
+        assert sock.recv(1024).startswith(b"HTTP/1.1 200")
 
 
 def test_openapi_document_describes_the_agent_api(server):

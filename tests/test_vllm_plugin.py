@@ -71,10 +71,13 @@ def test_a_mouse_arriving_after_the_elephant_finishes_first(policies, policy):
 
 def test_srjf_holds_the_elephant_back_behind_the_stream_of_mice(policies):
     srjf, fcfs = policies["srjf"], policies["fcfs"]
-    # the elephant yields to every mouse: it finishes later than under fcfs, and after each mouse that
-    # arrived while fcfs was still serving it (on a fast engine the stream outlasts it; on a slow one,
-    # every mouse)
-    assert srjf["elephant"]["finish_s"] > fcfs["elephant"]["finish_s"]
+    # the elephant yields to every mouse: more mice finish before it than under fcfs (counted, not
+    # timed: the two runs' engine speeds differ on a busy machine), and it finishes after each mouse
+    # that arrived while fcfs was still serving it (on a fast engine the stream outlasts it; on a
+    # slow one, every mouse)
+    def before_elephant(run):
+        return sum(r["finish_s"] < run["elephant"]["finish_s"] for r in mice(run).values())
+    assert before_elephant(srjf) > before_elephant(fcfs)
     early = [r for r in mice(srjf).values() if r["finish_s"] - r["jct_s"] < fcfs["elephant"]["finish_s"]]
     assert early and srjf["elephant"]["finish_s"] > max(r["finish_s"] for r in early)
     # under fcfs the elephant's requests came first: mice still in the stream finish after it

@@ -126,3 +126,39 @@ class RateLimit:
 def retry_after(seconds: float) -> dict[str, str]:
     """The ``Retry-After`` header, in whole seconds (at least 1)."""
     return {"Retry-After": str(max(1, math.ceil(seconds)))}
+
+
+def h11_with_header_timeout(header_timeout_s: float):
+    """uvicorn's h11 protocol, closing a connection whose request headers have not all arrived
+    ``header_timeout_s`` after it opened or after its previous response (uvicorn itself waits
+    forever for them: a hundred idle half-requests would hold a hundred connections)."""
+    from uvicorn.protocols.http.h11_impl import H11Protocol
+
+    class HeaderTimeoutH11(H11Protocol):
+        def connection_made(self, transport):
+            super().connection_made(transport)
+            self._header_timer = self.loop.call_later(header_timeout_s, self._headers_late)
+
+        def _waiting_for_headers(self) -> bool:
+            return self.cycle is None or self.cycle.response_complete
+
+        def _headers_late(self) -> None:
+            self._header_timer = None
+            if self._waiting_for_headers() and not self.transport.is_closing():
+                self.transport.close()
+
+        def data_received(self, data: bytes) -> None:
+            if self._header_timer is None and self._waiting_for_headers():
+                self._header_timer = self.loop.call_later(header_timeout_s, self._headers_late)
+            super().data_received(data)
+            if self._header_timer is not None and not self._waiting_for_headers():
+                self._header_timer.cancel()  # a request's headers are in
+                self._header_timer = None
+
+        def connection_lost(self, exc) -> None:
+            if self._header_timer is not None:
+                self._header_timer.cancel()
+                self._header_timer = None
+            super().connection_lost(exc)
+
+    return HeaderTimeoutH11

@@ -34,7 +34,8 @@ async def serve(model: str | None = None, policy: str = "justitia", predictor: s
                 upstream: list[str] | None = None, upstream_kv_tokens: int | None = None,
                 ready: asyncio.Event | None = None, api_keys: list[str] | None = None,
                 api_keys_file: Path | None = None, limits: dict | None = None,
-                journal: Path | None | bool = True, drain_s: float = 30.0, upstream_timeout_s: float = 600.0) -> int:
+                journal: Path | None | bool = True, drain_s: float = 30.0, upstream_timeout_s: float = 600.0,
+                header_timeout_s: float = 10.0) -> int:
     """Run the server until it is stopped (Ctrl-C or SIGTERM).
 
     Without ``upstream``: AsyncLLM with the Justitia plug-in in this process (``model``, default
@@ -80,8 +81,10 @@ async def serve(model: str | None = None, policy: str = "justitia", predictor: s
             log.propagate = False
         # keep-alive well above the 5 s default: under load a client may reuse a connection that
         # uvicorn has just closed (httpx then fails with ReadError)
+        from justitia.server.limits import h11_with_header_timeout
+
         server = _uvicorn_server()(uvicorn.Config(app, host=host, port=port, log_level="warning",
-                                                  timeout_keep_alive=75))
+                                                  timeout_keep_alive=75, http=h11_with_header_timeout(header_timeout_s)))
         loop = asyncio.get_running_loop()
         status = 0
 
