@@ -110,13 +110,15 @@ def main() -> int:
     ap.add_argument("--requests", type=int, default=300)
     ap.add_argument("--concurrency", type=int, default=32)
     ap.add_argument("--tokens", type=int, default=16, help="output tokens per request (forced)")
+    ap.add_argument("--no-journal", action="store_true", help="the server without its journal (the default has one)")
     ap.add_argument("--out", type=Path, help="also write the result as JSON here")
     args = ap.parse_args()
     result = {"requests": args.requests, "concurrency": args.concurrency, "tokens": args.tokens,
               "direct": asyncio.run(direct(args.requests, args.concurrency, args.tokens))}
     from load_test import start_server  # scripts/ is on sys.path when this runs as a script
 
-    proc, url = start_server("--predictor", "mean", quiet=True)
+    proc, url = start_server("--predictor", "mean", quiet=True, journal=not args.no_journal)
+    result["journal"] = not args.no_journal
     try:
         result |= asyncio.run(served(url, args.requests, args.concurrency, args.tokens))
     finally:

@@ -133,12 +133,13 @@ def start(cmd: list[str], port: int, ready: str, quiet: bool = False) -> tuple[s
     raise SystemExit(f"{cmd[:4]} did not start")
 
 
-def start_server(*args: str, quiet: bool = False) -> tuple[subprocess.Popen, str]:
-    """``justitia serve ARGS`` on a free loopback port, once it answers /health."""
+def start_server(*args: str, quiet: bool = False, journal: bool = True) -> tuple[subprocess.Popen, str]:
+    """``justitia serve ARGS`` on a free loopback port, once it answers /health; with a fresh journal
+    (nothing to resume), or none."""
     port = _free_port()
-    journal = Path(tempfile.mkdtemp(prefix="justitia-load-")) / "journal.sqlite"  # a fresh one: nothing to resume
-    return start([sys.executable, "-m", "justitia", "serve", "--port", str(port), "--journal", str(journal), *args],
-                 port, "/health", quiet)
+    path = Path(tempfile.mkdtemp(prefix="justitia-load-")) / "journal.sqlite"
+    where = ["--journal", str(path)] if journal else ["--no-journal"]
+    return start([sys.executable, "-m", "justitia", "serve", "--port", str(port), *where, *args], port, "/health", quiet)
 
 
 def start_replica(model_dir: str, quiet: bool = True) -> tuple[subprocess.Popen, str]:
