@@ -16,7 +16,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 
 from justitia.predictors import Predictor
 from justitia.server.agents import TERMINAL, AgentManager, Settings
-from justitia.server.backend import Backend
+from justitia.server.backend import Backend, BackendError
 from justitia.server.journal import Journal, JournalError
 from justitia.server.keys import KeyRing, client_of
 from justitia.server.limits import Authenticate, BodyLimit, BodyTooLarge, RateLimit, body_too_large, retry_after
@@ -98,6 +98,8 @@ def create_app(backend: Backend, tokenizer, settings: Settings, predictor: Predi
             return _error(400, str(exc))
         except JournalError as exc:  # not recorded, so not accepted
             return _error(503, f"the agent could not be journaled ({exc}); retry later.", retry_after(5))
+        except BackendError as exc:  # the engine could not take it now (a journaled agent runs at the next start)
+            return _error(503, f"the engine could not take the agent ({exc}); retry later.", retry_after(5))
         return JSONResponse({"agent_id": run.agent_id, "status": run.status}, status_code=202)
 
     def missing(agent_id: str, request: Request) -> JSONResponse:
