@@ -4,11 +4,23 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from pathlib import Path
 from types import SimpleNamespace
 
 from justitia.core import AgentBook, RequestMeta
 from justitia.server.backend import Backend, BackendError
+
+
+def settle(client, agent_id: str, key: str | None = None) -> dict:
+    """Poll the agent (with ``key``'s Bearer token, if given) until it ends; its document."""
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    deadline = time.time() + 60
+    while (doc := client.get(f"/v1/agents/{agent_id}", headers=headers).json())["status"] not in (
+            "done", "failed", "cancelled"):
+        assert time.time() < deadline, doc
+        time.sleep(0.01)
+    return doc
 
 
 class WordTokenizer:

@@ -12,7 +12,7 @@ import time
 import pytest
 from fastapi.testclient import TestClient
 
-from inprocess import RecordingBackend, WordTokenizer
+from inprocess import RecordingBackend, WordTokenizer, settle
 from justitia.predictors import make_predictor
 from justitia.server.app import Settings, create_app
 from justitia.server.journal import Journal, Record
@@ -50,19 +50,10 @@ def start(tmp_path):
         client.journal.close()
 
 
-def settle(client, agent_id, key=A):
-    deadline = time.time() + 60
-    while (doc := client.get(f"/v1/agents/{agent_id}", headers=auth(key)).json())["status"] not in (
-            "done", "failed", "cancelled"):
-        assert time.time() < deadline, doc
-        time.sleep(0.01)
-    return doc
-
-
 def test_a_finished_agent_is_journaled_and_answers_the_same_after_a_restart(start, tmp_path):
     first = start()
     agent_id = first.post("/v1/agents", json=TWO_STAGES, headers=auth(A)).json()["agent_id"]
-    before = settle(first, agent_id)
+    before = settle(first, agent_id, A)
     assert before["status"] == "done"
     rows = sqlite3.connect(tmp_path / "journal.sqlite").execute(
         "SELECT status, owner, tenant, weight FROM agents").fetchall()
@@ -90,7 +81,7 @@ def test_an_unfinished_agent_resumes_from_its_first_stage_not_fully_answered(sta
     journal.close()
     app = start(path)
     assert app.portal.call(app.manager.recover) == (0, 1)
-    doc = settle(app, "agent-crashed")
+    doc = settle(app, "agent-crashed", A)
     assert doc["status"] == "done" and doc["predicted_cost"] == 99.0
     assert [t["output"] for t in doc["stages"][0]] == ["before-0", "before-1"]  # kept, not run again
     assert doc["stages"][1][0]["output"] == "ok"
@@ -133,7 +124,7 @@ def test_a_server_that_stops_leaves_its_unfinished_agents_to_be_resumed(start, t
     app.backend.gate.set()
     again = start()
     assert again.portal.call(again.manager.recover) == (1, 1)  # the cancelled one stays cancelled
-    assert settle(again, agent_id)["status"] == "done"
+    assert settle(again, agent_id, A)["status"] == "done"
 
 
 def test_health_says_when_the_engine_is_dead_and_a_draining_server_takes_no_agents(start):

@@ -4,12 +4,11 @@ backend (no engine), with a real HTTP client (Starlette's TestClient)."""
 from __future__ import annotations
 
 import re
-import time
 
 import pytest
 from fastapi.testclient import TestClient
 
-from inprocess import RecordingBackend, WordTokenizer
+from inprocess import RecordingBackend, WordTokenizer, settle
 from justitia.core import RequestMeta
 from justitia.predictors import make_predictor
 from justitia.server.app import Settings, create_app
@@ -37,15 +36,6 @@ def app(keyfile):
 
 def auth(key):
     return {"Authorization": f"Bearer {key}"}
-
-
-def wait_done(client, agent_id, key):
-    deadline = time.time() + 60
-    while (doc := client.get(f"/v1/agents/{agent_id}", headers=auth(key)).json())["status"] not in (
-            "done", "failed", "cancelled"):
-        assert time.time() < deadline, doc
-        time.sleep(0.01)
-    return doc
 
 
 def test_key_files_are_read_line_by_line_and_a_bad_line_is_named(tmp_path, keyfile):
@@ -81,7 +71,7 @@ def test_without_a_valid_key_every_v1_route_is_401_and_health_stays_open(app):
 def test_an_agent_belongs_to_its_key_and_runs_in_its_tenants_flow(app):
     body = {"type": "mrs", "stages": [[{"prompt": "one two", "max_tokens": 4}], [{"prompt": "{{prev}}", "max_tokens": 2}]]}
     agent_id = app.post("/v1/agents", json=body, headers=auth(A)).json()["agent_id"]
-    assert wait_done(app, agent_id, A)["stages"][1][0]["output"] == "ok"
+    assert settle(app, agent_id, A)["stages"][1][0]["output"] == "ok"
     for method in ("get", "delete"):  # another key sees nothing there: the same 404 as an unknown id
         r = getattr(app, method)(f"/v1/agents/{agent_id}", headers=auth(B))
         assert r.status_code == 404 and r.json() == {"error": f"no agent '{agent_id}'."}

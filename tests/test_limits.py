@@ -8,7 +8,7 @@ import time
 import pytest
 from fastapi.testclient import TestClient
 
-from inprocess import RecordingBackend, WordTokenizer
+from inprocess import RecordingBackend, WordTokenizer, settle
 from justitia.predictors import make_predictor
 from justitia.server.app import Settings, create_app
 from justitia.server.keys import KeyRing
@@ -43,14 +43,6 @@ def make(tmp_path):
         client.__exit__(None, None, None)
 
 
-def settle(client, key, agent_id):
-    deadline = time.time() + 60
-    while (doc := client.get(f"/v1/agents/{agent_id}", headers=auth(key)).json())["status"] not in ("done", "failed"):
-        assert time.time() < deadline
-        time.sleep(0.01)
-    return doc
-
-
 def test_a_key_over_its_agents_in_flight_gets_429_and_the_other_key_does_not(make):
     app = make(key_agents_in_flight=2)
     app.backend.gate.clear()  # hold every request
@@ -61,7 +53,7 @@ def test_a_key_over_its_agents_in_flight_gets_429_and_the_other_key_does_not(mak
     assert app.post("/v1/agents", json=AGENT, headers=auth(B)).status_code == 202
     app.backend.gate.set()
     for agent_id in held:
-        assert settle(app, A, agent_id)["status"] == "done"
+        assert settle(app, agent_id, A)["status"] == "done"
     assert app.post("/v1/agents", json=AGENT, headers=auth(A)).status_code == 202  # room again
     assert app.manager.owner_agents[app.manager.agents[held[0]].owner] in (0, 1)
 
@@ -134,5 +126,5 @@ def test_finished_agents_are_kept_by_bytes_and_age_then_answer_410_to_their_owne
     assert r.status_code == 410
     kept = make()  # the defaults keep it
     agent_id = kept.post("/v1/agents", json=AGENT, headers=auth(A)).json()["agent_id"]
-    assert settle(kept, A, agent_id)["status"] == "done"
+    assert settle(kept, agent_id, A)["status"] == "done"
     assert kept.manager.ended_bytes > 0 and kept.get(f"/v1/agents/{agent_id}", headers=auth(A)).status_code == 200

@@ -107,6 +107,7 @@ class AgentManager:
         self.t_start, self.t_start_s = time.time(), 0.0  # the wall clock at server time 0
         self.idempotent: dict[tuple[str, str], asyncio.Future] = {}  # (owner, Idempotency-Key) -> its agent
         self.draining = False
+        self._background: set[asyncio.Task] = set()
         self.finished: dict[str, int] = {s: 0 for s in TERMINAL}
         self.jct: dict[str, list[int]] = {}  # type -> counts per JCT_BUCKETS (cumulative at export)
         self.jct_sum: dict[str, float] = {}
@@ -178,8 +179,10 @@ class AgentManager:
                 self.expired[agent_id] = run.owner
                 while len(self.expired) > 100_000:
                     self.expired.popitem(last=False)
-        if dropped and self.journal is not None:
-            asyncio.get_running_loop().create_task(self.journal.forget(dropped))
+        if dropped and self.journal is not None:  # kept referenced until done (asyncio holds tasks weakly)
+            task = asyncio.get_running_loop().create_task(self.journal.forget(dropped))
+            self._background.add(task)
+            task.add_done_callback(self._background.discard)
 
     async def _process(self, agent_id: str, spec: AgentSpec, client: Client) -> AgentProcess:
         """The agent's process, with what the predictor sees at arrival: the first stage's prompts

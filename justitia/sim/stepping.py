@@ -84,6 +84,7 @@ class PlainRun:
         self.core = core
         self.finished = finished  # told of every request that finishes, in the step's finishing order
         self.charged = core.uses_service  # other policies skip that work
+        self.timed = core.timed  # keys that move with time (justitia-eligible): advanced each step
         self.now_ps = 0
         self.next_arrival_ps: int | None = None  # the simulator keeps this up to date
         self.free = config.blocks
@@ -176,7 +177,8 @@ class PlainRun:
     # ---------------------------------------------------------------------- one plain iteration
     def _step(self) -> None:
         cfg = self.config
-        self.core.advance(self.now_ps / PS_PER_S)  # keys that move with time (justitia-eligible)
+        if self.timed:
+            self.core.advance(self.now_ps / PS_PER_S)
         bs = cfg.block_size
         budget = cfg.max_num_batched_tokens
         scheduled: dict[SimRequest, int] = {}
