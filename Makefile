@@ -4,7 +4,7 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: setup run test speed presets cpu overhead profile predictor-eval load load-upstream server-bench clean
+.PHONY: setup run test speed presets cpu overhead profile predictor-eval load load-upstream server-bench abuse clean
 
 $(VENV)/.installed: pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
@@ -51,6 +51,10 @@ load: setup
 # justitia serve --upstream in front of two stock vLLM servers (tiny model), 300 agents.
 load-upstream: setup
 	$(BIN)/python scripts/load_test.py --agents 300 --upstream 2 --out results/load-upstream.json
+
+# The abuse list against justitia serve (tiny model): every case a 4xx naming the field, or no effect on others.
+abuse: setup
+	$(BIN)/python scripts/abuse.py --out results/abuse.json
 
 # The server's cost per request against AsyncLLM.generate called directly.
 server-bench: setup

@@ -14,6 +14,12 @@ Sequential: ``--requests`` requests one after another, latency per request (mean
 Concurrent: ``--requests`` requests with ``--concurrency`` in flight, requests per second. The
 server's overhead is its latency minus the direct one; on these 2-core machines that includes the
 HTTP client's own time, which shares the CPUs with the server and the engine.
+
+CPU per request (both phases): the CPU time of the process that holds ``AsyncLLM`` (this one for
+``direct``, the server's for the others; vLLM's engine core is another process, in neither),
+divided by the requests. What the server spends over the direct figure is its own cost (HTTP,
+keys, validation, the agent's bookkeeping, the journal), whatever else shares the machine, so it
+is the steadiest figure here (Linux: read from ``/proc``).
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ import argparse
 import asyncio
 import gc
 import json
+import os
 import statistics
 import sys
 import time
@@ -30,10 +37,20 @@ from pathlib import Path
 PROMPT = "Summarize the quarterly report in one sentence."
 
 
-async def _measure(one, n: int, concurrency: int, warmup: int = 20) -> dict:
-    """Latency of ``one(i)`` run ``n`` times in a row, then throughput with ``concurrency`` in flight."""
+def process_cpu_s(pid: int | None = None) -> float:
+    """CPU seconds (user + system, every thread) the process has used: this one, or ``pid``'s."""
+    if pid is None:
+        return time.process_time()
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime
+
+
+async def _measure(one, n: int, concurrency: int, warmup: int = 20, pid: int | None = None) -> dict:
+    """Latency of ``one(i)`` run ``n`` times in a row, then throughput with ``concurrency`` in flight;
+    and the CPU per request of the process that serves them (``pid``; None: this one)."""
     for i in range(warmup):
         await one(-1 - i)
+    cpu0 = process_cpu_s(pid)
     lat = []
     for i in range(n):
         t = time.perf_counter()
@@ -49,7 +66,7 @@ async def _measure(one, n: int, concurrency: int, warmup: int = 20) -> dict:
     await asyncio.gather(*(limited(i) for i in range(n)))
     wall = time.perf_counter() - t
     return {"mean_ms": 1000 * statistics.mean(lat), "p50_ms": 1000 * statistics.median(lat),
-            "requests_per_s": n / wall}
+            "requests_per_s": n / wall, "cpu_ms_per_request": 1000 * (process_cpu_s(pid) - cpu0) / (2 * n)}
 
 
 async def direct(n: int, concurrency: int, tokens: int) -> dict:
@@ -80,7 +97,7 @@ async def _direct(n: int, concurrency: int, tokens: int) -> dict:
     return result
 
 
-async def served(url: str, n: int, concurrency: int, tokens: int) -> dict:
+async def served(url: str, pid: int, n: int, concurrency: int, tokens: int) -> dict:
     import httpx
 
     limits = httpx.Limits(max_connections=2 * concurrency + 4)
@@ -101,8 +118,8 @@ async def served(url: str, n: int, concurrency: int, tokens: int) -> dict:
                             raise RuntimeError(f"agent ended {line[7:]}")
                         break
 
-        return {"completions": await _measure(completion, n, concurrency),
-                "agents": await _measure(agent, n, concurrency)}
+        return {"completions": await _measure(completion, n, concurrency, pid=pid),
+                "agents": await _measure(agent, n, concurrency, pid=pid)}
 
 
 def main() -> int:
@@ -120,22 +137,25 @@ def main() -> int:
     proc, url = start_server("--predictor", "mean", quiet=True, journal=not args.no_journal)
     result["journal"] = not args.no_journal
     try:
-        result |= asyncio.run(served(url, args.requests, args.concurrency, args.tokens))
+        result |= asyncio.run(served(url, proc.pid, args.requests, args.concurrency, args.tokens))
     finally:
         proc.terminate()
         proc.wait(timeout=60)
     d = result["direct"]
     print(f"{args.requests} requests of {args.tokens} tokens; sequential latency, then {args.concurrency} in flight")
-    print("| path | latency mean ms | p50 ms | overhead ms | requests/s | vs direct | extra ms per request (all in flight) |")
-    print("|---|---|---|---|---|---|---|")
+    print("| path | latency mean ms | p50 ms | overhead ms | requests/s | vs direct | extra ms per request (all in flight) "
+          "| CPU ms per request | over direct |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for name in ("direct", "completions", "agents"):
         r = result[name]
         r["overhead_ms"] = r["mean_ms"] - d["mean_ms"]
         r["throughput_vs_direct"] = r["requests_per_s"] / d["requests_per_s"]
         # with every CPU busy: the machine time each request costs, over the direct path's
         r["extra_ms_per_request"] = 1000 / r["requests_per_s"] - 1000 / d["requests_per_s"]
+        r["cpu_ms_over_direct"] = r["cpu_ms_per_request"] - d["cpu_ms_per_request"]  # the server's own
         print(f"| {name} | {r['mean_ms']:.1f} | {r['p50_ms']:.1f} | {r['overhead_ms']:+.1f} | "
-              f"{r['requests_per_s']:.0f} | {r['throughput_vs_direct']:.2f}x | {r['extra_ms_per_request']:+.1f} |")
+              f"{r['requests_per_s']:.0f} | {r['throughput_vs_direct']:.2f}x | {r['extra_ms_per_request']:+.1f} | "
+              f"{r['cpu_ms_per_request']:.2f} | {r['cpu_ms_over_direct']:+.2f} |")
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(result, indent=1))

@@ -9,7 +9,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 from justitia.core import AgentBook, RequestMeta
-from justitia.server.backend import Backend, BackendError
+from justitia.server.backend import Backend, BackendError, BackendInterrupted
 
 
 def settle(client, agent_id: str, key: str | None = None) -> dict:
@@ -48,12 +48,18 @@ class RecordingBackend(Backend):
         self.gate = threading.Event()  # cleared: requests wait (in flight) until it is set
         self.gate.set()
         self.dead = False  # True: the engine has died
+        self.cuts = 0  # so many of the next requests fail midway (a replica lost after its first token)
+        self.request_ids: list[str] = []
 
     async def generate(self, prompt, params, request_id):
         if not self.gate.is_set():
             await asyncio.to_thread(self.gate.wait)
         if self.dead:
             raise BackendError("the engine core died")
+        self.request_ids.append(request_id)
+        if self.cuts:
+            self.cuts -= 1
+            raise BackendInterrupted("the replica's stream was cut midway")
         meta = RequestMeta.parse(params.extra_args)
         self.metas.append(meta)
         self.book.arrive(request_id, meta, len(prompt["prompt_token_ids"]), params.max_tokens, 0.0)

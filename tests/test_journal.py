@@ -151,3 +151,18 @@ def test_an_agent_whose_engine_died_under_it_is_left_to_the_next_start(start, tm
     status = sqlite3.connect(tmp_path / "journal.sqlite").execute("SELECT status FROM agents").fetchone()[0]
     assert status == "queued"  # not failed: the restarted server runs it
     assert app.manager.agents[agent_id].status == "running" and app.manager.finished["failed"] == 0
+
+
+def test_a_task_whose_replica_fails_midway_runs_once_more_and_a_second_failure_fails_the_agent(start):
+    app = start()
+    one_task = {"stages": [[{"prompt": "one two", "max_tokens": 3}]]}
+    app.backend.cuts = 1
+    doc = settle(app, app.post("/v1/agents", json=one_task, headers=auth(A)).json()["agent_id"], A)
+    assert doc["status"] == "done" and doc["stages"][0][0]["output"] == "ok"
+    first, again = app.backend.request_ids
+    assert again == first + "/retry"  # sent once more, under its own request id
+
+    app.backend.cuts, app.backend.request_ids = 2, []
+    doc = settle(app, app.post("/v1/agents", json=one_task, headers=auth(A)).json()["agent_id"], A)
+    assert doc["status"] == "failed" and "midway" in doc["error"]
+    assert len(app.backend.request_ids) == 2  # once more, not forever

@@ -20,6 +20,9 @@ from justitia.server.metrics import prometheus_text
 from justitia.server.schema import AgentSpec, SpecError, check_agent, render
 from servers import Server, free_port, metric, sigkill, wait_agent
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
+import abuse  # noqa: E402  (scripts/abuse.py: the abuse list)
+
 
 # ------------------------------------------------------------------------- placeholders (no server)
 def test_placeholders_render_earlier_outputs_and_bad_ones_are_refused():
@@ -167,12 +170,10 @@ def server(tmp_path_factory):
     where = tmp_path_factory.mktemp("serve")
     keys = where / "keys.txt"
     keys.write_text(f"{KEY} team-a 1\n{OTHER_KEY} team-b 2\n")
-    srv = Server([sys.executable, "-m", "justitia", "serve", "--port", str(port), "--predictor", "mean",
-                  "--kv-blocks", "16", "--max-model-len", "1024", "--max-tasks-per-agent", "16",
-                  "--max-body-bytes", "20000", "--max-agents-in-flight", "3", "--api-keys", str(keys),
-                  "--journal", str(where / "journal.sqlite"), "--header-timeout", "2"], port,
-                 where / "serve.log",
-                 env={"JUSTITIA_AGENT_IDLE_S": "600", "JUSTITIA_LOG_AGENTS": "1"})  # no release by idleness
+    # the abuse list's server (scripts/abuse.py: its limits are what its cases test)
+    srv = Server([sys.executable, "-m", "justitia", "serve", "--port", str(port), *abuse.FLAGS,
+                  "--api-keys", str(keys), "--journal", str(where / "journal.sqlite")], port,
+                 where / "serve.log", env=abuse.ENV | {"JUSTITIA_LOG_AGENTS": "1"})
     srv.wait_ready("/health")
     with httpx.Client(base_url=srv.url, timeout=30, headers={"Authorization": f"Bearer {KEY}"}) as client:
         client.server = srv
@@ -400,3 +401,12 @@ def test_beyond_the_agents_in_flight_limit_the_server_answers_429(server):
     for agent_id in ids:
         assert server.delete(f"/v1/agents/{agent_id}").json()["status"] == "cancelled"
     assert server.post("/v1/agents", json={"stages": [[{"prompt": "hi", "max_tokens": 2}]]}).status_code == 202
+
+
+def test_every_case_of_the_abuse_list_is_handled_and_a_bystander_is_untouched(server):
+    """scripts/abuse.py's cases (each a 4xx naming the field, or no effect on the other key's agent),
+    against this module's server (started with the list's flags)."""
+    rows = abuse.run(server.server.url, KEY, OTHER_KEY, progress=False)
+    assert len(rows) == len(abuse.CASES) + 1
+    failed = [r for r in rows if not r["ok"]]
+    assert not failed, json.dumps(failed, indent=1)

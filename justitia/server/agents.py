@@ -79,6 +79,7 @@ class AgentRun:
     streams: int = 0  # open event streams
     client: Client = ANONYMOUS  # who submitted it (owner, tenant, weight)
     cancelled_by_client: bool = False  # (a task cancelled otherwise is the server stopping)
+    first_ids: dict[int, list[int]] = field(default_factory=dict)  # the first stage's prompts, tokenized at submission
 
     def emit(self, kind: str, **data) -> None:
         self.events.append({"event": kind, "agent_id": self.agent_id, "t_s": round(time.monotonic(), 6)} | data)
@@ -143,13 +144,18 @@ class AgentManager:
         self.predictions += 1
         return value
 
-    async def encode(self, prompt: str) -> list[int]:
-        """``ids_of`` off the event loop (tokenizing a long prompt takes time); refused untokenized if
-        the prompt is longer than any prompt that could fit the context."""
+    def _ids_checked(self, prompt: str) -> list[int]:
+        """``ids_of``, refused untokenized if the prompt is longer than any prompt that could fit the context."""
         if len(prompt) > self.settings.max_prompt_chars:
             raise SpecError(f"the prompt has {len(prompt)} characters, more than this server's limit of "
                             f"{self.settings.max_prompt_chars}.")
-        return await asyncio.to_thread(self.ids_of, prompt)
+        return self.ids_of(prompt)
+
+    async def encode(self, prompt: str) -> list[int]:
+        """``_ids_checked`` off the event loop (tokenizing a long prompt takes time)."""
+        if len(prompt) > self.settings.max_prompt_chars:  # no trip to a thread for that
+            return self._ids_checked(prompt)
+        return await asyncio.to_thread(self._ids_checked, prompt)
 
     def count_request(self, endpoint: str) -> None:
         self.requests[endpoint] += 1
@@ -184,26 +190,36 @@ class AgentManager:
             self._background.add(task)
             task.add_done_callback(self._background.discard)
 
-    async def _process(self, agent_id: str, spec: AgentSpec, client: Client) -> AgentProcess:
+    def _process(self, agent_id: str, spec: AgentSpec, client: Client) -> tuple[AgentProcess, list[list[int]]]:
         """The agent's process, with what the predictor sees at arrival: the first stage's prompts
-        and lengths (later stages' prompts still hold their placeholders; their lengths are not known yet)."""
+        and lengths (later stages' prompts still hold their placeholders; their lengths are not known
+        yet); and the first stage's token ids, which its tasks then send as they are. Tokenizes: run
+        it off the event loop."""
         first = []
         for i, t in enumerate(spec.stages[0]):
             try:
-                n = len(await self.encode(t.prompt))
+                first.append(self._ids_checked(t.prompt))
             except SpecError as exc:
                 raise SpecError(f"field 'stages[0][{i}].prompt': {exc}") from None
-            if n + t.max_tokens > self.settings.max_model_len:
-                raise SpecError(f"field 'stages[0][{i}].prompt': {n} prompt tokens + max_tokens {t.max_tokens} exceed "
-                                f"the model's context of {self.settings.max_model_len} tokens.")
-            first.append(n)
+            if len(first[i]) + t.max_tokens > self.settings.max_model_len:
+                raise SpecError(f"field 'stages[0][{i}].prompt': {len(first[i])} prompt tokens + max_tokens "
+                                f"{t.max_tokens} exceed the model's context of {self.settings.max_model_len} tokens.")
         view = Agent(agent_id, spec.type, 0.0, tuple(
-            tuple(Task(t.prompt, first[i] if s == 0 else max(1, len(t.prompt) // 4), t.max_tokens)
+            tuple(Task(t.prompt, len(first[i]) if s == 0 else max(1, len(t.prompt) // 4), t.max_tokens)
                   for i, t in enumerate(stage)) for s, stage in enumerate(spec.stages)),
             weight=client.weight, tenant=client.tenant)
         # submitted whole: priced on every stage, so that a cheap first stage cannot hide heavy later ones
-        return AgentProcess(view, self.predictor, KV, tasks=spec.stages, pricing="all-stages",
-                            render=functools.partial(render, limit=self.settings.max_prompt_chars))
+        process = AgentProcess(view, self.predictor, KV, tasks=spec.stages, pricing="all-stages",
+                               render=functools.partial(render, limit=self.settings.max_prompt_chars))
+        return process, first
+
+    def _priced(self, agent_id: str, spec: AgentSpec, client: Client) -> tuple[AgentProcess, list[list[int]], float]:
+        """``_process`` and the predictor's price of it (and how long that took), in one trip to a
+        worker thread."""
+        process, first = self._process(agent_id, spec, client)
+        t0 = time.perf_counter()
+        process.predict()
+        return process, first, time.perf_counter() - t0
 
     async def submit(self, spec: AgentSpec, client: Client = ANONYMOUS,
                      idempotency_key: str | None = None) -> AgentRun:
@@ -233,10 +249,11 @@ class AgentManager:
     async def _accept(self, spec: AgentSpec, client: Client, idempotency_key: str | None) -> AgentRun:
         check_agent(spec, self.settings.max_tasks_per_agent, self.settings.max_model_len - 1)
         agent_id = f"agent-{uuid.uuid4().hex[:12]}"
-        process = await self._process(agent_id, spec, client)
-        before = self.predict_s
-        predicted = await self.predicted(process.predict)
-        predict_ms = 1000 * (self.predict_s - before)
+        process, first, predict_s = await asyncio.to_thread(self._priced, agent_id, spec, client)
+        predicted = process.predicted_cost
+        self.predict_s += predict_s
+        self.predictions += 1
+        predict_ms = 1000 * predict_s
         self.count_request("agents")
         arrival = self.now()
         if self.journal is not None:  # committed before the 202: accepted work survives a crash
@@ -244,7 +261,7 @@ class AgentManager:
                                              idempotency_key, predicted, "queued", None, self.wall(arrival), None))
         run = AgentRun(agent_id, spec, process, arrival, None, client.owner,
                        outputs=[[None] * len(stage) for stage in spec.stages])
-        run.client = client
+        run.client, run.first_ids = client, dict(enumerate(first))
         await self._start(run, predict_ms=round(predict_ms, 3))
         log.info(json.dumps({"event": "agent_submitted", "agent_id": agent_id, "owner": client.owner, "type": spec.type,
                              "tasks": sum(len(s) for s in spec.stages), "predicted_cost": predicted}))
@@ -274,7 +291,7 @@ class AgentManager:
             spec = AgentSpec.model_validate(rec.spec)
             client = Client(rec.owner, rec.tenant, rec.weight)
             try:
-                process = await self._process(rec.agent_id, spec, client)
+                process, _ = await asyncio.to_thread(self._process, rec.agent_id, spec, client)
             except SpecError:  # the server now runs a model with a shorter context: fail it, with why
                 process = AgentProcess(Agent(rec.agent_id, spec.type, 0.0, ((Task("", 1, 1),),)), self.predictor, KV)
                 rec.status, rec.error = "failed", rec.error or "the restarted server cannot fit its first stage."
@@ -317,8 +334,10 @@ class AgentManager:
         from vllm.sampling_params import RequestOutputKind
 
         task = call.task
+        ids = run.first_ids.pop(call.index, None) if call.stage == 0 else None  # tokenized at submission
         try:
-            ids = await self.encode(call.prompt)
+            if ids is None or call.prompt != run.spec.stages[0][call.index].prompt:
+                ids = await self.encode(call.prompt)
         except SpecError as exc:
             raise SpecError(f"stage {call.stage} task {call.index}: {exc}") from None
         if len(ids) + task.max_tokens > self.settings.max_model_len:

@@ -111,12 +111,23 @@ def render(prompt: str, stage: int, outputs: list[list[str]], limit: int | None 
     return PLACEHOLDER.sub(lambda m: "\n\n".join(piece(m)), prompt)
 
 
+_UNION_TAG = re.compile(r"^(str|int|float|bool|list|dict|none)$|[^A-Za-z0-9_]")  # pydantic's names of union members
+
+
+def _field_path(error: dict) -> list:
+    """The error's location without the body and without union members' tags."""
+    return [p for p in error.get("loc", ()) if p != "body" and not (isinstance(p, str) and _UNION_TAG.search(p))]
+
+
 def first_error(errors: list[dict]) -> str:
     """One sentence for the first of pydantic's validation errors, naming the field."""
     if not errors:
         return "the request body is not valid."
-    e = errors[0]
-    loc = [p for p in e.get("loc", ()) if p != "body"]
+    # a union's members each add an error, with the member's tag in the location: of the first field's
+    # errors, name the most specific (``stop[0]`` under ``list[str]``, not ``stop`` under ``str``)
+    locs = [_field_path(e) for e in errors]
+    top = locs[0][:1]
+    e, loc = max(((e, loc) for e, loc in zip(errors, locs) if loc[:1] == top), key=lambda el: len(el[1]))
     field = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in loc).lstrip(".")
     kind = e.get("type", "")
     if kind == "json_invalid":
