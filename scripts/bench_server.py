@@ -1,6 +1,6 @@
 """The server's own cost per request: `justitia serve` against ``AsyncLLM.generate`` called directly.
 
-    python scripts/bench_server.py [--requests 300] [--concurrency 32] [--tokens 16] [--out results/server.json]
+    python scripts/bench_server.py [--requests 300] [--concurrency 32] [--tokens 16] [--ray N] [--out results/server.json]
 
 Both sides run the same engine (the tiny model, the Justitia plug-in, the settings of
 `justitia serve`), one after the other, never at once. Each serves the same short requests
@@ -20,6 +20,11 @@ CPU per request (both phases): the CPU time of the process that holds ``AsyncLLM
 divided by the requests. What the server spends over the direct figure is its own cost (HTTP,
 keys, validation, the agent's bookkeeping, the journal), whatever else shares the machine, so it
 is the steadiest figure here (Linux: read from ``/proc``).
+
+``--ray N``: the server fronts N replicas on Ray Serve (``justitia serve --ray``); each request
+then also crosses a Ray handle to the replica process that holds ``AsyncLLM``. Compare latency and
+throughput then: the server's CPU no longer includes ``AsyncLLM``'s, so CPU per request is not
+comparable with ``direct``.
 """
 
 from __future__ import annotations
@@ -128,14 +133,18 @@ def main() -> int:
     ap.add_argument("--concurrency", type=int, default=32)
     ap.add_argument("--tokens", type=int, default=16, help="output tokens per request (forced)")
     ap.add_argument("--no-journal", action="store_true", help="the server without its journal (the default has one)")
+    ap.add_argument("--ray", type=int, default=0, help="serve through `justitia serve --ray --replicas N` (engines on "
+                    "Ray Serve; the server's CPU then excludes the engines' processes)")
     ap.add_argument("--out", type=Path, help="also write the result as JSON here")
     args = ap.parse_args()
     result = {"requests": args.requests, "concurrency": args.concurrency, "tokens": args.tokens,
               "direct": asyncio.run(direct(args.requests, args.concurrency, args.tokens))}
     from load_test import start_server  # scripts/ is on sys.path when this runs as a script
 
-    proc, url = start_server("--predictor", "mean", quiet=True, journal=not args.no_journal)
+    ray = ("--ray", "--replicas", str(args.ray)) if args.ray else ()
+    proc, url = start_server("--predictor", "mean", *ray, quiet=True, journal=not args.no_journal)
     result["journal"] = not args.no_journal
+    result["ray_replicas"] = args.ray
     try:
         result |= asyncio.run(served(url, proc.pid, args.requests, args.concurrency, args.tokens))
     finally:

@@ -1,11 +1,13 @@
 """Load test of `justitia serve`: many agents at once, every one must finish with all its outputs.
 
     python scripts/load_test.py [--agents 1000] [--stages A:B --tasks A:B --tokens A:B]
-                                [--url http://127.0.0.1:PORT | --upstream N] [--out results/load.json]
+                                [--url http://127.0.0.1:PORT | --upstream N | --ray N] [--out results/load.json]
 
 Without --url it starts `justitia serve` (tiny model) on a free loopback port and stops it at the
 end; with --upstream N it starts N stock vLLM OpenAI servers (tiny model, priority policy) and
-`justitia serve --upstream` in front of them, and reports how the requests split between them. It submits every agent at once (by default each 4 stages of 1-2 tasks of 200-250 tokens;
+`justitia serve --upstream` in front of them, and reports how the requests split between them; with
+--ray N, `justitia serve --ray --replicas N` (N engines on a local Ray Serve instance), and the
+requests each replica answered. It submits every agent at once (by default each 4 stages of 1-2 tasks of 200-250 tokens;
 later stages quote the previous one's first answer), waits until all are done, failed or
 cancelled (or --timeout passes), checks each one's outputs, and counts the most agents in flight
 at once (from the server's own arrival and finish times). Loopback only:
@@ -161,12 +163,25 @@ def replica_split(url: str) -> dict[str, dict[str, float]]:
     return out
 
 
+def ray_split(url: str) -> dict[str, float]:
+    """Requests each Ray replica answered (by process id), and the retries, from the server's /metrics."""
+    out: dict[str, float] = {}
+    for line in httpx.get(url + "/metrics", timeout=30).text.splitlines():
+        if line.startswith("justitia_ray_replica_answers_total{"):
+            out["pid " + line.split('"')[1]] = float(line.split()[-1])
+        elif line.startswith(("justitia_ray_retries_total ", "justitia_ray_interrupted_total ")):
+            out[line.split()[0].removeprefix("justitia_ray_")] = float(line.split()[-1])
+    return out
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--agents", type=int, default=1000)
     ap.add_argument("--url", help="a running server on loopback (default: start one)")
     ap.add_argument("--upstream", type=int, default=0, help="start N stock vLLM replicas behind `justitia serve "
                     "--upstream` (default 0: one server with its own engine)")
+    ap.add_argument("--ray", type=int, default=0, help="run N engine replicas on Ray Serve behind `justitia serve "
+                    "--ray` (default 0: one server with its own engine)")
     ap.add_argument("--timeout", type=float, default=1500, help="seconds to wait for all agents (default 1500)")
     ap.add_argument("--seed", type=int, default=0)
     # defaults: long enough (4 stages in a row) that no agent finishes while 1,000 are being submitted
@@ -190,6 +205,9 @@ def main() -> int:
         procs += [p for p, _ in replicas]
         proc, url = start_server(*serve_args, "--model", "tiny", "--upstream", *(u for _, u in replicas))
         procs.append(proc)
+    elif url is None and args.ray:
+        proc, url = start_server(*serve_args, "--max-num-seqs", "256", "--ray", "--replicas", str(args.ray))
+        procs.append(proc)
     elif url is None:
         proc, url = start_server(*serve_args, "--max-num-seqs", "256")
         procs.append(proc)
@@ -202,6 +220,8 @@ def main() -> int:
         result["keys"] = len(keys)
         if args.upstream:
             result["replicas"] = replica_split(url)
+        if args.ray:
+            result["replicas"] = ray_split(url)
     finally:
         for proc in reversed(procs):  # the front end first, then the replicas
             proc.terminate()

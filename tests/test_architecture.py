@@ -10,7 +10,7 @@ import justitia.core
 
 ROOT = Path(__file__).resolve().parents[1] / "justitia"
 PRODUCT = ("justitia.core", "justitia.workload", "justitia.predictors", "justitia.agent", "justitia.defaults",
-           "justitia.sim", "justitia.vllm", "justitia.server")
+           "justitia.sim", "justitia.vllm", "justitia.server", "justitia.ray")
 ENGINES = {"vllm", "fastapi", "uvicorn", "httpx", "ray", "torch", "transformers", "matplotlib", "rich", "sklearn",
            "pydantic", "starlette"}
 

@@ -2,8 +2,9 @@
 
 import math
 
+import numpy as np
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from justitia.core import (COMPUTE, KV, POLICY_NAMES, AgentBook, AgentScheduler, Charge, RequestInfo, RequestMeta,
@@ -178,6 +179,53 @@ def test_waiting_queue_requeues_and_rejects_duplicates():
     assert q.peek() is r
     with pytest.raises(KeyError):
         q.remove(RequestInfo("other", "a", 4, 10, 1.0))
+
+
+@settings(max_examples=60, deadline=None)
+@given(name=st.sampled_from(["vtc", "las", "srjf"]), seed=st.integers(0, 10_000), weighted=st.booleans())
+def test_dynamic_queue_order_and_vtc_lift_match_the_plain_computation(name, seed, weighted):
+    """``backlogged_agents`` walks the agent heap (stale entries, rebuilds) without popping it, and
+    VTC lifts a returning agent to the counter of the first agent of that walk: both must agree
+    with sorting every backlogged agent by its key and taking the smallest counter among them."""
+    rng = np.random.default_rng(seed)
+    core = scheduler(name)
+    agents = [f"a{i}" for i in range(int(rng.integers(2, 24)))]
+    for i, a in enumerate(agents):
+        core.agent_arrived(a, "t", float(rng.integers(1, 5000)), 0.0,
+                           weight=float(rng.choice([0.5, 1.0, 3.0])) if weighted else 1.0)
+    waiting, running, n = [], [], 0
+    for _ in range(int(rng.integers(20, 600))):
+        op = rng.random()
+        if op < 0.35:  # a request arrives; VTC lifts its agent if it had none waiting
+            a = agents[int(rng.integers(len(agents)))]
+            others = {w.agent_id for w in waiting} - {a}
+            lift = None
+            if name == "vtc" and a not in {w.agent_id for w in waiting} and others:
+                lift = max(core.agent_key(a)[0], min(core.agent_key(o)[0] for o in others))
+            waiting.append(core.request_arrived(f"r{n}", a, 10, 1.0))
+            n += 1
+            if lift is not None:
+                assert core.agent_key(a)[0] == lift
+        elif op < 0.55 and waiting:  # the front request is admitted
+            req = core.peek()
+            core.dequeue(req)
+            waiting.remove(req)
+            running.append(req)
+        elif op < 0.65 and running:  # a running request is preempted
+            req = running.pop(int(rng.integers(len(running))))
+            core.requeue(req)
+            waiting.append(req)
+        elif running:  # service is charged, to a running request or (through it) its agent
+            req = running[int(rng.integers(len(running)))]
+            core.charge(req, Charge(int(rng.integers(0, 50)), int(rng.integers(0, 4)), int(rng.integers(0, 3000))))
+        if rng.random() < 0.7:
+            continue  # not read at every change: stale heap entries pile up
+        backlogged = {w.agent_id for w in waiting}
+        expected = sorted(backlogged, key=core.agent_key)
+        assert list(core.backlogged_agents()) == expected
+        assert core.best_agent() == (expected[0] if expected else None)
+        if waiting:
+            assert core.peek() == min((w for w in waiting if w.agent_id == expected[0]), key=lambda w: w.seq)
 
 
 def test_noisy_predictor_is_bounded_seeded_and_order_free():

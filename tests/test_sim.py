@@ -112,6 +112,23 @@ def test_event_skipping_matches_per_iteration_stepping(seed, policy, blocks, bud
     assert fast.steps <= slow.steps
 
 
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(seed=st.integers(0, 10_000), policy=st.sampled_from(["vtc", "las", "srjf"]), blocks=st.integers(38, 90),
+       weighted=st.booleans())
+def test_lazy_charging_at_the_front_matches_per_iteration_stepping_under_deep_backlog(seed, policy, blocks, weighted):
+    """Under keys that rise (vtc, las), event skipping charges decode service only to the agents at
+    the front of the queue and looks ahead only at the decoding agents before the first one that
+    is not: with most agents waiting, what it admits, and when, must be what plain stepping does."""
+    rng = np.random.default_rng(seed)
+    agents = random_agents(rng, 70, max_prompt=300, max_output=150, mean_gap_s=0.01)
+    if weighted:
+        agents = [replace(a, weight=float(rng.choice([0.5, 1.0, 3.0]))) for a in agents]
+    cfg = engine(blocks=blocks, budget=512, seqs=32, profile=LINEAR)
+    fast, slow = run(agents, policy, cfg, skip=True), run(agents, policy, cfg, skip=False)
+    assert finish(fast) == finish(slow)
+    assert (fast.iterations, fast.preemptions) == (slow.iterations, slow.preemptions)
+
+
 def test_a_policy_whose_keys_move_with_time_is_stepped_every_iteration():
     agents = random_agents(np.random.default_rng(5), 24, max_prompt=400, max_output=200, mean_gap_s=0.2)
     asked_to_skip = run(agents, "justitia-eligible", engine(blocks=60), skip=True)

@@ -10,6 +10,7 @@ from justitia.core.cost import (COMPUTE, COST_MODELS, KV, NO_CHARGE, Charge, Cos
 from justitia.core.policies import OPTION_NAMES, POLICY_NAMES, STATIC_POLICY_NAMES, AgentInfo, Policy, RequestInfo, make_policy
 from justitia.core.protocol import (ENGINE_UTILITY, META_KEYS, PRICE_KEYS, REGISTER, RELEASE, RESET, STATE, ControlCall, PolicyState,
                                     RequestMeta)
+from justitia.core.routing import ROUTER_NAMES, ReplicaLoad, Replicas, RouteRequest, Router, make_router
 from justitia.core.scheduler import AgentScheduler
 
 __all__ = [
@@ -17,4 +18,5 @@ __all__ = [
     "RequestMeta", "VirtualClock", "STATE", "COMPUTE", "COST_MODELS", "ENGINE_UTILITY", "KV", "META_KEYS", "PRICE_KEYS", "NO_CHARGE",
     "OPTION_NAMES", "POLICY_NAMES", "Policy", "REGISTER", "RELEASE", "RESET", "STATIC_POLICY_NAMES", "WINDOW_STEPS", "capacity_per_s", "compute_tokens",
     "cost_model", "int_priority", "kv_token_iters", "make_policy",
+    "ROUTER_NAMES", "ReplicaLoad", "Replicas", "RouteRequest", "Router", "make_router",
 ]

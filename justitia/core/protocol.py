@@ -11,6 +11,8 @@ on vLLM's OpenAI server). ``RequestMeta`` is the only code that writes or reads 
     agent_weight  the agent's weight under weighted fairness (> 0, default 1; its first request sets it)
     tenant        the tenant the agent belongs to (a string; its first request sets it): under justitia a
                   tenant's agents share one GPS flow, so weights divide the engine among tenants
+    agent_tag     the request's key from a front end that keeps the clock for several engines (its
+                  agent's virtual finish tag, a finite number >= 0): the ``tagged`` policy orders by it
 
 **Control calls** go from the process that started a vLLM engine into the plug-in, inside the
 engine process (vLLM's utility-call channel, never reachable by an HTTP client): ``register`` an
@@ -27,10 +29,10 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Any, Mapping
 
-AGENT_ID, AGENT_TYPE, AGENT_COST, REQUEST_COST, AGENT_DONE, AGENT_WEIGHT, TENANT = (
-    "agent_id", "agent_type", "agent_cost", "request_cost", "agent_done", "agent_weight", "tenant")
-META_KEYS = (AGENT_ID, AGENT_TYPE, AGENT_COST, REQUEST_COST, AGENT_DONE, AGENT_WEIGHT, TENANT)
-PRICE_KEYS = (AGENT_COST, REQUEST_COST, AGENT_WEIGHT, TENANT)  # what only a trusted sender may set
+AGENT_ID, AGENT_TYPE, AGENT_COST, REQUEST_COST, AGENT_DONE, AGENT_WEIGHT, TENANT, AGENT_TAG = (
+    "agent_id", "agent_type", "agent_cost", "request_cost", "agent_done", "agent_weight", "tenant", "agent_tag")
+META_KEYS = (AGENT_ID, AGENT_TYPE, AGENT_COST, REQUEST_COST, AGENT_DONE, AGENT_WEIGHT, TENANT, AGENT_TAG)
+PRICE_KEYS = (AGENT_COST, REQUEST_COST, AGENT_WEIGHT, TENANT, AGENT_TAG)  # what only a trusted sender may set
 
 
 @dataclass(frozen=True)
@@ -45,6 +47,7 @@ class RequestMeta:
     agent_done: bool = False
     agent_weight: float | None = None
     tenant: str | None = None
+    agent_tag: float | None = None
 
     def without_prices(self) -> "RequestMeta":
         """The metadata with what only a trusted sender may set left out (costs, weight, tenant):
@@ -67,6 +70,8 @@ class RequestMeta:
             doc[AGENT_WEIGHT] = self.agent_weight
         if self.tenant is not None:
             doc[TENANT] = self.tenant
+        if self.agent_tag is not None:
+            doc[AGENT_TAG] = self.agent_tag
         return doc
 
     @classmethod
@@ -83,7 +88,8 @@ class RequestMeta:
                 "justitia: request %s: %s=%.60r is not a string of 1-128 characters; ignored", request_id, TENANT, tenant)
             tenant = None
         return cls(str(agent_id) if agent_id else None, str(doc.get(AGENT_TYPE, "")), costs[AGENT_COST],
-                   costs[REQUEST_COST], bool(doc.get(AGENT_DONE)), weight, tenant)
+                   costs[REQUEST_COST], bool(doc.get(AGENT_DONE)), weight, tenant,
+                   _cost(doc.get(AGENT_TAG), AGENT_TAG, request_id, log))
 
 
 def _cost(value: Any, key: str, request_id: str, log: logging.Logger | None, positive: bool = False) -> float | None:

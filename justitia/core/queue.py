@@ -4,7 +4,8 @@ Static policies (keys fixed once a request is queued) use one heap of requests. 
 order agents by ``agent_key`` and requests inside an agent by arrival: the queue keeps one heap
 per agent and a heap of backlogged agents, which it re-keys for the agents whose service changed
 (``touch``). Either way the queue tells the policy when an agent becomes backlogged, which VTC's
-lift rule needs.
+lift rule needs; a dynamic policy is told the other backlogged agents smallest key first, so the
+lift reads one counter, not every backlogged agent's.
 """
 
 from __future__ import annotations
@@ -55,7 +56,7 @@ class WaitingQueue:
         self._live[req.request_id] = req
         group = self._by_agent.get(req.agent_id)
         if group is None:
-            self.policy.backlogged(req.agent_id, self._by_agent.keys())
+            self.policy.backlogged(req.agent_id, self.in_order() if self.policy.dynamic else self._by_agent.keys())
             group = self._by_agent[req.agent_id] = []
             if self.policy.dynamic:
                 self._file(req.agent_id)
@@ -74,6 +75,9 @@ class WaitingQueue:
         if self._agent_key.get(agent_id) != key:
             self._agent_key[agent_id] = key
             heapq.heappush(self._agents, (key, agent_id))
+            if len(self._agents) > 2 * len(self._agent_key) + 16:  # mostly stale entries: rebuild
+                self._agents = [(k, a) for a, k in self._agent_key.items()]
+                heapq.heapify(self._agents)
 
     def _refresh(self) -> None:
         for agent_id in self._dirty:
@@ -98,6 +102,20 @@ class WaitingQueue:
         for entry in held:
             heapq.heappush(heap, entry)
         return best
+
+    def in_order(self) -> Iterator[str]:
+        """The backlogged agents, smallest current key first, lazily (read before the queue changes)."""
+        self._refresh()
+        heap, filed, seen = self._agents, self._agent_key, set()
+        frontier = [(heap[0], 0)] if heap else []
+        while frontier:  # a walk down the heap, smallest entry first, that leaves it as it is
+            (key, agent_id), i = heapq.heappop(frontier)
+            if filed.get(agent_id) == key and agent_id not in seen:
+                seen.add(agent_id)
+                yield agent_id
+            for child in (2 * i + 1, 2 * i + 2):
+                if child < len(heap):
+                    heapq.heappush(frontier, (heap[child], child))
 
     def peek(self, extra: dict[str, Charge] | None = None) -> RequestInfo | None:
         """The next request to admit, or None; a dynamic policy's keys may include ``extra``."""

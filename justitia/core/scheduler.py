@@ -9,12 +9,14 @@ served and finished. It knows nothing about KV blocks or iterations.
     requests   request_arrived (queued), requeue (preempted), dequeue (taken out to run),
                request_finished (finished or aborted), charge (service scheduled)
     order      peek, num_waiting, is_waiting, priority, victim
-    needs      keys_move, uses_service, reads_service_on_backlog, measures_capacity
+    needs      keys_move, keys_rise, uses_service, reads_service_on_backlog, measures_capacity
     clock      virtual_time, virtual_finish, gps_active, capacity_per_s (None under a policy without
                a clock); observe_service (what the engine delivered while backlogged: the clock's M
-               follows it), capacity_schedule
-    look-ahead is_backlogged, agent_key(agent, extra), peek(extra), best_agent, agent_head:
-               for engines that skip steps and must know the order a few steps ahead
+               follows it), capacity_schedule; set_capacity (M measured elsewhere: a cluster's
+               front end sets the sum of its engines')
+    look-ahead is_backlogged, agent_key(agent, extra), peek(extra), best_agent, agent_head,
+               backlogged_agents (smallest key first): for engines that skip steps and must know
+               the order a few steps ahead
 """
 
 from __future__ import annotations
@@ -36,7 +38,8 @@ class AgentScheduler:
         """``retag``: when an agent's requests reveal more work than its predicted cost, its policy
         may move it back (``Policy.revise``: justitia's tag ``f = max(f, V(now) + remaining / w)``)."""
         self._policy = policy
-        self._meter = meter if policy.clock is not None else None  # only a clock needs M
+        # only a clock needs M (or a policy that measures it for a clock elsewhere: tagged)
+        self._meter = meter if policy.clock is not None or policy.reports_capacity else None
         self._retag = retag
         self._waiting = WaitingQueue(policy)
         self._agents: dict[str, AgentInfo] = {}
@@ -107,10 +110,11 @@ class AgentScheduler:
 
     # ---------------------------------------------------------------------------- requests
     def request_arrived(self, request_id: str, agent_id: str, prompt_tokens: int, predicted_cost: float,
-                        now_s: float | None = None) -> RequestInfo:
-        """Queue a new request of a registered agent. Its predicted cost adds to what the agent has
-        revealed; once that exceeds the agent's predicted total, the agent is revised at ``now_s``
-        with the work it still has (its revealed requests not finished), if the core retags."""
+                        now_s: float | None = None, tag: float | None = None) -> RequestInfo:
+        """Queue a new request of a registered agent (``tag``: the front end's, for ``tagged``). Its
+        predicted cost adds to what the agent has revealed; once that exceeds the agent's predicted
+        total, the agent is revised at ``now_s`` with the work it still has (its revealed requests not
+        finished), if the core retags."""
         info = self._agents.get(agent_id)
         if info is None:
             raise KeyError(f"request '{request_id}': agent '{agent_id}' has not arrived.")
@@ -120,7 +124,7 @@ class AgentScheduler:
             self._policy.revise(agent_id, revealed[0], revealed[0] - revealed[1], now_s)
             if self._policy.dynamic:
                 self._waiting.touch(agent_id)
-        req = RequestInfo(request_id, agent_id, self._request_seq, prompt_tokens, predicted_cost)
+        req = RequestInfo(request_id, agent_id, self._request_seq, prompt_tokens, predicted_cost, tag)
         self._request_seq += 1
         self._open[agent_id] += 1
         self._waiting.add(req)
@@ -192,6 +196,12 @@ class AgentScheduler:
         return self._policy.dynamic
 
     @property
+    def keys_rise(self) -> bool:
+        """Whether keys only grow as service is charged (vtc, las): an engine that charges lazily
+        knows each key as charged so far is a lower bound, and need only charge agents at the front."""
+        return self._policy.rising
+
+    @property
     def uses_service(self) -> bool:
         """Whether the policy reads the service charged to it (engines may skip charging if not)."""
         return type(self._policy).charge is not Policy.charge
@@ -199,7 +209,8 @@ class AgentScheduler:
     @property
     def reads_service_on_backlog(self) -> bool:
         """Whether queueing a request of an agent with none waiting reads service counters (VTC's
-        lift rule): an engine that charges lazily must charge before such a request arrives."""
+        lift rule: its own, and the front backlogged agent's): an engine that charges lazily must
+        charge before such a request arrives."""
         return self.uses_service and type(self._policy).backlogged is not Policy.backlogged
 
     # ------------------------------------------------------------------------------- clock
@@ -220,9 +231,19 @@ class AgentScheduler:
 
     @property
     def capacity_per_s(self) -> float | None:
-        """The clock's M, in cost units per second, or None under a policy without a clock."""
+        """The clock's M, in cost units per second (under ``tagged``: the M this engine measured, for
+        the front end's clock), or None under a policy without a clock."""
         clock = self._policy.clock
-        return None if clock is None else clock.capacity
+        if clock is None:
+            return self._meter.capacity_per_s if self._meter is not None else None
+        return clock.capacity
+
+    def set_capacity(self, capacity_per_s: float, now_s: float) -> None:
+        """The clock's M, measured elsewhere (a cluster's front end: the sum of its engines'); the
+        clock runs at it from ``now_s``."""
+        if not (capacity_per_s > 0 and math.isfinite(capacity_per_s)):
+            raise ValueError(f"capacity must be a finite number > 0, got {capacity_per_s}.")
+        self._policy.set_capacity(float(capacity_per_s), now_s)
 
     @property
     def measures_capacity(self) -> bool:
@@ -256,3 +277,8 @@ class AgentScheduler:
     def agent_head(self, agent_id: str) -> RequestInfo:
         """The agent's earliest waiting request."""
         return self._waiting.agent_head(agent_id)
+
+    def backlogged_agents(self) -> Iterable[str]:
+        """The backlogged agents, smallest current key first (dynamic policies), lazily: read them
+        before anything else changes the queue."""
+        return self._waiting.in_order()

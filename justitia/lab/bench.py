@@ -2,6 +2,9 @@
 
 A run is one (policy, predictor, cost model) triple under a label; the default label is the
 policy name. Every run of a bench sees the same workload and engine, so results pair by agent id.
+With ``replicas`` > 1 the engine is a cluster of that many (``sim.Cluster``): each run names its
+router and, for justitia, where its clock is kept; the GPS reference and the delay bound then use
+the cluster's total M (N engines as one GPS server of N x M).
 """
 
 from __future__ import annotations
@@ -12,11 +15,11 @@ from pathlib import Path
 from typing import Callable
 
 from justitia.agent import PRICINGS, AgentResult, RunResult
-from justitia.core import make_policy
+from justitia.core import ROUTER_NAMES, make_policy
 from justitia.lab.metrics import delay_bound_s, fairness, gps_finish_times, jct_stats
 from justitia.lab.progress import progress_bar
 from justitia.predictors import make_predictor
-from justitia.sim import EngineConfig, Simulator
+from justitia.sim import CLOCKS, Cluster, EngineConfig, Simulator
 from justitia.workload import Agent
 
 RESULTS_SCHEMA = "justitia.results/1"
@@ -33,12 +36,18 @@ class RunSpec:
     capacity: str = "measured"  # the clock's M: measured from what the engine delivers, or the formula's
     retag: bool = True  # an agent that reveals more work than predicted moves back (AgentScheduler)
     pricing: str = "first-stage"  # or all-stages: an agent submitted whole (AgentProcess)
+    router: str | None = None  # a cluster's router (None: least-load); ignored on one engine
+    cluster_clock: str | None = None  # a cluster's justitia clock: global (None) or replica
 
     def __post_init__(self) -> None:
         if self.capacity not in CAPACITIES:
             raise ValueError(f"--capacity must be one of {', '.join(CAPACITIES)}, got '{self.capacity}'.")
         if self.pricing not in PRICINGS:
             raise ValueError(f"--pricing must be one of {', '.join(PRICINGS)}, got '{self.pricing}'.")
+        if self.router is not None and self.router not in ROUTER_NAMES:
+            raise ValueError(f"--router must be one of {', '.join(ROUTER_NAMES)}, got '{self.router}'.")
+        if self.cluster_clock is not None and self.cluster_clock not in CLOCKS:
+            raise ValueError(f"--cluster-clock must be one of {', '.join(CLOCKS)}, got '{self.cluster_clock}'.")
 
     def to_json(self) -> dict:
         """The run's settings as a results-file document."""
@@ -56,10 +65,15 @@ def simulate(
     seed: int = 0,
     event_skipping: bool = True,
     on_agent_finish: Callable[[AgentResult], None] | None = None,
+    replicas: int = 1,
 ) -> RunResult:
-    """Run one spec over ``agents`` on the simulator."""
-    policy = make_policy(spec.policy, config.capacity_per_s(spec.cost), spec.cost)
+    """Run one spec over ``agents`` on the simulator (a cluster of ``replicas`` engines if > 1)."""
     predictor = make_predictor(spec.predictor, seed)
+    if replicas > 1:
+        return Cluster(config, spec.policy, predictor, spec.cost, replicas, spec.router or "least-load",
+                       spec.cluster_clock or "global", event_skipping, on_agent_finish,
+                       measure_capacity=spec.capacity == "measured", retag=spec.retag, pricing=spec.pricing).run(agents)
+    policy = make_policy(spec.policy, config.capacity_per_s(spec.cost), spec.cost)
     sim = Simulator(config, policy, predictor, spec.cost, event_skipping, on_agent_finish,
                     measure_capacity=spec.capacity == "measured", retag=spec.retag,
                     pricing=spec.pricing)
@@ -73,14 +87,18 @@ def summarize(
     config: EngineConfig,
     workload_info: dict,
     engine: str = "sim",
+    replicas: int = 1,
 ) -> dict:
     """Build the results document from finished runs. A justitia run's GPS reference runs at the
-    capacity its clock ran at (measured, or the formula's), and its bound uses the smallest M."""
+    capacity its clock ran at (measured, or the formula's; a cluster's: its engines' together), and
+    its bound uses the smallest M."""
+    formula_m = replicas * config.capacity_per_s("kv")  # the whole engine's, or cluster's
     doc: dict = {
         "schema": RESULTS_SCHEMA,
         "engine": engine,
         "config": config.to_json() | {"capacity_token_iters_per_s": config.capacity_per_s("kv")},
         "workload": workload_info,
+        **({"replicas": replicas} if replicas > 1 else {}),
         "policies": {},
         "fairness": {},
     }
@@ -95,10 +113,12 @@ def summarize(
             "preemptions": run.preemptions,
             "wall_s": run.wall_s,
         }
+        if replicas > 1:
+            entry |= {"router": run.router, "cluster_clock": run.clock, "requests_per_replica": run.requests_per_replica}
         agent_docs = [a.to_json() for a in run.agents]
         if spec.policy in ("justitia", "justitia-eligible"):  # policies with a clock
-            schedule = run.capacity_schedule or [(0.0, config.capacity_per_s("kv"))]
-            gps = gps_finish_times(agents, config.capacity_per_s("kv"), schedule)
+            schedule = run.capacity_schedule or [(0.0, formula_m)]
+            gps = gps_finish_times(agents, formula_m, schedule)
             bound_s = delay_bound_s(agents, config, min(m for _, m in schedule))
             late = 0
             for d in agent_docs:
@@ -134,16 +154,18 @@ def run_bench(
     workload_info: dict,
     seed: int = 0,
     progress: bool = True,
+    replicas: int = 1,
 ) -> dict:
-    """Run every spec on the simulator and return the results document."""
+    """Run every spec on the simulator (a cluster of ``replicas`` engines if > 1) and return the
+    results document."""
     check_labels(specs)
     runs: dict[str, RunResult] = {}
     with progress_bar(len(agents) * len(specs), progress, "simulating") as advance:
         for spec in specs:
             runs[spec.label] = simulate(
-                agents, spec, config, seed, on_agent_finish=lambda _r, s=spec: advance(s.label)
+                agents, spec, config, seed, on_agent_finish=lambda _r, s=spec: advance(s.label), replicas=replicas
             )
-    return summarize(agents, specs, runs, config, workload_info)
+    return summarize(agents, specs, runs, config, workload_info, replicas=replicas)
 
 
 def write_results(doc: dict, out_dir: str | Path, plots: bool = True) -> Path:

@@ -48,7 +48,8 @@ def fairness(reference: dict[str, float], other: dict[str, float]) -> dict:
 def gps_finish_times(agents: list[Agent], capacity_per_s: float,
                      schedule: list[tuple[float, float]] | None = None) -> dict[str, float]:
     """Each agent's finish time, in seconds, under ideal GPS with its true KV token-time cost, at
-    ``capacity_per_s``, or at the measured capacity ``schedule`` ((time, M) pairs: M from that time on)."""
+    ``capacity_per_s``, or at the measured capacity ``schedule`` ((time, M) pairs: M from that time on).
+    For a cluster, both are the engines' together: N engines are one GPS server of N x M."""
     changes = sorted(schedule or [(0.0, capacity_per_s)])
     clock = VirtualClock(changes[0][1])
     k = 1
@@ -62,13 +63,15 @@ def gps_finish_times(agents: list[Agent], capacity_per_s: float,
     return clock.drain()
 
 
-def delay_bound_s(agents: list[Agent], config: EngineConfig, capacity_per_s: float | None = None) -> float:
+def delay_bound_s(agents: list[Agent], config: EngineConfig, capacity_per_s: float | None = None,
+                  replicas: int = 1) -> float:
     """The paper's bound ``2 c_max + C_max / M`` on ``finish - gps_finish``, in seconds.
 
     ``C_max / M``: the largest agent's KV token-time over the capacity per second (``capacity_per_s``,
-    by default the engine's formula M; with a measured M, its smallest value). ``c_max``, the
-    non-preemption term, is the longest time one inference holds its memory once it starts: its
-    prefill chunks plus its decode iterations, at the nominal (memory-saturated) iteration time.
+    by default the formula M of ``replicas`` engines together; with a measured M, its smallest
+    value, a cluster's summed over its engines). ``c_max``, the non-preemption term, is the longest
+    time one inference holds its memory once it starts: its prefill chunks plus its decode
+    iterations, at the nominal (memory-saturated) iteration time of the one engine that runs it.
     """
     iters = max(
         math.ceil(t.prompt_tokens / config.max_num_batched_tokens) + t.output_tokens - 1
@@ -77,4 +80,4 @@ def delay_bound_s(agents: list[Agent], config: EngineConfig, capacity_per_s: flo
     )
     c_max_s = iters * config.nominal_iteration_s
     big_c = max(a.cost(KV) for a in agents)
-    return 2 * c_max_s + big_c / (capacity_per_s or config.capacity_per_s(KV))
+    return 2 * c_max_s + big_c / (capacity_per_s or replicas * config.capacity_per_s(KV))

@@ -89,6 +89,7 @@ class Preset:
     sim_options: dict = field(default_factory=dict)  # sim: EngineConfig fields (command-line flags win)
     calibration_agents: list[Agent] = field(default_factory=list)  # vllm: the calibration run's workload
     repeats: int = 1  # vllm: runs per policy, JCTs averaged per agent
+    replicas: int = 1  # sim: engines in the cluster (sim.Cluster when > 1)
 
 
 def _all_policies(predictor: str = "oracle", formula: bool = False) -> list[RunSpec]:
@@ -99,6 +100,22 @@ def _all_policies(predictor: str = "oracle", formula: bool = False) -> list[RunS
 
 
 FORMULA_LABEL = "justitia@formula-M"
+
+
+# The cluster presets: main's workload generator at N times its arrival rate (density N) on N
+# engines, with N times its agents so that each engine is about as loaded as main's one. The trace
+# holds 12,031 arrivals, so the 64-engine preset takes 12,000 of them (62.5 % of 64 x 300): each of
+# its engines sees main's arrival rate for 55 s rather than 102 s.
+CLUSTER_PRESETS = {"cluster-16": (16, 4800), "cluster-64": (64, 12000)}
+
+
+def cluster_specs() -> list[RunSpec]:
+    """Justitia with one clock (least-load, then round-robin routing) and with a clock per engine;
+    VTC and SRJF, whose state is per engine."""
+    return [RunSpec("justitia", "justitia", router="least-load", cluster_clock="global"),
+            RunSpec("justitia@replica-clocks", "justitia", router="least-load", cluster_clock="replica"),
+            RunSpec("justitia@round-robin", "justitia", router="round-robin", cluster_clock="global"),
+            RunSpec("vtc", "vtc", router="least-load"), RunSpec("srjf", "srjf", router="least-load")]
 
 
 # Light small agents: together they ask for about 40 % of the engine, so that under GPS the
@@ -173,12 +190,19 @@ def trojan_workload(seed: int) -> tuple[list[Agent], dict, list[Agent]]:
 
 
 def make_preset(name: str, seed: int = 0) -> Preset:
-    """Build the preset called ``name``: main, starvation, noise, ablation (simulator) or cpu (vLLM)."""
+    """Build the preset called ``name``: main, starvation, noise, ablation, sustained, trojan, the
+    clusters (simulator) or cpu (vLLM)."""
     trace = MOONCAKE_ARRIVALS
     if name == "main":
         agents, info = build_workload(300, seed, trace, 1.0)
         specs = _all_policies(formula=True) + [RunSpec("justitia-eligible", "justitia-eligible")]  # an option for the tail
         return Preset(name, "300 agents of nine workflows at 1x density, all seven policies", agents, info, specs)
+    if name in CLUSTER_PRESETS:
+        replicas, n = CLUSTER_PRESETS[name]
+        agents, info = build_workload(n, seed, trace, float(replicas))
+        return Preset(name, f"{n:,} agents of nine workflows at {replicas}x density on {replicas} engines: Justitia "
+                      "with one clock or one per engine, least-load or round-robin; VTC, SRJF", agents, info,
+                      cluster_specs(), replicas=replicas)
     if name == "starvation":
         agents = starvation_workload(seed)
         info = {"arrivals": "elephant at 0 s, small agents 1/s", "agents": len(agents), "seed": seed}
@@ -264,4 +288,5 @@ def _lm_missing() -> str:
 
 
 CPU_AGENTS, CPU_CALIBRATION_AGENTS, CPU_DENSITY, CPU_SCALE, CPU_REPEATS = 24, 20, 1 / 3, 8, 2
-PRESET_NAMES = ("main", "starvation", "noise", "ablation", "sustained", "sustained-near", "trojan", "cpu")
+PRESET_NAMES = ("main", "starvation", "noise", "ablation", "sustained", "sustained-near", "trojan", *CLUSTER_PRESETS,
+                "cpu")

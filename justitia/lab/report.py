@@ -44,6 +44,26 @@ def engine_table(doc: dict) -> Table:
     return table
 
 
+def cluster_table(doc: dict) -> Table:
+    """A cluster's runs: router, where justitia's clock is kept, mean JCT, the delay bound against the
+    cluster's GPS (one server of the engines' total M), and how evenly requests were spread."""
+    table = Table(title=f"{doc['replicas']} engines: routers, clocks and the delay bound (GPS at the engines' total M)")
+    for col in ("run", "router", "clock", "mean JCT s", "vs VTC", "bound s", "max finish - GPS s", "over bound",
+                "requests per engine"):
+        table.add_column(col, justify="left" if col in ("run", "router", "clock") else "right", no_wrap=True)
+    for label, e in doc["policies"].items():
+        imp = e.get("improvement_vs_vtc")
+        per = e["requests_per_replica"]
+        has_bound = "delay_bound_s" in e
+        table.add_row(label, e["router"], e["cluster_clock"], f"{e['mean_jct_s']:.1f}",
+                      "-" if imp is None or label == "vtc" else f"{imp:+.1%}",
+                      f"{e['delay_bound_s']:.1f}" if has_bound else "-",
+                      f"{e['max_delay_vs_gps_s']:.1f}" if has_bound else "-",
+                      f"{e['bound_violations']} of {len(e['agents'])}" if has_bound else "-",
+                      f"{min(per):,}-{max(per):,}")
+    return table
+
+
 def print_results(doc: dict, title: str = "", console: Console | None = None) -> None:
     """Print the table, and the delay-bound check when Justitia ran."""
     if console is None:
@@ -53,6 +73,8 @@ def print_results(doc: dict, title: str = "", console: Console | None = None) ->
     console.print(results_table(doc, title))
     if doc.get("engine") == "vllm":
         console.print(engine_table(doc))
+    if doc.get("replicas", 1) > 1:
+        console.print(cluster_table(doc))
     j = doc["policies"].get("justitia")
     if j and "delay_bound_s" in j:
         console.print(

@@ -2,8 +2,8 @@
 
 ``LocalBackend`` (``local.py``): vLLM's ``AsyncLLM`` with the Justitia plug-in, in this process.
 ``UpstreamBackend`` (``upstream.py``): stock vLLM OpenAI servers, ordered by front-end tagging.
-The agent API and the OpenAI endpoints talk to ``Backend`` only; a new engine (Ray Serve replicas,
-say) is one more subclass.
+``RayBackend`` (``ray_backend.py``): engine replicas with the plug-in on Ray Serve, one clock here.
+The agent API and the OpenAI endpoints talk to ``Backend`` only.
 
 ``generate`` has ``AsyncLLM.generate``'s shape: a token-id prompt, vLLM ``SamplingParams``
 (``extra_args`` carrying the request's ``RequestMeta``) and a request id; it yields outputs with
@@ -55,6 +55,7 @@ class Output:
     request_id: str
     outputs: list[Completion]
     finished: bool
+    replica: dict | None = None  # on a Ray replica's last output: its id and measured M (``RayBackend``)
 
 
 class Backend(ABC):

@@ -35,12 +35,13 @@ async def serve(model: str | None = None, policy: str = "justitia", predictor: s
                 ready: asyncio.Event | None = None, api_keys: list[str] | None = None,
                 api_keys_file: Path | None = None, limits: dict | None = None,
                 journal: Path | None | bool = True, drain_s: float = 30.0, upstream_timeout_s: float = 600.0,
-                header_timeout_s: float = 10.0) -> int:
+                header_timeout_s: float = 10.0, ray=None) -> int:
     """Run the server until it is stopped (Ctrl-C or SIGTERM).
 
     Without ``upstream``: AsyncLLM with the Justitia plug-in in this process (``model``, default
     tiny). With it: the front end of stock vLLM servers (``model``, if given, names the tokenizer;
-    by default the replicas' model directory). ``api_keys`` / ``api_keys_file``: the clients
+    by default the replicas' model directory). With ``ray`` (a ``RaySpec``): engine replicas on
+    Ray Serve behind one clock here (``RayBackend``). ``api_keys`` / ``api_keys_file``: the clients
     allowed (``server.keys``); none: the server is open, and says so. ``limits``: other
     ``Settings`` fields (per-key limits, what finished agents are kept). ``journal``: a file,
     True (the default file, ``journal.default_path``) or False (none). SIGTERM or Ctrl-C stops
@@ -64,7 +65,7 @@ async def serve(model: str | None = None, policy: str = "justitia", predictor: s
     from justitia.server.app import Settings, create_app
 
     backend = await _backend(model, policy, kv_blocks, max_num_seqs, max_model_len, upstream, upstream_kv_tokens,
-                             upstream_timeout_s)
+                             upstream_timeout_s, ray)
     try:
         settings = Settings(model=backend.model, policy=policy, max_model_len=backend.max_model_len,
                             max_tasks_per_agent=max_tasks_per_agent, max_agents_in_flight=max_agents_in_flight,
@@ -123,7 +124,8 @@ async def serve(model: str | None = None, policy: str = "justitia", predictor: s
         while not server.started and not task.done():
             await asyncio.sleep(0.05)
         if server.started:
-            where = (f"{len(upstream)} upstream vLLM server(s)" if upstream else backend.model)
+            where = (f"{len(upstream)} upstream vLLM server(s)" if upstream else
+                     f"{ray.replicas} Ray Serve replica(s) of {backend.model}" if ray else backend.model)
             print(f"justitia serve: {where} ({backend.kv_tokens:,} KV tokens) with policy {policy} on "
                   f"http://{host}:{port} (API docs at /docs)", flush=True)
             print(f"justitia serve: {len(keys)} API key(s)" if not keys.open else
@@ -145,8 +147,12 @@ async def serve(model: str | None = None, policy: str = "justitia", predictor: s
 
 
 async def _backend(model, policy, kv_blocks, max_num_seqs, max_model_len, upstream, upstream_kv_tokens,
-                   upstream_timeout_s=600.0):
-    """The engine the server talks to: the local one, or the upstream replicas."""
+                   upstream_timeout_s=600.0, ray=None):
+    """The engine the server talks to: the local one, the upstream replicas, or replicas on Ray."""
+    if ray is not None:
+        from justitia.server.ray_backend import RayBackend
+
+        return await RayBackend.start(local_spec(model or "tiny", kv_blocks, max_num_seqs, max_model_len), policy, ray)
     if upstream:
         from justitia.server.upstream import UpstreamBackend
         from justitia.vllm.models import resolve_model

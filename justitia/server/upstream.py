@@ -7,7 +7,8 @@ end keeps one policy for all of them and tags each request with its static key a
 tagging mode does). Justitia's clock is global: its M is the sum of the replicas' KV capacities
 (read from each replica's ``/metrics``) per nominal step. Each request goes to the replica with
 the least outstanding predicted KV token-time per KV token of capacity (so the tasks of one stage
-spread over the replicas).
+spread over the replicas): ``core.routing``'s least-load rule, the one the Ray Serve router and
+the simulator's cluster use.
 
 A request that wants its final output only is one plain completion; a streamed one streams from
 the replica. Cancelling a request closes its connection, and vLLM aborts a request whose client
@@ -35,7 +36,7 @@ from pathlib import Path
 
 import httpx
 
-from justitia.core import KV, WINDOW_STEPS, AgentBook, PolicyState, RequestMeta, capacity_per_s
+from justitia.core import KV, WINDOW_STEPS, AgentBook, PolicyState, ReplicaLoad, Replicas, RequestMeta, RouteRequest, capacity_per_s
 from justitia.defaults import policy_settings
 from justitia.server.backend import Backend, BackendError, BackendInterrupted, Completion, Output, metric_lines
 
@@ -70,15 +71,34 @@ class Replica:
     max_model_len: int
     kv_tokens: int
     client: httpx.AsyncClient = field(repr=False)
-    load: float = 0.0  # predicted KV token-time of the requests in flight
-    in_flight: int = 0
-    sent: int = 0
     failed: int = 0
     failures_in_row: int = 0
-    out: bool = False  # its circuit breaker is open: left out of routing until a probe succeeds
+    route: ReplicaLoad = field(init=False, repr=False)  # what the router sees: load in flight, alive
 
-    def pressure(self) -> float:
-        return self.load / self.kv_tokens
+    def __post_init__(self) -> None:
+        self.route = ReplicaLoad(self.url, self.kv_tokens)
+
+    @property
+    def out(self) -> bool:
+        """Its circuit breaker is open: left out of routing until a probe succeeds."""
+        return not self.route.alive
+
+    @out.setter
+    def out(self, value: bool) -> None:
+        self.route.alive = not value
+
+    @property
+    def load(self) -> float:
+        """Predicted KV token-time of the requests in flight there."""
+        return self.route.load
+
+    @property
+    def in_flight(self) -> int:
+        return self.route.in_flight
+
+    @property
+    def sent(self) -> int:
+        return self.route.sent_total
 
     def failure(self) -> None:
         self.failed += 1
@@ -143,6 +163,8 @@ class UpstreamBackend(Backend):
         if len(models) > 1:
             raise UpstreamError(f"--upstream: the replicas serve different models ({', '.join(sorted(models))}).")
         self.replicas = replicas
+        self.routes = Replicas([r.route for r in replicas], "least-load")
+        self._by_url = {r.url: r for r in replicas}
         self.policy = policy
         self.model = replicas[0].model
         self.tokenizer_dir = tokenizer_dir
@@ -225,16 +247,15 @@ class UpstreamBackend(Backend):
                     "vllm_xargs": {k: v for k, v in xargs.items() if isinstance(v, (str, int, float))}}
             tried: set[str] = set()
             produced = 0  # tokens the replica produced (the front end's meter credits them)
+            route = RouteRequest(request_id, info.predicted_cost)
             self._start_prober()
             while True:
-                left = [r for r in self.replicas if r.url not in tried]
-                replica = min([r for r in left if not r.out] or left, key=Replica.pressure, default=None)
-                if replica is None:
+                choice = self.routes.choose(route, exclude=tried)  # live replicas first, by load per KV token
+                if choice is None:
                     raise UpstreamError(f"request {request_id}: no replica could be reached ({', '.join(tried)}).")
+                replica = self._by_url[choice.replica_id]
                 tried.add(replica.url)
-                replica.load += info.predicted_cost
-                replica.in_flight += 1
-                replica.sent += 1
+                self.routes.sent(route, replica.url)
                 streamed = False
                 try:
                     async for out in self._send(replica, body | {"model": replica.model}, request_id, delta):
@@ -254,8 +275,7 @@ class UpstreamBackend(Backend):
                     replica.success()
                     raise
                 finally:
-                    replica.load -= info.predicted_cost
-                    replica.in_flight -= 1
+                    self.routes.done(request_id)
         finally:
             self.book.finish(request_id, self.now(), produced)
 

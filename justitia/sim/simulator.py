@@ -1,15 +1,18 @@
-"""The simulator: a workload's agents, on a vLLM v1-style engine over a paged KV cache, on
-simulated time. Agents are ``AgentProcess``es; the engine (``stepping``) drives the scheduling
-core through its verbs, as the vLLM plug-in does."""
+"""The simulator: a workload's agents, on vLLM v1-style engines over a paged KV cache, on simulated
+time. Agents are ``AgentProcess``es; each engine (``stepping``) drives its own scheduling core
+through its verbs, as the vLLM plug-in does. ``Simulator`` runs one engine; ``cluster.Cluster``
+runs several behind a router, on the same loop (``EngineLoop``)."""
 
 from __future__ import annotations
 
+import heapq
 import time
-from dataclasses import dataclass
-from typing import Callable
+from dataclasses import dataclass, field
+from typing import Callable, Protocol, Sequence
 
 from justitia.agent import AgentProcess, AgentResult, Answer, Call, RunResult
-from justitia.core import WINDOW_STEPS, AgentScheduler, CapacityMeter, CostModel, Policy, cost_model
+from justitia.core import (WINDOW_STEPS, AgentScheduler, CapacityMeter, CostModel, Policy, ReplicaLoad, Replicas,
+                           RouteRequest, cost_model)
 from justitia.predictors import Predictor
 from justitia.sim.config import PS_PER_S, EngineConfig
 from justitia.sim.stepping import PlainRun, SimRequest, SkippingRun
@@ -18,10 +21,195 @@ from justitia.workload import Agent
 
 @dataclass(eq=False)
 class _AgentRun:
-    """An agent inside one simulation: its process and when it arrives."""
+    """An agent inside one simulation: its process, when it arrives, and the engines whose cores
+    know it (in the order they learnt of it)."""
 
     process: AgentProcess
     arrival_ps: int
+    engines: list[int] = field(default_factory=list)
+
+
+class Front(Protocol):
+    """A front end that keeps the clock for every engine (``cluster.GlobalClock``): it sees each agent
+    arrive and each request go and come back, and stamps each request with its tag."""
+
+    def arrived(self, agent: Agent, predicted_cost: float, now_s: float, engines: Sequence[PlainRun]) -> None:
+        """An agent arrived (the engines, to read what they delivered)."""
+
+    def tag(self, call: Call, now_s: float) -> float:
+        """The tag a request carries to whichever engine serves it."""
+
+    def request_finished(self, request_id: str, now_s: float) -> None:
+        """A request came back."""
+
+    def agent_finished(self, agent_id: str, now_s: float) -> None:
+        """An agent is done."""
+
+
+class EngineLoop:
+    """Agents on simulated time over one engine per core, each request routed on submission
+    (``core.Replicas``), each engine stepped by ``stepping``.
+
+    NOTE on time: events are an agent's arrival and a request's finish. Between events, the engine
+    whose next step starts first takes it (ties by index). A finish is handled at its step's end
+    (the stepper reports it; the loop handles it once every step that starts earlier has run). An
+    agent's arrival is handled at the first moment at or after it at which some engine is between
+    two steps or idle: with one engine, the step boundary where the engine takes the agent in, as a
+    real engine does; with many, at most the shortest of their steps in progress later. At the same
+    moment finishes come first, then arrivals. A request handed to an engine in the middle of a
+    step waits for its end. An engine's span of skipped steps never starts a step at or past the
+    next event, nor past the moment another engine could end a step (its next step's start plus
+    the shortest step), so both stepping modes handle every event at the same moment, with the same
+    steps behind it.
+    """
+
+    def __init__(self, config: EngineConfig, cores: Sequence[AgentScheduler], predictor: Predictor,
+                 cost: CostModel, policy_name: str, router: str = "least-load", event_skipping: bool = True,
+                 on_agent_finish: Callable[[AgentResult], None] | None = None, pricing: str = "first-stage",
+                 front: Front | None = None):
+        """``router``: a ``core.ROUTER_NAMES`` name; under ``affinity`` a stage's requests share the
+        prefix ``agent/stage`` (the simulator models no prefix cache: affinity changes only where
+        requests go). ``front``: the clock in front of the engines, if one is; else each core learns
+        of an agent when its first request reaches that engine, with the agent's whole predicted
+        cost, and measures its own M."""
+        self.config = config
+        self.cores = list(cores)
+        self.predictor = predictor
+        self.cost = cost
+        self.policy_name = policy_name
+        self.router = router
+        self.event_skipping = event_skipping
+        self.on_agent_finish = on_agent_finish
+        self.pricing = pricing
+        self.front = front
+        self.book: Replicas | None = None  # the routing book of the last run
+
+    def run(self, agents: list[Agent]) -> RunResult:
+        """Simulate ``agents`` to completion and return per-agent results (``capacity_schedule``: left
+        to the caller, who knows which clock ran)."""
+        validate(agents, self.config)
+        wall0 = time.perf_counter()
+        cfg = self.config
+        self._engines = [(SkippingRun if self.event_skipping and not core.timed else PlainRun)(  # timed keys: every step
+            cfg, core, lambda r, i=i: self._reported(i, r)) for i, core in enumerate(self.cores)]
+        engines = self._engines
+        self.book = Replicas([ReplicaLoad(str(i), cfg.kv_tokens) for i in range(len(engines))], self.router)
+        self._affinity = self.router == "affinity"
+        self._finishes: list[tuple[int, int, int, SimRequest]] = []  # (time ps, engine, seq, request)
+        self._ready: list[tuple[int, int]] = []  # (next step's start ps, engine) of engines with work
+        self._queued = [False] * len(engines)
+        self._seq = 0
+        self._results: list[AgentResult] = []
+        pending = sorted((_AgentRun(AgentProcess(a, self.predictor, self.cost, pricing=self.pricing),
+                                    round(a.arrival_s * PS_PER_S)) for a in agents), key=lambda r: r.arrival_ps)
+        shortest_step_ps = cfg.profile.iteration_ps(1, 0)
+        nxt = 0
+        finishes, ready = self._finishes, self._ready
+        while True:
+            soonest = ready[0][0] if ready else None  # the next step's start
+            finish = finishes[0][0] if finishes and (soonest is None or finishes[0][0] <= soonest) else None
+            arrival = None
+            if nxt < len(pending) and (soonest is None or pending[nxt].arrival_ps <= soonest):
+                a = pending[nxt].arrival_ps
+                if finish is None or finish > a:
+                    arrival = max(a, min(e.now_ps for e in engines))  # the first moment some engine is free
+            if finish is not None and (arrival is None or finish <= arrival):
+                r = heapq.heappop(finishes)[3]
+                self._finished(r, finish)
+            elif arrival is not None:
+                self._arrived(pending[nxt], arrival)
+                nxt += 1
+            elif soonest is not None:
+                i = heapq.heappop(ready)[1]
+                e = engines[i]
+                stops = [t for t in (pending[nxt].arrival_ps if nxt < len(pending) else None,
+                                     finishes[0][0] if finishes else None,
+                                     ready[0][0] + shortest_step_ps if ready else None) if t is not None]
+                e.next_arrival_ps = min(stops) if stops else None
+                e.advance()
+                if e.busy:
+                    heapq.heappush(ready, (e.now_ps, i))
+                else:
+                    self._queued[i] = False
+            else:
+                break
+        return RunResult(
+            policy=self.policy_name,
+            agents=sorted(self._results, key=lambda r: r.agent_id),
+            makespan_s=max(e.now_ps for e in engines) / PS_PER_S,
+            iterations=sum(e.iterations for e in engines),
+            steps=sum(e.steps for e in engines),
+            preemptions=sum(e.preemptions for e in engines),
+            wall_s=time.perf_counter() - wall0,
+        )
+
+    # --------------------------------------------------------------------------- events
+    def _reported(self, i: int, r: SimRequest) -> None:
+        """Engine ``i`` finished ``r`` at the end of the step it is taking: handled in time order."""
+        self._seq += 1
+        heapq.heappush(self._finishes, (self._engines[i].now_ps, i, self._seq, r))
+
+    def _arrived(self, run: _AgentRun, now_ps: int) -> None:
+        calls = run.process.start()
+        if self.front is not None:
+            self.front.arrived(run.process.agent, run.process.predicted_cost, now_ps / PS_PER_S, self._engines)
+        self._submit(run, calls, now_ps)
+
+    def _finished(self, r: SimRequest, now_ps: int) -> None:
+        self.book.done(r.request_id)
+        now_s = now_ps / PS_PER_S
+        if self.front is not None:
+            self.front.request_finished(r.request_id, now_s)
+        run, call = r.owner
+        proc = run.process
+        upcoming = proc.answered(call, Answer("", r.prompt_tokens, r.output_tokens))
+        if upcoming:
+            self._submit(run, upcoming, now_ps)
+        elif proc.done:
+            agent_id = proc.agent.agent_id
+            for i in run.engines:  # every engine that knew the agent forgets it
+                e = self._wake(i, now_ps)
+                e.core.agent_finished(agent_id, e.now_ps / PS_PER_S)
+            run.engines.clear()
+            if self.front is not None:
+                self.front.agent_finished(agent_id, now_s)
+            result = proc.result(proc.agent.arrival_s, now_s)
+            self._results.append(result)
+            if self.on_agent_finish:
+                self.on_agent_finish(result)
+
+    def _submit(self, run: _AgentRun, calls: list[Call], now_ps: int) -> None:
+        """Route each call, then hand each engine its share (an engine's core learns of the agent
+        first, if it has not yet)."""
+        agent = run.process.agent
+        now_s = now_ps / PS_PER_S
+        shares: dict[int, list[SimRequest]] = {}
+        for c in calls:
+            tag = None if self.front is None else self.front.tag(c, now_s)
+            prefix = f"{agent.agent_id}/{c.stage}" if self._affinity else None
+            i = int(self.book.route(RouteRequest(c.request_id, c.meta.request_cost, prefix)).replica_id)
+            shares.setdefault(i, []).append(SimRequest(c.request_id, agent.agent_id, c.meta.request_cost,
+                                                       c.task.prompt_tokens, c.task.output_tokens, (run, c), tag=tag))
+        for i, reqs in shares.items():
+            e = self._wake(i, now_ps)
+            if i not in run.engines:
+                if self.front is None:
+                    e.report_service()  # the clock's M may follow what the engine delivered so far
+                # the engine sees the agent at the step boundary where it takes it in, as a real one does
+                e.core.agent_arrived(agent.agent_id, agent.type, run.process.predicted_cost, e.now_ps / PS_PER_S,
+                                     agent.weight, agent.tenant)
+                run.engines.append(i)
+            e.submit(reqs)
+            if not self._queued[i]:
+                self._queued[i] = True
+                heapq.heappush(self._ready, (e.now_ps, i))
+
+    def _wake(self, i: int, now_ps: int) -> PlainRun:
+        """Engine ``i`` at ``now_ps``: an idle one moves to it; a busy one is at its next step's start."""
+        e = self._engines[i]
+        if not e.busy and e.now_ps < now_ps:
+            e.now_ps = now_ps
+        return e
 
 
 class Simulator:
@@ -55,76 +243,26 @@ class Simulator:
 
     def run(self, agents: list[Agent]) -> RunResult:
         """Simulate ``agents`` to completion and return per-agent results."""
-        self._validate(agents)
-        wall0 = time.perf_counter()
         cfg = self.config
         meter = (CapacityMeter(cfg.capacity_per_s(self.cost), self.cost, WINDOW_STEPS * cfg.nominal_iteration_s)
                  if self.measure_capacity else None)
         core = AgentScheduler(self.policy, meter, self.retag)
-        results: list[AgentResult] = []
-        stepper = SkippingRun if self.event_skipping and not core.timed else PlainRun  # time-moved keys: every step
+        result = EngineLoop(cfg, [core], self.predictor, self.cost, self.policy.name, event_skipping=self.event_skipping,
+                            on_agent_finish=self.on_agent_finish, pricing=self.pricing).run(agents)
+        result.capacity_schedule = core.capacity_schedule
+        return result
 
-        def submit(run: _AgentRun, calls: list[Call]) -> None:
-            agent_id = run.process.agent.agent_id
-            engine.submit([SimRequest(c.request_id, agent_id, c.meta.request_cost, c.task.prompt_tokens,
-                                      c.task.output_tokens, (run, c)) for c in calls])
 
-        def finished(r: SimRequest) -> None:
-            run, call = r.owner
-            proc = run.process
-            upcoming = proc.answered(call, Answer("", r.prompt_tokens, r.output_tokens))
-            if upcoming:
-                submit(run, upcoming)
-            elif proc.done:
-                finish_s = engine.now_ps / PS_PER_S
-                core.agent_finished(proc.agent.agent_id, finish_s)
-                result = proc.result(proc.agent.arrival_s, finish_s)
-                results.append(result)
-                if self.on_agent_finish:
-                    self.on_agent_finish(result)
-
-        engine = stepper(self.config, core, finished)
-        pending = sorted((_AgentRun(AgentProcess(a, self.predictor, self.cost, pricing=self.pricing), round(a.arrival_s * PS_PER_S))
-                          for a in agents), key=lambda r: r.arrival_ps)
-        nxt = 0
-        while True:
-            while nxt < len(pending) and pending[nxt].arrival_ps <= engine.now_ps:
-                run = pending[nxt]
-                nxt += 1
-                a = run.process.agent
-                calls = run.process.start()
-                engine.report_service()  # the clock's M may follow what the engine delivered so far
-                # the engine sees the agent at the step boundary where it takes it in, as a real one does
-                core.agent_arrived(a.agent_id, a.type, run.process.predicted_cost, engine.now_ps / PS_PER_S, a.weight,
-                                   a.tenant)
-                submit(run, calls)
-            engine.next_arrival_ps = pending[nxt].arrival_ps if nxt < len(pending) else None
-            if not engine.busy:
-                if nxt == len(pending):
-                    break
-                engine.now_ps = max(engine.now_ps, pending[nxt].arrival_ps)
-                continue
-            engine.advance()
-        return RunResult(
-            policy=self.policy.name,
-            agents=sorted(results, key=lambda r: r.agent_id),
-            makespan_s=engine.now_ps / PS_PER_S,
-            iterations=engine.iterations,
-            steps=engine.steps,
-            preemptions=engine.preemptions,
-            wall_s=time.perf_counter() - wall0,
-            capacity_schedule=core.capacity_schedule,
-        )
-
-    def _validate(self, agents: list[Agent]) -> None:
-        ids = set()
-        for a in agents:
-            if a.agent_id in ids:
-                raise ValueError(f"agent '{a.agent_id}' appears twice in the workload.")
-            ids.add(a.agent_id)
-            for t in a.tasks:
-                if t.prompt_tokens + t.output_tokens > self.config.kv_tokens:
-                    raise ValueError(
-                        f"agent '{a.agent_id}': a task of {t.prompt_tokens}+{t.output_tokens} tokens "
-                        f"can never fit the KV cache of {self.config.kv_tokens} tokens."
-                    )
+def validate(agents: list[Agent], config: EngineConfig) -> None:
+    """Every agent id once, and every task able to fit the KV cache."""
+    ids = set()
+    for a in agents:
+        if a.agent_id in ids:
+            raise ValueError(f"agent '{a.agent_id}' appears twice in the workload.")
+        ids.add(a.agent_id)
+        for t in a.tasks:
+            if t.prompt_tokens + t.output_tokens > config.kv_tokens:
+                raise ValueError(
+                    f"agent '{a.agent_id}': a task of {t.prompt_tokens}+{t.output_tokens} tokens "
+                    f"can never fit the KV cache of {config.kv_tokens} tokens."
+                )

@@ -51,6 +51,7 @@ class SimRequest:
     admit_no: int = 0  # position in the running list: admission order
     sync_it: int = 0  # skipping: computed/generated are exact as of this iteration
     epoch: int = 0  # skipping: bumped when the request stops decoding, voiding heap entries
+    tag: float | None = None  # a cluster's front-end tag (the ``tagged`` policy orders by it)
 
     @property
     def num_tokens(self) -> int:
@@ -105,7 +106,7 @@ class PlainRun:
         """Queue new requests (a stage of one agent)."""
         for r in reqs:
             r.info = self.core.request_arrived(r.request_id, r.agent_id, r.prompt_tokens, r.predicted_cost,
-                                               self.now_ps / PS_PER_S)
+                                               self.now_ps / PS_PER_S, r.tag)
             self.reqs[r.request_id] = r
             self._queued(r)
 
@@ -229,13 +230,17 @@ class PlainRun:
                 if r.generated == r.output_tokens:
                     self._finish(r)
 
+    def _front(self) -> RequestInfo:
+        """The waiting request to admit next."""
+        return self.core.peek()
+
     def _admit_waiting(self, budget: int) -> list[tuple[SimRequest, int]]:
         """Admit waiting requests in policy order until one does not fit; return them with their chunks."""
         cfg = self.config
         core = self.core
         admitted = []
         while budget > 0 and len(self.running) < cfg.max_num_seqs and core.num_waiting:
-            r = self.reqs[core.peek().request_id]
+            r = self.reqs[self._front().request_id]
             if _ceil_div(r.num_tokens, cfg.block_size) > self.free:
                 break  # head-of-line: vLLM does not look past a request that does not fit
             n = min(r.num_tokens, budget)
@@ -253,7 +258,8 @@ class SkippingRun(PlainRun):
     tokens now. ``_need_block`` holds (iteration whose step needs a new block, ...), ``_done``
     holds (iteration count after the step that samples the last token, ...). For policies that
     read service, ``_groups`` keeps a ``DecodeGroup`` per agent and service is charged lazily,
-    before any key is read.
+    before any key is read: under keys that rise with service (``core.keys_rise``) only the agents
+    at the front of the queue, whose keys as charged so far are the smallest, are charged.
     """
 
     def __init__(self, config: EngineConfig, core: AgentScheduler, finished: Callable[[SimRequest], None]):
@@ -267,7 +273,12 @@ class SkippingRun(PlainRun):
         """Queue a stage; VTC's lift rule reads counters, so pending service is charged first."""
         agent_id = reqs[0].agent_id
         if self.core.reads_service_on_backlog and not self.core.is_backlogged(agent_id):
-            self._flush_charges(self.iterations, also=agent_id)
+            if self.core.keys_rise:  # the lift reads the agent's own counter and the front one's
+                if agent_id in self._groups:
+                    self._flush_group(self._groups[agent_id], self.iterations)
+                self._charge_front(self.iterations)
+            else:
+                self._flush_charges(self.iterations, also=agent_id)
         super().submit(reqs)
 
     def advance(self) -> None:
@@ -348,15 +359,37 @@ class SkippingRun(PlainRun):
             if group.count == 0:
                 del self._groups[r.info.agent_id]
 
+    @staticmethod
+    def _pending(group: DecodeGroup, upto_it: int) -> Charge:
+        """What an agent's decoders are owed for the steps from ``group.charged_it`` up to ``upto_it``."""
+        k, n = upto_it - group.charged_it, group.count
+        return Charge(0, n * k, k * group.context_tokens + n * k * (k + 1) // 2)
+
     def _flush_group(self, group: DecodeGroup, upto_it: int) -> None:
         """Charge an agent's decoders for the steps from ``group.charged_it`` up to ``upto_it``."""
         k = upto_it - group.charged_it
         if k > 0:
-            n, csum = group.count, group.context_tokens
-            if n:
-                self.core.charge(group.info, Charge(0, n * k, k * csum + n * k * (k + 1) // 2))
-            group.context_tokens = csum + n * k
+            if group.count:
+                self.core.charge(group.info, self._pending(group, upto_it))
+            group.context_tokens += group.count * k
             group.charged_it = upto_it
+
+    def _charge_front(self, upto_it: int) -> str | None:
+        """Keys that rise: charge pending decode service up to ``upto_it`` to the agents at the front
+        of the queue until the front one owes nothing; return it (its key is then exact and smallest)."""
+        core = self.core
+        while True:
+            agent_id = core.best_agent()
+            group = self._groups.get(agent_id)
+            if group is None or group.charged_it >= upto_it:
+                return agent_id
+            self._flush_group(group, upto_it)
+
+    def _front(self) -> RequestInfo:
+        """The waiting request to admit next, its agent's key (and those ahead of it) charged."""
+        if self.charged and self.core.keys_rise:
+            return self.core.agent_head(self._charge_front(self.iterations + 1))  # this step's decodes too
+        return self.core.peek()
 
     def _flush_charges(self, upto_it: int, everyone: bool = False, also: str | None = None) -> None:
         """Charge pending decode service to the agents whose keys may be read: the backlogged ones
@@ -425,7 +458,8 @@ class SkippingRun(PlainRun):
         budget = cfg.max_num_batched_tokens - demand
         if (self.core.num_waiting and budget > 0 and len(self.running) < cfg.max_num_seqs
                 and self._smallest_waiting_need() <= self.free):
-            self._flush_charges(it + 1)  # this step's decodes are charged before admission
+            if not self.core.keys_rise:
+                self._flush_charges(it + 1)  # this step's decodes are charged before admission (else: _front)
             admitted = self._admit_waiting(budget)
             chunks += admitted
             self._prefilling += [r for r, _ in admitted]
@@ -539,25 +573,34 @@ class SkippingRun(PlainRun):
         # Dynamic keys move only for backlogged agents that are also decoding, and each moves one
         # way, so over steps 1..e a key lies between its values at steps 1 and e. The span is safe
         # up to e while some agent whose head request does not fit surely stays ahead of every
-        # agent whose head request fits.
+        # agent whose head request fits. The candidates: the decoding agents and the best of the
+        # others; under keys that rise, only the decoding agents ahead of the first agent that is
+        # not decoding (its key is exact, and every key behind it is at least as large).
         it = self.iterations
-        rates = {}
-        for a, group in self._groups.items():
-            if core.is_backlogged(a):
-                self._flush_group(group, it)
-                rates[a] = (group.count, group.context_tokens)
-
-        def extra(a: str, iters: int) -> Charge:
-            cnt, csum = rates[a]
-            return Charge(0, iters * cnt, iters * csum + cnt * iters * (iters + 1) // 2)
+        if core.keys_rise:
+            candidates = []
+            for a in core.backlogged_agents():
+                candidates.append(a)
+                if a not in self._groups:
+                    break
+        else:
+            candidates = [a for a in self._groups if core.is_backlogged(a)]
+            best_still = core.best_agent(set(candidates))
+            candidates += [best_still] if best_still is not None else []
+        moving = [a for a in candidates if a in self._groups]
+        for a in moving:
+            self._flush_group(self._groups[a], it)
 
         key = core.agent_key
-        best_still = core.best_agent(set(rates))
-        candidates = list(rates) + ([best_still] if best_still is not None else [])
-        head = min(candidates, key=lambda a: key(a, extra(a, 1)) if a in rates else key(a))
+
+        def key_at(a: str, iters: int) -> tuple:  # as if charged the decodes of the next ``iters`` steps
+            group = self._groups.get(a)
+            return key(a) if group is None else key(a, self._pending(group, it + iters))
+
+        head = min(candidates, key=lambda a: key_at(a, 1))
         if fits(core.agent_head(head)):
             return 0
-        if not rates:
+        if not moving:
             return k
         fitting = [a for a in candidates if fits(core.agent_head(a))]
         if not fitting:
@@ -565,9 +608,9 @@ class SkippingRun(PlainRun):
         blocked = [a for a in candidates if a not in fitting]
 
         def span(a: str, e: int) -> tuple[tuple, tuple]:
-            if a not in rates:
+            if a not in self._groups:
                 return key(a), key(a)
-            first, last = key(a, extra(a, 2)), key(a, extra(a, e + 1))
+            first, last = key_at(a, 2), key_at(a, e + 1)
             return min(first, last), max(first, last)
 
         def safe(e: int) -> bool:

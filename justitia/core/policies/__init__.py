@@ -9,11 +9,13 @@ from justitia.core.policies.las import LAS
 from justitia.core.policies.parrot import Parrot
 from justitia.core.policies.sjf import SJF
 from justitia.core.policies.srjf import SRJF
+from justitia.core.policies.tagged import Tagged
 from justitia.core.policies.vtc import VTC
 
 POLICY_NAMES = ("fcfs", "sjf", "parrot", "vtc", "srjf", "justitia", "las")
 STATIC_POLICY_NAMES = tuple(n for n in POLICY_NAMES if n not in ("vtc", "srjf", "las"))  # keys fixed on arrival
-OPTION_NAMES = ("justitia-eligible",)  # options beside the paper's seven (not run unless named)
+OPTION_NAMES = ("justitia-eligible", "tagged")  # options beside the paper's seven (not run unless named);
+# tagged: an engine behind a front end that keeps the clock (its requests carry their tags)
 
 
 def make_policy(name: str, capacity_per_s: float | None = None, cost: str | CostModel = KV) -> Policy:
@@ -29,11 +31,11 @@ def make_policy(name: str, capacity_per_s: float | None = None, cost: str | Cost
         return Justitia(capacity_per_s) if name == "justitia" else EligibleJustitia(capacity_per_s, cost)
     if name in ("srjf", "las"):
         return {"srjf": SRJF, "las": LAS}[name](cost)
-    classes = {"fcfs": FCFS, "sjf": SJF, "parrot": Parrot, "vtc": VTC}
+    classes = {"fcfs": FCFS, "sjf": SJF, "parrot": Parrot, "vtc": VTC, "tagged": Tagged}
     if name not in classes:
         raise ValueError(f"unknown policy '{name}'; expected one of: {', '.join(POLICY_NAMES + OPTION_NAMES)}.")
     return classes[name]()
 
 
 __all__ = ["AgentInfo", "Policy", "RequestInfo", "POLICY_NAMES", "STATIC_POLICY_NAMES", "OPTION_NAMES", "make_policy",
-           "FCFS", "SJF", "Parrot", "VTC", "SRJF", "Justitia", "LAS", "EligibleJustitia"]
+           "FCFS", "SJF", "Parrot", "VTC", "SRJF", "Justitia", "LAS", "EligibleJustitia", "Tagged"]

@@ -31,8 +31,7 @@ class RequestInfo:
     seq: int  # arrival order among requests
     prompt_tokens: int
     predicted_cost: float  # predicted cost of this request, in the cost model's unit
-
-
+    tag: float | None = None  # the front end's tag for it (the ``tagged`` policy orders by it)
 
 
 class Policy:
@@ -41,14 +40,17 @@ class Policy:
     Engines call the hooks below; every hook has a do-nothing default. A policy whose keys change
     as service is charged sets ``dynamic = True`` and must be agent-level: its order is
     ``agent_key(agent)`` and then request arrival order inside an agent, and an agent's key must
-    move one way only as service is added (the simulator's event skipping relies on it).
+    move one way only as service is added (the simulator's event skipping relies on it); one whose
+    keys only grow sets ``rising = True``, and a key as charged so far is then a lower bound.
     """
 
     name: ClassVar[str]
     agent_level: ClassVar[bool]
     dynamic: ClassVar[bool] = False
+    rising: ClassVar[bool] = False  # dynamic keys only grow as service is added (las, vtc)
     timed: ClassVar[bool] = False  # keys also move with time: engines call ``advance`` before each step
     clock: VirtualClock | None = None  # the GPS clock, for policies that keep one (justitia)
+    reports_capacity: ClassVar[bool] = False  # measures M for a clock elsewhere (tagged: the front end's)
 
     def agent_arrived(self, agent: AgentInfo, now_s: float) -> None:
         """An agent arrived with its predicted cost."""
@@ -57,7 +59,8 @@ class Policy:
         """An agent's last request finished (or it was cancelled): drop its state."""
 
     def backlogged(self, agent_id: str, others: Iterable[str]) -> None:
-        """The agent has waiting requests again; ``others`` are the other backlogged agents."""
+        """The agent has waiting requests again; ``others`` are the other backlogged agents (a
+        dynamic policy's smallest key first)."""
 
     def charge(self, req: RequestInfo, service: Charge) -> None:
         """The engine scheduled ``service`` for ``req`` in one or more iterations.

@@ -12,6 +12,7 @@ class LAS(Policy):
     name = "las"
     agent_level = True
     dynamic = True
+    rising = True
 
     def __init__(self, cost: CostModel = KV) -> None:
         self.cost = cost  # the unit service is counted in, the predictor's unit

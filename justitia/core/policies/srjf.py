@@ -10,6 +10,7 @@ class SRJF(LAS):
     subtracted from the prediction."""
 
     name = "srjf"
+    rising = False  # remaining cost falls as service is added
 
     def __init__(self, cost: CostModel = KV) -> None:
         super().__init__(cost)

@@ -54,6 +54,7 @@ class VTC(LAS):
 
     def backlogged(self, agent_id: str, others: Iterable[str]) -> None:
         """Lift the counter to the smallest counter among the other backlogged agents."""
-        lows = [self._attained[a] for a in others if a != agent_id and a in self._attained]
-        if lows:
-            self._attained[agent_id] = max(self._attained.get(agent_id, 0), min(lows))
+        # ``others`` come smallest key first: the first known one holds the smallest counter
+        lowest = next((a for a in others if a != agent_id and a in self._attained), None)
+        if lowest is not None:
+            self._attained[agent_id] = max(self._attained.get(agent_id, 0), self._attained[lowest])

@@ -1,0 +1,100 @@
+"""``justitia serve --ray``: two engine replicas (tiny model, the plug-in in each) on a local Ray
+Serve instance behind one clock, over real HTTP; a replica killed mid-run; nothing outlives the
+server, even by SIGKILL. One server for the module: Ray and two engines take a minute or two."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from servers import Server, free_port, sigkill, wait_agent
+
+pytest.importorskip("ray.serve")
+
+
+def _answers(client: httpx.Client) -> dict[int, int]:
+    """Requests each replica answered, by its process id (from /metrics)."""
+    text = client.get("/metrics").text
+    return {int(pid): int(float(n)) for pid, n in
+            re.findall(r'^justitia_ray_replica_answers_total\{replica_pid="(\d+)"\} (\S+)$', text, re.M)}
+
+
+def _metric(client: httpx.Client, name: str) -> float:
+    m = re.search(rf"^{name} (\S+)$", client.get("/metrics").text, re.M)
+    assert m, f"no metric {name}"
+    return float(m.group(1))
+
+
+def _agent(n_tasks: int, tokens: int, tag: str) -> dict:
+    first = [{"prompt": f"{tag}: part {i} of the report.", "max_tokens": tokens, "ignore_eos": True}
+             for i in range(n_tasks)]
+    return {"type": "mrs", "stages": [first, [{"prompt": "Combine:\n{{prev}}", "max_tokens": 8, "ignore_eos": True}]]}
+
+
+@pytest.fixture(scope="module")
+def ray_server(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("ray")
+    port = free_port()
+    cmd = [sys.executable, "-m", "justitia", "serve", "--ray", "--replicas", "2", "--port", str(port),
+           "--kv-blocks", "24", "--journal", str(tmp / "journal.sqlite")]
+    server = Server(cmd, port, tmp / "server.log")
+    server.wait_ready("/health", timeout_s=420)
+    yield server
+    left = sigkill(server)  # Ray's processes and every engine die with the server, even by SIGKILL
+    assert server.children and not left, f"processes outlived the server: {left}\n{server.output()[-2000:]}"
+
+
+def test_agents_run_on_two_ray_replicas_in_the_order_of_one_clock(ray_server):
+    with httpx.Client(base_url=ray_server.url, timeout=60) as client:
+        health = client.get("/health").json()
+        assert health["status"] == "ok" and health["virtual_clock"] is True
+        ids = [client.post("/v1/agents", json=_agent(3, 24, f"a{i}")).json()["agent_id"] for i in range(6)]
+        docs = [wait_agent(client, a, timeout=300) for a in ids]
+        assert [d["status"] for d in docs] == ["done"] * 6, [d.get("error") for d in docs]
+        for d in docs:
+            assert all(t is not None and t["output_tokens"] == 24 for t in d["stages"][0])
+            assert d["stages"][1][0]["output_tokens"] == 8
+            assert d["virtual_finish"] is not None and d["virtual_finish"] >= d["predicted_cost"]
+        answers = _answers(client)
+        assert len(answers) == 2 and sum(answers.values()) == 6 * 4, answers  # both replicas served
+        # the one clock runs at the replicas' measured M together
+        assert _metric(client, "justitia_clock_capacity") > 0
+        assert _metric(client, "justitia_ray_replicas") == 2
+        r = client.post("/v1/completions", json={"model": "tiny", "prompt": "Hello", "max_tokens": 5, "ignore_eos": True})
+        assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 5
+
+
+def test_a_replica_killed_mid_run_is_restarted_and_no_agent_is_lost(ray_server):
+    with httpx.Client(base_url=ray_server.url, timeout=60) as client:
+        before = _answers(client)
+        victim = max(before, key=before.get)
+        ids = [client.post("/v1/agents", json=_agent(4, 384, f"k{i}")).json()["agent_id"] for i in range(8)]
+        deadline = time.time() + 120
+        while sum(_answers(client).values()) == sum(before.values()) and time.time() < deadline:
+            time.sleep(0.1)  # kill once the replicas are answering this batch: requests are in flight
+        os.kill(victim, signal.SIGKILL)
+        docs = [wait_agent(client, a, timeout=420) for a in ids]
+        assert [d["status"] for d in docs] == ["done"] * 8, [d.get("error") for d in docs]
+        for d in docs:
+            assert all(t is not None and t["output_tokens"] == 384 for t in d["stages"][0])
+            assert d["stages"][1][0] is not None
+        # the kill hit requests in flight: sent again (no token yet) or their task run once more
+        assert _metric(client, "justitia_ray_retries_total") + _metric(client, "justitia_ray_interrupted_total") >= 1
+        # Ray starts a new replica in the dead one's place: a process id not seen before answers
+        deadline = time.time() + 300
+        while time.time() < deadline:
+            a = client.post("/v1/agents", json=_agent(2, 8, "after")).json()["agent_id"]
+            assert wait_agent(client, a, timeout=120)["status"] == "done"
+            fresh = set(_answers(client)) - set(before)
+            if fresh:
+                break
+            time.sleep(2)
+        assert fresh, f"no restarted replica answered within 300 s: {_answers(client)}"
+        assert client.get("/health").status_code == 200

@@ -1,0 +1,117 @@
+"""``RayBackend`` against a fake deployment handle (no Ray started): the one clock's tags on every
+request, M from the replicas' reports, and what happens when a replica fails before or after its
+first token, or refuses a request."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+pytest.importorskip("ray")
+from ray.exceptions import ActorDiedError, RayTaskError  # noqa: E402
+from vllm import SamplingParams  # noqa: E402
+
+from justitia.server.backend import BackendError, BackendInterrupted, Completion, Output  # noqa: E402
+from justitia.server.ray_backend import RayBackend  # noqa: E402
+
+
+class FakeHandle:
+    """Stands in for the deployment handle: each call runs ``script`` (a list of behaviours, one per send)."""
+
+    def __init__(self, script):
+        self.script = list(script)
+        self.calls = []
+
+    def options(self, stream: bool):
+        assert stream
+        return self
+
+    @property
+    def generate(self):
+        return self
+
+    def remote(self, ids, params, request_id, route):
+        self.calls.append({"ids": ids, "xargs": dict(params.extra_args), "request_id": request_id, "route": route})
+        return FakeStream(self.script.pop(0), request_id, params.max_tokens)
+
+
+class FakeStream:
+    def __init__(self, behaviour, request_id, n):
+        self.behaviour, self.request_id, self.n = behaviour, request_id, n
+        self.cancelled = False
+
+    def cancel(self):
+        self.cancelled = True
+
+    def __aiter__(self):
+        return self._run()
+
+    async def _run(self):
+        if self.behaviour == "dies":
+            raise ActorDiedError()
+        if self.behaviour == "refuses":
+            raise RayTaskError("generate", "traceback", ValueError("the prompt is longer than the context"))
+        yield Output(self.request_id, [Completion("a", [1], None)], False)
+        if self.behaviour == "dies-midway":
+            raise ActorDiedError()
+        yield Output(self.request_id, [Completion("b", [2] * (self.n - 1), "length")], True,
+                     {"pid": 11 if self.behaviour == "ok" else 12, "capacity_per_s": 400.0})
+
+
+def _backend(script, replicas=2):
+    info = {"model": "tiny", "tokenizer_dir": "/tmp", "kv_tokens": 1000, "max_model_len": 2048, "block_size": 4}
+    return RayBackend(FakeHandle(script), info, replicas, "justitia", 1000.0, 60.0, True, local=True)
+
+
+async def _run(backend, agent_id="a", ids=(1, 2, 3, 4, 5, 6), done=True):
+    params = SamplingParams(max_tokens=3, extra_args={"agent_id": agent_id, "agent_done": done})
+    return [o async for o in backend.generate({"prompt_token_ids": list(ids)}, params, "req-1")]
+
+
+def test_every_request_carries_its_agents_tag_and_the_router_reads_its_cost_and_first_block():
+    backend = _backend(["ok"])
+    tag = asyncio.run(backend.register("a", "mrs", 500.0))
+    outs = asyncio.run(_run(backend))
+    call = backend.handle.calls[0]
+    assert call["xargs"]["agent_tag"] == tag == 500.0  # V(0) + C
+    assert call["route"]["cost"] > 0 and call["route"]["prefix"] == backend.prefix([1, 2, 3, 4, 5, 6])
+    assert backend.prefix([1, 2, 3]) is None  # no full block: no affinity
+    assert [o.request_id for o in outs] == ["req-1", "req-1"] and outs[-1].finished
+    assert backend.unfinished() == 0 and not backend.book.core.has_agent("a")  # its last request: released
+
+
+def test_the_clock_runs_at_the_replicas_measured_m_from_the_next_arrival():
+    backend = _backend(["ok"])
+    asyncio.run(_run(backend, "a"))  # replica 11 reports 400 per second
+    assert backend.capacity() == 800.0  # the mean of the reports x 2 replicas
+    asyncio.run(backend.register("b", "mrs", 100.0))
+    assert backend.book.core.capacity_per_s == 800.0
+
+
+def test_a_replica_that_dies_before_any_token_is_tried_again_and_after_one_fails_retryably(monkeypatch):
+    monkeypatch.setattr("justitia.server.ray_backend.RETRY_S", 0.0)
+    backend = _backend(["dies", "ok"])
+    outs = asyncio.run(_run(backend))
+    assert outs[-1].finished and backend.retried == 1 and len(backend.handle.calls) == 2
+    backend = _backend(["dies-midway"])
+    with pytest.raises(BackendInterrupted, match="midway"):
+        asyncio.run(_run(backend))
+    assert backend.interrupted == 1 and len(backend.handle.calls) == 1  # tokens went out: not re-sent silently
+    backend = _backend(["dies"] * 4)
+    with pytest.raises(BackendError, match="after 4 tries"):
+        asyncio.run(_run(backend))
+    assert backend.unfinished() == 0
+
+
+def test_a_request_the_engine_refuses_fails_with_its_reason_and_is_not_sent_again():
+    backend = _backend(["refuses", "ok"])
+    with pytest.raises(BackendError, match="longer than the context"):
+        asyncio.run(_run(backend))
+    assert len(backend.handle.calls) == 1
+
+
+def test_dynamic_policies_are_refused_before_any_replica_starts():
+    info = {"model": "tiny", "tokenizer_dir": "/tmp", "kv_tokens": 1000, "max_model_len": 2048}
+    with pytest.raises(ValueError, match="--ray: policy 'vtc'"):
+        RayBackend(FakeHandle([]), info, 2, "vtc", 1000.0, 60.0, True, local=True)
