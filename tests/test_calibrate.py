@@ -93,3 +93,43 @@ def test_vllm_bench_flags_are_checked_before_any_engine_starts(capsys):
     assert "--kv-blocks must be >= 1" in capsys.readouterr().err
     assert main(["bench", "--engine", "vllm", "--agents", "2", "--latency", "nope.json"]) == 2
     assert "unknown latency profile 'nope.json'" in capsys.readouterr().err
+
+
+def test_calibration_agents_are_scaled_to_fit_the_engine_whatever_their_lengths():
+    from justitia.workload import fit_tokens
+
+    a = Agent("a", "t", 0.0, ((Task("x", 1900, 162), Task("y", 10, 10)),))
+    fitted, factor = fit_tokens([a], 2048)
+    assert factor > 1 and all(t.prompt_tokens + t.output_tokens <= 2048 for t in fitted[0].tasks)
+    assert fitted[0].tasks[0].prompt_tokens > 1800  # scaled by the least factor, not more
+    same, one = fit_tokens([a], 4096)
+    assert one == 1.0 and same[0].tasks == a.tasks  # fits already: unchanged
+    with pytest.raises(ValueError, match="cannot run a task"):
+        fit_tokens([a], 1)
+
+
+def test_the_bench_calibrates_on_agents_that_fit_the_engines_context_and_cache(monkeypatch):
+    import asyncio
+
+    from justitia.lab import vllm_bench
+    from justitia.vllm.engine import EngineSpec
+
+    class FakeEngine:  # the engine's limits as VllmEngine reports them once started
+        spec = EngineSpec(max_model_len=2048)
+        kv_tokens, block_size = 1536, 128
+
+        def __init__(self):
+            self.longest = []
+
+        async def run(self, agents, policy, seed=0):
+            self.longest.append(max(t.prompt_tokens + t.output_tokens for a in agents for t in a.tasks))
+
+            class Run:
+                steps = []
+            return Run()
+
+    monkeypatch.setattr(vllm_bench, "fit_profile", lambda runs, *a: ("profile", {"steps": 0}))
+    engine = FakeEngine()
+    big = [Agent("a", "t", 0.0, ((Task("x", 2000, 62),),))]  # 2,062 tokens: over both limits
+    profile, stats = asyncio.run(vllm_bench._calibrate(engine, big, 0))
+    assert engine.longest and max(engine.longest) <= 1536 and stats["scaled_down_by"] > 1

@@ -18,12 +18,15 @@ from justitia.lab.progress import progress_bar
 from justitia.lab.runner import VllmEngine
 from justitia.sim import EngineConfig, LatencyProfile
 from justitia.vllm.engine import EngineSpec
-from justitia.workload import Agent
+from justitia.workload import Agent, fit_tokens
 
 TAGGING_LABEL = "justitia@tagging"
 
 
 async def _calibrate(engine: VllmEngine, agents: list[Agent], seed: int, repeats: int = 1) -> tuple[LatencyProfile, dict]:
+    # the calibration's agents are the bench's own: scaled down until each task fits this engine's
+    # context and KV cache, whatever the workload being benched
+    agents, factor = fit_tokens(agents, min(engine.spec.max_model_len, engine.kv_tokens))
     await engine.run(agents, "fcfs", seed=seed)  # warm-up: a fresh engine's first steps of each shape are slow
     runs = []
     for _ in range(repeats):
@@ -33,7 +36,8 @@ async def _calibrate(engine: VllmEngine, agents: list[Agent], seed: int, repeats
     source = (f"fitted by 'justitia calibrate' to {sum(len(r) for r in runs)} steps of {len(agents)} agents "
               f"under fcfs on vLLM ({spec.model}, {spec.kv_blocks} blocks of {engine.block_size}, "
               f"max_num_seqs {spec.max_num_seqs}, max_num_batched_tokens {spec.max_num_batched_tokens})")
-    return fit_profile(runs, name, spec.usable_blocks, engine.block_size, source)
+    profile, stats = fit_profile(runs, name, spec.usable_blocks, engine.block_size, source)
+    return profile, stats | {"scaled_down_by": factor}
 
 
 def calibrate(engine_spec: EngineSpec, agents: list[Agent], seed: int = 0, repeats: int = 1) -> tuple[LatencyProfile, dict]:

@@ -220,3 +220,22 @@ def scale_tokens(agents: Iterable[Agent], factor: float) -> list[Agent]:
               a.meta, a.weight, a.tenant)
         for a in agents
     ]
+
+
+def fit_tokens(agents: Iterable[Agent], max_task_tokens: int) -> tuple[list[Agent], float]:
+    """The agents scaled down (``scale_tokens``) by the least factor >= 1 that makes every task's
+    prompt and output fit in ``max_task_tokens`` (an engine's context and KV cache), and that factor.
+
+    For agents the bench makes itself (calibration), which must run on whatever engine it is given."""
+    agents = list(agents)
+    if max_task_tokens < 2:
+        raise ValueError(f"an engine that holds {max_task_tokens} tokens cannot run a task.")
+    longest = max((t.prompt_tokens + t.output_tokens for a in agents for t in a.tasks), default=0)
+    factor = 1.0
+    if longest > max_task_tokens:
+        factor = longest / max_task_tokens
+    while True:
+        scaled = scale_tokens(agents, factor)
+        if all(t.prompt_tokens + t.output_tokens <= max_task_tokens for a in scaled for t in a.tasks):
+            return scaled, factor
+        factor *= 1.01  # rounding left a task one token over
