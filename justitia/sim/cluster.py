@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
 from justitia.agent import AgentResult, Call, RunResult
-from justitia.core import (ROUTER_NAMES, WINDOW_STEPS, AgentScheduler, CapacityMeter, CostModel, RequestInfo,
+from justitia.core import (ROUTER_NAMES, WINDOW_STEPS, AgentBook, AgentScheduler, CapacityMeter, CostModel,
                            cost_model, make_policy)
 from justitia.predictors import Predictor
 from justitia.sim.config import EngineConfig
@@ -49,14 +49,15 @@ class ClusterResult(RunResult):
 
 
 class GlobalClock:
-    """One justitia core in front of the engines: it stamps every request with its agent's tag; its M
-    is the sum of the engines' measured M (``meters``), or stays where it started (None)."""
+    """One justitia core in front of the engines, tagging as ``AgentBook.tag`` does for ``serve --ray``:
+    it stamps every request with its agent's tag; its M is the sum of the engines' measured M
+    (``meters``), or stays where it started (None)."""
 
     def __init__(self, core: AgentScheduler, meters: Sequence[CapacityMeter] | None):
         self.core = core
+        self.book = AgentBook(core)
         self.meters = meters
         self.schedule: list[tuple[float, float]] = [(0.0, core.capacity_per_s)]  # every (t_s, M) it ran at
-        self._infos: dict[str, RequestInfo] = {}
 
     def arrived(self, agent: Agent, predicted_cost: float, now_s: float, engines: Sequence[PlainRun]) -> None:
         """Read what every engine delivered, move M to their sum, then stamp the agent."""
@@ -68,23 +69,22 @@ class GlobalClock:
             if total != self.core.capacity_per_s:
                 self.core.set_capacity(total, now_s)
                 self.schedule.append((now_s, total))
-        self.core.agent_arrived(agent.agent_id, agent.type, predicted_cost, now_s, agent.weight, agent.tenant)
+        self.book.register(agent.agent_id, agent.type, predicted_cost, now_s, agent.weight, agent.tenant)
 
     def tag(self, call: Call, now_s: float) -> float:
-        """The request's key's head: its agent's virtual finish tag (after any retag)."""
-        info = self.core.request_arrived(call.request_id, call.meta.agent_id, call.task.prompt_tokens,
-                                         call.meta.request_cost, now_s)
-        self.core.dequeue(info)  # an engine queues it; the front only stamps it
-        self._infos[call.request_id] = info
+        """The request's key's head: its agent's virtual finish tag (after any retag). Its cost comes
+        with its metadata, so no ``max_tokens`` is needed to price it."""
+        info, _ = self.book.tag(call.request_id, call.meta, call.task.prompt_tokens, 0, now_s)
         return self.core.priority(info)[0]
 
     def request_finished(self, request_id: str, now_s: float) -> None:
-        """The request came back: it counts as done work for the agent's settlement."""
-        self.core.request_finished(self._infos.pop(request_id))
+        """The request came back: it counts as done work for the agent's settlement (the book
+        releases the agent with its last stage's last request)."""
+        self.book.finish(request_id, now_s)
 
     def agent_finished(self, agent_id: str, now_s: float) -> None:
-        """The agent is done: the clock settles it."""
-        self.core.agent_finished(agent_id, now_s)
+        """The agent is done: the clock settles it (if its last request has not already)."""
+        self.book.release(agent_id, now_s)
 
 
 class Cluster:
