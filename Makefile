@@ -4,7 +4,7 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: setup run test speed presets cpu overhead profile predictor-eval load load-upstream load-ray ray-affinity server-bench abuse clean
+.PHONY: setup run test speed presets cpu engine noise-study overhead profile predictor-eval load load-upstream load-ray ray-affinity server-bench abuse clean
 
 $(VENV)/.installed: pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
@@ -31,6 +31,14 @@ speed: setup
 # Real vLLM (tiny model on this CPU): all seven policies + front-end tagging, against the simulator.
 cpu: setup
 	$(BIN)/justitia bench --preset cpu --out results/cpu
+
+# The paper's comparison on real vLLM: 100 dense agents, three interleaved repeats, ratios with 95 % intervals.
+engine: setup
+	$(BIN)/justitia bench --preset engine --out results/engine
+
+# What makes repeats on the real engine differ: thread binding, shared cores, warm-up.
+noise-study: setup
+	$(BIN)/python scripts/noise_study.py --agents 50 --repeats 2 --settings shared,split,passive --out results/noise_study.json
 
 # Time the plug-in adds to vLLM's scheduler per step, 1,000 requests queued.
 overhead: setup

@@ -40,7 +40,7 @@ def _parser() -> argparse.ArgumentParser:
 
     b = sub.add_parser("bench", help="run policies over a workload and report JCT and fairness")
     b.add_argument("--engine", choices=["sim", "vllm"], help="engine to run on (default sim; the cpu preset: vllm)")
-    b.add_argument("--preset", choices=PRESET_NAMES, help="one of the paper's experiments, or cpu (real vLLM)")
+    b.add_argument("--preset", choices=PRESET_NAMES, help="one of the paper's experiments, or cpu and engine (real vLLM)")
     b.add_argument("--workload", type=Path, help="JSONL workload file (instead of generating one)")
     _add_workload_args(b)
     b.add_argument("--scale", type=float, default=1.0, help="divide every token length by this (small engines)")
@@ -299,7 +299,7 @@ def _bench_vllm(args, agents, specs, info, preset) -> dict:
     if profile is None and not calibration:
         calibration, _ = build_workload(args.calibration_agents, args.seed + 1, args.trace, CPU_DENSITY)
         calibration = scale_tokens(calibration, args.scale)
-    tagging = args.tagging or (preset is not None and preset.name == "cpu")
+    tagging = args.tagging or (preset is not None and preset.tagging)
     repeats = args.repeats or (preset.repeats if preset else 1)
     return run_bench_vllm(agents, specs, spec, info, args.seed, not args.no_progress, profile, calibration, tagging,
                           repeats)

@@ -122,14 +122,116 @@ def test_the_bench_calibrates_on_agents_that_fit_the_engines_context_and_cache(m
             self.longest = []
 
         async def run(self, agents, policy, seed=0):
+            from types import SimpleNamespace
+
             self.longest.append(max(t.prompt_tokens + t.output_tokens for a in agents for t in a.tasks))
+            return SimpleNamespace(steps=[], result=SimpleNamespace(agents=[SimpleNamespace(jct_s=1.0) for _ in agents]))
 
-            class Run:
-                steps = []
-            return Run()
-
-    monkeypatch.setattr(vllm_bench, "fit_profile", lambda runs, *a: ("profile", {"steps": 0}))
+    profile = LatencyProfile("p", 0.0, 1.0, 0.01, 0.0, 1.0, 11, "test", 128)
+    monkeypatch.setattr(vllm_bench, "fit_profile", lambda runs, *a: (profile, {"steps": 0}))
+    monkeypatch.setattr(vllm_bench, "fit_request_latency", lambda agents, config, jct, seed: (5.0, 0.5, 1.0))
     engine = FakeEngine()
     big = [Agent("a", "t", 0.0, ((Task("x", 2000, 62),),))]  # 2,062 tokens: over both limits
     profile, stats = asyncio.run(vllm_bench._calibrate(engine, big, 0))
     assert engine.longest and max(engine.longest) <= 1536 and stats["scaled_down_by"] > 1
+    assert profile.request_latency_ms == 5.0 and stats["engine_mean_jct_s"] == 1.0
+
+
+def test_the_paired_bootstrap_separates_a_real_difference_and_not_noise():
+    from justitia.lab.metrics import paired_bootstrap
+
+    rng = np.random.default_rng(0)
+    size = rng.lognormal(0, 1, 200)  # agents differ by far more than the policies do
+    speed = np.array([[1.0], [1.3], [0.8]])  # and so do the repeats' engine speeds
+    base = speed * size * rng.uniform(0.9, 1.1, (3, 200))
+    half = speed * size * 0.5 * rng.uniform(0.9, 1.1, (3, 200))
+    c = paired_bootstrap(half, base, seed=1)
+    assert c["ratio"] == pytest.approx(half.mean() / base.mean())
+    lo, hi = c["ci95"]
+    assert lo < c["ratio"] < hi < 1 and c["repeats"] == 3 and c["agents"] == 200
+    # the same policy twice: the interval straddles 1
+    again = speed * size * rng.uniform(0.9, 1.1, (3, 200))
+    lo, hi = paired_bootstrap(again, base, seed=1)["ci95"]
+    assert lo < 1 < hi
+    # pairing is what makes it narrow: unpaired, the agents' sizes swamp a 10 % difference
+    shuffled = paired_bootstrap(0.9 * base[:, rng.permutation(200)], base, seed=1)["ci95"]
+    paired = paired_bootstrap(0.9 * base, base, seed=1)["ci95"]
+    assert paired[1] - paired[0] < 0.2 * (shuffled[1] - shuffled[0])
+    with pytest.raises(ValueError, match="same repeats and agents"):
+        paired_bootstrap(base, base[:2])
+
+
+def test_the_vllm_bench_compares_justitia_with_each_baseline_that_ran():
+    from types import SimpleNamespace
+
+    from justitia.lab.vllm_bench import TAGGING_LABEL, comparisons
+
+    def run(jcts):
+        return SimpleNamespace(result=SimpleNamespace(agents=[SimpleNamespace(jct_s=j) for j in jcts]))
+
+    tries = {"justitia": [run([1, 2]), run([1, 3])], "vtc": [run([2, 4]), run([2, 5])],
+             TAGGING_LABEL: [run([1, 2]), run([1, 2])], "fcfs": [run([3, 3]), run([3, 3])]}
+    out = comparisons(tries)
+    assert set(out) == {"justitia_vs_vtc", "justitia_vs_fcfs", f"{TAGGING_LABEL}_vs_vtc", f"{TAGGING_LABEL}_vs_justitia"}
+    assert out["justitia_vs_vtc"]["ratio"] == pytest.approx(7 / 13) and out["justitia_vs_vtc"]["repeats"] == 2
+
+
+def test_the_engine_preset_is_the_papers_comparison_on_dense_arrivals_that_fit_the_engine():
+    from justitia.lab.presets import make_preset
+
+    preset = make_preset("engine")
+    assert preset.engine == "vllm" and preset.tagging and preset.repeats >= 3
+    assert [s.label for s in preset.specs] == ["fcfs", "vtc", "srjf", "justitia", "las"]
+    agents = preset.agents
+    assert len(agents) >= 100 and len({a.type for a in agents}) == 9
+    assert max(a.arrival_s for a in agents) < 10  # dense: queueing, not arrivals, sets JCT
+    for group in (agents, preset.calibration_agents):  # fits the preset's engine as it is
+        assert max(t.prompt_tokens + t.output_tokens for a in group for t in a.tasks) <= 2048
+    assert {a.agent_id for a in preset.calibration_agents}.isdisjoint({a.agent_id for a in agents}) or \
+        [a.tasks for a in preset.calibration_agents] != [a.tasks for a in agents[:len(preset.calibration_agents)]]
+
+
+def test_the_request_latency_fit_makes_the_simulator_as_slow_as_the_engine():
+    from justitia.lab.bench import RunSpec, simulate
+    from justitia.lab.calibrate import fit_request_latency
+    from justitia.sim import EngineConfig
+
+    profile = LatencyProfile("p", 0.0, 2.0, 0.01, 0.0, 1.0, 23, "test", 128)
+    config = EngineConfig(profile=profile, block_size=128)
+    agents = [Agent(f"a{i}", "t", 0.3 * i, ((Task("x", 100, 20), Task("y", 50, 10)), (Task("z", 80, 30),)))
+              for i in range(12)]
+
+    def mean(latency_ms):
+        cfg = EngineConfig(profile=LatencyProfile("p", 0.0, 2.0, 0.01, 0.0, 1.0, 23, "test", 128,
+                                                  request_latency_ms=latency_ms), block_size=128)
+        run = simulate(agents, RunSpec("fcfs", "fcfs"), cfg)
+        return sum(a.jct_s for a in run.agents) / len(agents)
+
+    truth = mean(40.0)  # an engine whose requests take 40 ms each way
+    assert truth > mean(0.0) + 0.1  # two stages: four crossings of 40 ms
+    latency, at_zero, fitted = fit_request_latency(agents, config, truth)
+    assert latency == pytest.approx(40.0, abs=1.0) and fitted == pytest.approx(truth, rel=1e-3)
+    assert at_zero == pytest.approx(mean(0.0))
+    assert fit_request_latency(agents, config, 0.5 * at_zero)[0] == 0.0  # steps alone are already slower
+    # the latency round-trips through a profile file
+    doc = LatencyProfile("p", 0.0, 2.0, 0.01, 0.0, 1.0, 23, "test", 128, request_latency_ms=12.5).to_json()
+    assert LatencyProfile.from_json(doc).request_latency_ms == 12.5
+    assert LatencyProfile.from_json({k: v for k, v in doc.items() if k != "request_latency_ms"}).request_latency_ms == 0
+
+
+def test_the_runner_gives_the_model_and_the_front_end_cores_of_their_own(monkeypatch):
+    from justitia.lab import runner
+    from justitia.vllm.engine import EngineSpec
+
+    monkeypatch.delenv("VLLM_CPU_OMP_THREADS_BIND", raising=False)
+    monkeypatch.setattr(runner, "_PROCESS_CPUS", frozenset({0, 1}))
+    assert runner.core_layout(EngineSpec()) == ("1", {0})
+    monkeypatch.setattr(runner, "_PROCESS_CPUS", frozenset({2, 3, 5}))
+    assert runner.core_layout(EngineSpec()) == ("3,5", {2})
+    assert runner.core_layout(EngineSpec(cpu_threads="2-5")) == ("2-5", None)  # the caller's binding wins
+    monkeypatch.setenv("VLLM_CPU_OMP_THREADS_BIND", "3,5")  # an earlier engine's, ours: still pinned
+    assert runner.core_layout(EngineSpec()) == ("3,5", {2})
+    monkeypatch.setenv("VLLM_CPU_OMP_THREADS_BIND", "nobind")  # the user's
+    assert runner.core_layout(EngineSpec()) == ("nobind", None)
+    monkeypatch.setattr(runner, "_PROCESS_CPUS", frozenset({4}))
+    assert runner.core_layout(EngineSpec()) == ("4", None)  # one core: nothing to split

@@ -114,6 +114,23 @@ def test_vtc_counts_input_once_and_output_twice_and_lifts_returning_agents():
     assert core.peek().agent_id == "y"  # tie at 30: earlier agent first
 
 
+def test_moved_agents_names_the_agents_whose_keys_moved_and_no_others():
+    core = scheduler("vtc")
+    for a in "xyz":
+        core.agent_arrived(a, "t", 0, 0.0)
+    rx, ry = core.request_arrived("x1", "x", 10, 1.0), core.request_arrived("y1", "y", 10, 1.0)
+    core.dequeue(rx)
+    core.dequeue(ry)
+    core.moved_agents()  # a fresh start
+    before = {a: core.agent_key(a) for a in "xyz"}
+    core.charge(rx, Charge(prefill_tokens=100))
+    core.request_arrived("z1", "z", 10, 1.0)  # z becomes backlogged: vtc lifts it
+    moved = core.moved_agents()
+    assert moved == {"x", "z"} and core.moved_agents() == set()
+    assert [a for a in "xyz" if core.agent_key(a) != before[a]] == ["x"]  # z's lift: to 0, nothing else waited
+    assert scheduler("justitia", capacity=100).moved_agents() == set()
+
+
 def test_justitia_orders_by_finish_tag_not_arrival():
     core = scheduler("justitia", capacity=100)
     core.agent_arrived("A", "t", 200, 0.0)

@@ -28,10 +28,16 @@ class Charge:
     def for_step(computed_tokens: int, new_tokens: int, seq_tokens: int, output_tokens: int) -> "Charge":
         """What one engine step gives a request that had ``computed_tokens`` of its ``seq_tokens``
         (prompt + ``output_tokens`` so far) in the KV cache and computes ``new_tokens`` more."""
+        return Charge(*Charge.step_tokens(computed_tokens, new_tokens, seq_tokens, output_tokens))
+
+    @staticmethod
+    def step_tokens(computed_tokens: int, new_tokens: int, seq_tokens: int, output_tokens: int) -> tuple[int, int, int]:
+        """``for_step``'s (prefill_tokens, decode_tokens, kv_token_iters) as a plain tuple, for an
+        engine that adds up many requests' steps before it charges them."""
         held = computed_tokens + new_tokens
         if output_tokens >= 1 and computed_tokens == seq_tokens - 1:  # a decode step
-            return Charge(0, 1, held)
-        return Charge(new_tokens, 1 if held == seq_tokens else 0, held)
+            return 0, 1, held
+        return new_tokens, 1 if held == seq_tokens else 0, held
 
 
 NO_CHARGE = Charge()

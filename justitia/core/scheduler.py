@@ -9,7 +9,8 @@ served and finished. It knows nothing about KV blocks or iterations.
     requests   request_arrived (queued), requeue (preempted), dequeue (taken out to run),
                request_finished (finished or aborted), charge (service scheduled)
     order      peek, num_waiting, is_waiting, priority, victim
-    needs      keys_move, keys_rise, uses_service, reads_service_on_backlog, measures_capacity
+    needs      keys_move, keys_rise, uses_service, reads_service_on_backlog, measures_capacity,
+               moved_agents (whose keys moved since the last call: an engine re-keys only theirs)
     clock      virtual_time, virtual_finish, gps_active, capacity_per_s (None under a policy without
                a clock); observe_service (what the engine delivered while backlogged: the clock's M
                follows it), capacity_schedule; set_capacity (M measured elsewhere: a cluster's
@@ -47,6 +48,7 @@ class AgentScheduler:
         self._revealed: dict[str, list[float]] = {}  # agent id -> [its requests' predicted costs, those finished]
         self._agent_seq = 0
         self._request_seq = 0
+        self._moved: set[str] = set()  # dynamic policies: agents whose keys may have moved (moved_agents)
 
     @classmethod
     def for_policy(cls, name: str, capacity_per_s: float | None = None, cost: str | CostModel = KV,
@@ -93,6 +95,7 @@ class AgentScheduler:
             self.request_finished(req)
         self._agents.pop(agent_id, None)
         self._open.pop(agent_id, None)
+        self._moved.discard(agent_id)
         self._policy.agent_finished(agent_id, now_s)
 
     def has_agent(self, agent_id: str) -> bool:
@@ -128,11 +131,15 @@ class AgentScheduler:
         self._request_seq += 1
         self._open[agent_id] += 1
         self._waiting.add(req)
+        if self._policy.dynamic:  # revised, or lifted on becoming backlogged (vtc)
+            self._moved.add(agent_id)
         return req
 
     def requeue(self, req: RequestInfo) -> None:
         """A preempted request waits again."""
         self._waiting.add(req)
+        if self._policy.dynamic:
+            self._moved.add(req.agent_id)
 
     def dequeue(self, req: RequestInfo) -> None:
         """The engine takes a waiting request out of the queue (to run it, or to drop it)."""
@@ -152,6 +159,7 @@ class AgentScheduler:
         self._policy.charge(req, service)
         if self._policy.dynamic:
             self._waiting.touch(req.agent_id)
+            self._moved.add(req.agent_id)
 
     # ------------------------------------------------------------------------------- order
     @property
@@ -194,6 +202,13 @@ class AgentScheduler:
         """Whether keys change as service is charged (vtc, srjf, las): an engine that stamps keys
         on requests must refresh them every step."""
         return self._policy.dynamic
+
+    def moved_agents(self) -> set[str]:
+        """The agents whose keys may have moved since the last call (charged, revised or lifted), and
+        a fresh start: an engine that stamps keys on running requests re-keys only theirs. Empty
+        under a static policy."""
+        moved, self._moved = self._moved, set()
+        return moved
 
     @property
     def keys_rise(self) -> bool:

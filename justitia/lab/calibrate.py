@@ -89,3 +89,35 @@ def fit_profile(
     stats["delivered_capacity_per_s"] = delivered  # the clock's M, measured (None: requests never waited)
     stats["backlogged_s"] = backlogged_s
     return profile, stats
+
+
+def fit_request_latency(agents, config, engine_mean_jct_s: float, seed: int = 0, max_ms: float = 1000.0,
+                        iterations: int = 24) -> tuple[float, float, float]:
+    """The one-way front-end latency (``LatencyProfile.request_latency_ms``) at which the simulator,
+    on ``config``, gives ``agents`` under fcfs the mean JCT the engine gave them: what the steps
+    alone leave out (a request's way in and out of the engine, an agent's stage hand-offs).
+
+    Bisection: the simulator's mean JCT grows with the latency. Returns (latency ms, the simulator's
+    mean JCT at zero latency, and at the fitted one); zero when the steps alone are already as slow.
+    """
+    from dataclasses import replace
+
+    from justitia.lab.bench import RunSpec, simulate
+
+    def mean_jct(latency_ms: float) -> float:
+        cfg = replace(config, profile=replace(config.profile, request_latency_ms=latency_ms))
+        run = simulate(agents, RunSpec("fcfs", "fcfs"), cfg, seed)
+        return sum(a.jct_s for a in run.agents) / len(run.agents)
+
+    at_zero = mean_jct(0.0)
+    if at_zero >= engine_mean_jct_s:
+        return 0.0, at_zero, at_zero
+    lo, hi = 0.0, max_ms
+    for _ in range(iterations):
+        mid = (lo + hi) / 2
+        if mean_jct(mid) < engine_mean_jct_s:
+            lo = mid
+        else:
+            hi = mid
+    latency = (lo + hi) / 2
+    return latency, at_zero, mean_jct(latency)

@@ -81,3 +81,27 @@ def delay_bound_s(agents: list[Agent], config: EngineConfig, capacity_per_s: flo
     c_max_s = iters * config.nominal_iteration_s
     big_c = max(a.cost(KV) for a in agents)
     return 2 * c_max_s + big_c / (capacity_per_s or replicas * config.capacity_per_s(KV))
+
+
+def paired_bootstrap(a: np.ndarray, b: np.ndarray, resamples: int = 4000, seed: int = 0) -> dict:
+    """The ratio of mean JCTs ``mean(a) / mean(b)`` and its 95 % interval, by a paired bootstrap over
+    agents and repeats.
+
+    ``a`` and ``b`` hold JCTs of shape (repeats, agents): row ``r`` of each is the ``r``-th
+    interleaved repeat, column ``i`` the same agent. Each resample draws repeats and agents with
+    replacement, the same draw for both runs (paired: an agent's own size and a repeat's own engine
+    speed cancel out of the ratio), and takes the ratio of the two means over the drawn cells.
+    """
+    a, b = np.atleast_2d(np.asarray(a, dtype=float)), np.atleast_2d(np.asarray(b, dtype=float))
+    if a.shape != b.shape or a.size == 0:
+        raise ValueError(f"paired runs must have the same repeats and agents, got {a.shape} and {b.shape}.")
+    repeats, agents = a.shape
+    rng = np.random.default_rng(seed)
+    w = rng.multinomial(agents, np.full(agents, 1 / agents), size=resamples)  # (B, agents): draws per agent
+    v = rng.multinomial(repeats, np.full(repeats, 1 / repeats), size=resamples)  # (B, repeats)
+    num = (v * (a @ w.T).T).sum(axis=1)  # sum over drawn (repeat, agent) cells, per resample
+    den = (v * (b @ w.T).T).sum(axis=1)
+    ratios = num / den
+    lo, hi = np.percentile(ratios, [2.5, 97.5])
+    return {"ratio": float(a.mean() / b.mean()), "ci95": [float(lo), float(hi)], "repeats": int(repeats),
+            "agents": int(agents), "resamples": int(resamples)}

@@ -89,6 +89,7 @@ class Preset:
     sim_options: dict = field(default_factory=dict)  # sim: EngineConfig fields (command-line flags win)
     calibration_agents: list[Agent] = field(default_factory=list)  # vllm: the calibration run's workload
     repeats: int = 1  # vllm: runs per policy, JCTs averaged per agent
+    tagging: bool = False  # vllm: also justitia by front-end tagging on stock vLLM
     replicas: int = 1  # sim: engines in the cluster (sim.Cluster when > 1)
 
 
@@ -191,7 +192,7 @@ def trojan_workload(seed: int) -> tuple[list[Agent], dict, list[Agent]]:
 
 def make_preset(name: str, seed: int = 0) -> Preset:
     """Build the preset called ``name``: main, starvation, noise, ablation, sustained, trojan, the
-    clusters (simulator) or cpu (vLLM)."""
+    clusters (simulator), cpu or engine (vLLM)."""
     trace = MOONCAKE_ARRIVALS
     if name == "main":
         agents, info = build_workload(300, seed, trace, 1.0)
@@ -277,7 +278,22 @@ def make_preset(name: str, seed: int = 0) -> Preset:
         return Preset(name, f"{CPU_AGENTS} agents on real vLLM (tiny model, CPU), all seven policies + front-end tagging",
                       agents, info, _all_policies(), engine="vllm",
                       engine_options={"model": "tiny", "kv_blocks": 24, "max_num_seqs": 64, "max_num_batched_tokens": 2048},
-                      calibration_agents=scale_tokens(calib, CPU_SCALE), repeats=CPU_REPEATS)
+                      calibration_agents=scale_tokens(calib, CPU_SCALE), repeats=CPU_REPEATS, tagging=True)
+    if name == "engine":
+        # Sized so that requests wait for the KV cache for most of each run and queueing dominates
+        # JCT on a 2-core CPU running the tiny model: 100 agents arriving in about 6 s (6x the
+        # trace's density), lengths / 8, that take the engine the better part of a minute. The
+        # paper's comparison, three interleaved repeats. The calibration agents (another seed)
+        # arrive as densely, so that the fit sees the engine as loaded as the runs do.
+        agents, info = build_workload(ENGINE_AGENTS, seed, trace, ENGINE_DENSITY)
+        agents = scale_tokens(agents, CPU_SCALE)
+        calib, _ = build_workload(ENGINE_CALIBRATION_AGENTS, seed + 1, trace, ENGINE_DENSITY)
+        info |= {"token_scale": CPU_SCALE}
+        specs = [RunSpec(p, p) for p in ENGINE_POLICIES]
+        return Preset(name, f"{ENGINE_AGENTS} agents arriving densely on real vLLM (tiny model, CPU): "
+                      f"{', '.join(ENGINE_POLICIES)} + front-end tagging, {ENGINE_REPEATS} interleaved repeats",
+                      agents, info, specs, engine="vllm", engine_options=dict(ENGINE_OPTIONS),
+                      calibration_agents=scale_tokens(calib, CPU_SCALE), repeats=ENGINE_REPEATS, tagging=True)
     raise ValueError(f"unknown preset '{name}'; expected one of: {', '.join(PRESET_NAMES)}.")
 
 
@@ -288,5 +304,8 @@ def _lm_missing() -> str:
 
 
 CPU_AGENTS, CPU_CALIBRATION_AGENTS, CPU_DENSITY, CPU_SCALE, CPU_REPEATS = 24, 20, 1 / 3, 8, 2
+ENGINE_AGENTS, ENGINE_CALIBRATION_AGENTS, ENGINE_DENSITY, ENGINE_REPEATS = 100, 40, 6.0, 3
+ENGINE_POLICIES = ("fcfs", "vtc", "srjf", "justitia", "las")
+ENGINE_OPTIONS = {"model": "tiny", "kv_blocks": 24, "max_num_seqs": 64, "max_num_batched_tokens": 2048}
 PRESET_NAMES = ("main", "starvation", "noise", "ablation", "sustained", "sustained-near", "trojan", *CLUSTER_PRESETS,
-                "cpu")
+                "cpu", "engine")

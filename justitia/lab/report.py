@@ -36,11 +36,27 @@ def engine_table(doc: dict) -> Table:
     if cal:
         title += f"; profile fitted to {cal['steps']} steps, R^2 {cal['r2']:.2f}"
     table = Table(title=title)
-    for col in ("run", "mode", "engine mean JCT s", "sim mean JCT s", "sim error", "preemptions", "run wall s"):
+    for col in ("run", "mode", "engine mean JCT s", "per repeat", "sim mean JCT s", "sim error", "requests waited",
+                "preemptions", "run wall s"):
         table.add_column(col, justify="left" if col in ("run", "mode") else "right", no_wrap=True)
     for label, e in doc["policies"].items():
-        table.add_row(label, e["mode"], f"{e['mean_jct_s']:.2f}", f"{e['sim_mean_jct_s']:.2f}", f"{e['sim_error']:+.1%}",
-                      str(e["preemptions"]) if e["mode"] == "plugin" else "-", f"{e['run_wall_s']:.1f}")
+        repeats = " / ".join(f"{x:.2f}" for x in e.get("mean_jct_s_per_repeat", []))
+        waited = f"{e['backlogged_share']:.0%}" if "backlogged_share" in e else "-"
+        table.add_row(label, e["mode"], f"{e['mean_jct_s']:.2f}", repeats, f"{e['sim_mean_jct_s']:.2f}",
+                      f"{e['sim_error']:+.1%}", waited, str(e["preemptions"]) if e["mode"] == "plugin" else "-",
+                      f"{e['run_wall_s']:.1f}")
+    return table
+
+
+def comparison_table(doc: dict) -> Table:
+    """Ratios of mean JCTs with their 95 % intervals (paired bootstrap over agents and repeats)."""
+    table = Table(title="mean JCT ratios, 95 % interval by a paired bootstrap over agents and repeats")
+    for col in ("comparison", "ratio", "95 % interval", "repeats", "separated"):
+        table.add_column(col, justify="left" if col == "comparison" else "right", no_wrap=True)
+    for name, c in doc["comparisons"].items():
+        lo, hi = c["ci95"]
+        table.add_row(name.replace("_vs_", " / "), f"{c['ratio']:.3f}", f"{lo:.3f} - {hi:.3f}", str(c["repeats"]),
+                      "below 1" if hi < 1 else "above 1" if lo > 1 else "no")
     return table
 
 
@@ -73,6 +89,8 @@ def print_results(doc: dict, title: str = "", console: Console | None = None) ->
     console.print(results_table(doc, title))
     if doc.get("engine") == "vllm":
         console.print(engine_table(doc))
+        if doc.get("comparisons"):
+            console.print(comparison_table(doc))
     if doc.get("replicas", 1) > 1:
         console.print(cluster_table(doc))
     j = doc["policies"].get("justitia")

@@ -17,6 +17,7 @@ Two ways to schedule (``EngineSpec.scheduler``):
   tagged this way (fcfs, sjf, parrot, justitia).
 
 NOTE: engine start-up takes 35-60 s on the 2-core CPU machine; reuse one ``VllmEngine`` per mode.
+The model's threads and the front end get cores of their own (``core_layout``).
 """
 
 from __future__ import annotations
@@ -39,7 +40,8 @@ from justitia.vllm.engine import EngineSpec, RunningEngine, control
 from justitia.workload import Agent
 
 STEP_LOG_COLUMNS = ("t_s", "batched_tokens", "decode_context_tokens", "prefill_reqs", "decode_reqs", "busy_after",
-                    "preemptions", "waiting_before", "delivered_kv")  # delivered_kv: KV held by sampling requests
+                    "preemptions", "waiting_before", "delivered_kv", "sched_us")
+# delivered_kv: KV held by sampling requests; sched_us: time in the scheduler (vLLM's and the plug-in's)
 
 
 class VllmEngine(RunningEngine):
@@ -48,9 +50,11 @@ class VllmEngine(RunningEngine):
     def __init__(self, spec: EngineSpec):
         if spec.scheduler not in ("plugin", "priority"):
             raise ValueError(f"the runner schedules by the plug-in or by tagging, not '{spec.scheduler}'.")
-        super().__init__(replace(spec, cpu_threads=spec.cpu_threads or "0-1"))
+        threads, self._frontend_cpus = core_layout(spec)
+        super().__init__(replace(spec, cpu_threads=threads))
         self.block_size = 0
         self.kv_tokens = 0
+        self._saved_cpus: set[int] | None = None
 
     @property
     def tagging(self) -> bool:
@@ -61,7 +65,16 @@ class VllmEngine(RunningEngine):
         await super().__aenter__()
         self.block_size = self.llm.vllm_config.cache_config.block_size
         self.kv_tokens = self.spec.usable_blocks * self.block_size
+        if self._frontend_cpus is not None:  # after the start: the engine's processes keep every core
+            self._saved_cpus = os.sched_getaffinity(0)
+            pin_process(self._frontend_cpus)
         return self
+
+    async def __aexit__(self, *exc) -> None:
+        await super().__aexit__(*exc)
+        if self._saved_cpus is not None:
+            pin_process(self._saved_cpus)
+            self._saved_cpus = None
 
     # ------------------------------------------------------------------------------ prompts
     def prompt_ids(self, agents: list[Agent]) -> dict[tuple[str, int, int], list[int]]:
@@ -199,6 +212,37 @@ class VllmEngine(RunningEngine):
                 "measure_capacity": measure, "retag": retag}
         if not await control(self.llm, ControlCall(RESET, args)):
             raise RuntimeError("the plug-in refused to reset its policy state: the engine is not idle.")
+
+
+_PROCESS_CPUS = frozenset(os.sched_getaffinity(0))  # this process's cores before any engine pinned it
+
+
+def core_layout(spec: EngineSpec) -> tuple[str, set[int] | None]:
+    """Where the engine's model threads run (``VLLM_CPU_OMP_THREADS_BIND``) and where this process,
+    the front end, is pinned once the engine has started (None: not pinned).
+
+    By default the model gets every core but the first, and the front end (the agents, vLLM's
+    input and output processing) the first: on two cores, sharing both made repeats of one run
+    differ by 12-36 %, and splitting them made runs faster and within 1-11 % of each other
+    (scripts/noise_study.py, docs/results.md). vLLM's scheduler process keeps every core. A binding
+    in the spec or the environment wins, and nothing is pinned."""
+    cpus = sorted(_PROCESS_CPUS)
+    if len(cpus) < 2:
+        return ",".join(map(str, cpus)), None
+    threads = ",".join(map(str, cpus[1:]))
+    given = spec.cpu_threads or os.environ.get("VLLM_CPU_OMP_THREADS_BIND")  # (an earlier engine's is ours)
+    if given and given != threads:
+        return given, None
+    return threads, {cpus[0]}
+
+
+def pin_process(cpus: set[int]) -> None:
+    """Every thread of this process on ``cpus`` (threads it starts later inherit it)."""
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            os.sched_setaffinity(int(tid), cpus)
+        except OSError:  # a thread that ended meanwhile
+            pass
 
 
 @dataclass

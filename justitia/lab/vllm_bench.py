@@ -11,9 +11,12 @@ import asyncio
 import time
 from dataclasses import replace
 
+import numpy as np
+
 from justitia.agent import RunResult
 from justitia.lab.bench import RunSpec, check_labels, simulate, summarize
-from justitia.lab.calibrate import fit_profile
+from justitia.lab.calibrate import delivered_capacity, fit_profile, fit_request_latency
+from justitia.lab.metrics import paired_bootstrap
 from justitia.lab.progress import progress_bar
 from justitia.lab.runner import VllmEngine
 from justitia.sim import EngineConfig, LatencyProfile
@@ -28,16 +31,27 @@ async def _calibrate(engine: VllmEngine, agents: list[Agent], seed: int, repeats
     # context and KV cache, whatever the workload being benched
     agents, factor = fit_tokens(agents, min(engine.spec.max_model_len, engine.kv_tokens))
     await engine.run(agents, "fcfs", seed=seed)  # warm-up: a fresh engine's first steps of each shape are slow
-    runs = []
+    runs, jcts = [], []
     for _ in range(repeats):
-        runs.append((await engine.run(agents, "fcfs", seed=seed)).steps)
+        run = await engine.run(agents, "fcfs", seed=seed)
+        runs.append(run.steps)
+        jcts.append(sum(a.jct_s for a in run.result.agents) / len(agents))
     spec = engine.spec
     name = f"{spec.model}-cpu-calibrated"
     source = (f"fitted by 'justitia calibrate' to {sum(len(r) for r in runs)} steps of {len(agents)} agents "
               f"under fcfs on vLLM ({spec.model}, {spec.kv_blocks} blocks of {engine.block_size}, "
-              f"max_num_seqs {spec.max_num_seqs}, max_num_batched_tokens {spec.max_num_batched_tokens})")
+              f"max_num_seqs {spec.max_num_seqs}, max_num_batched_tokens {spec.max_num_batched_tokens}); "
+              f"request latency fitted to their mean JCT")
     profile, stats = fit_profile(runs, name, spec.usable_blocks, engine.block_size, source)
-    return profile, stats | {"scaled_down_by": factor}
+    # what the steps leave out: the front end's latency, fitted so that the simulator gives these
+    # agents the mean JCT the engine gave them
+    engine_jct = sum(jcts) / len(jcts)
+    latency, at_zero, fitted = fit_request_latency(agents, engine_config(profile, spec, engine.block_size),
+                                                   engine_jct, seed)
+    profile = replace(profile, request_latency_ms=latency)
+    return profile, stats | {"scaled_down_by": factor, "engine_mean_jct_s": engine_jct,
+                             "sim_mean_jct_s_steps_only": at_zero, "sim_mean_jct_s": fitted,
+                             "request_latency_ms": latency}
 
 
 def calibrate(engine_spec: EngineSpec, agents: list[Agent], seed: int = 0, repeats: int = 1) -> tuple[LatencyProfile, dict]:
@@ -157,6 +171,7 @@ def run_bench_vllm(
     doc["bench_wall_s"] = bench_wall_s  # engine start-ups, calibration and every run
     if calibration:
         doc["calibration"] = calibration
+    doc["comparisons"] = comparisons(tries, seed)
     for spec in all_specs:
         sim = simulate(agents, spec, config, seed)
         entry = doc["policies"][spec.label]
@@ -165,6 +180,24 @@ def run_bench_vllm(
         entry["run_wall_s"] = walls[spec.label]
         entry["max_arrival_lag_s"] = max(run.max_arrival_lag_s for run in tries[spec.label])
         entry["mean_jct_s_per_repeat"] = [sum(a.jct_s for a in run.result.agents) / len(agents) for run in tries[spec.label]]
+        if entry["mode"] == "plugin":  # how long requests waited for the engine (its step log)
+            waited = [delivered_capacity([run.steps])[1] / run.result.makespan_s for run in tries[spec.label]]
+            entry["backlogged_share"] = sum(waited) / len(waited)
         entry["sim_mean_jct_s"] = sim_mean
         entry["sim_error"] = sim_mean / entry["mean_jct_s"] - 1
     return doc
+
+
+# Justitia against the baselines the paper sets it against, through the plug-in and by tagging.
+COMPARED = [("justitia", b) for b in ("vtc", "srjf", "las", "fcfs")] + [(TAGGING_LABEL, "vtc"), (TAGGING_LABEL, "justitia")]
+
+
+def comparisons(tries: dict[str, list], seed: int = 0) -> dict:
+    """``<a>_vs_<b>``: the ratio of mean JCTs with its 95 % interval (``paired_bootstrap`` over agents
+    and repeats), for each pair of ``COMPARED`` that ran."""
+    out = {}
+    for a, b in COMPARED:
+        if a in tries and b in tries:
+            jcts = [np.array([[x.jct_s for x in run.result.agents] for run in tries[label]]) for label in (a, b)]
+            out[f"{a}_vs_{b}"] = paired_bootstrap(*jcts, seed=seed)
+    return out

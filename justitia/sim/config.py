@@ -40,13 +40,22 @@ class LatencyProfile:
     kv_blocks: int
     source: str
     block_size: int = 16
+    # One way, between the front end and the engine's queue: a request reaches the engine this long
+    # after its agent sends it, and its agent learns of its end this long after the engine's step.
+    # It is what an agent's stage hand-off costs beyond the engine's steps (not scaled).
+    request_latency_ms: float = 0.0
     _ps: tuple[int, int, int, int] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         coeffs = (self.floor_ms, self.base_ms, self.per_batched_token_ms, self.per_context_token_ms)
-        if any(c < 0 or not math.isfinite(c) for c in coeffs) or self.scale <= 0:
+        if any(c < 0 or not math.isfinite(c) for c in (*coeffs, self.request_latency_ms)) or self.scale <= 0:
             raise ValueError(f"profile '{self.name}': coefficients must be finite and >= 0, scale > 0.")
         object.__setattr__(self, "_ps", tuple(round(c * self.scale * PS_PER_MS) for c in coeffs))
+
+    @property
+    def request_latency_ps(self) -> int:
+        """``request_latency_ms`` in integer picoseconds."""
+        return round(self.request_latency_ms * PS_PER_MS)
 
     def iteration_ps(self, batched_tokens: int, decode_context_tokens: int) -> int:
         """One iteration's latency in integer picoseconds."""
@@ -66,7 +75,7 @@ class LatencyProfile:
         return {"schema": PROFILE_SCHEMA} | {
             k: getattr(self, k)
             for k in ("name", "floor_ms", "base_ms", "per_batched_token_ms", "per_context_token_ms", "scale",
-                      "kv_blocks", "block_size", "source")
+                      "kv_blocks", "block_size", "source", "request_latency_ms")
         }
 
     @staticmethod
@@ -80,7 +89,10 @@ class LatencyProfile:
         for name, kind in fields.items():
             if not isinstance(doc.get(name), kind) or isinstance(doc.get(name), bool):
                 raise ValueError(f"{where}: field '{name}' is missing or has the wrong type.")
-        return LatencyProfile(**{name: doc[name] for name in fields})
+        latency = doc.get("request_latency_ms", 0.0)  # absent from files written before it was fitted
+        if not isinstance(latency, (int, float)) or isinstance(latency, bool):
+            raise ValueError(f"{where}: field 'request_latency_ms' has the wrong type.")
+        return LatencyProfile(**{name: doc[name] for name in fields}, request_latency_ms=float(latency))
 
 
 def load_profile(name_or_path: str) -> LatencyProfile:

@@ -100,8 +100,13 @@ class EngineLoop:
         self._queued = [False] * len(engines)
         self._seq = 0
         self._results: list[AgentResult] = []
+        # the front end's latency (profile.request_latency_ms, one way): an agent's first requests reach
+        # the engines that long after it arrives; a finish reaches its agent that long after its step,
+        # and the requests that it releases reach the engines that long after again
+        self._latency_ps = cfg.profile.request_latency_ps
         pending = sorted((_AgentRun(AgentProcess(a, self.predictor, self.cost, pricing=self.pricing),
-                                    round(a.arrival_s * PS_PER_S)) for a in agents), key=lambda r: r.arrival_ps)
+                                    round(a.arrival_s * PS_PER_S) + self._latency_ps) for a in agents),
+                         key=lambda r: r.arrival_ps)
         shortest_step_ps = cfg.profile.iteration_ps(1, 0)
         nxt = 0
         finishes, ready = self._finishes, self._ready
@@ -147,7 +152,7 @@ class EngineLoop:
     def _reported(self, i: int, r: SimRequest) -> None:
         """Engine ``i`` finished ``r`` at the end of the step it is taking: handled in time order."""
         self._seq += 1
-        heapq.heappush(self._finishes, (self._engines[i].now_ps, i, self._seq, r))
+        heapq.heappush(self._finishes, (self._engines[i].now_ps + 2 * self._latency_ps, i, self._seq, r))
 
     def _arrived(self, run: _AgentRun, now_ps: int) -> None:
         calls = run.process.start()
@@ -173,7 +178,7 @@ class EngineLoop:
             run.engines.clear()
             if self.front is not None:
                 self.front.agent_finished(agent_id, now_s)
-            result = proc.result(proc.agent.arrival_s, now_s)
+            result = proc.result(proc.agent.arrival_s, (now_ps - self._latency_ps) / PS_PER_S)  # when it learns
             self._results.append(result)
             if self.on_agent_finish:
                 self.on_agent_finish(result)

@@ -17,8 +17,10 @@ through vLLM's utility channel (``AsyncLLM.engine_core.call_utility_async``, whi
 cannot reach): ``register`` an agent and read its virtual finish tag, ``release`` one, read the policy's
 ``state`` (its clock included), or ``reset`` an idle engine's policy state (the bench reuses one engine for every
 policy). ``reset`` may open a step log: one CSV line per engine step,
-``t_s,batched_tokens,decode_context_tokens,prefill_reqs,decode_reqs,busy_after,preemptions``
-(``busy_after`` = 1 when the next step follows at once; the calibration fits only those).
+``t_s,batched_tokens,decode_context_tokens,prefill_reqs,decode_reqs,busy_after,preemptions,
+waiting_before,delivered_kv,sched_us`` (``busy_after`` = 1 when the next step follows at once; the
+calibration fits only those; ``sched_us``: microseconds in this scheduler's ``schedule`` and
+``update_from_output``, vLLM's share included).
 
 NOTE: the policy lives in the core (``justitia.core.AgentScheduler``), as in the simulator. This
 class only translates: vLLM's queue calls become core verbs, each step's scheduled tokens become
@@ -126,6 +128,9 @@ class JustitiaScheduler(Scheduler):
         window = WINDOW_STEPS * self.iteration_s if measure else None
         self.book = AgentBook.for_policy(policy, capacity, cost, self.idle_release_s, logger, window, retag)
         self.core = self.book.core
+        # what the policy needs from each step, read once (they are fixed for a policy)
+        self._rekey, self._charge, self._measure = self.core.keys_move, self.core.uses_service, self.core.measures_capacity
+        self._timed = self.core.timed
         self.t0 = time.monotonic()
         self._busy_step: tuple[float, Charge] | None = None  # the last step, if requests waited in it
         if self._step_log is not None:
@@ -202,18 +207,20 @@ class JustitiaScheduler(Scheduler):
     # --------------------------------------------------------------------------------- steps
     def schedule(self, *args, **kwargs):
         """vLLM's step, with keys refreshed before it and the service it scheduled charged after."""
+        t_sched = time.perf_counter()
         now_s = self._now()
         for agent_id in self.book.sweep(now_s):
             if self.log_agents:
                 logger.info("justitia: agent %s released (idle)", agent_id)
         core, infos = self.core, self.book.infos
-        core.advance(now_s)  # keys that move with time (justitia-eligible)
-        if core.keys_move:  # running requests' keys moved with the service charged last step
+        if self._timed:
+            core.advance(now_s)  # keys that move with time (justitia-eligible)
+        if self._rekey and (moved := core.moved_agents()):  # keys moved with the service charged last step
             for request in self.running:
                 info = infos.get(request.request_id)
-                if info is not None:
+                if info is not None and info.agent_id in moved:
                     request.priority = core.priority(info)
-        measure = core.measures_capacity
+        measure = self._measure
         if measure and self._busy_step is not None:  # the last step, in which requests waited, ended now
             started, delivered = self._busy_step
             core.observe_service(now_s - started, delivered)
@@ -221,37 +228,45 @@ class JustitiaScheduler(Scheduler):
         waiting = len(self.waiting)
         backlogged = measure and waiting > 0
         output = super().schedule(*args, **kwargs)
-        charge = core.uses_service
-        if charge or backlogged or self._step_log is not None:
-            batched = ctx = prefills = decodes = 0
-            delivered = [0, 0, 0]  # prefill and decode tokens, KV held by requests that sample a token
-            per_agent: dict[str, tuple] = {}  # agent -> (a request, summed charge): charges add up
+        charge = self._charge
+        log = self._step_log is not None
+        if charge or backlogged or log:
+            ctx = prefills = 0  # for the step log
+            delivered_p = delivered_d = delivered_kv = 0  # prefill and decode tokens, KV held by requests that sample
+            per_agent: dict[str, list] = {}  # agent -> [a request, prefill, decode, kv]: one charge per agent
+            requests, step_tokens = self.requests, Charge.step_tokens
             for request_id, n in output.num_scheduled_tokens.items():
-                request = self.requests.get(request_id)
+                request = requests.get(request_id)
                 if request is None:
                     continue
-                before = request.num_computed_tokens - n  # vLLM has already added this step's
-                step = Charge.for_step(before, n, request.num_tokens, request.num_output_tokens)
+                # vLLM has already added this step's tokens to num_computed_tokens
+                p, d, kv = step_tokens(request.num_computed_tokens - n, n, request.num_tokens, request.num_output_tokens)
                 if charge and (info := infos.get(request_id)) is not None:
-                    _, total = per_agent.get(info.agent_id, (info, Charge()))
-                    per_agent[info.agent_id] = (info, Charge(total.prefill_tokens + step.prefill_tokens,
-                                                             total.decode_tokens + step.decode_tokens,
-                                                             total.kv_token_iters + step.kv_token_iters))
-                batched += n
-                if step.prefill_tokens:
-                    prefills += 1
-                else:
-                    decodes += 1
-                    ctx += step.kv_token_iters
-                delivered[0] += step.prefill_tokens
-                delivered[1] += step.decode_tokens
-                delivered[2] += step.kv_token_iters if step.decode_tokens else 0
-            for info, total in per_agent.values():
-                core.charge(info, total)
+                    total = per_agent.get(info.agent_id)
+                    if total is None:
+                        per_agent[info.agent_id] = [info, p, d, kv]
+                    else:
+                        total[1] += p
+                        total[2] += d
+                        total[3] += kv
+                delivered_p += p
+                if d:
+                    delivered_d += 1
+                    delivered_kv += kv
+                if log:
+                    if p:
+                        prefills += 1
+                    else:
+                        ctx += kv
+            for info, p, d, kv in per_agent.values():
+                core.charge(info, Charge(p, d, kv))
             if backlogged:
-                self._busy_step = (now_s, Charge(*delivered))
-            if self._step_log is not None:
-                self._last_step = (now_s, batched, ctx, prefills, decodes, waiting, delivered[2])
+                self._busy_step = (now_s, Charge(delivered_p, delivered_d, delivered_kv))
+            if log:
+                scheduled = len(output.num_scheduled_tokens)
+                self._last_step = (now_s, output.total_num_scheduled_tokens, ctx, prefills, scheduled - prefills,
+                                   waiting, delivered_kv,
+                                   time.perf_counter() - t_sched)
         return output
 
     def _preempt_request(self, *args, **kwargs):
@@ -261,12 +276,14 @@ class JustitiaScheduler(Scheduler):
 
     def update_from_output(self, *args, **kwargs):
         """vLLM's bookkeeping after a step; with a step log, the step is written out."""
+        started = time.perf_counter()
         outputs = super().update_from_output(*args, **kwargs)
         if self._step_log is not None and self._last_step is not None:
-            t, batched, ctx, prefills, decodes, waiting, delivered = self._last_step
+            t, batched, ctx, prefills, decodes, waiting, delivered, sched_s = self._last_step
             busy = int(self.has_unfinished_requests())
+            sched_us = round(1e6 * (sched_s + time.perf_counter() - started))
             self._step_log.write(f"{t:.6f},{batched},{ctx},{prefills},{decodes},{busy},{self._preemptions},"
-                                 f"{waiting},{delivered}\n")
+                                 f"{waiting},{delivered},{sched_us}\n")
             self._last_step = None
             self._preemptions = 0
         return outputs

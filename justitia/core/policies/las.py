@@ -36,4 +36,7 @@ class LAS(Policy):
 
     def agent_key(self, agent_id: str, extra: Charge = NO_CHARGE) -> tuple:
         """Attained service (as if charged ``extra``), then agent arrival order."""
-        return (self._attained.get(agent_id, 0) + self.cost.service(extra), self._seq.get(agent_id, 0))
+        attained = self._attained.get(agent_id, 0)
+        if extra is not NO_CHARGE:
+            attained += self.cost.service(extra)
+        return (attained, self._seq.get(agent_id, 0))
