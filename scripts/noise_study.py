@@ -34,15 +34,6 @@ SETTINGS = {"shared": ("0-1", None), "split": ("1", {0}), "split-all": ("1", {0}
             "passive": ("0-1", None)}
 
 
-def pin_this_process(cpus: set[int]) -> None:
-    """Every thread of this process (and those it starts later) on ``cpus``."""
-    for tid in os.listdir("/proc/self/task"):
-        try:
-            os.sched_setaffinity(int(tid), cpus)
-        except OSError:  # a thread that ended meanwhile
-            pass
-
-
 def pin_engine_core(cpus: set[int]) -> None:
     """Every thread of this process's descendants but vLLM's model worker on ``cpus``."""
     from justitia.vllm.reaper import descendants
@@ -61,7 +52,7 @@ def one_setting(name: str, n: int, repeats: int, seed: int) -> dict:
     from dataclasses import replace
 
     from justitia.lab.presets import CPU_SCALE, ENGINE_DENSITY, ENGINE_OPTIONS, build_workload
-    from justitia.lab.runner import VllmEngine
+    from justitia.lab.runner import VllmEngine, pin_process
     from justitia.vllm.engine import EngineSpec
     from justitia.workload import scale_tokens
     from justitia.workload.arrivals import MOONCAKE_ARRIVALS
@@ -79,7 +70,7 @@ def one_setting(name: str, n: int, repeats: int, seed: int) -> dict:
     async def go() -> dict:
         async with VllmEngine(replace(EngineSpec(**ENGINE_OPTIONS), cpu_threads=bind)) as engine:
             if frontend is not None:
-                pin_this_process(frontend)
+                pin_process(frontend)
             if name == "split-all":
                 pin_engine_core(frontend)
             cold = mean(await engine.run(agents, "justitia", seed=seed))
