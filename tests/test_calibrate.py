@@ -187,8 +187,9 @@ def test_the_engine_preset_is_the_papers_comparison_on_dense_arrivals_that_fit_t
     assert max(a.arrival_s for a in agents) < 10  # dense: queueing, not arrivals, sets JCT
     for group in (agents, preset.calibration_agents):  # fits the preset's engine as it is
         assert max(t.prompt_tokens + t.output_tokens for a in group for t in a.tasks) <= 2048
-    assert {a.agent_id for a in preset.calibration_agents}.isdisjoint({a.agent_id for a in agents}) or \
-        [a.tasks for a in preset.calibration_agents] != [a.tasks for a in agents[:len(preset.calibration_agents)]]
+    # the calibration is another workload (seed + 1): the fit never sees the agents it is judged on
+    calibration = preset.calibration_agents
+    assert [a.tasks for a in calibration] != [a.tasks for a in agents[:len(calibration)]]
 
 
 def test_the_request_latency_fit_makes_the_simulator_as_slow_as_the_engine():
