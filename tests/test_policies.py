@@ -131,6 +131,21 @@ def test_moved_agents_names_the_agents_whose_keys_moved_and_no_others():
     assert scheduler("justitia", capacity=100).moved_agents() == set()
 
 
+@pytest.mark.parametrize("policy", ["vtc", "las", "srjf", "justitia-eligible"])
+def test_a_request_keyed_from_its_agents_key_read_once_gets_the_same_key(policy):
+    """The plug-in reads a moved agent's key once for all its running requests."""
+    core = scheduler(policy, capacity=100) if policy == "justitia-eligible" else scheduler(policy)
+    for a, cost in (("x", 500.0), ("y", 50.0)):
+        core.agent_arrived(a, "t", cost, 0.0)
+    reqs = [core.request_arrived(f"{a}{i}", a, 10, 20.0, 0.0) for i in range(3) for a in "xy"]
+    for req in reqs[:4]:
+        core.dequeue(req)
+    core.charge(reqs[0], Charge(prefill_tokens=40, decode_tokens=3, kv_token_iters=150))
+    for req in reqs:
+        assert core.priority(req, core.agent_key(req.agent_id)) == core.priority(req)
+    assert len({core.priority(req) for req in reqs}) == len(reqs)  # the request's own order is in it
+
+
 def test_justitia_orders_by_finish_tag_not_arrival():
     core = scheduler("justitia", capacity=100)
     core.agent_arrived("A", "t", 200, 0.0)

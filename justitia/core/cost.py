@@ -33,7 +33,8 @@ class Charge:
     @staticmethod
     def step_tokens(computed_tokens: int, new_tokens: int, seq_tokens: int, output_tokens: int) -> tuple[int, int, int]:
         """``for_step``'s (prefill_tokens, decode_tokens, kv_token_iters) as a plain tuple, for an
-        engine that adds up many requests' steps before it charges them."""
+        engine that adds up many requests' steps before it charges them (the vLLM plug-in's
+        ``step_delivered`` and ``step_charges`` add it up inline; a test holds them to it)."""
         held = computed_tokens + new_tokens
         if output_tokens >= 1 and computed_tokens == seq_tokens - 1:  # a decode step
             return 0, 1, held

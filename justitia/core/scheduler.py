@@ -188,9 +188,13 @@ class AgentScheduler:
         """Whether the request is in the waiting queue."""
         return req in self._waiting
 
-    def priority(self, req: RequestInfo) -> tuple:
-        """The request's key now; smaller is served first (vLLM's ``priority``)."""
-        return self._policy.key(req)
+    def priority(self, req: RequestInfo, agent_key: tuple | None = None) -> tuple:
+        """The request's key now; smaller is served first (vLLM's ``priority``). Under a dynamic
+        policy, ``agent_key`` (``agent_key(req.agent_id)`` now) saves reading the agent's key again
+        for each of its requests."""
+        if agent_key is None:
+            return self._policy.key(req)
+        return self._policy.key_in_agent(agent_key, req)
 
     def victim(self, running: Iterable[RequestInfo]) -> RequestInfo:
         """The running request to preempt first: the one with the lowest priority."""

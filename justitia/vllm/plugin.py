@@ -32,7 +32,7 @@ Pinned to vLLM 0.32: the scheduler internals it relies on are not a public inter
 from __future__ import annotations
 
 import time
-from typing import Iterable, Iterator
+from typing import Iterable, Iterator, Mapping
 
 from vllm.logger import init_logger
 from vllm.v1.core.sched.request_queue import RequestQueue
@@ -41,7 +41,7 @@ from vllm.v1.engine.core import EngineCore
 from vllm.v1.request import Request
 
 from justitia.core import (ENGINE_UTILITY, REGISTER, RELEASE, RESET, STATE, WINDOW_STEPS, AgentBook, AgentInfo,
-                           Charge, ControlCall, RequestMeta, capacity_per_s, cost_model)
+                           Charge, ControlCall, RequestInfo, RequestMeta, capacity_per_s, cost_model)
 from justitia.defaults import policy_settings
 
 logger = init_logger("vllm.justitia")  # under "vllm": vLLM configures handlers for that tree only
@@ -216,10 +216,14 @@ class JustitiaScheduler(Scheduler):
         if self._timed:
             core.advance(now_s)  # keys that move with time (justitia-eligible)
         if self._rekey and (moved := core.moved_agents()):  # keys moved with the service charged last step
+            keys: dict[str, tuple] = {}  # each moved agent's key, read once
             for request in self.running:
                 info = infos.get(request.request_id)
-                if info is not None and info.agent_id in moved:
-                    request.priority = core.priority(info)
+                if info is not None and (agent_id := info.agent_id) in moved:
+                    key = keys.get(agent_id)
+                    if key is None:
+                        key = keys[agent_id] = core.agent_key(agent_id)
+                    request.priority = core.priority(info, key)
         measure = self._measure
         if measure and self._busy_step is not None:  # the last step, in which requests waited, ended now
             started, delivered = self._busy_step
@@ -228,45 +232,18 @@ class JustitiaScheduler(Scheduler):
         waiting = len(self.waiting)
         backlogged = measure and waiting > 0
         output = super().schedule(*args, **kwargs)
-        charge = self._charge
         log = self._step_log is not None
-        if charge or backlogged or log:
-            ctx = prefills = 0  # for the step log
-            delivered_p = delivered_d = delivered_kv = 0  # prefill and decode tokens, KV held by requests that sample
-            per_agent: dict[str, list] = {}  # agent -> [a request, prefill, decode, kv]: one charge per agent
-            requests, step_tokens = self.requests, Charge.step_tokens
-            for request_id, n in output.num_scheduled_tokens.items():
-                request = requests.get(request_id)
-                if request is None:
-                    continue
-                # vLLM has already added this step's tokens to num_computed_tokens
-                p, d, kv = step_tokens(request.num_computed_tokens - n, n, request.num_tokens, request.num_output_tokens)
-                if charge and (info := infos.get(request_id)) is not None:
-                    total = per_agent.get(info.agent_id)
-                    if total is None:
-                        per_agent[info.agent_id] = [info, p, d, kv]
-                    else:
-                        total[1] += p
-                        total[2] += d
-                        total[3] += kv
-                delivered_p += p
-                if d:
-                    delivered_d += 1
-                    delivered_kv += kv
-                if log:
-                    if p:
-                        prefills += 1
-                    else:
-                        ctx += kv
-            for info, p, d, kv in per_agent.values():
+        if self._charge:
+            for info, p, d, kv in step_charges(self.requests, output.num_scheduled_tokens, infos).values():
                 core.charge(info, Charge(p, d, kv))
+        if backlogged or log:
+            p, d, kv, prefills, ctx = step_delivered(self.requests, output.num_scheduled_tokens)
             if backlogged:
-                self._busy_step = (now_s, Charge(delivered_p, delivered_d, delivered_kv))
+                self._busy_step = (now_s, Charge(p, d, kv))
             if log:
                 scheduled = len(output.num_scheduled_tokens)
                 self._last_step = (now_s, output.total_num_scheduled_tokens, ctx, prefills, scheduled - prefills,
-                                   waiting, delivered_kv,
-                                   time.perf_counter() - t_sched)
+                                   waiting, kv, time.perf_counter() - t_sched)
         return output
 
     def _preempt_request(self, *args, **kwargs):
@@ -294,6 +271,55 @@ class JustitiaScheduler(Scheduler):
             self._step_log.close()
             self._step_log = None
         super().shutdown()
+
+
+def step_delivered(requests: Mapping[str, Request], scheduled: Mapping[str, int]) -> tuple[int, int, int, int, int]:
+    """What one step delivered, called after vLLM scheduled it (``scheduled``: request id -> tokens;
+    vLLM has already added them to ``num_computed_tokens``): prefill tokens, requests that sample,
+    the KV tokens those hold (``Charge.step_tokens`` summed, as the clock's meter reads it), and for
+    the step log the prefilling requests and the decoding requests' context tokens."""
+    p = d = kv = prefills = ctx = 0
+    for request_id, n in scheduled.items():
+        request = requests.get(request_id)
+        if request is None:
+            continue
+        held, seq = request.num_computed_tokens, request.num_tokens
+        if request.num_output_tokens and held - n == seq - 1:  # a decode step
+            d += 1
+            kv += held
+            ctx += held
+            continue
+        p += n
+        prefills += 1
+        if held == seq:  # the prompt's last chunk: it samples
+            d += 1
+            kv += held
+    return p, d, kv, prefills, ctx
+
+
+def step_charges(requests: Mapping[str, Request], scheduled: Mapping[str, int],
+                 infos: Mapping[str, RequestInfo]) -> dict[str, list]:
+    """One step's service per agent, ``agent_id -> [a request's info, prefill, decode, kv]``:
+    ``Charge.step_tokens`` of its scheduled requests, added up, so that each agent is charged once."""
+    per_agent: dict[str, list] = {}
+    for request_id, n in scheduled.items():
+        info = infos.get(request_id)
+        request = requests.get(request_id)
+        if info is None or request is None:
+            continue
+        held, seq = request.num_computed_tokens, request.num_tokens
+        if request.num_output_tokens and held - n == seq - 1:  # a decode step
+            p, d = 0, 1
+        else:
+            p, d = n, int(held == seq)
+        total = per_agent.get(info.agent_id)
+        if total is None:
+            per_agent[info.agent_id] = [info, p, d, held]
+        else:
+            total[1] += p
+            total[2] += d
+            total[3] += held
+    return per_agent
 
 
 def _engine_control(engine_core: EngineCore, call: dict):

@@ -74,7 +74,12 @@ class Policy:
 
     def key(self, req: RequestInfo) -> tuple:
         """The request's priority key now; smaller is served first."""
-        return self.agent_key(req.agent_id) + (req.seq,)
+        return self.key_in_agent(self.agent_key(req.agent_id), req)
+
+    @staticmethod
+    def key_in_agent(agent_key: tuple, req: RequestInfo) -> tuple:
+        """A dynamic policy's ``key(req)`` from its agent's ``agent_key``, read once for all of them."""
+        return agent_key + (req.seq,)
 
     def set_capacity(self, capacity_per_s: float, now_s: float) -> None:
         """The engine's measured capacity changed (policies with a clock move at the new rate)."""
