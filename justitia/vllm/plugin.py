@@ -176,10 +176,9 @@ class JustitiaScheduler(Scheduler):
             self.core.requeue(info)
         else:
             sp = request.sampling_params
+            # behind vLLM's own OpenAI server clients are not trusted: their prices are not read
             meta = RequestMeta.parse(getattr(sp, "extra_args", None) if sp is not None else None,
-                                     request.request_id, logger)
-            if not self.client_prices:  # behind vLLM's own OpenAI server, clients are not trusted
-                meta = meta.without_prices()
+                                     request.request_id, logger, self.client_prices)
             max_tokens = getattr(sp, "max_tokens", None) or 256
             info, agent = self.book.arrive(request.request_id, meta, request.num_prompt_tokens, max_tokens,
                                            self._now())
