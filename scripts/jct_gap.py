@@ -40,11 +40,26 @@ async def run_engine(preset, policies, seed):
             return n
 
         engine._generate = timed
+        drift = []  # the calibration's agents again: does the engine's speed move after the fit?
+        for _ in range(2):
+            again = await engine.run(preset.calibration_agents, "fcfs", seed=seed)
+            drift.append(step_time(again.steps, profile))
+        stats["again"] = drift
         for policy in policies:
             times.clear()
             run = await engine.run(preset.agents, policy, seed=seed)
             out[policy] = (run, dict(times))
         return profile, stats, out, engine.spec, engine.block_size
+
+
+def step_time(rows, profile) -> dict:
+    """The measured time of a run's steps followed at once, and what ``profile`` predicts for them."""
+    from justitia.lab.calibrate import step_durations
+
+    data = step_durations(rows)
+    predicted = sum(profile.iteration_s(int(b), int(c)) for b, c, _ in data)
+    return {"steps": len(data), "measured_s": float(data[:, 2].sum() / 1000), "predicted_s": predicted,
+            "mean_batched": float(data[:, 0].mean()), "mean_context": float(data[:, 1].mean())}
 
 
 def front_end_times(times: dict[str, tuple[float, float]]) -> dict:
@@ -82,6 +97,9 @@ def main() -> None:
     stages = np.array([len(a.stages) for a in preset.agents], dtype=float)
     print(f"calibration: request latency {profile.request_latency_ms:.1f} ms one way; its agents' mean JCT "
           f"{stats['engine_mean_jct_s']:.2f} s on the engine, {stats['sim_mean_jct_s_steps_only']:.2f} s from the steps alone")
+    for k, again in enumerate(stats["again"]):
+        print(f"calibration agents again ({k + 1}): steps' time {again['measured_s']:.2f} s, the profile says "
+              f"{again['predicted_s']:.2f} s")
     report = {"request_latency_ms": profile.request_latency_ms, "calibration": stats, "policies": {}}
     for policy in policies:
         run, times = runs[policy]
@@ -95,7 +113,7 @@ def main() -> None:
                "mean_gap_s": float(gap.mean()), "gap_fit_per_agent_s": float(a), "gap_fit_per_stage_s": float(b),
                "mean_gap_by_stages_s": by_stages, "engine_makespan_s": run.result.makespan_s,
                "sim_makespan_s": sim.makespan_s, "max_arrival_lag_s": run.max_arrival_lag_s,
-               "front_end": front_end_times(times)}
+               "front_end": front_end_times(times), "step_time": step_time(run.steps, profile)}
         report["policies"][policy] = row
         fe = row["front_end"]
         print(f"{policy:9s} engine {row['engine_mean_jct_s']:6.2f} s  sim {row['sim_mean_jct_s']:6.2f} s  gap "
@@ -103,6 +121,9 @@ def main() -> None:
               f"{sim.makespan_s:.1f} s  by stages {', '.join(f'{k}: {v:+.2f}' for k, v in by_stages.items())}  "
               f"hand-off {fe['handoff_ms_mean']:.1f} ms (max {fe['handoff_ms_max']:.1f})  lag {run.max_arrival_lag_s:.3f} s",
               flush=True)
+        st = row["step_time"]
+        print(f"{'':9s} steps' time {st['measured_s']:.2f} s, the profile says {st['predicted_s']:.2f} s "
+              f"({st['steps']} steps, mean batched {st['mean_batched']:.0f}, mean context {st['mean_context']:.0f})")
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(report, indent=2) + "\n")

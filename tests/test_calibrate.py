@@ -137,6 +137,43 @@ def test_the_bench_calibrates_on_agents_that_fit_the_engines_context_and_cache(m
     assert profile.request_latency_ms == 5.0 and stats["engine_mean_jct_s"] == 1.0
 
 
+def test_the_calibration_throws_runs_away_until_the_engine_is_warm(monkeypatch):
+    """A fresh engine's first runs are slow: runs are thrown away until two in a row agree (5 %),
+    and the fit sees only the runs after them."""
+    import asyncio
+    from types import SimpleNamespace
+
+    from justitia.lab import vllm_bench
+    from justitia.vllm.engine import EngineSpec
+
+    def steps(ms):  # ten busy steps of ``ms`` each (the step log's first six columns)
+        return [(k * ms / 1000, 64, 0, 0, 1, 1) for k in range(11)]
+
+    class FakeEngine:
+        spec = EngineSpec(max_model_len=2048)
+        kv_tokens, block_size = 1536, 128
+
+        def __init__(self, speeds):
+            self.speeds = list(speeds)
+
+        async def run(self, agents, policy, seed=0):
+            ms = self.speeds.pop(0)
+            return SimpleNamespace(steps=steps(ms), result=SimpleNamespace(agents=[SimpleNamespace(jct_s=ms)]))
+
+    fitted = []
+    profile = LatencyProfile("p", 0.0, 1.0, 0.01, 0.0, 1.0, 11, "test", 128)
+    monkeypatch.setattr(vllm_bench, "fit_profile", lambda runs, *a: (fitted.append(runs) or profile, {"steps": 0}))
+    monkeypatch.setattr(vllm_bench, "fit_request_latency", lambda agents, config, jct, seed: (5.0, 0.5, 1.0))
+    agents = [Agent("a", "t", 0.0, ((Task("x", 100, 10),),))]
+    engine = FakeEngine([14.0, 11.0, 10.5, 10.0, 99.0])
+    _, stats = asyncio.run(vllm_bench._calibrate(engine, agents, 0))
+    assert [round(x, 6) for x in stats["warmup_step_ms"]] == [14.0, 11.0, 10.5]  # 11 -> 10.5 is within 5 %
+    assert stats["engine_mean_jct_s"] == 10.0 and engine.speeds == [99.0]  # the fit saw the fourth run only
+    engine = FakeEngine([14.0, 11.0, 9.0, 7.0, 5.0, 99.0])  # never steady: at most four thrown away
+    _, stats = asyncio.run(vllm_bench._calibrate(engine, agents, 0))
+    assert len(stats["warmup_step_ms"]) == vllm_bench.WARM_RUNS_MAX and stats["engine_mean_jct_s"] == 5.0
+
+
 def test_the_paired_bootstrap_separates_a_real_difference_and_not_noise():
     from justitia.lab.metrics import paired_bootstrap
 

@@ -15,7 +15,7 @@ import numpy as np
 
 from justitia.agent import RunResult
 from justitia.lab.bench import RunSpec, check_labels, simulate, summarize
-from justitia.lab.calibrate import delivered_capacity, fit_profile, fit_request_latency
+from justitia.lab.calibrate import delivered_capacity, fit_profile, fit_request_latency, step_durations
 from justitia.lab.metrics import paired_bootstrap
 from justitia.lab.progress import progress_bar
 from justitia.lab.runner import VllmEngine
@@ -26,11 +26,26 @@ from justitia.workload import Agent, fit_tokens
 TAGGING_LABEL = "justitia@tagging"
 
 
+WARM_RUNS_MAX, WARM_TOLERANCE = 4, 0.05
+
+
+def _mean_step_ms(rows) -> float:
+    """The mean duration of a run's steps that were followed at once (the plug-in's step log)."""
+    steps = step_durations(rows)
+    return float(steps[:, 2].mean()) if len(steps) else 0.0
+
+
 async def _calibrate(engine: VllmEngine, agents: list[Agent], seed: int, repeats: int = 1) -> tuple[LatencyProfile, dict]:
     # the calibration's agents are the bench's own: scaled down until each task fits this engine's
     # context and KV cache, whatever the workload being benched
     agents, factor = fit_tokens(agents, min(engine.spec.max_model_len, engine.kv_tokens))
-    await engine.run(agents, "fcfs", seed=seed)  # warm-up: a fresh engine's first steps of each shape are slow
+    # warm-up: a fresh engine's first runs are slow (the first 1.2-1.4x, the noise study); runs are
+    # thrown away until two in a row take steps of the same mean time, within WARM_TOLERANCE
+    warmup = [_mean_step_ms((await engine.run(agents, "fcfs", seed=seed)).steps)]
+    while len(warmup) < WARM_RUNS_MAX:
+        warmup.append(_mean_step_ms((await engine.run(agents, "fcfs", seed=seed)).steps))
+        if abs(warmup[-1] - warmup[-2]) <= WARM_TOLERANCE * warmup[-2]:
+            break
     runs, jcts = [], []
     for _ in range(repeats):
         run = await engine.run(agents, "fcfs", seed=seed)
@@ -49,7 +64,7 @@ async def _calibrate(engine: VllmEngine, agents: list[Agent], seed: int, repeats
     latency, at_zero, fitted = fit_request_latency(agents, engine_config(profile, spec, engine.block_size),
                                                    engine_jct, seed)
     profile = replace(profile, request_latency_ms=latency)
-    return profile, stats | {"scaled_down_by": factor, "engine_mean_jct_s": engine_jct,
+    return profile, stats | {"scaled_down_by": factor, "warmup_step_ms": warmup, "engine_mean_jct_s": engine_jct,
                              "sim_mean_jct_s_steps_only": at_zero, "sim_mean_jct_s": fitted,
                              "request_latency_ms": latency}
 
