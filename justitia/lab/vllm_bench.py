@@ -24,9 +24,7 @@ from justitia.vllm.engine import EngineSpec
 from justitia.workload import Agent, fit_tokens
 
 TAGGING_LABEL = "justitia@tagging"
-
-
-WARM_RUNS_MAX, WARM_TOLERANCE = 4, 0.05
+WARM_RUNS_MAX, WARM_TOLERANCE = 4, 0.05  # the calibration's warm-up: runs at most, agreement of two in a row
 
 
 def _mean_step_ms(rows) -> float:
