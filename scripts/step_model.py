@@ -42,7 +42,7 @@ async def run(policies: list[str]):
     preset = make_preset("engine")
     out = {}
     async with VllmEngine(EngineSpec(**preset.engine_options)) as engine:
-        for _ in range(3):  # warm-up (the calibration's rule, at most)
+        for _ in range(3):  # three warm-ups (the calibration throws away up to four)
             await engine.run(preset.calibration_agents, "fcfs")
         out["calibration"] = (await engine.run(preset.calibration_agents, "fcfs")).steps
         for policy in policies:

@@ -135,6 +135,3 @@ def test_an_open_server_is_one_anonymous_untrusted_owner():
 def test_the_plug_in_can_ignore_client_prices():
     meta = RequestMeta("a", "t", 0.0, 0.0, True, 50.0, "vip")
     assert meta.without_prices() == RequestMeta("a", "t", None, None, True)
-    doc = meta.to_extra_args() | {"agent_tag": 3.0}
-    assert RequestMeta.parse(doc, prices=False) == RequestMeta.parse(doc).without_prices() == meta.without_prices()
-    assert RequestMeta.parse({"agent_cost": "x", "agent_id": 7}, prices=False) == RequestMeta("7", "", None, None, False)

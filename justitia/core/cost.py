@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any, Mapping
 
 
 @dataclass(frozen=True)
@@ -33,8 +34,8 @@ class Charge:
     @staticmethod
     def step_tokens(computed_tokens: int, new_tokens: int, seq_tokens: int, output_tokens: int) -> tuple[int, int, int]:
         """``for_step``'s (prefill_tokens, decode_tokens, kv_token_iters) as a plain tuple, for an
-        engine that adds up many requests' steps before it charges them (the vLLM plug-in's
-        ``step_delivered`` and ``step_charges`` add it up inline; a test holds them to it)."""
+        engine that adds up many requests' steps before it charges them (``step_delivered`` and
+        ``step_charges`` below add it up inline; a test holds them to it)."""
         held = computed_tokens + new_tokens
         if output_tokens >= 1 and computed_tokens == seq_tokens - 1:  # a decode step
             return 0, 1, held
@@ -42,6 +43,58 @@ class Charge:
 
 
 NO_CHARGE = Charge()
+
+
+def step_delivered(requests: Mapping[str, Any], scheduled: Mapping[str, int]) -> tuple[int, int, int, int, int]:
+    """What one step delivered, read after an engine scheduled it: ``scheduled`` maps request ids to
+    the tokens each computes, ``requests`` ids to the engine's requests, their counts named as vLLM names
+    them (``num_computed_tokens``, this step's included; ``num_tokens``, prompt and output so far;
+    ``num_output_tokens``). Returns prefill tokens, requests that sample, the KV tokens those hold
+    (``Charge.step_tokens`` added up, as the clock's meter reads it), and for a step log the
+    prefilling requests and the decoding requests' context tokens. The rule is ``step_tokens``',
+    inline: this runs on every engine step (a test holds the two equal)."""
+    p = d = kv = prefills = ctx = 0
+    for request_id, n in scheduled.items():
+        request = requests.get(request_id)
+        if request is None:
+            continue
+        held, seq = request.num_computed_tokens, request.num_tokens
+        if request.num_output_tokens and held - n == seq - 1:  # a decode step
+            d += 1
+            kv += held
+            ctx += held
+            continue
+        p += n
+        prefills += 1
+        if held == seq:  # the prompt's last chunk: it samples
+            d += 1
+            kv += held
+    return p, d, kv, prefills, ctx
+
+
+def step_charges(requests: Mapping[str, Any], scheduled: Mapping[str, int], infos: Mapping[str, Any]) -> dict[str, list]:
+    """One step's service per agent (``step_delivered``'s arguments, and the requests' infos, which
+    name their agents), ``agent_id -> [a request's info, prefill, decode, kv]``: ``Charge.step_tokens``
+    of its scheduled requests added up, so that each agent is charged once."""
+    per_agent: dict[str, list] = {}
+    for request_id, n in scheduled.items():
+        info = infos.get(request_id)
+        request = requests.get(request_id)
+        if info is None or request is None:
+            continue
+        held, seq = request.num_computed_tokens, request.num_tokens
+        if request.num_output_tokens and held - n == seq - 1:  # a decode step
+            p, d = 0, 1
+        else:
+            p, d = n, int(held == seq)
+        total = per_agent.get(info.agent_id)
+        if total is None:
+            per_agent[info.agent_id] = [info, p, d, held]
+        else:
+            total[1] += p
+            total[2] += d
+            total[3] += held
+    return per_agent
 
 
 def kv_token_iters(prompt_tokens: float, output_tokens: float) -> float:

@@ -76,14 +76,10 @@ class RequestMeta:
 
     @classmethod
     def parse(cls, extra_args: Mapping[str, Any] | None, request_id: str = "",
-              log: logging.Logger | None = None, prices: bool = True) -> "RequestMeta":
-        """Read the metadata of a request; a bad cost is logged and ignored (it must not stop an engine).
-        ``prices=False``: what only a trusted sender may set is not read (``without_prices``)."""
+              log: logging.Logger | None = None) -> "RequestMeta":
+        """Read the metadata of a request; a bad cost is logged and ignored (it must not stop an engine)."""
         doc = extra_args or {}
         agent_id = doc.get(AGENT_ID)
-        if not prices:
-            return cls(str(agent_id) if agent_id else None, str(doc.get(AGENT_TYPE, "")), None, None,
-                       bool(doc.get(AGENT_DONE)))
         costs = {key: _cost(doc.get(key), key, request_id, log) for key in (AGENT_COST, REQUEST_COST)}
         weight = _cost(doc.get(AGENT_WEIGHT), AGENT_WEIGHT, request_id, log, positive=True)
         tenant = doc.get(TENANT)

@@ -32,7 +32,7 @@ Pinned to vLLM 0.32: the scheduler internals it relies on are not a public inter
 from __future__ import annotations
 
 import time
-from typing import Iterable, Iterator, Mapping
+from typing import Iterable, Iterator
 
 from vllm.logger import init_logger
 from vllm.v1.core.sched.request_queue import RequestQueue
@@ -41,7 +41,7 @@ from vllm.v1.engine.core import EngineCore
 from vllm.v1.request import Request
 
 from justitia.core import (ENGINE_UTILITY, REGISTER, RELEASE, RESET, STATE, WINDOW_STEPS, AgentBook, AgentInfo,
-                           Charge, ControlCall, RequestInfo, RequestMeta, capacity_per_s, cost_model)
+                           Charge, ControlCall, RequestMeta, capacity_per_s, cost_model, step_charges, step_delivered)
 from justitia.defaults import policy_settings
 
 logger = init_logger("vllm.justitia")  # under "vllm": vLLM configures handlers for that tree only
@@ -176,9 +176,10 @@ class JustitiaScheduler(Scheduler):
             self.core.requeue(info)
         else:
             sp = request.sampling_params
-            # behind vLLM's own OpenAI server clients are not trusted: their prices are not read
             meta = RequestMeta.parse(getattr(sp, "extra_args", None) if sp is not None else None,
-                                     request.request_id, logger, self.client_prices)
+                                     request.request_id, logger)
+            if not self.client_prices:  # behind vLLM's own OpenAI server, clients are not trusted
+                meta = meta.without_prices()
             max_tokens = getattr(sp, "max_tokens", None) or 256
             info, agent = self.book.arrive(request.request_id, meta, request.num_prompt_tokens, max_tokens,
                                            self._now())
@@ -270,55 +271,6 @@ class JustitiaScheduler(Scheduler):
             self._step_log.close()
             self._step_log = None
         super().shutdown()
-
-
-def step_delivered(requests: Mapping[str, Request], scheduled: Mapping[str, int]) -> tuple[int, int, int, int, int]:
-    """What one step delivered, called after vLLM scheduled it (``scheduled``: request id -> tokens;
-    vLLM has already added them to ``num_computed_tokens``): prefill tokens, requests that sample,
-    the KV tokens those hold (``Charge.step_tokens`` summed, as the clock's meter reads it), and for
-    the step log the prefilling requests and the decoding requests' context tokens."""
-    p = d = kv = prefills = ctx = 0
-    for request_id, n in scheduled.items():
-        request = requests.get(request_id)
-        if request is None:
-            continue
-        held, seq = request.num_computed_tokens, request.num_tokens
-        if request.num_output_tokens and held - n == seq - 1:  # a decode step
-            d += 1
-            kv += held
-            ctx += held
-            continue
-        p += n
-        prefills += 1
-        if held == seq:  # the prompt's last chunk: it samples
-            d += 1
-            kv += held
-    return p, d, kv, prefills, ctx
-
-
-def step_charges(requests: Mapping[str, Request], scheduled: Mapping[str, int],
-                 infos: Mapping[str, RequestInfo]) -> dict[str, list]:
-    """One step's service per agent, ``agent_id -> [a request's info, prefill, decode, kv]``:
-    ``Charge.step_tokens`` of its scheduled requests, added up, so that each agent is charged once."""
-    per_agent: dict[str, list] = {}
-    for request_id, n in scheduled.items():
-        info = infos.get(request_id)
-        request = requests.get(request_id)
-        if info is None or request is None:
-            continue
-        held, seq = request.num_computed_tokens, request.num_tokens
-        if request.num_output_tokens and held - n == seq - 1:  # a decode step
-            p, d = 0, 1
-        else:
-            p, d = n, int(held == seq)
-        total = per_agent.get(info.agent_id)
-        if total is None:
-            per_agent[info.agent_id] = [info, p, d, held]
-        else:
-            total[1] += p
-            total[2] += d
-            total[3] += held
-    return per_agent
 
 
 def _engine_control(engine_core: EngineCore, call: dict):
