@@ -357,7 +357,8 @@ def _step_requests(draw_rows):
         seq = prompt + out
         computed_before, n = min(computed_before, seq - 1), max(1, min(n, seq - min(computed_before, seq - 1)))
         rid = f"r{i}"
-        requests[rid] = SimpleNamespace(num_computed_tokens=computed_before + n, num_tokens=seq, num_output_tokens=out)
+        requests[rid] = SimpleNamespace(num_computed_tokens=computed_before + n, num_tokens=seq,
+                                        num_output_tokens=out, num_prompt_tokens=prompt)
         scheduled[rid] = n
         if agent is not None:
             infos[rid] = SimpleNamespace(agent_id=f"a{agent}")

@@ -49,19 +49,20 @@ def step_delivered(requests: Mapping[str, Any], scheduled: Mapping[str, int]) ->
     """What one step delivered, read after an engine scheduled it: ``scheduled`` maps request ids to
     the tokens each computes, ``requests`` ids to the engine's requests, their counts named as vLLM names
     them (``num_computed_tokens``, this step's included; ``num_tokens``, prompt and output so far;
-    ``num_output_tokens``). Returns prefill tokens, requests that sample, the KV tokens those hold
-    (``Charge.step_tokens`` added up, as the clock's meter reads it), and for a step log the
+    ``num_prompt_tokens``: a request has output once ``num_tokens`` is above it, read so rather than
+    through ``num_output_tokens``, a property). Returns prefill tokens, requests that sample, the KV
+    tokens those hold (``Charge.step_tokens`` added up, as the clock's meter reads it), and for a step log the
     prefilling requests and the decoding requests' context tokens. The rule is ``step_tokens``',
     inline: this runs on every engine step (a test holds the two equal)."""
     p = d = kv = prefills = ctx = 0
+    get = requests.get
     for request_id, n in scheduled.items():
-        request = requests.get(request_id)
+        request = get(request_id)
         if request is None:
             continue
         held, seq = request.num_computed_tokens, request.num_tokens
-        if request.num_output_tokens and held - n == seq - 1:  # a decode step
+        if held - n == seq - 1 and seq > request.num_prompt_tokens:  # a decode step (it has output)
             d += 1
-            kv += held
             ctx += held
             continue
         p += n
@@ -69,7 +70,7 @@ def step_delivered(requests: Mapping[str, Any], scheduled: Mapping[str, int]) ->
         if held == seq:  # the prompt's last chunk: it samples
             d += 1
             kv += held
-    return p, d, kv, prefills, ctx
+    return p, d, kv + ctx, prefills, ctx
 
 
 def step_charges(requests: Mapping[str, Any], scheduled: Mapping[str, int], infos: Mapping[str, Any]) -> dict[str, list]:
@@ -77,13 +78,14 @@ def step_charges(requests: Mapping[str, Any], scheduled: Mapping[str, int], info
     name their agents), ``agent_id -> [a request's info, prefill, decode, kv]``: ``Charge.step_tokens``
     of its scheduled requests added up, so that each agent is charged once."""
     per_agent: dict[str, list] = {}
+    get_info, get_request = infos.get, requests.get
     for request_id, n in scheduled.items():
-        info = infos.get(request_id)
-        request = requests.get(request_id)
+        info = get_info(request_id)
+        request = get_request(request_id)
         if info is None or request is None:
             continue
         held, seq = request.num_computed_tokens, request.num_tokens
-        if request.num_output_tokens and held - n == seq - 1:  # a decode step
+        if held - n == seq - 1 and seq > request.num_prompt_tokens:  # a decode step (it has output)
             p, d = 0, 1
         else:
             p, d = n, int(held == seq)

@@ -198,7 +198,8 @@ class JustitiaScheduler(Scheduler):
     def _free_request(self, request: Request, *args, **kwargs):
         """A finished or aborted request releases its policy state (and its agent's, when done)."""
         if request.request_id in self.book.infos:
-            self.waiting.remove_requests([request])
+            if request.request_id in self.waiting.requests:
+                self.waiting.remove_request(request)
             info = self.book.finish(request.request_id, self._now())
             if self.log_agents and not self.core.has_agent(info.agent_id):
                 logger.info("justitia: agent %s released", info.agent_id)
@@ -229,7 +230,7 @@ class JustitiaScheduler(Scheduler):
             started, delivered = self._busy_step
             core.observe_service(now_s - started, delivered)
             self._busy_step = None
-        waiting = len(self.waiting)
+        waiting = len(self.waiting.requests)
         backlogged = measure and waiting > 0
         output = super().schedule(*args, **kwargs)
         log = self._step_log is not None
