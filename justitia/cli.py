@@ -70,6 +70,9 @@ def _parser() -> argparse.ArgumentParser:
     b.add_argument("--tagging", action="store_true", help="vllm: also run justitia by front-end tagging on stock vLLM")
     b.add_argument("--calibration-agents", type=int, default=20, help="vllm: agents in the calibration run (default 20)")
     b.add_argument("--repeats", type=int, help="vllm: runs per policy, JCTs averaged per agent (default 1; cpu preset 2)")
+    b.add_argument("--speed-probes", action="store_true",
+                   help="vllm: run the calibration agents again before every run and simulate each run at the "
+                        "engine's speed then (the engine preset does)")
     b.add_argument("--out", type=Path, default=Path("results/bench"), help="output directory")
     b.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
     b.add_argument("--no-progress", action="store_true", help="hide the progress bar")
@@ -301,8 +304,11 @@ def _bench_vllm(args, agents, specs, info, preset) -> dict:
         calibration = scale_tokens(calibration, args.scale)
     tagging = args.tagging or (preset is not None and preset.tagging)
     repeats = args.repeats or (preset.repeats if preset else 1)
+    probes = args.speed_probes or (preset is not None and preset.speed_probes)
+    if probes and not calibration:
+        raise ValueError("--speed-probes runs the calibration agents again: it cannot go with --latency.")
     return run_bench_vllm(agents, specs, spec, info, args.seed, not args.no_progress, profile, calibration, tagging,
-                          repeats)
+                          repeats, probes)
 
 
 def _cmd_predictor(args) -> int:

@@ -273,3 +273,87 @@ def test_the_runner_gives_the_model_and_the_front_end_cores_of_their_own(monkeyp
     assert runner.core_layout(EngineSpec()) == ("nobind", None)
     monkeypatch.setattr(runner, "_PROCESS_CPUS", frozenset({4}))
     assert runner.core_layout(EngineSpec()) == ("4", None)  # one core: nothing to split
+
+
+def test_a_speed_probe_recovers_the_engines_speed_and_the_run_speed_reads_the_steps():
+    from dataclasses import replace
+
+    from justitia.lab.bench import RunSpec, simulate
+    from justitia.lab.calibrate import fit_speed, probe_speed, run_speed
+    from justitia.lab.presets import make_preset
+    from justitia.lab.vllm_bench import engine_config
+    from justitia.vllm.engine import EngineSpec
+
+    probe = make_preset("engine").calibration_agents[:12]
+    profile = LatencyProfile("p", 0.0, 4.8, 0.0309, 0.00028, 1.0, 23, "test", 128, request_latency_ms=30.0)
+    config = engine_config(profile, EngineSpec(kv_blocks=24), 128)
+    for speed in (0.7, 1.0, 1.6):
+        slow = replace(config, profile=replace(profile, scale=speed))
+        run = simulate(probe, RunSpec("fcfs", "fcfs"), slow, 0)
+        jct = sum(a.jct_s for a in run.agents) / len(run.agents)
+        assert fit_speed(probe, config, jct) == pytest.approx(speed, rel=0.02)
+    assert fit_speed(probe, config, 1e-6) == pytest.approx(0.25, rel=0.01)  # out of range: held at its ends
+    assert fit_speed(probe, config, 1e6) == pytest.approx(4.0, rel=0.01)
+    rows = synthetic_steps(4.8 * 1.25, 0.0309 * 1.25, 0.00028 * 1.25)  # steps 25 % slower than the profile
+    assert run_speed(profile, rows) == pytest.approx(1.25, rel=1e-3)
+    assert run_speed(profile, rows[:1]) is None  # no step with a measurable duration
+    assert probe_speed(profile, rows) == pytest.approx(1.25, rel=1e-3)
+    assert probe_speed(profile, synthetic_steps(48.0, 0.309, 0.0028)) == 4.0  # 10x slower: held at the range's end
+    assert probe_speed(profile, []) is None  # stock vLLM: no step log
+
+
+@pytest.mark.parametrize("step_log", [False, True])
+def test_the_vllm_bench_predicts_each_run_at_the_speed_its_probe_found(monkeypatch, step_log):
+    """The engine's speed moves from run to run; a probe of the calibration agents just before each
+    run finds it (from its steps where the engine logs them, else from its mean JCT), and the
+    simulator's prediction follows, where one profile cannot."""
+    from dataclasses import replace
+
+    from justitia.lab import vllm_bench
+    from justitia.lab.bench import RunSpec, simulate
+    from justitia.lab.presets import make_preset
+    from justitia.lab.runner import EngineRun
+    from justitia.vllm.engine import EngineSpec
+
+    preset = make_preset("engine")
+    agents, probe = preset.agents[:16], preset.calibration_agents[:12]
+    profile = LatencyProfile("p", 0.0, 4.8, 0.0309, 0.00028, 1.0, 23, "test", 128, request_latency_ms=30.0)
+    speeds = iter([1.0, 1.0, 1.5, 1.5, 0.7, 0.7, 1.2, 1.2])  # (probe, run) pairs: the speed holds within a pair
+    calls = []
+
+    class SimulatedEngine:  # the simulator at a speed that moves, standing in for vLLM
+        def __init__(self, spec):
+            self.spec, self.block_size, self.kv_tokens = spec, 128, 23 * 128
+
+        async def __aenter__(self):
+            return self
+
+        async def __aexit__(self, *exc):
+            return False
+
+        async def run(self, run_agents, policy, predictor="oracle", cost="kv", capacity_per_s=None, seed=0,
+                      on_agent_finish=None, **_):
+            calls.append((policy, len(run_agents)))
+            speed = next(speeds)
+            config = vllm_bench.engine_config(replace(profile, scale=speed), self.spec, 128)
+            steps = synthetic_steps(4.8 * speed, 0.0309 * speed, 0.00028 * speed, n=50) if step_log else []
+            return EngineRun(simulate(run_agents, RunSpec(policy, policy, predictor), config, seed), steps, 0.0)
+
+    monkeypatch.setattr(vllm_bench, "VllmEngine", SimulatedEngine)
+    specs = [RunSpec("fcfs", "fcfs"), RunSpec("justitia", "justitia")]
+    doc = vllm_bench.run_bench_vllm(agents, specs, EngineSpec(kv_blocks=24), {}, 0, False, profile, probe,
+                                    repeats=2, speed_probes=True)
+    assert calls == [("fcfs", 12), ("fcfs", 16), ("fcfs", 12), ("justitia", 16)] * 2  # a probe before every run
+    fcfs, justitia = doc["policies"]["fcfs"], doc["policies"]["justitia"]
+    assert fcfs["speed_scale_per_repeat"] == [pytest.approx(1.0, rel=0.02), pytest.approx(0.7, rel=0.02)]
+    assert justitia["speed_scale_per_repeat"] == [pytest.approx(1.5, rel=0.02), pytest.approx(1.2, rel=0.02)]
+    for entry in (fcfs, justitia):
+        assert entry["speed_probe"] == ("steps" if step_log else "jct")
+        assert abs(entry["sim_error"]) < 0.03 < abs(entry["sim_error_one_profile"])
+        assert abs(entry["sim_error_probe_jct"]) < 0.03  # both readings of a probe find the speed
+        if step_log:
+            assert entry["run_speed_per_repeat"] == entry["speed_scale_per_repeat"]  # the pair's speed held
+    assert abs(justitia["sim_error_one_profile"]) > 0.15  # the engine ran 1.2-1.5x slower than the profile
+    with pytest.raises(ValueError, match="calibration agents"):
+        vllm_bench.run_bench_vllm(agents, specs, EngineSpec(kv_blocks=24), {}, 0, False, profile, None,
+                                  speed_probes=True)

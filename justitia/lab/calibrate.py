@@ -91,6 +91,25 @@ def fit_profile(
     return profile, stats
 
 
+def _solve_increasing(fn, target: float, lo: float, hi: float, iterations: int, geometric: bool = False) -> float:
+    """The ``x`` in ``[lo, hi]`` at which the increasing ``fn(x)`` reaches ``target`` (bisection;
+    ``geometric``: halving ratios rather than differences)."""
+    for _ in range(iterations):
+        mid = (lo * hi) ** 0.5 if geometric else (lo + hi) / 2
+        if fn(mid) < target:
+            lo = mid
+        else:
+            hi = mid
+    return (lo * hi) ** 0.5 if geometric else (lo + hi) / 2
+
+
+def _fcfs_mean_jct(agents, config, seed: int) -> float:
+    from justitia.lab.bench import RunSpec, simulate
+
+    run = simulate(agents, RunSpec("fcfs", "fcfs"), config, seed)
+    return sum(a.jct_s for a in run.agents) / len(run.agents)
+
+
 def fit_request_latency(agents, config, engine_mean_jct_s: float, seed: int = 0, max_ms: float = 1000.0,
                         iterations: int = 24) -> tuple[float, float, float]:
     """The one-way front-end latency (``LatencyProfile.request_latency_ms``) at which the simulator,
@@ -102,22 +121,46 @@ def fit_request_latency(agents, config, engine_mean_jct_s: float, seed: int = 0,
     """
     from dataclasses import replace
 
-    from justitia.lab.bench import RunSpec, simulate
-
     def mean_jct(latency_ms: float) -> float:
-        cfg = replace(config, profile=replace(config.profile, request_latency_ms=latency_ms))
-        run = simulate(agents, RunSpec("fcfs", "fcfs"), cfg, seed)
-        return sum(a.jct_s for a in run.agents) / len(run.agents)
+        return _fcfs_mean_jct(agents, replace(config, profile=replace(config.profile, request_latency_ms=latency_ms)),
+                              seed)
 
     at_zero = mean_jct(0.0)
     if at_zero >= engine_mean_jct_s:
         return 0.0, at_zero, at_zero
-    lo, hi = 0.0, max_ms
-    for _ in range(iterations):
-        mid = (lo + hi) / 2
-        if mean_jct(mid) < engine_mean_jct_s:
-            lo = mid
-        else:
-            hi = mid
-    latency = (lo + hi) / 2
+    latency = _solve_increasing(mean_jct, engine_mean_jct_s, 0.0, max_ms, iterations)
     return latency, at_zero, mean_jct(latency)
+
+
+SPEED_RANGE = (0.25, 4.0)  # a probe's scale stays within these multiples of the calibration's step times
+
+
+def fit_speed(agents, config, engine_mean_jct_s: float, seed: int = 0, iterations: int = 16) -> float:
+    """A speed probe: the factor on the profile's step times (``LatencyProfile.scale``, the request
+    latency kept) at which the simulator gives ``agents`` under fcfs the mean JCT the engine has just
+    given them. The engine's speed moves from one run to the next by more than the simulator's goal
+    (repeats 16-29 % apart on one engine, docs/results.md); a probe of the calibration's own agents
+    run just before a run says how fast the engine is then, without looking at that run."""
+    from dataclasses import replace
+
+    def mean_jct(scale: float) -> float:
+        return _fcfs_mean_jct(agents, replace(config, profile=replace(config.profile, scale=scale)), seed)
+
+    return _solve_increasing(mean_jct, engine_mean_jct_s, *SPEED_RANGE, iterations, geometric=True)
+
+
+def run_speed(profile: LatencyProfile, rows: Sequence[tuple[float, ...]]) -> float | None:
+    """A run's steps' measured time over the time ``profile`` gives them (the plug-in's step log);
+    None without a measurable step. A diagnostic: it reads the run it describes."""
+    steps = step_durations(rows)
+    if not len(steps):
+        return None
+    predicted = sum(profile.iteration_s(int(b), int(c)) for b, c, _ in steps)
+    return float(steps[:, 2].sum() / 1000 / predicted) if predicted > 0 else None
+
+
+def probe_speed(profile: LatencyProfile, rows: Sequence[tuple[float, ...]]) -> float | None:
+    """A speed probe read from its step log: ``run_speed`` of the probe's steps, kept within
+    ``SPEED_RANGE``; None without a step log (stock vLLM logs none)."""
+    speed = run_speed(profile, rows)
+    return None if speed is None else min(max(speed, SPEED_RANGE[0]), SPEED_RANGE[1])

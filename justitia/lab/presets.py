@@ -90,6 +90,7 @@ class Preset:
     calibration_agents: list[Agent] = field(default_factory=list)  # vllm: the calibration run's workload
     repeats: int = 1  # vllm: runs per policy, JCTs averaged per agent
     tagging: bool = False  # vllm: also justitia by front-end tagging on stock vLLM
+    speed_probes: bool = False  # vllm: the calibration agents run again before every run (run_bench_vllm)
     replicas: int = 1  # sim: engines in the cluster (sim.Cluster when > 1)
 
 
@@ -293,7 +294,8 @@ def make_preset(name: str, seed: int = 0) -> Preset:
         return Preset(name, f"{ENGINE_AGENTS} agents arriving densely on real vLLM (tiny model, CPU): "
                       f"{', '.join(ENGINE_POLICIES)} + front-end tagging, {ENGINE_REPEATS} interleaved repeats",
                       agents, info, specs, engine="vllm", engine_options=dict(ENGINE_OPTIONS),
-                      calibration_agents=scale_tokens(calib, CPU_SCALE), repeats=ENGINE_REPEATS, tagging=True)
+                      calibration_agents=scale_tokens(calib, CPU_SCALE), repeats=ENGINE_REPEATS, tagging=True,
+                      speed_probes=True)
     raise ValueError(f"unknown preset '{name}'; expected one of: {', '.join(PRESET_NAMES)}.")
 
 

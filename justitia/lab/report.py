@@ -36,15 +36,24 @@ def engine_table(doc: dict) -> Table:
     if cal:
         title += f"; profile fitted to {cal['steps']} steps, R^2 {cal['r2']:.2f}"
     table = Table(title=title)
-    for col in ("run", "mode", "engine mean JCT s", "per repeat", "sim mean JCT s", "sim error", "requests waited",
-                "preemptions", "run wall s"):
+    probed = any("speed_scale_per_repeat" in e for e in doc["policies"].values())
+    cols = ["run", "mode", "engine mean JCT s", "per repeat", "sim mean JCT s", "sim error"]
+    if probed:  # each probe's speed (from its steps, or its mean JCT); the simulator at the probes' mean JCT
+        # speeds, at the calibration's profile alone, and at the run's own speed
+        cols += ["probe speed", "by probe JCT", "one profile", "at run speed"]
+    for col in (*cols, "requests waited", "preemptions", "run wall s"):
         table.add_column(col, justify="left" if col in ("run", "mode") else "right", no_wrap=True)
     for label, e in doc["policies"].items():
         repeats = " / ".join(f"{x:.2f}" for x in e.get("mean_jct_s_per_repeat", []))
         waited = f"{e['backlogged_share']:.0%}" if "backlogged_share" in e else "-"
-        table.add_row(label, e["mode"], f"{e['mean_jct_s']:.2f}", repeats, f"{e['sim_mean_jct_s']:.2f}",
-                      f"{e['sim_error']:+.1%}", waited, str(e["preemptions"]) if e["mode"] == "plugin" else "-",
-                      f"{e['run_wall_s']:.1f}")
+        cells = [label, e["mode"], f"{e['mean_jct_s']:.2f}", repeats, f"{e['sim_mean_jct_s']:.2f}", f"{e['sim_error']:+.1%}"]
+        if probed:
+            speeds = " / ".join(f"{x:.2f}" for x in e.get("speed_scale_per_repeat", []))
+            cells += [f"{speeds} ({e['speed_probe']})" if speeds else "-",
+                      f"{e['sim_error_probe_jct']:+.1%}" if "sim_error_probe_jct" in e else "-",
+                      f"{e['sim_error_one_profile']:+.1%}",
+                      f"{e['sim_error_at_run_speed']:+.1%}" if "sim_error_at_run_speed" in e else "-"]
+        table.add_row(*cells, waited, str(e["preemptions"]) if e["mode"] == "plugin" else "-", f"{e['run_wall_s']:.1f}")
     return table
 
 

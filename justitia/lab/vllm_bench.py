@@ -15,7 +15,8 @@ import numpy as np
 
 from justitia.agent import RunResult
 from justitia.lab.bench import RunSpec, check_labels, simulate, summarize
-from justitia.lab.calibrate import delivered_capacity, fit_profile, fit_request_latency, step_durations
+from justitia.lab.calibrate import (delivered_capacity, fit_profile, fit_request_latency, fit_speed, probe_speed,
+                                    run_speed, step_durations)
 from justitia.lab.metrics import paired_bootstrap
 from justitia.lab.progress import progress_bar
 from justitia.lab.runner import VllmEngine
@@ -108,26 +109,37 @@ def run_bench_vllm(
     calibration_agents: list[Agent] | None = None,
     tagging: bool = False,
     repeats: int = 1,
+    speed_probes: bool = False,
 ) -> dict:
     """Run every spec on one vLLM engine (plus a tagging run on stock vLLM) and compare with the simulator.
 
     With ``repeats`` > 1 every run is repeated (interleaved) and each agent's JCT is its mean over
-    the repeats: one run on a shared 2-core machine varies by tens of percent.
+    the repeats: one run on a shared 2-core machine varies by tens of percent. With
+    ``speed_probes`` (and calibration agents) the calibration's agents run again under fcfs just
+    before every run, and the simulator predicts the run at the speed that probe found
+    (``fit_speed``), the profile's form kept.
     """
     if repeats < 1:
         raise ValueError(f"--repeats must be >= 1, got {repeats}.")
     check_labels(specs)
     if profile is None and not calibration_agents:
         raise ValueError("the vLLM bench needs a latency profile (--latency) or calibration agents.")
+    if speed_probes and not calibration_agents:
+        raise ValueError("speed probes run the calibration agents: give calibration agents.")
     tries: dict[str, list] = {}  # label -> EngineRun per repeat
     walls: dict[str, float] = {}
     calibration: dict = {}
+    probes: dict[str, list[float]] = {}  # label -> the probe's mean JCT before each repeat
+    probe_steps: dict[str, list] = {}  # label -> the probe's step log before each repeat (empty on stock vLLM)
+    probe_agents: list[Agent] = []
     predictor = specs[0].predictor if specs else "oracle"
 
     async def go():
-        nonlocal profile, calibration
+        nonlocal profile, calibration, probe_agents
         async with VllmEngine(replace(engine_spec, scheduler="plugin")) as engine:
             block_size = engine.block_size
+            if speed_probes:  # the calibration's agents as _calibrate fits them to this engine
+                probe_agents = fit_tokens(calibration_agents, min(engine_spec.max_model_len, engine.kv_tokens))[0]
             if profile is None:
                 t = time.perf_counter()
                 profile, stats = await _calibrate(engine, calibration_agents, seed)
@@ -144,10 +156,19 @@ def run_bench_vllm(
                 return config.capacity_per_s(spec.cost)
 
             tagged = RunSpec(TAGGING_LABEL, "justitia", predictor)
-            total = len(agents) * (len(specs) + tagging) * repeats
+            total = (len(agents) + len(probe_agents)) * (len(specs) + tagging) * repeats
+
+            async def probe(eng: VllmEngine, label: str) -> None:
+                """The calibration's agents under fcfs, just before a run: how fast the engine is now."""
+                if probe_agents:
+                    run = await eng.run(probe_agents, "fcfs", seed=seed, on_agent_finish=lambda _r: advance("probe"))
+                    probes.setdefault(label, []).append(sum(a.jct_s for a in run.result.agents) / len(probe_agents))
+                    probe_steps.setdefault(label, []).append(run.steps)
+
             with progress_bar(total, progress, "vllm") as advance:
                 for _ in range(repeats):  # interleaved: a slow spell of the machine hits every policy
                     for spec in specs:
+                        await probe(engine, spec.label)
                         t = time.perf_counter()
                         run = await engine.run(agents, spec.policy, spec.predictor, spec.cost,
                                                start_m(spec), seed,
@@ -163,6 +184,7 @@ def run_bench_vllm(
                         await stock.run(calibration_agents or agents, "justitia", predictor, "kv",
                                         start_m(tagged), seed)
                         for _ in range(repeats):
+                            await probe(stock, TAGGING_LABEL)
                             t = time.perf_counter()
                             run = await stock.run(agents, "justitia", predictor, "kv", start_m(tagged),
                                                   seed, on_agent_finish=lambda _r: advance(TAGGING_LABEL))
@@ -185,10 +207,28 @@ def run_bench_vllm(
     if calibration:
         doc["calibration"] = calibration
     doc["comparisons"] = comparisons(tries, seed)
+    def sim_mean_jct(spec: RunSpec, scale: float = 1.0) -> float:
+        cfg = config if scale == 1.0 else replace(config, profile=replace(config.profile, scale=scale))
+        sim = simulate(agents, spec, cfg, seed)
+        return sum(a.jct_s for a in sim.agents) / len(sim.agents)
+
     for spec in all_specs:
-        sim = simulate(agents, spec, config, seed)
         entry = doc["policies"][spec.label]
-        sim_mean = sum(a.jct_s for a in sim.agents) / len(sim.agents)
+        sim_mean = entry["sim_mean_jct_s_one_profile"] = sim_mean_jct(spec)  # the calibration's profile alone
+        if spec.label in probes:  # each repeat predicted at the speed its probe found
+            by_jct = [fit_speed(probe_agents, config, jct, seed) for jct in probes[spec.label]]
+            by_steps = [probe_speed(config.profile, steps) for steps in probe_steps[spec.label]]
+            entry["probe_mean_jct_s_per_repeat"] = probes[spec.label]
+            entry["probe_jct_scale_per_repeat"] = by_jct
+            entry["sim_error_probe_jct"] = float(np.mean([sim_mean_jct(spec, s) for s in by_jct])) / entry["mean_jct_s"] - 1
+            # the probe's steps, where the engine logs them, read its speed over hundreds of steps
+            # rather than from one mean JCT; on stock vLLM (no step log) the JCT it is
+            scales = by_steps if all(by_steps) else by_jct
+            if all(by_steps):
+                entry["probe_step_scale_per_repeat"] = by_steps
+            entry["speed_scale_per_repeat"] = scales
+            entry["speed_probe"] = "steps" if all(by_steps) else "jct"
+            sim_mean = float(np.mean([sim_mean_jct(spec, s) for s in scales]))
         entry["mode"] = "tagging" if spec.label == TAGGING_LABEL else "plugin"
         entry["run_wall_s"] = walls[spec.label]
         entry["max_arrival_lag_s"] = max(run.max_arrival_lag_s for run in tries[spec.label])
@@ -196,8 +236,16 @@ def run_bench_vllm(
         if entry["mode"] == "plugin":  # how long requests waited for the engine (its step log)
             waited = [delivered_capacity([run.steps])[1] / run.result.makespan_s for run in tries[spec.label]]
             entry["backlogged_share"] = sum(waited) / len(waited)
+            # a diagnostic, not a prediction: the simulator at each repeat's own speed (its steps'
+            # measured time over the profile's), which leaves the order as the only difference
+            speeds = [run_speed(config.profile, run.steps) for run in tries[spec.label]]
+            if all(speeds):
+                entry["run_speed_per_repeat"] = speeds
+                at_speed = float(np.mean([sim_mean_jct(spec, s) for s in speeds]))
+                entry["sim_error_at_run_speed"] = at_speed / entry["mean_jct_s"] - 1
         entry["sim_mean_jct_s"] = sim_mean
         entry["sim_error"] = sim_mean / entry["mean_jct_s"] - 1
+        entry["sim_error_one_profile"] = entry["sim_mean_jct_s_one_profile"] / entry["mean_jct_s"] - 1
     return doc
 
 
