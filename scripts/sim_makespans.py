@@ -6,7 +6,6 @@ bench's results (the profile it calibrated, the preset's agents).
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 
@@ -14,15 +13,9 @@ from pathlib import Path
 def main() -> None:
     from justitia.lab.bench import RunSpec, simulate
     from justitia.lab.presets import make_preset
-    from justitia.lab.vllm_bench import TAGGING_LABEL, engine_config
-    from justitia.sim.config import LatencyProfile
-    from justitia.vllm.engine import EngineSpec
+    from justitia.lab.vllm_bench import TAGGING_LABEL, load_bench
 
-    path = Path(sys.argv[1] if len(sys.argv) > 1 else "results/engine/results.json")
-    doc = json.loads(path.read_text())
-    profile = LatencyProfile.from_json(doc["profile"], str(path))
-    spec = EngineSpec(**{k: v for k, v in doc["vllm"].items() if k in EngineSpec.__dataclass_fields__})
-    config = engine_config(profile, spec, doc["vllm"]["block_size"])
+    doc, _, _, config = load_bench(Path(sys.argv[1] if len(sys.argv) > 1 else "results/engine/results.json"))
     seed = doc["workload"]["seed"]
     agents = make_preset(doc["preset"], seed).agents
     repeats = doc.get("repeats", 1)

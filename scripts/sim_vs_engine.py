@@ -55,14 +55,9 @@ def main() -> None:
     args = ap.parse_args()
     from justitia.lab.bench import RunSpec, simulate
     from justitia.lab.presets import make_preset
-    from justitia.lab.vllm_bench import engine_config
-    from justitia.sim.config import LatencyProfile
-    from justitia.vllm.engine import EngineSpec
+    from justitia.lab.vllm_bench import load_bench
 
-    doc = json.loads(args.results.read_text())
-    profile = LatencyProfile.from_json(doc["profile"], str(args.results))
-    spec = EngineSpec(**{k: v for k, v in doc["vllm"].items() if k in EngineSpec.__dataclass_fields__})
-    config = engine_config(profile, spec, doc["vllm"]["block_size"])
+    doc, profile, spec, config = load_bench(args.results)
     preset = make_preset("engine", doc["workload"]["seed"])
     policies = args.policies.split(",")
     runs = asyncio.run(run_engine(preset.agents, preset.calibration_agents, policies, spec))

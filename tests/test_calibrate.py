@@ -357,3 +357,20 @@ def test_the_vllm_bench_predicts_each_run_at_the_speed_its_probe_found(monkeypat
     with pytest.raises(ValueError, match="calibration agents"):
         vllm_bench.run_bench_vllm(agents, specs, EngineSpec(kv_blocks=24), {}, 0, False, profile, None,
                                   speed_probes=True)
+
+
+def test_a_bench_document_loads_back_into_the_simulators_view_of_its_engine(tmp_path):
+    """The analysis scripts read a vLLM bench's results.json back: its profile, engine and config."""
+    from dataclasses import asdict
+
+    from justitia.lab.vllm_bench import engine_config, load_bench
+    from justitia.vllm.engine import EngineSpec
+
+    profile = LatencyProfile("p", 0.0, 4.8, 0.0309, 0.00028, 1.0, 23, "test", 128, request_latency_ms=7.5)
+    spec = EngineSpec(kv_blocks=24, max_num_seqs=64)
+    path = tmp_path / "results.json"
+    path.write_text(json.dumps({"profile": profile.to_json(), "vllm": asdict(spec) | {"block_size": 128, "kv_tokens": 2944},
+                                "workload": {"seed": 0}}))
+    doc, loaded, loaded_spec, config = load_bench(path)
+    assert loaded == profile and loaded_spec == spec and doc["workload"]["seed"] == 0
+    assert config == engine_config(profile, spec, 128)

@@ -8,8 +8,10 @@ with a latency profile fitted to a separate calibration run of the same engine (
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from dataclasses import replace
+from pathlib import Path
 
 import numpy as np
 
@@ -96,6 +98,15 @@ def engine_config(profile: LatencyProfile, spec: EngineSpec, block_size: int) ->
     """The simulator's view of the vLLM engine ``spec`` describes."""
     return EngineConfig(profile=profile, kv_blocks=spec.usable_blocks, block_size=block_size,
                         max_num_batched_tokens=spec.max_num_batched_tokens, max_num_seqs=spec.max_num_seqs)
+
+
+def load_bench(path: str | Path) -> tuple[dict, LatencyProfile, EngineSpec, EngineConfig]:
+    """A vLLM bench's ``results.json``: the document, the profile the simulator ran with, the engine,
+    and the simulator's view of it (``engine_config``)."""
+    doc = json.loads(Path(path).read_text())
+    profile = LatencyProfile.from_json(doc["profile"], str(path))
+    spec = EngineSpec(**{k: v for k, v in doc["vllm"].items() if k in EngineSpec.__dataclass_fields__})
+    return doc, profile, spec, engine_config(profile, spec, doc["vllm"]["block_size"])
 
 
 def run_bench_vllm(
