@@ -127,8 +127,9 @@ def run_bench_vllm(
     With ``repeats`` > 1 every run is repeated (interleaved) and each agent's JCT is its mean over
     the repeats: one run on a shared 2-core machine varies by tens of percent. With
     ``speed_probes`` (and calibration agents) the calibration's agents run again under fcfs just
-    before every run, and the simulator predicts the run at the speed that probe found
-    (``fit_speed``), the profile's form kept.
+    before every run, and the simulator predicts the run at the speed that probe found, the
+    profile's form kept: from the probe's steps where the engine logs them (``probe_speed``), else
+    from its mean JCT (``fit_speed``).
     """
     if repeats < 1:
         raise ValueError(f"--repeats must be >= 1, got {repeats}.")
@@ -218,6 +219,7 @@ def run_bench_vllm(
     if calibration:
         doc["calibration"] = calibration
     doc["comparisons"] = comparisons(tries, seed)
+
     def sim_mean_jct(spec: RunSpec, scale: float = 1.0) -> float:
         cfg = config if scale == 1.0 else replace(config, profile=replace(config.profile, scale=scale))
         sim = simulate(agents, spec, cfg, seed)
