@@ -54,26 +54,19 @@ def window_steps(rows, n: int = SIXTHS) -> list[tuple[float, float]]:
     return out
 
 
-def descendants(pid: int) -> list[int]:
-    """The processes below ``pid`` (vLLM's engine core and its worker)."""
-    out = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                if open(f"/proc/{entry}/stat").read().rsplit(")", 1)[1].split()[1] == str(pid):
-                    out += [int(entry), *descendants(int(entry))]
-            except OSError:  # gone meanwhile
-                pass
-    return out
-
-
 def set_layout(layout: str) -> None:
     """Try another placement of vLLM's engine-core process (the scheduler; the model runs in its
     worker, on the cores the runner binds): ``core0`` pins it to the first core, beside the front
     end; ``prio`` raises its priority (nice -5, needs the privilege); ``nice`` lowers the front
     end's (nice 5)."""
+    from justitia.vllm.reaper import descendants
+
     for pid in descendants(os.getpid()):
-        if open(f"/proc/{pid}/comm").read().startswith("VLLM::EngineCor"):
+        try:
+            name = open(f"/proc/{pid}/comm").read()
+        except OSError:  # gone meanwhile
+            continue
+        if name.startswith("VLLM::EngineCor"):
             for tid in os.listdir(f"/proc/{pid}/task"):
                 if "core0" in layout:
                     os.sched_setaffinity(int(tid), {0})
