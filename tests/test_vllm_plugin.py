@@ -76,10 +76,12 @@ def test_srjf_holds_the_elephant_back_behind_the_stream_of_mice(policies):
     # with them. Under srjf the elephant yields to every mouse: it finishes after each mouse that
     # arrived while it still had requests waiting. Its last two requests (of 16, two at a time) take
     # about an eighth of its time, and a mouse arriving while they decode may finish after them, so
-    # the mice counted are those that arrived before the last quarter of the elephant's time.
+    # the mice counted are those that arrived before the last quarter of the elephant's time. How
+    # many those are depends on the engine's speed (three or more on slow days, two on a fast one,
+    # when the elephant took 1.3 s); the first always is (it arrives at 0.3 s).
     elephant = srjf["elephant"]["finish_s"]  # it arrived at 0
     early = [r for r in mice(srjf).values() if r["finish_s"] - r["jct_s"] < 0.75 * elephant]
-    assert len(early) >= 3 and elephant > max(r["finish_s"] for r in early)
+    assert srjf["mouse-00"] in early and elephant > max(r["finish_s"] for r in early)
     # the first mouse arrives (0.3 s) while 14 of the elephant's requests wait: srjf serves it at
     # once; fcfs admits it only after the last of them, in the last eighth of the elephant's time
     assert srjf["mouse-00"]["finish_s"] < 0.5 * elephant
