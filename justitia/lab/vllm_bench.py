@@ -233,15 +233,16 @@ def run_bench_vllm(
             by_steps = [probe_speed(config.profile, steps) for steps in probe_steps[spec.label]]
             entry["probe_mean_jct_s_per_repeat"] = probes[spec.label]
             entry["probe_jct_scale_per_repeat"] = by_jct
-            entry["sim_error_probe_jct"] = float(np.mean([sim_mean_jct(spec, s) for s in by_jct])) / entry["mean_jct_s"] - 1
+            at_jct = float(np.mean([sim_mean_jct(spec, s) for s in by_jct]))
+            entry["sim_error_probe_jct"] = at_jct / entry["mean_jct_s"] - 1
             # the probe's steps, where the engine logs them, read its speed over hundreds of steps
             # rather than from one mean JCT; on stock vLLM (no step log) the JCT it is
-            scales = by_steps if all(by_steps) else by_jct
-            if all(by_steps):
+            logged = all(by_steps)
+            entry["speed_probe"] = "steps" if logged else "jct"
+            entry["speed_scale_per_repeat"] = by_steps if logged else by_jct
+            if logged:
                 entry["probe_step_scale_per_repeat"] = by_steps
-            entry["speed_scale_per_repeat"] = scales
-            entry["speed_probe"] = "steps" if all(by_steps) else "jct"
-            sim_mean = float(np.mean([sim_mean_jct(spec, s) for s in scales]))
+            sim_mean = float(np.mean([sim_mean_jct(spec, s) for s in by_steps])) if logged else at_jct
         entry["mode"] = "tagging" if spec.label == TAGGING_LABEL else "plugin"
         entry["run_wall_s"] = walls[spec.label]
         entry["max_arrival_lag_s"] = max(run.max_arrival_lag_s for run in tries[spec.label])
