@@ -54,11 +54,11 @@ async def run_engine(preset, policies, seed):
 
 def step_time(rows, profile) -> dict:
     """The measured time of a run's steps followed at once, and what ``profile`` predicts for them."""
-    from justitia.lab.calibrate import step_durations
+    from justitia.lab.calibrate import step_durations, timed_steps
 
     data = step_durations(rows)
-    predicted = sum(profile.iteration_s(int(b), int(c)) for b, c, _ in data)
-    return {"steps": len(data), "measured_s": float(data[:, 2].sum() / 1000), "predicted_s": predicted,
+    timed = timed_steps(profile, rows)
+    return {"steps": len(data), "measured_s": float(timed[:, 1].sum()), "predicted_s": float(timed[:, 2].sum()),
             "mean_batched": float(data[:, 0].mean()), "mean_context": float(data[:, 1].mean())}
 
 
@@ -95,12 +95,13 @@ def main() -> None:
     profile, stats, runs, spec, block_size = asyncio.run(run_engine(preset, policies, args.seed))
     config = engine_config(profile, spec, block_size)
     stages = np.array([len(a.stages) for a in preset.agents], dtype=float)
-    print(f"calibration: request latency {profile.request_latency_ms:.1f} ms one way; its agents' mean JCT "
+    print(f"calibration: front end {profile.frontend_ms_per_request:.2f} ms a request, then {profile.request_latency_ms:.1f} ms, "
+          f"answers {profile.answer_latency_ms:.1f} ms; its agents' mean JCT "
           f"{stats['engine_mean_jct_s']:.2f} s on the engine, {stats['sim_mean_jct_s_steps_only']:.2f} s from the steps alone")
     for k, again in enumerate(stats["again"]):
         print(f"calibration agents again ({k + 1}): steps' time {again['measured_s']:.2f} s, the profile says "
               f"{again['predicted_s']:.2f} s")
-    report = {"request_latency_ms": profile.request_latency_ms, "calibration": stats, "policies": {}}
+    report = {"frontend_ms": profile.frontend_ms, "calibration": stats, "policies": {}}
     for policy in policies:
         run, times = runs[policy]
         sim = simulate(preset.agents, RunSpec(policy, policy), config, args.seed)

@@ -21,12 +21,10 @@ from pathlib import Path
 
 def step_stats(rows, profile) -> dict:
     """Measured and predicted time of the steps followed at once, and the scheduler's time per step."""
-    measured = predicted = 0.0
-    for k in range(len(rows) - 1):
-        t, batched, ctx, _p, _d, busy = rows[k][:6]
-        if busy and batched > 0:
-            measured += rows[k + 1][0] - t
-            predicted += profile.iteration_s(batched, ctx)
+    from justitia.lab.calibrate import timed_steps
+
+    timed = timed_steps(profile, rows)
+    measured, predicted = float(timed[:, 1].sum()), float(timed[:, 2].sum())
     sched = [r[9] for r in rows if len(r) > 9]
     return {"steps": len(rows), "steps_measured_s": measured, "steps_predicted_s": predicted,
             "scheduler_ms_per_step": sum(sched) / len(sched) / 1000 if sched else None}

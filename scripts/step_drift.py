@@ -30,16 +30,21 @@ SIXTHS = 6
 
 def window_speeds(profile, rows, n: int = SIXTHS) -> list[float]:
     """Measured over predicted time of the steps followed at once, in ``n`` equal spans of the run."""
-    t = np.array([r[0] for r in rows])
-    ok = np.array([bool(r[5]) and r[1] > 0 for r in rows[:-1]])
-    gaps = np.diff(t)
-    pred = np.array([profile.iteration_s(int(r[1]), int(r[2])) for r in rows[:-1]])
-    edges = np.linspace(t[0], t[-1], n + 1)
+    from justitia.lab.calibrate import timed_steps
+
+    steps = timed_steps(profile, rows)
+    edges = np.linspace(rows[0][0], rows[-1][0], n + 1)
     out = []
     for lo, hi in zip(edges[:-1], edges[1:]):
-        m = ok & (t[:-1] >= lo) & (t[:-1] <= hi)
-        out.append(float(gaps[m].sum() / pred[m].sum()) if pred[m].sum() > 0 else float("nan"))
+        m = (steps[:, 0] >= lo) & (steps[:, 0] <= hi)
+        out.append(float(steps[m, 1].sum() / steps[m, 2].sum()) if steps[m, 2].sum() > 0 else float("nan"))
     return out
+
+
+def step_model(p) -> str:
+    """A profile's step time as a formula."""
+    return (f"step_ms = {p.base_ms:.3f} + {p.per_batched_token_ms:.5f} * batched + {p.per_context_token_ms:.6f} * context"
+            f" + {p.per_request_ms:.4f} * requests + {p.per_arrival_ms:.4f} * arrivals")
 
 
 def window_steps(rows, n: int = SIXTHS) -> list[tuple[float, float]]:
@@ -114,9 +119,7 @@ def main() -> None:
     runs = asyncio.run(run_engine(preset.agents, preset.calibration_agents, policies, spec, args.layout))
     refit, stats = fit_profile([r.steps for (_, kind), r in runs.items() if kind == "run"], "refit",
                                profile.kv_blocks, profile.block_size, "the runs' steps")
-    print(f"calibrated: step_ms = {profile.base_ms:.3f} + {profile.per_batched_token_ms:.5f} * batched + "
-          f"{profile.per_context_token_ms:.6f} * context; refitted to the runs' steps: {refit.base_ms:.3f} + "
-          f"{refit.per_batched_token_ms:.5f} * batched + {refit.per_context_token_ms:.6f} * context (R^2 {stats['r2']:.2f})")
+    print(f"calibrated: {step_model(profile)}; refitted to the runs' steps: {step_model(refit)} (R^2 {stats['r2']:.2f})")
     report = {}
     for (policy, kind), run in runs.items():
         agents = preset.calibration_agents if kind == "probe" else preset.agents

@@ -125,16 +125,18 @@ def test_the_bench_calibrates_on_agents_that_fit_the_engines_context_and_cache(m
             from types import SimpleNamespace
 
             self.longest.append(max(t.prompt_tokens + t.output_tokens for a in agents for t in a.tasks))
-            return SimpleNamespace(steps=[], result=SimpleNamespace(agents=[SimpleNamespace(jct_s=1.0) for _ in agents]))
+            return SimpleNamespace(steps=[], requests=[],
+                                   result=SimpleNamespace(agents=[SimpleNamespace(jct_s=1.0) for _ in agents]))
 
     profile = LatencyProfile("p", 0.0, 1.0, 0.01, 0.0, 1.0, 11, "test", 128)
     monkeypatch.setattr(vllm_bench, "fit_profile", lambda runs, *a: (profile, {"steps": 0}))
-    monkeypatch.setattr(vllm_bench, "fit_request_latency", lambda agents, config, jct, seed: (5.0, 0.5, 1.0))
+    monkeypatch.setattr(vllm_bench, "fit_frontend", lambda runs: {"request_latency_ms": 5.0, "answer_latency_ms": 1.0,
+                                                                 "frontend_ms_per_request": 0.5})
     engine = FakeEngine()
     big = [Agent("a", "t", 0.0, ((Task("x", 2000, 62),),))]  # 2,062 tokens: over both limits
     profile, stats = asyncio.run(vllm_bench._calibrate(engine, big, 0))
     assert engine.longest and max(engine.longest) <= 1536 and stats["scaled_down_by"] > 1
-    assert profile.request_latency_ms == 5.0 and stats["engine_mean_jct_s"] == 1.0
+    assert profile.frontend_ms == (5.0, 1.0, 0.5) and stats["engine_mean_jct_s"] == 1.0
 
 
 def test_the_calibration_throws_runs_away_until_the_engine_is_warm(monkeypatch):
@@ -158,12 +160,13 @@ def test_the_calibration_throws_runs_away_until_the_engine_is_warm(monkeypatch):
 
         async def run(self, agents, policy, seed=0):
             ms = self.speeds.pop(0)
-            return SimpleNamespace(steps=steps(ms), result=SimpleNamespace(agents=[SimpleNamespace(jct_s=ms)]))
+            return SimpleNamespace(steps=steps(ms), requests=[], result=SimpleNamespace(agents=[SimpleNamespace(jct_s=ms)]))
 
     fitted = []
     profile = LatencyProfile("p", 0.0, 1.0, 0.01, 0.0, 1.0, 11, "test", 128)
     monkeypatch.setattr(vllm_bench, "fit_profile", lambda runs, *a: (fitted.append(runs) or profile, {"steps": 0}))
-    monkeypatch.setattr(vllm_bench, "fit_request_latency", lambda agents, config, jct, seed: (5.0, 0.5, 1.0))
+    monkeypatch.setattr(vllm_bench, "fit_frontend", lambda runs: {"request_latency_ms": 5.0, "answer_latency_ms": 1.0,
+                                                                 "frontend_ms_per_request": 0.5})
     agents = [Agent("a", "t", 0.0, ((Task("x", 100, 10),),))]
     engine = FakeEngine([14.0, 11.0, 10.5, 10.0, 99.0])
     _, stats = asyncio.run(vllm_bench._calibrate(engine, agents, 0))
@@ -229,32 +232,59 @@ def test_the_engine_preset_is_the_papers_comparison_on_dense_arrivals_that_fit_t
     assert [a.tasks for a in calibration] != [a.tasks for a in agents[:len(calibration)]]
 
 
-def test_the_request_latency_fit_makes_the_simulator_as_slow_as_the_engine():
-    from justitia.lab.bench import RunSpec, simulate
-    from justitia.lab.calibrate import fit_request_latency
-    from justitia.sim import EngineConfig
+def test_the_front_end_fit_recovers_its_latencies_from_a_step_log_and_the_requests():
+    """An engine whose front end takes 1 ms per request, then 15 ms, and answers 2 ms after a
+    step's end: ``fit_frontend`` finds them from the step log's arrival and finish counts."""
+    import numpy as np
 
-    profile = LatencyProfile("p", 0.0, 2.0, 0.01, 0.0, 1.0, 23, "test", 128)
-    config = EngineConfig(profile=profile, block_size=128)
-    agents = [Agent(f"a{i}", "t", 0.3 * i, ((Task("x", 100, 20), Task("y", 50, 10)), (Task("z", 80, 30),)))
-              for i in range(12)]
+    from justitia.lab.calibrate import fit_frontend
 
-    def mean(latency_ms):
-        cfg = EngineConfig(profile=LatencyProfile("p", 0.0, 2.0, 0.01, 0.0, 1.0, 23, "test", 128,
-                                                  request_latency_ms=latency_ms), block_size=128)
-        run = simulate(agents, RunSpec("fcfs", "fcfs"), cfg)
-        return sum(a.jct_s for a in run.agents) / len(agents)
+    rng = np.random.default_rng(0)
+    sent = np.sort(np.concatenate([np.full(8, 0.1 * k) for k in range(20)]) + rng.uniform(0, 0.002, 160))
+    free, ready = -1.0, []
+    for t in sent:  # one at a time, 1 ms each, then 15 ms
+        free = max(free, t) + 0.001
+        ready.append(free + 0.015)
+    starts = np.arange(0.0, 2.5, 0.0103)  # steps of 10.3 ms
+    joined = np.searchsorted(starts, ready)  # each request joins the first step starting after it is ready
+    ends = joined + 3  # and finishes three steps later
+    rows = [(float(t), 64, 0, 1, 1, 1, 0, 0, 0, 0, int((joined == k).sum()), int((ends == k).sum()), 0)
+            for k, t in enumerate(starts)]
+    # answered 2 ms after the end of its finishing step (the next step's start)
+    requests = [(f"r{i}", float(s), float(starts[e + 1] + 0.002)) for i, (s, e) in enumerate(zip(sent, ends))]
+    fit = fit_frontend([(rows, requests)])
+    assert fit["frontend_ms_per_request"] == pytest.approx(1.0, abs=0.1)
+    assert fit["request_latency_ms"] == pytest.approx(15.0, abs=1.0)
+    assert fit["answer_latency_ms"] == pytest.approx(2.0, abs=0.01)
+    with pytest.raises(ValueError, match="step logs"):
+        fit_frontend([([row[:10] for row in rows], requests)])  # a log without the arrival columns
+    # the latencies round-trip through a profile file; an older file's one latency meant both ways
+    doc = LatencyProfile("p", 0.0, 2.0, 0.01, 0.0, 1.0, 23, "test", 128, request_latency_ms=12.5, answer_latency_ms=2.0,
+                         frontend_ms_per_request=0.8, per_request_ms=0.1, per_arrival_ms=0.2).to_json()
+    loaded = LatencyProfile.from_json(doc)
+    assert loaded.frontend_ms == (12.5, 2.0, 0.8) and (loaded.per_request_ms, loaded.per_arrival_ms) == (0.1, 0.2)
+    old = {k: v for k, v in doc.items() if k not in ("answer_latency_ms", "frontend_ms_per_request", "per_request_ms",
+                                                     "per_arrival_ms")}
+    assert LatencyProfile.from_json(old).frontend_ms == (12.5, 12.5, 0.0)
+    with pytest.raises(ValueError, match="frontend_ms_per_request"):
+        LatencyProfile.from_json(doc | {"frontend_ms_per_request": "fast"})
 
-    truth = mean(40.0)  # an engine whose requests take 40 ms each way
-    assert truth > mean(0.0) + 0.1  # two stages: four crossings of 40 ms
-    latency, at_zero, fitted = fit_request_latency(agents, config, truth)
-    assert latency == pytest.approx(40.0, abs=1.0) and fitted == pytest.approx(truth, rel=1e-3)
-    assert at_zero == pytest.approx(mean(0.0))
-    assert fit_request_latency(agents, config, 0.5 * at_zero)[0] == 0.0  # steps alone are already slower
-    # the latency round-trips through a profile file
-    doc = LatencyProfile("p", 0.0, 2.0, 0.01, 0.0, 1.0, 23, "test", 128, request_latency_ms=12.5).to_json()
-    assert LatencyProfile.from_json(doc).request_latency_ms == 12.5
-    assert LatencyProfile.from_json({k: v for k, v in doc.items() if k != "request_latency_ms"}).request_latency_ms == 0
+
+def test_the_fit_finds_what_each_request_and_each_arrival_adds_to_a_step():
+    import numpy as np
+
+    rng = np.random.default_rng(1)
+    rows, t = [], 0.0
+    for k in range(300):
+        batched, ctx, reqs, arrived = int(rng.integers(1, 500)), int(rng.integers(0, 3000)), int(rng.integers(1, 30)), 0
+        rows.append([t, batched, ctx, 1, reqs - 1, 1, 0, 0, 0, 0, int(rng.integers(0, 5)), 0, 0])
+    for k in range(len(rows) - 1):  # a step lasts its terms, the next row's arrivals included
+        b, c, n, a = rows[k][1], rows[k][2], rows[k][3] + rows[k][4], rows[k + 1][10]
+        rows[k + 1][0] = rows[k][0] + (6.0 + 0.04 * b + 0.0002 * c + 0.12 * n + 0.25 * a) / 1000
+    profile, stats = fit_profile([[tuple(r) for r in rows]], "fit", 23, 128, "test")
+    assert profile.per_request_ms == pytest.approx(0.12, rel=1e-6) and profile.per_arrival_ms == pytest.approx(0.25, rel=1e-6)
+    assert profile.base_ms == pytest.approx(6.0, rel=1e-6) and stats["r2"] == pytest.approx(1.0)
+    assert profile.iteration_s(100, 1000, 10, 2) == pytest.approx((6.0 + 4.0 + 0.2 + 1.2 + 0.5) / 1000)
 
 
 def test_the_runner_gives_the_model_and_the_front_end_cores_of_their_own(monkeypatch):

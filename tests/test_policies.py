@@ -374,7 +374,7 @@ _rows = st.lists(st.tuples(st.integers(1, 300), st.integers(0, 40), st.integers(
 def test_a_steps_sums_are_charge_step_tokens_added_up(rows):
     """The per-step loops an engine runs (the clock's meter, the dynamic policies' charges) give
     what ``Charge.step_tokens`` gives request by request, added up: one rule for a step's service."""
-    from justitia.core import step_charges, step_delivered
+    from justitia.core import prefill_attention, step_charges, step_delivered
 
     requests, scheduled, infos = _step_requests(rows)
     p = d = kv = prefills = ctx = 0
@@ -390,6 +390,11 @@ def test_a_steps_sums_are_charge_step_tokens_added_up(rows):
             total = per_agent.setdefault(infos[rid].agent_id, [0, 0, 0])
             total[0], total[1], total[2] = total[0] + tp, total[1] + td, total[2] + tkv
     assert step_delivered(requests, scheduled) == (p, d, kv, prefills, ctx)
+    # a step log's attention pairs: each prefill token attends to the tokens before it and itself
+    pairs = sum(sum(range(r.num_computed_tokens - n + 1, r.num_computed_tokens + 1))
+                for rid, n in scheduled.items() if Charge.step_tokens(
+                    (r := requests[rid]).num_computed_tokens - n, n, r.num_tokens, r.num_output_tokens)[0])
+    assert prefill_attention(requests, scheduled) == pairs
     charged = step_charges(requests, scheduled, infos)
     assert {a: row[1:] for a, row in charged.items()} == per_agent
     assert all(row[0].agent_id == a for a, row in charged.items())

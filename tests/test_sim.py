@@ -84,6 +84,26 @@ def test_task_that_cannot_fit_the_cache_is_refused():
 LINEAR = LatencyProfile("lin", 1.0, 0.5, 0.01, 0.001, 1.3, 64, "tests: load-dependent latency")
 
 
+def test_the_front_end_and_each_arrival_add_to_an_agents_time_as_the_profile_says():
+    """One request alone (3 output tokens, 10 ms steps): it waits for the front end (1 ms), the
+    request latency (20 ms); its first step pays for its arrival (2 ms, scaled 1.0); its agent
+    learns of its end 5 ms after the last step. A second request in the stage waits for the first
+    to leave the front end, and joins the engine's next step."""
+    profile = LatencyProfile("c", 0.0, 10.0, 0.0, 0.0, 1.0, 64, "test", request_latency_ms=20.0, answer_latency_ms=5.0,
+                             frontend_ms_per_request=1.0, per_arrival_ms=2.0)
+    one = run([agent("a", 0.0, [(10, 3)])], "fcfs", engine(profile=profile))
+    assert one.agents[0].jct_s == pytest.approx(0.001 + 0.020 + 0.032 + 0.005)
+    plain = run([agent("a", 0.0, [(10, 3)])], "fcfs", engine(profile=replace(profile, request_latency_ms=0.0,
+                                                                                answer_latency_ms=0.0,
+                                                                                frontend_ms_per_request=0.0,
+                                                                                per_arrival_ms=0.0)))
+    assert plain.agents[0].jct_s == pytest.approx(0.030)
+    two = run([agent("a", 0.0, [(10, 3), (10, 3)])], "fcfs", engine(profile=profile))
+    # the second reaches the engine at 22 ms, during the first's first step (21-33 ms): it joins at 33 ms,
+    # paying its arrival then, and its three steps end at 33 + 12 + 10 + 10 ms
+    assert two.agents[0].jct_s == pytest.approx(0.065 + 0.005)
+
+
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     seed=st.integers(0, 10_000),
@@ -94,14 +114,18 @@ LINEAR = LatencyProfile("lin", 1.0, 0.5, 0.01, 0.001, 1.3, 64, "tests: load-depe
     measure=st.booleans(),
     slowdown=st.one_of(st.none(), st.tuples(st.floats(0.0, 2.0), st.floats(0.1, 3.0), st.integers(2, 3))),
     weighted=st.booleans(),
+    frontend=st.sampled_from([(0.0, 0.0, 0.0), (7.5, 1.5, 0.4), (0.0, 3.0, 2.0)]),
+    per_request=st.sampled_from([(0.0, 0.0), (0.12, 0.25)]),
 )
 def test_event_skipping_matches_per_iteration_stepping(seed, policy, blocks, budget, seqs, measure, slowdown,
-                                                       weighted):
+                                                       weighted, frontend, per_request):
     rng = np.random.default_rng(seed)
     agents = random_agents(rng, 24, max_prompt=400, max_output=200, mean_gap_s=0.2)
     if weighted:  # tenants' weights: weighted VTC keeps exact fractions, so charging groups do not matter
         agents = [replace(a, weight=float(rng.choice([0.5, 1.0, 2.0, 3.0]))) for a in agents]
-    cfg = engine(blocks=max(blocks, 38), budget=budget, seqs=seqs, profile=LINEAR)
+    profile = replace(LINEAR, request_latency_ms=frontend[0], answer_latency_ms=frontend[1],
+                      frontend_ms_per_request=frontend[2], per_request_ms=per_request[0], per_arrival_ms=per_request[1])
+    cfg = engine(blocks=max(blocks, 38), budget=budget, seqs=seqs, profile=profile)
     if slowdown is not None:  # the engine runs some times slower for a while
         cfg = replace(cfg, slowdown=(slowdown[0], slowdown[0] + slowdown[1], slowdown[2]))
     fast = run(agents, policy, cfg, skip=True, predictor="noisy:2", measure=measure)

@@ -5,8 +5,9 @@ only the names below (``docs/design.md``, "The core's contract")."""
 from justitia.core.book import AgentBook, int_priority
 from justitia.core.capacity import WINDOW_STEPS, CapacityMeter
 from justitia.core.clock import VirtualClock
-from justitia.core.cost import (COMPUTE, COST_MODELS, KV, NO_CHARGE, Charge, CostModel, capacity_per_s,
-                                compute_tokens, cost_model, kv_token_iters, step_charges, step_delivered)
+from justitia.core.cost import (COMPUTE, COST_MODELS, KV, NO_CHARGE, Charge, CostModel, attention_pairs, capacity_per_s,
+                                compute_tokens, cost_model, kv_token_iters, prefill_attention, step_charges,
+                                step_delivered)
 from justitia.core.policies import OPTION_NAMES, POLICY_NAMES, STATIC_POLICY_NAMES, AgentInfo, Policy, RequestInfo, make_policy
 from justitia.core.protocol import (ENGINE_UTILITY, META_KEYS, PRICE_KEYS, REGISTER, RELEASE, RESET, STATE, ControlCall, PolicyState,
                                     RequestMeta)
@@ -17,6 +18,7 @@ __all__ = [
     "AgentBook", "AgentInfo", "AgentScheduler", "CapacityMeter", "Charge", "ControlCall", "CostModel", "PolicyState", "RequestInfo",
     "RequestMeta", "VirtualClock", "STATE", "COMPUTE", "COST_MODELS", "ENGINE_UTILITY", "KV", "META_KEYS", "PRICE_KEYS", "NO_CHARGE",
     "OPTION_NAMES", "POLICY_NAMES", "Policy", "REGISTER", "RELEASE", "RESET", "STATIC_POLICY_NAMES", "WINDOW_STEPS", "capacity_per_s", "compute_tokens",
-    "cost_model", "int_priority", "kv_token_iters", "make_policy", "step_charges", "step_delivered",
+    "attention_pairs", "cost_model", "int_priority", "kv_token_iters", "make_policy", "prefill_attention", "step_charges",
+    "step_delivered",
     "ROUTER_NAMES", "ReplicaLoad", "Replicas", "RouteRequest", "Router", "make_router",
 ]

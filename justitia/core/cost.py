@@ -99,6 +99,26 @@ def step_charges(requests: Mapping[str, Any], scheduled: Mapping[str, int], info
     return per_agent
 
 
+def attention_pairs(offset: int, n: int) -> int:
+    """Query-key pairs of a prefill chunk of ``n`` tokens after ``offset`` held ones: each new token
+    attends to the tokens before it and to itself (causal attention)."""
+    return n * offset + n * (n + 1) // 2
+
+
+def prefill_attention(requests: Mapping[str, Any], scheduled: Mapping[str, int]) -> int:
+    """``attention_pairs`` of one step's prefill chunks added up (``step_delivered``'s arguments; a
+    decode step is not a chunk). For a step log: it is not on the plug-in's path without one."""
+    total = 0
+    for request_id, n in scheduled.items():
+        request = requests.get(request_id)
+        if request is None:
+            continue
+        held, seq = request.num_computed_tokens, request.num_tokens
+        if not (held - n == seq - 1 and seq > request.num_prompt_tokens):
+            total += attention_pairs(held - n, n)
+    return total
+
+
 def kv_token_iters(prompt_tokens: float, output_tokens: float) -> float:
     """KV token-time of one request, in token-iterations: ``p*d + d^2/2``."""
     return prompt_tokens * output_tokens + output_tokens * output_tokens / 2.0

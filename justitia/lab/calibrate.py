@@ -11,8 +11,11 @@ The same run measures the clock's M: the KV token-time the engine delivered (hel
 that sampled a token) over the duration of the steps that started with requests waiting, the
 rule the plug-in's meter follows (``CapacityMeter``), over the whole run at once.
 
-The fit is least squares of ``step_ms = base + per_batched_token * batched + per_context_token * ctx``
-with every coefficient kept >= 0 (a negative one is dropped and the rest refitted). The profile's
+The fit is least squares of ``step_ms = base + per_batched_token * batched + per_context_token * ctx
++ per_request * requests + per_arrival * arrivals`` (the batch's requests; the new requests taken in
+before the next step) with every coefficient kept >= 0 (a negative one is dropped and the rest
+refitted). Without the last two terms a run's first steps (many requests, many arrivals) were 10-30 %
+slower than their tokens said and its last ones 10-20 % faster (scripts/step_drift.py). The profile's
 floor is 0: on a CPU there is no weight-streaming floor separate from the per-token cost.
 """
 
@@ -26,13 +29,16 @@ from justitia.sim.config import LatencyProfile
 
 
 def step_durations(rows: Sequence[tuple[float, ...]]) -> np.ndarray:
-    """(batched_tokens, decode_context_tokens, duration_ms) of every step followed at once."""
+    """(batched_tokens, decode_context_tokens, requests, arrivals, duration_ms) of every step followed
+    at once: its batch's requests (prefilling and decoding), and the new requests the engine took in
+    before the next one (``arrived_before`` of the next row; 0 in a log without that column)."""
     out = []
     for k in range(len(rows) - 1):
-        t, batched, ctx, _prefills, _decodes, busy = rows[k][:6]
+        t, batched, ctx, prefills, decodes, busy = rows[k][:6]
         if busy and batched > 0:
-            out.append((batched, ctx, (rows[k + 1][0] - t) * 1000.0))
-    return np.asarray(out, dtype=float).reshape(-1, 3)
+            arrivals = rows[k + 1][10] if len(rows[k + 1]) > 10 else 0
+            out.append((batched, ctx, prefills + decodes, arrivals, (rows[k + 1][0] - t) * 1000.0))
+    return np.asarray(out, dtype=float).reshape(-1, 5)
 
 
 def delivered_capacity(runs: Iterable[Sequence[tuple[float, ...]]]) -> tuple[float | None, float]:
@@ -57,18 +63,19 @@ def fit_profile(
 ) -> tuple[LatencyProfile, dict]:
     """Fit a profile to the steps of one or more runs; also return fit statistics."""
     runs = list(runs)
-    data = np.concatenate([step_durations(rows) for rows in runs] or [np.zeros((0, 3))])
+    data = np.concatenate([step_durations(rows) for rows in runs] or [np.zeros((0, 5))])
     if len(data) < 10:
         raise ValueError(f"calibration needs at least 10 busy engine steps, got {len(data)}.")
-    x = np.column_stack([np.ones(len(data)), data[:, 0], data[:, 1]])
-    y = data[:, 2]
-    keep = [0, 1, 2]
+    x = np.column_stack([np.ones(len(data)), data[:, :4]])
+    y = data[:, 4]
+    # a term that never varies cannot be told from the base (a log without arrivals fits no arrival cost)
+    keep = [k for k in range(5) if k == 0 or np.ptp(x[:, k]) > 0]
     while True:
         coef, *_ = np.linalg.lstsq(x[:, keep], y, rcond=None)
         if (coef >= 0).all() or len(keep) == 1:
             break
         keep.pop(int(np.argmin(coef)))
-    full = np.zeros(3)
+    full = np.zeros(5)
     full[keep] = np.maximum(coef, 0)
     pred = x @ full
     resid = y - pred
@@ -76,6 +83,7 @@ def fit_profile(
     profile = LatencyProfile(
         name=name, floor_ms=0.0, base_ms=float(full[0]), per_batched_token_ms=float(full[1]),
         per_context_token_ms=float(full[2]), scale=1.0, kv_blocks=kv_blocks, block_size=block_size, source=source,
+        per_request_ms=float(full[3]), per_arrival_ms=float(full[4]),
     )
     stats = {
         "steps": int(len(data)),
@@ -89,6 +97,54 @@ def fit_profile(
     stats["delivered_capacity_per_s"] = delivered  # the clock's M, measured (None: requests never waited)
     stats["backlogged_s"] = backlogged_s
     return profile, stats
+
+
+def fit_frontend(runs: Iterable[tuple[Sequence[tuple[float, ...]], Sequence[tuple[str, float, float]]]]) -> dict:
+    """The front end's latencies (``LatencyProfile.frontend_ms``) measured on runs: each a step log
+    (``arrived_before`` and ``finished`` columns) and the requests as the agents saw them (``EngineRun.requests``:
+    id, sent, answered, seconds into the run; the step log's clock starts up to a millisecond
+    earlier, at the plug-in's reset).
+
+    The engine takes requests in the order they are sent, so the ``i``-th sent is the ``i``-th the
+    step log counts in, at the start of the step it joined; likewise for answers and the steps in
+    which requests finished. The front end is fitted as the simulator models it: one request at a
+    time, ``frontend_ms_per_request`` each, then ``request_latency_ms``, then the next step's start
+    (least squares over a grid); the answer latency is the mean delay from a finishing step's end to
+    the agent's answer. Returns the three fields, and the fit's mean absolute error in ms."""
+    sends, joins, ends, answers, starts = [], [], [], [], []
+    for rows, requests in runs:
+        if not requests or len(rows) < 2 or len(rows[0]) < 12:
+            continue
+        t = np.array([r[0] for r in rows])
+        joined = np.repeat(t, [r[10] for r in rows])  # each request: the start of the step it joined
+        ended = np.repeat(np.append(t[1:], t[-1]), [r[11] for r in rows])  # each finish: its step's end
+        sent = np.sort([x[1] for x in requests])
+        answered = np.sort([x[2] for x in requests])
+        n, m = min(len(sent), len(joined)), min(len(answered), len(ended))
+        sends.append(sent[:n]), joins.append(joined[:n]), ends.append(ended[:m]), answers.append(answered[:m])
+        starts.append(t)
+    if not sends:
+        raise ValueError("the front end's latency needs step logs with arrivals and the runs' requests.")
+    best = None
+    for per_request_ms in np.arange(0.0, 3.0001, 0.05):
+        s = per_request_ms / 1000
+        free = []
+        for sent in sends:  # q_i = max_j<=i (sent_j + (i - j + 1) s): the front end, one at a time
+            k = np.arange(len(sent))
+            free.append(np.maximum.accumulate(sent - k * s) + (k + 1) * s)
+        for latency_ms in np.arange(0.0, 80.0001, 0.5):
+            err = []
+            for q, joined, t in zip(free, joins, starts):
+                ready = q + latency_ms / 1000
+                idx = np.minimum(np.searchsorted(t, ready), len(t) - 1)
+                err.append(np.maximum(t[idx], ready) - joined)
+            err = np.concatenate(err)
+            score = float((err**2).mean())
+            if best is None or score < best[0]:
+                best = (score, per_request_ms, latency_ms, float(np.abs(err).mean()))
+    answer = float(np.concatenate([a - e for a, e in zip(answers, ends)]).mean())
+    return {"request_latency_ms": float(best[2]), "frontend_ms_per_request": float(round(best[1], 4)),
+            "answer_latency_ms": max(answer * 1000, 0.0), "join_mean_abs_error_ms": best[3] * 1000}
 
 
 def _solve_increasing(fn, target: float, lo: float, hi: float, iterations: int, geometric: bool = False) -> float:
@@ -108,28 +164,6 @@ def _fcfs_mean_jct(agents, config, seed: int) -> float:
 
     run = simulate(agents, RunSpec("fcfs", "fcfs"), config, seed)
     return sum(a.jct_s for a in run.agents) / len(run.agents)
-
-
-def fit_request_latency(agents, config, engine_mean_jct_s: float, seed: int = 0, max_ms: float = 1000.0,
-                        iterations: int = 24) -> tuple[float, float, float]:
-    """The one-way front-end latency (``LatencyProfile.request_latency_ms``) at which the simulator,
-    on ``config``, gives ``agents`` under fcfs the mean JCT the engine gave them: what the steps
-    alone leave out (a request's way in and out of the engine, an agent's stage hand-offs).
-
-    Bisection: the simulator's mean JCT grows with the latency. Returns (latency ms, the simulator's
-    mean JCT at zero latency, and at the fitted one); zero when the steps alone are already as slow.
-    """
-    from dataclasses import replace
-
-    def mean_jct(latency_ms: float) -> float:
-        return _fcfs_mean_jct(agents, replace(config, profile=replace(config.profile, request_latency_ms=latency_ms)),
-                              seed)
-
-    at_zero = mean_jct(0.0)
-    if at_zero >= engine_mean_jct_s:
-        return 0.0, at_zero, at_zero
-    latency = _solve_increasing(mean_jct, engine_mean_jct_s, 0.0, max_ms, iterations)
-    return latency, at_zero, mean_jct(latency)
 
 
 SPEED_RANGE = (0.25, 4.0)  # a probe's scale stays within these multiples of the calibration's step times
@@ -152,11 +186,23 @@ def fit_speed(agents, config, engine_mean_jct_s: float, seed: int = 0, iteration
 def run_speed(profile: LatencyProfile, rows: Sequence[tuple[float, ...]]) -> float | None:
     """A run's steps' measured time over the time ``profile`` gives them (the plug-in's step log);
     None without a measurable step. A diagnostic: it reads the run it describes."""
-    steps = step_durations(rows)
+    steps = timed_steps(profile, rows)
     if not len(steps):
         return None
-    predicted = sum(profile.iteration_s(int(b), int(c)) for b, c, _ in steps)
-    return float(steps[:, 2].sum() / 1000 / predicted) if predicted > 0 else None
+    predicted = steps[:, 2].sum()
+    return float(steps[:, 1].sum() / predicted) if predicted > 0 else None
+
+
+def timed_steps(profile: LatencyProfile, rows: Sequence[tuple[float, ...]]) -> np.ndarray:
+    """(start s, measured s, the time ``profile`` gives it) of every step followed at once (the
+    plug-in's step log, ``step_durations``' steps)."""
+    out = []
+    for k in range(len(rows) - 1):
+        t, batched, ctx, prefills, decodes, busy = rows[k][:6]
+        if busy and batched > 0:
+            arrivals = rows[k + 1][10] if len(rows[k + 1]) > 10 else 0
+            out.append((t, rows[k + 1][0] - t, profile.iteration_s(batched, ctx, prefills + decodes, arrivals)))
+    return np.asarray(out, dtype=float).reshape(-1, 3)
 
 
 def probe_speed(profile: LatencyProfile, rows: Sequence[tuple[float, ...]]) -> float | None:

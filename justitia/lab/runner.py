@@ -27,7 +27,7 @@ import os
 import tempfile
 import time
 import uuid
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable
 
@@ -40,8 +40,10 @@ from justitia.vllm.engine import EngineSpec, RunningEngine, control
 from justitia.workload import Agent
 
 STEP_LOG_COLUMNS = ("t_s", "batched_tokens", "decode_context_tokens", "prefill_reqs", "decode_reqs", "busy_after",
-                    "preemptions", "waiting_before", "delivered_kv", "sched_us")
-# delivered_kv: KV held by sampling requests; sched_us: time in the scheduler (vLLM's and the plug-in's)
+                    "preemptions", "waiting_before", "delivered_kv", "sched_us", "arrived_before", "finished",
+                    "prefill_attention")
+# delivered_kv: KV held by sampling requests; sched_us: time in the scheduler (vLLM's and the plug-in's);
+# arrived_before: new requests taken in since the previous step; prefill_attention: core.prefill_attention
 
 
 class VllmEngine(RunningEngine):
@@ -154,11 +156,13 @@ class VllmEngine(RunningEngine):
 
         results: list[AgentResult] = []
         lags: list[float] = []
+        requests: list[tuple[str, float, float]] = []  # (request id, sent, answered), seconds into the run
         t0 = time.monotonic()
 
         async def serve(call: Call) -> Answer:
             task = call.task
             prompt = ids[(call.meta.agent_id, call.stage, call.index)]
+            sent = time.monotonic() - t0
             if frontend is None:
                 n = await self._generate(prompt, task.output_tokens, call.request_id, call.meta.to_extra_args())
             else:
@@ -172,6 +176,7 @@ class VllmEngine(RunningEngine):
             if n != task.output_tokens:
                 raise RuntimeError(f"request '{call.request_id}': the engine produced {n} tokens, "
                                    f"{task.output_tokens} were forced.")
+            requests.append((call.request_id.removeprefix(f"{run_id}/"), sent, time.monotonic() - t0))
             return Answer("", task.prompt_tokens, n)
 
         async def run_agent(agent: Agent) -> None:
@@ -204,7 +209,7 @@ class VllmEngine(RunningEngine):
         preemptions = sum(row[6] for row in steps)
         run = RunResult(policy, results, max(r.finish_s for r in results), len(steps), len(steps), preemptions, wall,
                         schedule)
-        return EngineRun(run, steps, max(lags) if lags else 0.0)
+        return EngineRun(run, steps, max(lags) if lags else 0.0, requests)
 
     async def _reset(self, policy: str, cost: str, capacity: float, step_log: str | None, measure: bool,
                      retag: bool = True) -> None:
@@ -247,11 +252,13 @@ def pin_process(cpus: set[int]) -> None:
 
 @dataclass
 class EngineRun:
-    """One policy's run on the engine: the results, the engine's steps, the worst arrival lag."""
+    """One policy's run on the engine: the results, the engine's steps, the worst arrival lag, and
+    each request's (id, sent, answered) in seconds into the run, as its agent saw them."""
 
     result: RunResult
     steps: list[tuple[float, ...]]
     max_arrival_lag_s: float
+    requests: list[tuple[str, float, float]] = field(default_factory=list)
 
 
 def read_step_log(path: str | Path) -> list[tuple[float, ...]]:

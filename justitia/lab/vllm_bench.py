@@ -17,12 +17,13 @@ import numpy as np
 
 from justitia.agent import RunResult
 from justitia.lab.bench import RunSpec, check_labels, simulate, summarize
-from justitia.lab.calibrate import (delivered_capacity, fit_profile, fit_request_latency, fit_speed, probe_speed,
-                                    run_speed, step_durations)
+from justitia.lab.calibrate import (_fcfs_mean_jct, delivered_capacity, fit_frontend, fit_profile, fit_speed,
+                                    probe_speed, run_speed, step_durations)
 from justitia.lab.metrics import paired_bootstrap
 from justitia.lab.progress import progress_bar
 from justitia.lab.runner import VllmEngine
 from justitia.sim import EngineConfig, LatencyProfile
+from justitia.sim.config import FRONTEND_FIELDS
 from justitia.vllm.engine import EngineSpec
 from justitia.workload import Agent, fit_tokens
 
@@ -33,7 +34,7 @@ WARM_RUNS_MAX, WARM_TOLERANCE = 4, 0.05  # the calibration's warm-up: runs at mo
 def _mean_step_ms(rows) -> float:
     """The mean duration of a run's steps that were followed at once (the plug-in's step log)."""
     steps = step_durations(rows)
-    return float(steps[:, 2].mean()) if len(steps) else 0.0
+    return float(steps[:, 4].mean()) if len(steps) else 0.0
 
 
 async def _calibrate(engine: VllmEngine, agents: list[Agent], seed: int, repeats: int = 1) -> tuple[LatencyProfile, dict]:
@@ -50,24 +51,24 @@ async def _calibrate(engine: VllmEngine, agents: list[Agent], seed: int, repeats
     runs, jcts = [], []
     for _ in range(repeats):
         run = await engine.run(agents, "fcfs", seed=seed)
-        runs.append(run.steps)
+        runs.append(run)
         jcts.append(sum(a.jct_s for a in run.result.agents) / len(agents))
     spec = engine.spec
     name = f"{spec.model}-cpu-calibrated"
-    source = (f"fitted by 'justitia calibrate' to {sum(len(r) for r in runs)} steps of {len(agents)} agents "
+    source = (f"fitted by 'justitia calibrate' to {sum(len(r.steps) for r in runs)} steps of {len(agents)} agents "
               f"under fcfs on vLLM ({spec.model}, {spec.kv_blocks} blocks of {engine.block_size}, "
               f"max_num_seqs {spec.max_num_seqs}, max_num_batched_tokens {spec.max_num_batched_tokens}); "
-              f"request latency fitted to their mean JCT")
-    profile, stats = fit_profile(runs, name, spec.usable_blocks, engine.block_size, source)
-    # what the steps leave out: the front end's latency, fitted so that the simulator gives these
-    # agents the mean JCT the engine gave them
+              f"the front end's latencies measured on their requests")
+    profile, stats = fit_profile([r.steps for r in runs], name, spec.usable_blocks, engine.block_size, source)
+    # what the steps leave out: the front end, measured on the same runs' requests
+    frontend = fit_frontend([(r.steps, r.requests) for r in runs])
     engine_jct = sum(jcts) / len(jcts)
-    latency, at_zero, fitted = fit_request_latency(agents, engine_config(profile, spec, engine.block_size),
-                                                   engine_jct, seed)
-    profile = replace(profile, request_latency_ms=latency)
+    config = engine_config(profile, spec, engine.block_size)
+    at_zero = _fcfs_mean_jct(agents, config, seed)
+    profile = replace(profile, **{k: frontend[k] for k in FRONTEND_FIELDS})
+    fitted = _fcfs_mean_jct(agents, engine_config(profile, spec, engine.block_size), seed)
     return profile, stats | {"scaled_down_by": factor, "warmup_step_ms": warmup, "engine_mean_jct_s": engine_jct,
-                             "sim_mean_jct_s_steps_only": at_zero, "sim_mean_jct_s": fitted,
-                             "request_latency_ms": latency}
+                             "sim_mean_jct_s_steps_only": at_zero, "sim_mean_jct_s": fitted, "frontend": frontend}
 
 
 def calibrate(engine_spec: EngineSpec, agents: list[Agent], seed: int = 0, repeats: int = 1) -> tuple[LatencyProfile, dict]:

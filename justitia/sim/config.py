@@ -25,6 +25,8 @@ PS_PER_S = 10**12
 PS_PER_MS = 10**9
 PROFILE_SCHEMA = "justitia.latency/1"
 OLD_PROFILE_SCHEMAS = ("justitia.profile/1",)  # files written before the rename, read the same
+FRONTEND_FIELDS = ("request_latency_ms", "answer_latency_ms", "frontend_ms_per_request")
+REQUEST_FIELDS = ("per_request_ms", "per_arrival_ms")  # optional in a file: 0 when absent
 
 
 @dataclass(frozen=True)
@@ -40,42 +42,64 @@ class LatencyProfile:
     kv_blocks: int
     source: str
     block_size: int = 16
-    # One way, between the front end and the engine's queue: a request reaches the engine this long
-    # after its agent sends it, and its agent learns of its end this long after the engine's step.
-    # It is what an agent's stage hand-off costs beyond the engine's steps (not scaled).
+    # The front end, between an agent and the engine's queue (none of it scaled): it takes the
+    # requests agents send one at a time, ``frontend_ms_per_request`` each, in the order sent; a
+    # request then reaches the engine ``request_latency_ms`` later, and waits there for the next
+    # step. An agent learns of a request's end ``answer_latency_ms`` after the engine's step. This is
+    # what arrivals and stage hand-offs cost beyond the engine's steps (``calibrate.fit_frontend``).
     request_latency_ms: float = 0.0
+    answer_latency_ms: float = 0.0
+    frontend_ms_per_request: float = 0.0
+    # What a step costs per request in its batch (input preparation, sampling, output processing),
+    # and per new request the engine took in just before it (scaled, as the rest of the step)
+    per_request_ms: float = 0.0
+    per_arrival_ms: float = 0.0
     _ps: tuple[int, int, int, int] = field(init=False, repr=False, compare=False)
+    _request_ps: tuple[int, int] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         coeffs = (self.floor_ms, self.base_ms, self.per_batched_token_ms, self.per_context_token_ms)
-        if any(c < 0 or not math.isfinite(c) for c in (*coeffs, self.request_latency_ms)) or self.scale <= 0:
+        per_request = (self.per_request_ms, self.per_arrival_ms)
+        if any(c < 0 or not math.isfinite(c) for c in (*coeffs, *per_request, *self.frontend_ms)) or self.scale <= 0:
             raise ValueError(f"profile '{self.name}': coefficients must be finite and >= 0, scale > 0.")
         object.__setattr__(self, "_ps", tuple(round(c * self.scale * PS_PER_MS) for c in coeffs))
+        object.__setattr__(self, "_request_ps", tuple(round(c * self.scale * PS_PER_MS) for c in per_request))
 
     @property
-    def request_latency_ps(self) -> int:
-        """``request_latency_ms`` in integer picoseconds."""
-        return round(self.request_latency_ms * PS_PER_MS)
+    def frontend_ms(self) -> tuple[float, float, float]:
+        """(``request_latency_ms``, ``answer_latency_ms``, ``frontend_ms_per_request``)."""
+        return self.request_latency_ms, self.answer_latency_ms, self.frontend_ms_per_request
 
-    def iteration_ps(self, batched_tokens: int, decode_context_tokens: int) -> int:
-        """One iteration's latency in integer picoseconds."""
+    def frontend_ps(self) -> tuple[int, int, int]:
+        """``frontend_ms`` in integer picoseconds."""
+        return tuple(round(x * PS_PER_MS) for x in self.frontend_ms)
+
+    def iteration_ps(self, batched_tokens: int, decode_context_tokens: int, requests: int = 0, arrivals: int = 0) -> int:
+        """One iteration's latency in integer picoseconds: ``requests`` in its batch, ``arrivals``
+        new requests taken in just before it."""
         floor, base, per_tok, per_ctx = self._ps
-        return max(floor, base + per_tok * batched_tokens) + per_ctx * decode_context_tokens
+        per_req, per_arr = self._request_ps
+        return (max(floor, base + per_tok * batched_tokens) + per_ctx * decode_context_tokens + per_req * requests
+                + per_arr * arrivals)
 
-    def iteration_s(self, batched_tokens: int, decode_context_tokens: int) -> float:
+    def iteration_s(self, batched_tokens: int, decode_context_tokens: int, requests: int = 0, arrivals: int = 0) -> float:
         """One iteration's latency in seconds."""
-        return self.iteration_ps(batched_tokens, decode_context_tokens) / PS_PER_S
+        return self.iteration_ps(batched_tokens, decode_context_tokens, requests, arrivals) / PS_PER_S
 
     def coefficients_ps(self) -> tuple[int, int, int, int]:
         """(floor, base, per batched token, per context token), scaled, in picoseconds."""
         return self._ps
+
+    def request_coefficients_ps(self) -> tuple[int, int]:
+        """(per request in the batch, per arrival), scaled, in picoseconds."""
+        return self._request_ps
 
     def to_json(self) -> dict:
         """The profile as a profile-file document (``justitia calibrate`` writes these)."""
         return {"schema": PROFILE_SCHEMA} | {
             k: getattr(self, k)
             for k in ("name", "floor_ms", "base_ms", "per_batched_token_ms", "per_context_token_ms", "scale",
-                      "kv_blocks", "block_size", "source", "request_latency_ms")
+                      "kv_blocks", "block_size", "source", *REQUEST_FIELDS, *FRONTEND_FIELDS)
         }
 
     @staticmethod
@@ -89,10 +113,16 @@ class LatencyProfile:
         for name, kind in fields.items():
             if not isinstance(doc.get(name), kind) or isinstance(doc.get(name), bool):
                 raise ValueError(f"{where}: field '{name}' is missing or has the wrong type.")
-        latency = doc.get("request_latency_ms", 0.0)  # absent from files written before it was fitted
-        if not isinstance(latency, (int, float)) or isinstance(latency, bool):
-            raise ValueError(f"{where}: field 'request_latency_ms' has the wrong type.")
-        return LatencyProfile(**{name: doc[name] for name in fields}, request_latency_ms=float(latency))
+        # absent from files written before they were measured; a file with only request_latency_ms
+        # meant it both ways
+        frontend = {"request_latency_ms": doc.get("request_latency_ms", 0.0)}
+        frontend |= {"answer_latency_ms": doc.get("answer_latency_ms", frontend["request_latency_ms"]),
+                     "frontend_ms_per_request": doc.get("frontend_ms_per_request", 0.0)}
+        frontend |= {name: doc.get(name, 0.0) for name in REQUEST_FIELDS}
+        for name, value in frontend.items():
+            if not isinstance(value, (int, float)) or isinstance(value, bool):
+                raise ValueError(f"{where}: field '{name}' has the wrong type.")
+        return LatencyProfile(**{name: doc[name] for name in fields}, **{k: float(v) for k, v in frontend.items()})
 
 
 def load_profile(name_or_path: str) -> LatencyProfile:
@@ -177,7 +207,8 @@ class EngineConfig:
     @property
     def nominal_iteration_s(self) -> float:
         """Latency of a memory-saturated decode iteration: max_num_seqs requests holding the whole cache."""
-        return self.profile.iteration_s(min(self.max_num_seqs, self.max_num_batched_tokens), self.kv_tokens)
+        seqs = min(self.max_num_seqs, self.max_num_batched_tokens)
+        return self.profile.iteration_s(seqs, self.kv_tokens, seqs)
 
     def capacity_per_s(self, cost: str | CostModel = KV) -> float:
         """Service a saturated engine gives per second, in the cost model's unit (the clock's M)."""

@@ -50,7 +50,9 @@ class EngineLoop:
     """Agents on simulated time over one engine per core, each request routed on submission
     (``core.Replicas``), each engine stepped by ``stepping``.
 
-    NOTE on time: events are an agent's arrival and a request's finish. Between events, the engine
+    NOTE on time: events are an agent's arrival, a request's finish (when its agent learns of it) and
+    the front end's delivery of requests an agent sent (the profile's ``frontend_ms``; with none, an
+    agent's requests reach the engines when it sends them). Between events, the engine
     whose next step starts first takes it (ties by index). A finish is handled at its step's end
     (the stepper reports it; the loop handles it once every step that starts earlier has run). An
     agent's arrival is handled at the first moment at or after it at which some engine is between
@@ -100,14 +102,14 @@ class EngineLoop:
         self._queued = [False] * len(engines)
         self._seq = 0
         self._results: list[AgentResult] = []
-        # the front end's latency (profile.request_latency_ms, one way): an agent's first requests reach
-        # the engines that long after it arrives; a finish reaches its agent that long after its step,
-        # and the requests that it releases reach the engines that long after again
-        self._latency_ps = cfg.profile.request_latency_ps
+        # the front end (the profile's frontend_ms): the requests an agent sends reach the engines after
+        # the front end took them in turn and the request latency; a finish reaches its agent the
+        # answer latency after its step. Deliveries wait in the heap of finishes, in time order.
+        self._in_ps, self._out_ps, self._per_request_ps = cfg.profile.frontend_ps()
+        self._frontend_free_ps = 0  # when the front end has taken in every request sent so far
         pending = sorted((_AgentRun(AgentProcess(a, self.predictor, self.cost, pricing=self.pricing),
-                                    round(a.arrival_s * PS_PER_S) + self._latency_ps) for a in agents),
-                         key=lambda r: r.arrival_ps)
-        shortest_step_ps = cfg.profile.iteration_ps(1, 0)
+                                    round(a.arrival_s * PS_PER_S)) for a in agents), key=lambda r: r.arrival_ps)
+        shortest_step_ps = cfg.profile.iteration_ps(1, 0, 1)
         nxt = 0
         finishes, ready = self._finishes, self._ready
         while True:
@@ -120,7 +122,10 @@ class EngineLoop:
                     arrival = max(a, min(e.now_ps for e in engines))  # the first moment some engine is free
             if finish is not None and (arrival is None or finish <= arrival):
                 r = heapq.heappop(finishes)[3]
-                self._finished(r, finish)
+                if isinstance(r, SimRequest):
+                    self._finished(r, finish)
+                else:  # requests the front end delivers now
+                    self._submit(*r, finish)
             elif arrival is not None:
                 self._arrived(pending[nxt], arrival)
                 nxt += 1
@@ -152,13 +157,35 @@ class EngineLoop:
     def _reported(self, i: int, r: SimRequest) -> None:
         """Engine ``i`` finished ``r`` at the end of the step it is taking: handled in time order."""
         self._seq += 1
-        heapq.heappush(self._finishes, (self._engines[i].now_ps + 2 * self._latency_ps, i, self._seq, r))
+        heapq.heappush(self._finishes, (self._engines[i].now_ps + self._out_ps, i, self._seq, r))
 
     def _arrived(self, run: _AgentRun, now_ps: int) -> None:
         calls = run.process.start()
         if self.front is not None:
             self.front.arrived(run.process.agent, run.process.predicted_cost, now_ps / PS_PER_S, self._engines)
-        self._submit(run, calls, now_ps)
+        self._send(run, calls, now_ps)
+
+    def _send(self, run: _AgentRun, calls: list[Call], now_ps: int) -> None:
+        """An agent sends ``calls`` at ``now_ps``: through the front end (one at a time, then the request
+        latency) to the engines; at once when the front end takes no time."""
+        if not (self._in_ps or self._per_request_ps):
+            self._submit(run, calls, now_ps)
+            return
+        batch: list[Call] = []
+        due = None
+        for c in calls:
+            self._frontend_free_ps = max(now_ps, self._frontend_free_ps) + self._per_request_ps
+            at = self._frontend_free_ps + self._in_ps
+            if batch and at != due:
+                self._deliver(run, batch, due)
+                batch = []
+            batch.append(c)
+            due = at
+        self._deliver(run, batch, due)
+
+    def _deliver(self, run: _AgentRun, calls: list[Call], at_ps: int) -> None:
+        self._seq += 1
+        heapq.heappush(self._finishes, (at_ps, -1, self._seq, (run, calls)))
 
     def _finished(self, r: SimRequest, now_ps: int) -> None:
         self.book.done(r.request_id)
@@ -169,7 +196,7 @@ class EngineLoop:
         proc = run.process
         upcoming = proc.answered(call, Answer("", r.prompt_tokens, r.output_tokens))
         if upcoming:
-            self._submit(run, upcoming, now_ps)
+            self._send(run, upcoming, now_ps)
         elif proc.done:
             agent_id = proc.agent.agent_id
             for i in run.engines:  # every engine that knew the agent forgets it
@@ -178,7 +205,7 @@ class EngineLoop:
             run.engines.clear()
             if self.front is not None:
                 self.front.agent_finished(agent_id, now_s)
-            result = proc.result(proc.agent.arrival_s, (now_ps - self._latency_ps) / PS_PER_S)  # when it learns
+            result = proc.result(proc.agent.arrival_s, now_s)  # when it learns
             self._results.append(result)
             if self.on_agent_finish:
                 self.on_agent_finish(result)

@@ -11,7 +11,8 @@ NOTE on the rules followed in each step (as vLLM v1's ``Scheduler.schedule``):
      not fit (head-of-line break) or ``max_num_seqs`` is reached. A request is admitted only if its
      whole sequence so far fits in the free blocks (vLLM 0.32's ``scheduler_reserve_full_isl``,
      on by default, watermark 0); blocks are then allocated chunk by chunk.
-  3. The step lasts ``profile.iteration_ps(...)``; a request that completes its prefill or decodes
+  3. The step lasts ``profile.iteration_ps(...)`` (its tokens, its requests, and the new requests
+     the engine took in since the last step); a request that completes its prefill or decodes
      samples one token; a request with all its output tokens finishes and frees its blocks.
 ``SkippingRun`` keeps decoding requests lazily (a decoding request advances by one token per
 step), exact as of some past iteration, with heaps that say when each next needs a KV block and
@@ -93,6 +94,7 @@ class PlainRun:
         self.reqs: dict[str, SimRequest] = {}
         self.iterations = self.steps = self.preemptions = 0
         self._admitted = 0
+        self._arrivals = 0  # new requests since the last step, which it pays for (profile.per_arrival_ms)
         self.measuring = core.measures_capacity  # report delivered service for the clock's M
         self.busy_ps = self.busy_prefill = self.busy_decode = self.busy_kv = 0  # since the last report
 
@@ -109,6 +111,12 @@ class PlainRun:
                                                self.now_ps / PS_PER_S, r.tag)
             self.reqs[r.request_id] = r
             self._queued(r)
+        self._arrivals += len(reqs)
+
+    def _take_arrivals(self) -> int:
+        """The new requests the step about to be timed follows (counted once)."""
+        n, self._arrivals = self._arrivals, 0
+        return n
 
     def advance(self) -> None:
         """One pass of the engine loop: here, one iteration."""
@@ -218,7 +226,8 @@ class PlainRun:
             raise RuntimeError("the engine made no progress in a step; the configuration cannot serve this workload.")
         batched = sum(scheduled.values())
         context = sum(c.kv_token_iters for c in charges.values() if c.prefill_tokens == 0)
-        step_ps = cfg.profile.iteration_ps(batched, context) * cfg.slowdown_at(self.now_ps)[0]
+        step_ps = (cfg.profile.iteration_ps(batched, context, len(scheduled), self._take_arrivals())
+                   * cfg.slowdown_at(self.now_ps)[0])
         if backlogged:
             self._delivered(step_ps, [self._charge_for(r, n) for r, n in scheduled.items()])
         self.now_ps += step_ps
@@ -466,7 +475,8 @@ class SkippingRun(PlainRun):
         if not chunks and not n_dec:
             raise RuntimeError("the engine made no progress in a step; the configuration cannot serve this workload.")
         batched = n_dec + sum(n for _, n in chunks)
-        step_ps = cfg.profile.iteration_ps(batched, self._dec_ctx + n_dec) * cfg.slowdown_at(self.now_ps)[0]
+        step_ps = (cfg.profile.iteration_ps(batched, self._dec_ctx + n_dec, n_dec + len(chunks), self._take_arrivals())
+                   * cfg.slowdown_at(self.now_ps)[0])
         if backlogged:
             self._delivered(step_ps, [self._charge_for(r, n) for r, n in chunks], n_dec, self._dec_ctx + n_dec)
         self.now_ps += step_ps
@@ -500,12 +510,14 @@ class SkippingRun(PlainRun):
         if k < 2:
             return False
         floor, base, per_tok, per_ctx = cfg.profile.coefficients_ps()
-        per_iter = max(floor, base + per_tok * n)
+        per_req, per_arr = cfg.profile.request_coefficients_ps()
+        per_iter = max(floor, base + per_tok * n) + per_req * n
+        arrivals_ps = per_arr * self._arrivals  # the span's first step follows them
         ctx0 = self._dec_ctx
         factor, change_ps = cfg.slowdown_at(self.now_ps)
 
         def duration_ps(iters: int) -> int:
-            return factor * (iters * per_iter + per_ctx * (iters * ctx0 + n * iters * (iters + 1) // 2))
+            return factor * (arrivals_ps + iters * per_iter + per_ctx * (iters * ctx0 + n * iters * (iters + 1) // 2))
 
         # no arrival may be seen, and no step may start past a change of the engine's speed, in the span
         stops = [t for t in (self.next_arrival_ps, change_ps) if t is not None]
@@ -549,6 +561,7 @@ class SkippingRun(PlainRun):
         if self.measuring and self.core.num_waiting:
             self._delivered(duration_ps(k), [], n * k, k * ctx0 + n * k * (k + 1) // 2)
         self.now_ps += duration_ps(k)
+        self._arrivals = 0
         self.iterations = it = it + k
         self._dec_ctx += n * k
         for r in sorted(self._pop_due(self._done, it), key=lambda q: q.admit_no):

@@ -18,9 +18,12 @@ cannot reach): ``register`` an agent and read its virtual finish tag, ``release`
 ``state`` (its clock included), or ``reset`` an idle engine's policy state (the bench reuses one engine for every
 policy). ``reset`` may open a step log: one CSV line per engine step,
 ``t_s,batched_tokens,decode_context_tokens,prefill_reqs,decode_reqs,busy_after,preemptions,
-waiting_before,delivered_kv,sched_us`` (``busy_after`` = 1 when the next step follows at once; the
-calibration fits only those; ``sched_us``: microseconds in this scheduler's ``schedule`` and
-``update_from_output``, vLLM's share included).
+waiting_before,delivered_kv,sched_us,arrived_before,finished,prefill_attention`` (``busy_after`` = 1 when
+the next step follows at once; the calibration fits only those; ``sched_us``: microseconds in this
+scheduler's ``schedule`` and ``update_from_output``, vLLM's share included; ``arrived_before``: new
+requests the engine took in since the previous step; ``finished``: requests that ended in the step;
+``prefill_attention``: the prefill chunks' attention pairs, ``n * (offset + (n + 1) / 2)`` rounded down,
+added up).
 
 NOTE: the policy lives in the core (``justitia.core.AgentScheduler``), as in the simulator. This
 class only translates: vLLM's queue calls become core verbs, each step's scheduled tokens become
@@ -41,7 +44,8 @@ from vllm.v1.engine.core import EngineCore
 from vllm.v1.request import Request
 
 from justitia.core import (ENGINE_UTILITY, REGISTER, RELEASE, RESET, STATE, WINDOW_STEPS, AgentBook, AgentInfo,
-                           Charge, ControlCall, RequestMeta, capacity_per_s, cost_model, step_charges, step_delivered)
+                           Charge, ControlCall, RequestMeta, capacity_per_s, cost_model, prefill_attention, step_charges,
+                           step_delivered)
 from justitia.defaults import policy_settings
 
 logger = init_logger("vllm.justitia")  # under "vllm": vLLM configures handlers for that tree only
@@ -137,7 +141,7 @@ class JustitiaScheduler(Scheduler):
             self._step_log.close()
         self._step_log = open(step_log, "a", buffering=1 << 16) if step_log else None
         self._last_step: tuple | None = None
-        self._preemptions = 0
+        self._preemptions = self._arrived = self._finished = 0
 
     # ----------------------------------------------------------------------------- control
     def control(self, call: ControlCall):
@@ -181,6 +185,7 @@ class JustitiaScheduler(Scheduler):
             if not self.client_prices:  # behind vLLM's own OpenAI server, clients are not trusted
                 meta = meta.without_prices()
             max_tokens = getattr(sp, "max_tokens", None) or 256
+            self._arrived += 1
             info, agent = self.book.arrive(request.request_id, meta, request.num_prompt_tokens, max_tokens,
                                            self._now())
             if agent is not None:
@@ -198,6 +203,7 @@ class JustitiaScheduler(Scheduler):
     def _free_request(self, request: Request, *args, **kwargs):
         """A finished or aborted request releases its policy state (and its agent's, when done)."""
         if request.request_id in self.book.infos:
+            self._finished += 1
             if request.request_id in self.waiting.requests:
                 self.waiting.remove_request(request)
             info = self.book.finish(request.request_id, self._now())
@@ -243,8 +249,10 @@ class JustitiaScheduler(Scheduler):
                 self._busy_step = (now_s, Charge(p, d, kv))
             if log:
                 scheduled = len(output.num_scheduled_tokens)
+                attention = prefill_attention(self.requests, output.num_scheduled_tokens) if prefills else 0
                 self._last_step = (now_s, output.total_num_scheduled_tokens, ctx, prefills, scheduled - prefills,
-                                   waiting, kv, time.perf_counter() - t_sched)
+                                   waiting, kv, time.perf_counter() - t_sched, self._arrived, attention)
+                self._arrived = 0
         return output
 
     def _preempt_request(self, *args, **kwargs):
@@ -257,13 +265,13 @@ class JustitiaScheduler(Scheduler):
         started = time.perf_counter()
         outputs = super().update_from_output(*args, **kwargs)
         if self._step_log is not None and self._last_step is not None:
-            t, batched, ctx, prefills, decodes, waiting, delivered, sched_s = self._last_step
+            t, batched, ctx, prefills, decodes, waiting, delivered, sched_s, arrived, attention = self._last_step
             busy = int(self.has_unfinished_requests())
             sched_us = round(1e6 * (sched_s + time.perf_counter() - started))
             self._step_log.write(f"{t:.6f},{batched},{ctx},{prefills},{decodes},{busy},{self._preemptions},"
-                                 f"{waiting},{delivered},{sched_us}\n")
+                                 f"{waiting},{delivered},{sched_us},{arrived},{self._finished},{attention}\n")
             self._last_step = None
-            self._preemptions = 0
+            self._preemptions = self._finished = 0
         return outputs
 
     def shutdown(self) -> None:
