@@ -159,7 +159,8 @@ def _solve_increasing(fn, target: float, lo: float, hi: float, iterations: int, 
     return (lo * hi) ** 0.5 if geometric else (lo + hi) / 2
 
 
-def _fcfs_mean_jct(agents, config, seed: int) -> float:
+def fcfs_mean_jct(agents, config, seed: int) -> float:
+    """The simulator's mean JCT of ``agents`` under fcfs on ``config``."""
     from justitia.lab.bench import RunSpec, simulate
 
     run = simulate(agents, RunSpec("fcfs", "fcfs"), config, seed)
@@ -178,7 +179,7 @@ def fit_speed(agents, config, engine_mean_jct_s: float, seed: int = 0, iteration
     from dataclasses import replace
 
     def mean_jct(scale: float) -> float:
-        return _fcfs_mean_jct(agents, replace(config, profile=replace(config.profile, scale=scale)), seed)
+        return fcfs_mean_jct(agents, replace(config, profile=replace(config.profile, scale=scale)), seed)
 
     return _solve_increasing(mean_jct, engine_mean_jct_s, *SPEED_RANGE, iterations, geometric=True)
 

@@ -17,7 +17,7 @@ import numpy as np
 
 from justitia.agent import RunResult
 from justitia.lab.bench import RunSpec, check_labels, simulate, summarize
-from justitia.lab.calibrate import (_fcfs_mean_jct, delivered_capacity, fit_frontend, fit_profile, fit_speed,
+from justitia.lab.calibrate import (delivered_capacity, fcfs_mean_jct, fit_frontend, fit_profile, fit_speed,
                                     probe_speed, run_speed, step_durations)
 from justitia.lab.metrics import paired_bootstrap
 from justitia.lab.progress import progress_bar
@@ -64,9 +64,9 @@ async def _calibrate(engine: VllmEngine, agents: list[Agent], seed: int, repeats
     frontend = fit_frontend([(r.steps, r.requests) for r in runs])
     engine_jct = sum(jcts) / len(jcts)
     config = engine_config(profile, spec, engine.block_size)
-    at_zero = _fcfs_mean_jct(agents, config, seed)
+    at_zero = fcfs_mean_jct(agents, config, seed)
     profile = replace(profile, **{k: frontend[k] for k in FRONTEND_FIELDS})
-    fitted = _fcfs_mean_jct(agents, engine_config(profile, spec, engine.block_size), seed)
+    fitted = fcfs_mean_jct(agents, engine_config(profile, spec, engine.block_size), seed)
     return profile, stats | {"scaled_down_by": factor, "warmup_step_ms": warmup, "engine_mean_jct_s": engine_jct,
                              "sim_mean_jct_s_steps_only": at_zero, "sim_mean_jct_s": fitted, "frontend": frontend}
 
