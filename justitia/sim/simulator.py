@@ -8,7 +8,7 @@ from __future__ import annotations
 import heapq
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Protocol, Sequence
+from typing import Any, Callable, Protocol, Sequence
 
 from justitia.agent import AgentProcess, AgentResult, Answer, Call, RunResult
 from justitia.core import (WINDOW_STEPS, AgentScheduler, CapacityMeter, CostModel, Policy, ReplicaLoad, Replicas,
@@ -97,7 +97,8 @@ class EngineLoop:
         engines = self._engines
         self.book = Replicas([ReplicaLoad(str(i), cfg.kv_tokens) for i in range(len(engines))], self.router)
         self._affinity = self.router == "affinity"
-        self._finishes: list[tuple[int, int, int, SimRequest]] = []  # (time ps, engine, seq, request)
+        # (time ps, engine (-1: a delivery), seq, the request finished or (run, calls) delivered)
+        self._finishes: list[tuple[int, int, int, Any]] = []
         self._ready: list[tuple[int, int]] = []  # (next step's start ps, engine) of engines with work
         self._queued = [False] * len(engines)
         self._seq = 0
