@@ -389,6 +389,50 @@ def test_the_vllm_bench_predicts_each_run_at_the_speed_its_probe_found(monkeypat
                                   speed_probes=True)
 
 
+def test_the_vllm_benchs_tagging_run_reads_its_probes_steps_from_the_step_log_base(monkeypatch):
+    """The tagging run's engine is stock vLLM's scheduler under the plug-in's step-log base, so its
+    probes and runs are read from their steps, as the plug-in's are."""
+    from dataclasses import replace
+
+    from justitia.lab import vllm_bench
+    from justitia.lab.bench import RunSpec, simulate
+    from justitia.lab.presets import make_preset
+    from justitia.lab.runner import EngineRun
+    from justitia.vllm.engine import EngineSpec
+
+    preset = make_preset("engine")
+    agents, probe = preset.agents[:12], preset.calibration_agents[:8]
+    profile = LatencyProfile("p", 0.0, 4.8, 0.0309, 0.00028, 1.0, 23, "test", 128)
+    schedulers = []
+
+    class SimulatedEngine:  # the simulator at 1.3x the profile's step times, with a step log where vLLM would write one
+        def __init__(self, spec):
+            self.spec, self.block_size, self.kv_tokens = spec, 128, 23 * 128
+            schedulers.append(spec.scheduler)
+
+        async def __aenter__(self):
+            return self
+
+        async def __aexit__(self, *exc):
+            return False
+
+        async def run(self, run_agents, policy, predictor="oracle", cost="kv", capacity_per_s=None, seed=0,
+                      on_agent_finish=None, **_):
+            config = vllm_bench.engine_config(replace(profile, scale=1.3), self.spec, 128)
+            steps = [] if self.spec.scheduler == "priority" else synthetic_steps(4.8 * 1.3, 0.0309 * 1.3,
+                                                                                  0.00028 * 1.3, n=50)
+            return EngineRun(simulate(run_agents, RunSpec(policy, policy, predictor), config, seed), steps, 0.0)
+
+    monkeypatch.setattr(vllm_bench, "VllmEngine", SimulatedEngine)
+    doc = vllm_bench.run_bench_vllm(agents, [RunSpec("vtc", "vtc")], EngineSpec(kv_blocks=24), {}, 0, False, profile,
+                                    probe, tagging=True, speed_probes=True)
+    assert schedulers == ["plugin", "priority-logged"]
+    tagged = doc["policies"][vllm_bench.TAGGING_LABEL]
+    assert tagged["mode"] == "tagging" and tagged["speed_probe"] == "steps"
+    assert tagged["speed_scale_per_repeat"] == [pytest.approx(1.3, rel=0.02)]
+    assert tagged["run_speed_per_repeat"] == [pytest.approx(1.3, rel=0.02)] and "backlogged_share" in tagged
+
+
 def test_a_bench_document_loads_back_into_the_simulators_view_of_its_engine(tmp_path):
     """The analysis scripts read a vLLM bench's results.json back: its profile, engine and config."""
     from dataclasses import asdict

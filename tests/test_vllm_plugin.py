@@ -113,3 +113,31 @@ def test_the_plugins_clock_follows_what_the_engine_delivers():
     state = doc["state"]  # what the control channel reports: the same clock
     assert state["capacity_per_s"] == schedule[-1][1] and state["capacity_schedule"][-1] == list(schedule[-1])
 
+
+
+def test_the_step_log_base_schedules_step_for_step_as_stock_vllm_and_logs_every_step():
+    doc, _ = run_script("vllm_steplog_run.py")
+    stock, logged, rows = doc["stock"], doc["logged"], doc["step_log"]
+    # the burst fills the cache: requests are preempted, and priorities order who finishes first
+    assert any(step["preempted"] for step in stock)
+    priority = {f"r{k:02d}": b[2] for k, b in enumerate(doc["burst"])}
+    assert [priority[r] for r in doc["stock_finished"]] == sorted(priority.values())
+    assert logged == stock and doc["logged_finished"] == doc["stock_finished"]  # it decides nothing
+    # one row a step, in order, each with what that step scheduled
+    assert len(rows) == len(logged)
+    assert [r[0] for r in rows] == sorted(r[0] for r in rows)
+    assert [r[1] for r in rows] == [sum(n for _, n in step["scheduled"]) for step in logged]
+    assert [r[3] + r[4] for r in rows] == [len(step["scheduled"]) for step in logged]
+    assert sum(r[6] for r in rows) == sum(len(step["preempted"]) for step in logged)
+    burst = len(doc["burst"])
+    assert rows[0][10] == burst and sum(r[10] for r in rows) == burst  # all queued before the first step
+    assert sum(r[11] for r in rows) == burst and rows[-1][5] == 0  # all finished; no step after the last
+    assert rows[0][7] == burst and any(r[7] > 0 for r in rows[1:])  # all waited before it; some, for the cache
+
+
+@pytest.mark.parametrize("policy", ["fcfs@tagging", "justitia@tagging"])
+def test_a_tagging_run_on_the_step_log_base_logs_its_steps(policies, policy):
+    rows, requests = policies[f"{policy} steps"], len(policies[policy]) - 1 + 16  # the elephant's 16, a mouse's one
+    assert sum(r[10] for r in rows) == requests and sum(r[11] for r in rows) == requests
+    assert sum(r[1] for r in rows) >= 16 * (256 + 95) + 11 * (32 + 15)  # every prompt and decode token, at least
+    assert any(r[7] > 0 for r in rows)  # the elephant's requests waited for the cache

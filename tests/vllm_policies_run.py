@@ -1,5 +1,6 @@
 """Replay the elephant-and-mice workload on one real vLLM engine under every policy (and justitia
-with the learned predictor), then on stock vLLM with fcfs and justitia by front-end tagging; print JSON.
+with the learned predictor), then on stock vLLM with fcfs and justitia by front-end tagging (its
+priority scheduling under the plug-in's step-log base); print JSON.
 
     python tests/vllm_policies_run.py
 
@@ -31,12 +32,14 @@ if __name__ == "__main__":
                 run = await engine.run(agents, policy, predictor, capacity_per_s=engine.kv_tokens / 0.015)
                 out[label] = {r.agent_id: {"finish_s": r.finish_s, "jct_s": r.jct_s, "predicted_cost": r.predicted_cost,
                                            "cost": r.cost_token_iters} for r in run.result.agents}
-        # front-end tagging: stock vLLM's priority scheduler, the policy in the runner
-        async with VllmEngine(EngineSpec(kv_blocks=8, max_num_seqs=16, max_model_len=512, scheduler="priority")) as engine:
+        # front-end tagging: stock vLLM's priority scheduler (its steps logged), the policy in the runner
+        spec = EngineSpec(kv_blocks=8, max_num_seqs=16, max_model_len=512, scheduler="priority-logged")
+        async with VllmEngine(spec) as engine:
             for policy in ("fcfs", "justitia"):
                 run = await engine.run(agents, policy, "oracle", capacity_per_s=engine.kv_tokens / 0.015)
                 out[f"{policy}@tagging"] = {r.agent_id: {"finish_s": r.finish_s, "jct_s": r.jct_s}
                                             for r in run.result.agents}
+                out[f"{policy}@tagging steps"] = run.steps
         return out
 
     print("RESULT " + json.dumps(asyncio.run(main())))

@@ -15,6 +15,8 @@ Two ways to schedule (``EngineSpec.scheduler``):
   plug-in. The runner keeps the policy in an ``AgentBook`` fed the same metadata and passes each
   request's static key as the int ``priority`` (``AgentBook.tag``). Only static policies can be
   tagged this way (fcfs, sjf, parrot, justitia).
+- ``priority-logged``: the same, on stock vLLM's scheduler under the plug-in's step-log base
+  (``StepLogScheduler``), so that a tagging run's steps are logged as a plug-in run's are.
 
 NOTE: engine start-up takes 35-60 s on the 2-core CPU machine; reuse one ``VllmEngine`` per mode.
 The model's threads and the front end get cores of their own (``core_layout``).
@@ -50,7 +52,7 @@ class VllmEngine(RunningEngine):
     """One running ``AsyncLLM`` that replays workloads; use as ``async with VllmEngine(spec)``."""
 
     def __init__(self, spec: EngineSpec):
-        if spec.scheduler not in ("plugin", "priority"):
+        if spec.scheduler not in ("plugin", "priority", "priority-logged"):
             raise ValueError(f"the runner schedules by the plug-in or by tagging, not '{spec.scheduler}'.")
         threads, self._frontend_cpus = core_layout(spec)
         super().__init__(replace(spec, cpu_threads=threads))
@@ -61,7 +63,12 @@ class VllmEngine(RunningEngine):
     @property
     def tagging(self) -> bool:
         """Whether the policy lives here, in the front end (stock vLLM by int priority)."""
-        return self.spec.scheduler == "priority"
+        return self.spec.scheduler in ("priority", "priority-logged")
+
+    @property
+    def logged(self) -> bool:
+        """Whether the engine writes a step log (the plug-in, or its step-log base)."""
+        return self.spec.scheduler != "priority"
 
     async def __aenter__(self) -> "VllmEngine":
         await super().__aenter__()
@@ -151,7 +158,7 @@ class VllmEngine(RunningEngine):
             fd, step_log = tempfile.mkstemp(prefix="justitia-steps-", suffix=".csv")
             os.close(fd)
         Path(step_log).write_text("")
-        if frontend is None:
+        if self.logged:  # the plug-in's fresh policy state (its step-log base takes the step log alone)
             await self._reset(policy, cost, capacity, str(step_log), measure_capacity, retag)
 
         results: list[AgentResult] = []
@@ -195,12 +202,13 @@ class VllmEngine(RunningEngine):
         await asyncio.gather(*(run_agent(a) for a in agents))
         wall = time.perf_counter() - wall0
         schedule = None
-        if frontend is None:  # the plug-in's clock, then a reset that closes (and flushes) the step log
+        if frontend is None:  # the plug-in's clock
             state = PolicyState.from_json(await control(self.llm, ControlCall(STATE)))
             schedule = [tuple(x) for x in state.capacity_schedule] if state.capacity_schedule else None
-            await self._reset("fcfs", "kv", capacity, None, False)
         else:  # the front end's clock
             schedule = frontend.core.capacity_schedule
+        if self.logged:  # a reset that closes (and flushes) the step log
+            await self._reset("fcfs", "kv", capacity, None, False)
         steps = read_step_log(step_log)
         if own_log:
             os.unlink(step_log)
@@ -216,7 +224,7 @@ class VllmEngine(RunningEngine):
         args = {"policy": policy, "cost": cost, "capacity_per_s": capacity, "step_log": step_log,
                 "measure_capacity": measure, "retag": retag}
         if not await control(self.llm, ControlCall(RESET, args)):
-            raise RuntimeError("the plug-in refused to reset its policy state: the engine is not idle.")
+            raise RuntimeError("the plug-in refused to reset (its policy state, its step log): the engine is not idle.")
 
 
 _PROCESS_CPUS = frozenset(os.sched_getaffinity(0))  # this process's cores before any engine pinned it
@@ -262,7 +270,7 @@ class EngineRun:
 
 
 def read_step_log(path: str | Path) -> list[tuple[float, ...]]:
-    """The plug-in's step log as tuples of ``STEP_LOG_COLUMNS``."""
+    """The plug-in's (or its step-log base's) step log as tuples of ``STEP_LOG_COLUMNS``."""
     rows = []
     for line in Path(path).read_text().splitlines():
         if line:

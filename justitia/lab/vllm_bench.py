@@ -1,7 +1,7 @@
 """``justitia bench --engine vllm`` and ``justitia calibrate``: policies on a real vLLM engine.
 
-One engine (with the plug-in) serves every run; a second one, stock vLLM, serves the front-end
-tagging run when asked. Each run's mean JCT is set against the simulator's on the same workload,
+One engine (with the plug-in) serves every run; a second one, stock vLLM's priority scheduling
+under the plug-in's step-log base, serves the front-end tagging run when asked. Each run's mean JCT is set against the simulator's on the same workload,
 with a latency profile fitted to a separate calibration run of the same engine (or one given).
 """
 
@@ -143,7 +143,7 @@ def run_bench_vllm(
     walls: dict[str, float] = {}
     calibration: dict = {}
     probes: dict[str, list[float]] = {}  # label -> the probe's mean JCT before each repeat
-    probe_steps: dict[str, list] = {}  # label -> the probe's step log before each repeat (empty on stock vLLM)
+    probe_steps: dict[str, list] = {}  # label -> the probe's step log before each repeat (empty without one)
     probe_agents: list[Agent] = []
     predictor = specs[0].predictor if specs else "oracle"
 
@@ -191,7 +191,8 @@ def run_bench_vllm(
                         tries.setdefault(spec.label, []).append(run)
                         walls[spec.label] = walls.get(spec.label, 0.0) + time.perf_counter() - t
                 if tagging:
-                    async with VllmEngine(replace(engine_spec, scheduler="priority")) as stock:
+                    # stock vLLM's priority scheduling, its steps logged as the plug-in's are
+                    async with VllmEngine(replace(engine_spec, scheduler="priority-logged")) as stock:
                         # A fresh engine's first steps of each batch shape are slow (CPU kernels get
                         # built); the plug-in engine warmed up before calibrating, this one does here.
                         await stock.run(calibration_agents or agents, "justitia", predictor, "kv",
@@ -236,8 +237,9 @@ def run_bench_vllm(
             entry["probe_jct_scale_per_repeat"] = by_jct
             at_jct = float(np.mean([sim_mean_jct(spec, s) for s in by_jct]))
             entry["sim_error_probe_jct"] = at_jct / entry["mean_jct_s"] - 1
-            # the probe's steps, where the engine logs them, read its speed over hundreds of steps
-            # rather than from one mean JCT; on stock vLLM (no step log) the JCT it is
+            # the probe's steps, where the engine logs them (the plug-in, and stock vLLM under its
+            # step-log base), read its speed over hundreds of steps rather than from one mean JCT;
+            # on an engine without a step log, the JCT it is
             logged = all(by_steps)
             entry["speed_probe"] = "steps" if logged else "jct"
             entry["speed_scale_per_repeat"] = by_steps if logged else by_jct
@@ -248,7 +250,7 @@ def run_bench_vllm(
         entry["run_wall_s"] = walls[spec.label]
         entry["max_arrival_lag_s"] = max(run.max_arrival_lag_s for run in tries[spec.label])
         entry["mean_jct_s_per_repeat"] = [sum(a.jct_s for a in run.result.agents) / len(agents) for run in tries[spec.label]]
-        if entry["mode"] == "plugin":  # how long requests waited for the engine (its step log)
+        if all(run.steps for run in tries[spec.label]):  # how long requests waited for the engine (its step log)
             waited = [delivered_capacity([run.steps])[1] / run.result.makespan_s for run in tries[spec.label]]
             entry["backlogged_share"] = sum(waited) / len(waited)
             # a diagnostic, not a prediction: the simulator at each repeat's own speed (its steps'

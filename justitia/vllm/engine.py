@@ -3,7 +3,8 @@ profiler), and the control calls into a running engine's plug-in.
 
 ``EngineSpec`` holds the sizes (the defaults are the CPU preset's: a KV cache of 24 blocks that
 one agent's fan-out fills), which scheduler runs (the Justitia plug-in, or stock vLLM with the
-priority or fcfs policy), and the dtype (``auto``: float32 on a CPU, where bf16 matmuls fall back
+priority or fcfs policy; ``priority-logged``: stock vLLM's priority scheduling under the plug-in's
+step-log base, ``StepLogScheduler``, which decides nothing and logs every step), and the dtype (``auto``: float32 on a CPU, where bf16 matmuls fall back
 to slow kernels without AVX-512 BF16).
 """
 
@@ -19,7 +20,10 @@ from justitia.defaults import ENV_AGENT_IDLE_S, ENV_CAPACITY, ENV_COST, ENV_ITER
 from justitia.vllm.reaper import guard
 
 PLUGIN_CLASS = "justitia.vllm.plugin.JustitiaScheduler"
-SCHEDULERS = ("plugin", "priority", "fcfs")  # the plug-in; stock vLLM by int priority; stock vLLM's default
+STEP_LOG_CLASS = "justitia.vllm.plugin.StepLogScheduler"
+# the plug-in; stock vLLM by int priority; the same with a step log; stock vLLM's default
+SCHEDULERS = ("plugin", "priority", "priority-logged", "fcfs")
+SCHEDULER_CLASSES = {"plugin": PLUGIN_CLASS, "priority-logged": STEP_LOG_CLASS}
 
 
 @dataclass(frozen=True)
@@ -101,9 +105,10 @@ def start_engine(spec: EngineSpec, stat_loggers: list | None = None, plugin_env:
         options["enable_prefix_caching"] = spec.prefix_caching
     if spec.scheduler != "fcfs":
         options["scheduling_policy"] = "priority"
-    if spec.scheduler == "plugin":
-        options["scheduler_cls"] = PLUGIN_CLASS
-        options["async_scheduling"] = False  # the plug-in charges each step's service after it is scheduled
+    if spec.scheduler in SCHEDULER_CLASSES:
+        options["scheduler_cls"] = SCHEDULER_CLASSES[spec.scheduler]
+        # a step is charged (and logged) after it is scheduled, before the next one is
+        options["async_scheduling"] = False
     llm = AsyncLLM.from_engine_args(AsyncEngineArgs(**options), stat_loggers=stat_loggers)
     guard()  # the engine's processes die with this one, even by SIGKILL
     return llm, Path(model_dir)
@@ -133,5 +138,5 @@ class RunningEngine:
 
 
 async def control(llm, call: ControlCall):
-    """Make a control call into the plug-in of a running ``AsyncLLM`` (``core.protocol``)."""
+    """Make a control call into the plug-in (or its step-log base) of a running ``AsyncLLM`` (``core.protocol``)."""
     return await llm.engine_core.call_utility_async(ENGINE_UTILITY, call.to_json())

@@ -1,4 +1,5 @@
-"""``JustitiaScheduler``: vLLM's scheduler with its waiting queue ordered by a justitia policy.
+"""``JustitiaScheduler``: vLLM's scheduler with its waiting queue ordered by a justitia policy;
+``StepLogScheduler``, its base: vLLM's scheduler unchanged, with the step log.
 
 Use it as ``LLM(..., scheduler_cls=JustitiaScheduler, scheduling_policy="priority")`` or
 ``--scheduler-cls justitia.vllm.plugin.JustitiaScheduler --scheduling-policy priority``.
@@ -16,7 +17,7 @@ Control calls (``core.protocol.ControlCall``) come from the process that started
 through vLLM's utility channel (``AsyncLLM.engine_core.call_utility_async``, which an HTTP client
 cannot reach): ``register`` an agent and read its virtual finish tag, ``release`` one, read the policy's
 ``state`` (its clock included), or ``reset`` an idle engine's policy state (the bench reuses one engine for every
-policy). ``reset`` may open a step log: one CSV line per engine step,
+policy). ``reset`` may open a step log (``StepLogScheduler`` takes ``reset`` alone, for that): one CSV line per engine step,
 ``t_s,batched_tokens,decode_context_tokens,prefill_reqs,decode_reqs,busy_after,preemptions,
 waiting_before,delivered_kv,sched_us,arrived_before,finished,prefill_attention`` (``busy_after`` = 1 when
 the next step follows at once; the calibration fits only those; ``sched_us``: microseconds in this
@@ -24,6 +25,10 @@ scheduler's ``schedule`` and ``update_from_output``, vLLM's share included; ``ar
 requests the engine took in since the previous step; ``finished``: requests that ended in the step;
 ``prefill_attention``: the prefill chunks' attention pairs, ``n * (offset + (n + 1) / 2)`` rounded down,
 added up).
+
+``StepLogScheduler`` decides nothing: every method it overrides counts or times, then calls vLLM's
+(front-end tagging runs on it, so that their steps are logged as the plug-in's are; tests check
+that it schedules step for step as vLLM's own scheduler does).
 
 NOTE: the policy lives in the core (``justitia.core.AgentScheduler``), as in the simulator. This
 class only translates: vLLM's queue calls become core verbs, each step's scheduled tokens become
@@ -106,7 +111,105 @@ class _CoreQueue(RequestQueue):
         return iter(list(self.requests.values()))
 
 
-class JustitiaScheduler(Scheduler):
+class StepLogScheduler(Scheduler):
+    """vLLM's v1 scheduler, its decisions untouched, that writes the step log (the module's docstring).
+
+    The hooks ``_before_step`` and ``_after_step`` are where a subclass works inside a step's timing
+    (``sched_us``); they do nothing here."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._step_log = None
+        self._open_step_log(None)
+
+    def _open_step_log(self, path: str | None) -> None:
+        """Close the step log (flushing it) and open ``path``'s (None: none); restart the step clock."""
+        if self._step_log is not None:
+            self._step_log.close()
+        self._step_log = open(path, "a", buffering=1 << 16) if path else None
+        self.t0 = time.monotonic()
+        self._last_step: tuple | None = None
+        self._preemptions = self._arrived = self._finished = 0
+
+    def _now(self) -> float:
+        return time.monotonic() - self.t0
+
+    def control(self, call: ControlCall):
+        """``reset`` (an idle engine): open the step log given, or close it; other verbs need a policy."""
+        if call.verb != RESET:
+            raise ValueError(f"'{call.verb}' needs the Justitia plug-in: this engine runs vLLM's own scheduler "
+                             f"(with a step log), which keeps no policy state.")
+        if self.requests:
+            logger.warning("justitia: reset refused: the engine is not idle")
+            return False
+        self._open_step_log(call.args.get("step_log"))
+        return True
+
+    # ------------------------------------------------------------------------------- counts
+    def add_request(self, request: Request) -> None:
+        """vLLM's; a new request counts towards the next step's ``arrived_before``."""
+        if request.request_id not in self.requests:
+            self._arrived += 1
+        return super().add_request(request)
+
+    def _free_request(self, request: Request, *args, **kwargs):
+        """vLLM's; a finished or aborted request counts towards its step's ``finished``."""
+        self._finished += 1
+        return super()._free_request(request, *args, **kwargs)
+
+    def _preempt_request(self, *args, **kwargs):
+        """vLLM's recompute preemption (the victim comes back through the waiting queue)."""
+        self._preemptions += 1
+        return super()._preempt_request(*args, **kwargs)
+
+    # --------------------------------------------------------------------------------- steps
+    def _before_step(self, now_s: float) -> None:
+        """A subclass's work before vLLM schedules a step."""
+
+    def _after_step(self, now_s: float, waiting: int, output) -> tuple | None:
+        """A subclass's work after vLLM scheduled a step; it may return the step's ``step_delivered``."""
+        return None
+
+    def schedule(self, *args, **kwargs):
+        """vLLM's step between the hooks; with a step log, the step is kept for ``update_from_output``."""
+        t_sched = time.perf_counter()
+        now_s = self._now()
+        self._before_step(now_s)
+        waiting = len(self.waiting)
+        output = super().schedule(*args, **kwargs)
+        delivered = self._after_step(now_s, waiting, output)
+        if self._step_log is not None:
+            _, _, kv, prefills, ctx = delivered or step_delivered(self.requests, output.num_scheduled_tokens)
+            scheduled = len(output.num_scheduled_tokens)
+            attention = prefill_attention(self.requests, output.num_scheduled_tokens) if prefills else 0
+            self._last_step = (now_s, output.total_num_scheduled_tokens, ctx, prefills, scheduled - prefills,
+                               waiting, kv, time.perf_counter() - t_sched, self._arrived, attention)
+            self._arrived = 0
+        return output
+
+    def update_from_output(self, *args, **kwargs):
+        """vLLM's bookkeeping after a step; with a step log, the step is written out."""
+        started = time.perf_counter()
+        outputs = super().update_from_output(*args, **kwargs)
+        if self._step_log is not None and self._last_step is not None:
+            t, batched, ctx, prefills, decodes, waiting, delivered, sched_s, arrived, attention = self._last_step
+            busy = int(self.has_unfinished_requests())
+            sched_us = round(1e6 * (sched_s + time.perf_counter() - started))
+            self._step_log.write(f"{t:.6f},{batched},{ctx},{prefills},{decodes},{busy},{self._preemptions},"
+                                 f"{waiting},{delivered},{sched_us},{arrived},{self._finished},{attention}\n")
+            self._last_step = None
+            self._preemptions = self._finished = 0
+        return outputs
+
+    def shutdown(self) -> None:
+        """Flush the step log with the engine."""
+        if self._step_log is not None:
+            self._step_log.close()
+            self._step_log = None
+        super().shutdown()
+
+
+class JustitiaScheduler(StepLogScheduler):
     """vLLM's v1 scheduler whose waiting order and preemption victims follow a justitia policy."""
 
     def __init__(self, *args, **kwargs):
@@ -122,7 +225,6 @@ class JustitiaScheduler(Scheduler):
         cost = cost_model(settings.cost)
         capacity = settings.capacity_per_s or capacity_per_s(
             cost, self.kv_tokens, self.scheduler_config.max_num_batched_tokens, settings.iteration_s)
-        self._step_log = None
         self._reset(settings.policy, cost.name, capacity, settings.measure_capacity, None, settings.retag)
         self.waiting = _CoreQueue(self)
 
@@ -135,13 +237,8 @@ class JustitiaScheduler(Scheduler):
         # what the policy needs from each step, read once (they are fixed for a policy)
         self._rekey, self._charge, self._measure = self.core.keys_move, self.core.uses_service, self.core.measures_capacity
         self._timed = self.core.timed
-        self.t0 = time.monotonic()
         self._busy_step: tuple[float, Charge] | None = None  # the last step, if requests waited in it
-        if self._step_log is not None:
-            self._step_log.close()
-        self._step_log = open(step_log, "a", buffering=1 << 16) if step_log else None
-        self._last_step: tuple | None = None
-        self._preemptions = self._arrived = self._finished = 0
+        self._open_step_log(step_log)  # the policy's clock starts with the step log's
 
     # ----------------------------------------------------------------------------- control
     def control(self, call: ControlCall):
@@ -185,7 +282,6 @@ class JustitiaScheduler(Scheduler):
             if not self.client_prices:  # behind vLLM's own OpenAI server, clients are not trusted
                 meta = meta.without_prices()
             max_tokens = getattr(sp, "max_tokens", None) or 256
-            self._arrived += 1
             info, agent = self.book.arrive(request.request_id, meta, request.num_prompt_tokens, max_tokens,
                                            self._now())
             if agent is not None:
@@ -197,13 +293,9 @@ class JustitiaScheduler(Scheduler):
             logger.info("justitia: agent %s arrived: type=%r predicted_cost=%.6g virtual_finish=%s", agent.agent_id,
                         agent.agent_type, agent.predicted_cost, self.core.virtual_finish(agent.agent_id))
 
-    def _now(self) -> float:
-        return time.monotonic() - self.t0
-
     def _free_request(self, request: Request, *args, **kwargs):
         """A finished or aborted request releases its policy state (and its agent's, when done)."""
         if request.request_id in self.book.infos:
-            self._finished += 1
             if request.request_id in self.waiting.requests:
                 self.waiting.remove_request(request)
             info = self.book.finish(request.request_id, self._now())
@@ -212,10 +304,8 @@ class JustitiaScheduler(Scheduler):
         return super()._free_request(request, *args, **kwargs)
 
     # --------------------------------------------------------------------------------- steps
-    def schedule(self, *args, **kwargs):
-        """vLLM's step, with keys refreshed before it and the service it scheduled charged after."""
-        t_sched = time.perf_counter()
-        now_s = self._now()
+    def _before_step(self, now_s: float) -> None:
+        """Keys refreshed before vLLM's step: idle agents swept, the clock advanced, moved keys restamped."""
         for agent_id in self.book.sweep(now_s):
             if self.log_agents:
                 logger.info("justitia: agent %s released (idle)", agent_id)
@@ -231,62 +321,29 @@ class JustitiaScheduler(Scheduler):
                     if key is None:
                         key = keys[agent_id] = core.agent_key(agent_id)
                     request.priority = core.priority(info, key)
-        measure = self._measure
-        if measure and self._busy_step is not None:  # the last step, in which requests waited, ended now
+        if self._measure and self._busy_step is not None:  # the last step, in which requests waited, ended now
             started, delivered = self._busy_step
             core.observe_service(now_s - started, delivered)
             self._busy_step = None
-        waiting = len(self.waiting.requests)
-        backlogged = measure and waiting > 0
-        output = super().schedule(*args, **kwargs)
-        log = self._step_log is not None
+
+    def _after_step(self, now_s: float, waiting: int, output) -> tuple | None:
+        """The service vLLM scheduled, charged; a step in which requests waited, kept to measure M."""
         if self._charge:
-            for info, p, d, kv in step_charges(self.requests, output.num_scheduled_tokens, infos).values():
-                core.charge(info, Charge(p, d, kv))
-        if backlogged or log:
-            p, d, kv, prefills, ctx = step_delivered(self.requests, output.num_scheduled_tokens)
-            if backlogged:
-                self._busy_step = (now_s, Charge(p, d, kv))
-            if log:
-                scheduled = len(output.num_scheduled_tokens)
-                attention = prefill_attention(self.requests, output.num_scheduled_tokens) if prefills else 0
-                self._last_step = (now_s, output.total_num_scheduled_tokens, ctx, prefills, scheduled - prefills,
-                                   waiting, kv, time.perf_counter() - t_sched, self._arrived, attention)
-                self._arrived = 0
-        return output
-
-    def _preempt_request(self, *args, **kwargs):
-        """vLLM's recompute preemption (the victim comes back through the waiting queue)."""
-        self._preemptions += 1
-        return super()._preempt_request(*args, **kwargs)
-
-    def update_from_output(self, *args, **kwargs):
-        """vLLM's bookkeeping after a step; with a step log, the step is written out."""
-        started = time.perf_counter()
-        outputs = super().update_from_output(*args, **kwargs)
-        if self._step_log is not None and self._last_step is not None:
-            t, batched, ctx, prefills, decodes, waiting, delivered, sched_s, arrived, attention = self._last_step
-            busy = int(self.has_unfinished_requests())
-            sched_us = round(1e6 * (sched_s + time.perf_counter() - started))
-            self._step_log.write(f"{t:.6f},{batched},{ctx},{prefills},{decodes},{busy},{self._preemptions},"
-                                 f"{waiting},{delivered},{sched_us},{arrived},{self._finished},{attention}\n")
-            self._last_step = None
-            self._preemptions = self._finished = 0
-        return outputs
-
-    def shutdown(self) -> None:
-        """Flush the step log with the engine."""
-        if self._step_log is not None:
-            self._step_log.close()
-            self._step_log = None
-        super().shutdown()
+            for info, p, d, kv in step_charges(self.requests, output.num_scheduled_tokens, self.book.infos).values():
+                self.core.charge(info, Charge(p, d, kv))
+        if self._measure and waiting > 0:
+            delivered = step_delivered(self.requests, output.num_scheduled_tokens)
+            p, d, kv, _, _ = delivered
+            self._busy_step = (now_s, Charge(p, d, kv))
+            return delivered
+        return None
 
 
 def _engine_control(engine_core: EngineCore, call: dict):
     """The utility vLLM's engine process runs for ``AsyncLLM.engine_core.call_utility_async``."""
     scheduler = engine_core.scheduler
-    if not isinstance(scheduler, JustitiaScheduler):
-        raise RuntimeError("this engine does not run the Justitia scheduler plug-in.")
+    if not isinstance(scheduler, StepLogScheduler):
+        raise RuntimeError("this engine runs neither the Justitia scheduler plug-in nor its step-log base.")
     return scheduler.control(ControlCall.from_json(call))
 
 
