@@ -71,8 +71,8 @@ def _parser() -> argparse.ArgumentParser:
     b.add_argument("--calibration-agents", type=int, default=20, help="vllm: agents in the calibration run (default 20)")
     b.add_argument("--repeats", type=int, help="vllm: runs per policy, JCTs averaged per agent (default 1; cpu preset 2)")
     b.add_argument("--speed-probes", action="store_true",
-                   help="vllm: run the calibration agents again before every run and simulate each run at the "
-                        "engine's speed then (the engine preset does)")
+                   help="vllm: run the calibration agents again before and after every run and simulate each run "
+                        "at the engine's mean speed over the two (the engine preset does)")
     b.add_argument("--out", type=Path, default=Path("results/bench"), help="output directory")
     b.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
     b.add_argument("--no-progress", action="store_true", help="hide the progress bar")

@@ -334,9 +334,9 @@ def test_a_speed_probe_recovers_the_engines_speed_and_the_run_speed_reads_the_st
 
 @pytest.mark.parametrize("step_log", [False, True])
 def test_the_vllm_bench_predicts_each_run_at_the_speed_its_probe_found(monkeypatch, step_log):
-    """The engine's speed moves from run to run; a probe of the calibration agents just before each
-    run finds it (from its steps where the engine logs them, else from its mean JCT), and the
-    simulator's prediction follows, where one profile cannot."""
+    """The engine's speed moves from run to run; probes of the calibration agents just before and just
+    after each run find it (from their steps where the engine logs them, else from their mean JCTs),
+    and the simulator's prediction follows, where one profile, or the probe before alone, cannot."""
     from dataclasses import replace
 
     from justitia.lab import vllm_bench
@@ -348,7 +348,8 @@ def test_the_vllm_bench_predicts_each_run_at_the_speed_its_probe_found(monkeypat
     preset = make_preset("engine")
     agents, probe = preset.agents[:16], preset.calibration_agents[:12]
     profile = LatencyProfile("p", 0.0, 4.8, 0.0309, 0.00028, 1.0, 23, "test", 128, request_latency_ms=30.0)
-    speeds = iter([1.0, 1.0, 1.5, 1.5, 0.7, 0.7, 1.2, 1.2])  # (probe, run) pairs: the speed holds within a pair
+    # probe, run, probe, ...: the engine's speed moves steadily, so each run's is its probes' mean
+    speeds = iter([1.0, 1.25, 1.5, 1.1, 0.7, 0.95, 1.2, 1.2, 1.2])
     calls = []
 
     class SimulatedEngine:  # the simulator at a speed that moves, standing in for vLLM
@@ -373,17 +374,23 @@ def test_the_vllm_bench_predicts_each_run_at_the_speed_its_probe_found(monkeypat
     specs = [RunSpec("fcfs", "fcfs"), RunSpec("justitia", "justitia")]
     doc = vllm_bench.run_bench_vllm(agents, specs, EngineSpec(kv_blocks=24), {}, 0, False, profile, probe,
                                     repeats=2, speed_probes=True)
-    assert calls == [("fcfs", 12), ("fcfs", 16), ("fcfs", 12), ("justitia", 16)] * 2  # a probe before every run
+    # a probe before the first run and after every run
+    assert calls == [("fcfs", 12)] + [("fcfs", 16), ("fcfs", 12), ("justitia", 16), ("fcfs", 12)] * 2
     fcfs, justitia = doc["policies"]["fcfs"], doc["policies"]["justitia"]
-    assert fcfs["speed_scale_per_repeat"] == [pytest.approx(1.0, rel=0.02), pytest.approx(0.7, rel=0.02)]
-    assert justitia["speed_scale_per_repeat"] == [pytest.approx(1.5, rel=0.02), pytest.approx(1.2, rel=0.02)]
+    assert fcfs["speed_scale_per_repeat"] == [pytest.approx(1.25, rel=0.02), pytest.approx(0.95, rel=0.02)]
+    assert justitia["speed_scale_per_repeat"] == [pytest.approx(1.1, rel=0.02), pytest.approx(1.2, rel=0.02)]
+    assert len(fcfs["probe_mean_jct_s_per_repeat"][0]) == 2  # (before, after)
     for entry in (fcfs, justitia):
         assert entry["speed_probe"] == ("steps" if step_log else "jct")
         assert abs(entry["sim_error"]) < 0.03 < abs(entry["sim_error_one_profile"])
         assert abs(entry["sim_error_probe_jct"]) < 0.03  # both readings of a probe find the speed
         if step_log:
-            assert entry["run_speed_per_repeat"] == entry["speed_scale_per_repeat"]  # the pair's speed held
-    assert abs(justitia["sim_error_one_profile"]) > 0.15  # the engine ran 1.2-1.5x slower than the profile
+            assert entry["run_speed_per_repeat"] == pytest.approx(entry["speed_scale_per_repeat"], rel=0.02)
+            assert entry["probe_step_scale_before_after_per_repeat"][0] == [pytest.approx(x, rel=0.02) for x in
+                                                                             ((1.0, 1.5) if entry is fcfs else (1.5, 0.7))]
+    if step_log:  # the probe before alone is off by the speed's move over the run
+        assert abs(fcfs["sim_error_probe_before"]) > 0.1 and abs(justitia["sim_error_probe_before"]) > 0.1
+    assert abs(justitia["sim_error_one_profile"]) > 0.1  # the engine ran 1.1-1.2x slower than the profile
     with pytest.raises(ValueError, match="calibration agents"):
         vllm_bench.run_bench_vllm(agents, specs, EngineSpec(kv_blocks=24), {}, 0, False, profile, None,
                                   speed_probes=True)

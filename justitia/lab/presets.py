@@ -90,7 +90,7 @@ class Preset:
     calibration_agents: list[Agent] = field(default_factory=list)  # vllm: the calibration run's workload
     repeats: int = 1  # vllm: runs per policy, JCTs averaged per agent
     tagging: bool = False  # vllm: also justitia by front-end tagging on stock vLLM
-    speed_probes: bool = False  # vllm: the calibration agents run again before every run (run_bench_vllm)
+    speed_probes: bool = False  # vllm: the calibration agents run again around every run (run_bench_vllm)
     replicas: int = 1  # sim: engines in the cluster (sim.Cluster when > 1)
 
 

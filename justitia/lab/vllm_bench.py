@@ -127,10 +127,11 @@ def run_bench_vllm(
 
     With ``repeats`` > 1 every run is repeated (interleaved) and each agent's JCT is its mean over
     the repeats: one run on a shared 2-core machine varies by tens of percent. With
-    ``speed_probes`` (and calibration agents) the calibration's agents run again under fcfs just
-    before every run, and the simulator predicts the run at the speed that probe found, the
-    profile's form kept: from the probe's steps where the engine logs them (``probe_speed``), else
-    from its mean JCT (``fit_speed``).
+    ``speed_probes`` (and calibration agents) the calibration's agents run again under fcfs before
+    the first run and after every run on an engine, and the simulator predicts each run at the mean
+    of the speeds its two probes found (the one just before it and the one just after), the
+    profile's form kept: from the probes' steps where the engine logs them (``probe_speed``), else
+    from their mean JCTs (``fit_speed``).
     """
     if repeats < 1:
         raise ValueError(f"--repeats must be >= 1, got {repeats}.")
@@ -142,8 +143,9 @@ def run_bench_vllm(
     tries: dict[str, list] = {}  # label -> EngineRun per repeat
     walls: dict[str, float] = {}
     calibration: dict = {}
-    probes: dict[str, list[float]] = {}  # label -> the probe's mean JCT before each repeat
-    probe_steps: dict[str, list] = {}  # label -> the probe's step log before each repeat (empty without one)
+    # label -> per repeat, (before, after): the mean JCTs of the probes around the run, and their step logs
+    probes: dict[str, list[tuple[float, float]]] = {}
+    probe_steps: dict[str, list[tuple[list, list]]] = {}  # (empty logs on an engine without one)
     probe_agents: list[Agent] = []
     predictor = specs[0].predictor if specs else "oracle"
 
@@ -169,27 +171,37 @@ def run_bench_vllm(
                 return config.capacity_per_s(spec.cost)
 
             tagged = RunSpec(TAGGING_LABEL, "justitia", predictor)
-            total = (len(agents) + len(probe_agents)) * (len(specs) + tagging) * repeats
+            total = len(agents) * (len(specs) + tagging) * repeats
+            total += len(probe_agents) * ((len(specs) + tagging) * repeats + 1 + tagging)
 
-            async def probe(eng: VllmEngine, label: str) -> None:
-                """The calibration's agents under fcfs, just before a run: how fast the engine is now."""
-                if probe_agents:
-                    run = await eng.run(probe_agents, "fcfs", seed=seed, on_agent_finish=lambda _r: advance("probe"))
-                    probes.setdefault(label, []).append(sum(a.jct_s for a in run.result.agents) / len(probe_agents))
-                    probe_steps.setdefault(label, []).append(run.steps)
+            async def probe(eng: VllmEngine) -> tuple[float, list] | None:
+                """The calibration's agents under fcfs, between runs: how fast the engine is now."""
+                if not probe_agents:
+                    return None
+                run = await eng.run(probe_agents, "fcfs", seed=seed, on_agent_finish=lambda _r: advance("probe"))
+                return sum(a.jct_s for a in run.result.agents) / len(probe_agents), run.steps
+
+            async def probed_run(eng: VllmEngine, label: str, before, **kw):
+                """One run and the probe just after it (the next run's before); the run is kept with both."""
+                t = time.perf_counter()
+                run = await eng.run(agents, seed=seed, **kw)
+                walls[label] = walls.get(label, 0.0) + time.perf_counter() - t
+                tries.setdefault(label, []).append(run)
+                after = await probe(eng)
+                if before is not None:
+                    probes.setdefault(label, []).append((before[0], after[0]))
+                    probe_steps.setdefault(label, []).append((before[1], after[1]))
+                return after
 
             with progress_bar(total, progress, "vllm") as advance:
+                last = await probe(engine)
                 for _ in range(repeats):  # interleaved: a slow spell of the machine hits every policy
                     for spec in specs:
-                        await probe(engine, spec.label)
-                        t = time.perf_counter()
-                        run = await engine.run(agents, spec.policy, spec.predictor, spec.cost,
-                                               start_m(spec), seed,
-                                               on_agent_finish=lambda _r, s=spec: advance(s.label),
-                                               measure_capacity=spec.capacity == "measured", retag=spec.retag,
-                                               pricing=spec.pricing)
-                        tries.setdefault(spec.label, []).append(run)
-                        walls[spec.label] = walls.get(spec.label, 0.0) + time.perf_counter() - t
+                        last = await probed_run(
+                            engine, spec.label, last, policy=spec.policy, predictor=spec.predictor,
+                            cost=spec.cost, capacity_per_s=start_m(spec),
+                            on_agent_finish=lambda _r, s=spec: advance(s.label),
+                            measure_capacity=spec.capacity == "measured", retag=spec.retag, pricing=spec.pricing)
                 if tagging:
                     # stock vLLM's priority scheduling, its steps logged as the plug-in's are
                     async with VllmEngine(replace(engine_spec, scheduler="priority-logged")) as stock:
@@ -197,13 +209,11 @@ def run_bench_vllm(
                         # built); the plug-in engine warmed up before calibrating, this one does here.
                         await stock.run(calibration_agents or agents, "justitia", predictor, "kv",
                                         start_m(tagged), seed)
+                        last = await probe(stock)
                         for _ in range(repeats):
-                            await probe(stock, TAGGING_LABEL)
-                            t = time.perf_counter()
-                            run = await stock.run(agents, "justitia", predictor, "kv", start_m(tagged),
-                                                  seed, on_agent_finish=lambda _r: advance(TAGGING_LABEL))
-                            tries.setdefault(TAGGING_LABEL, []).append(run)
-                            walls[TAGGING_LABEL] = walls.get(TAGGING_LABEL, 0.0) + time.perf_counter() - t
+                            last = await probed_run(
+                                stock, TAGGING_LABEL, last, policy="justitia", predictor=predictor, cost="kv",
+                                capacity_per_s=start_m(tagged), on_agent_finish=lambda _r: advance(TAGGING_LABEL))
         return config
 
     t0 = time.perf_counter()
@@ -230,14 +240,16 @@ def run_bench_vllm(
     for spec in all_specs:
         entry = doc["policies"][spec.label]
         sim_mean = entry["sim_mean_jct_s_one_profile"] = sim_mean_jct(spec)  # the calibration's profile alone
-        if spec.label in probes:  # each repeat predicted at the speed its probe found
-            by_jct = [fit_speed(probe_agents, config, jct, seed) for jct in probes[spec.label]]
-            by_steps = [probe_speed(config.profile, steps) for steps in probe_steps[spec.label]]
-            entry["probe_mean_jct_s_per_repeat"] = probes[spec.label]
+        if spec.label in probes:  # each repeat predicted at the mean speed of the probes around it
+            by_jct = [float(np.mean([fit_speed(probe_agents, config, jct, seed) for jct in pair]))
+                      for pair in probes[spec.label]]
+            read = [[probe_speed(config.profile, steps) for steps in pair] for pair in probe_steps[spec.label]]
+            by_steps = [float(np.mean(pair)) if None not in pair else None for pair in read]
+            entry["probe_mean_jct_s_per_repeat"] = [list(pair) for pair in probes[spec.label]]
             entry["probe_jct_scale_per_repeat"] = by_jct
             at_jct = float(np.mean([sim_mean_jct(spec, s) for s in by_jct]))
             entry["sim_error_probe_jct"] = at_jct / entry["mean_jct_s"] - 1
-            # the probe's steps, where the engine logs them (the plug-in, and stock vLLM under its
+            # the probes' steps, where the engine logs them (the plug-in, and stock vLLM under its
             # step-log base), read its speed over hundreds of steps rather than from one mean JCT;
             # on an engine without a step log, the JCT it is
             logged = all(by_steps)
@@ -245,6 +257,9 @@ def run_bench_vllm(
             entry["speed_scale_per_repeat"] = by_steps if logged else by_jct
             if logged:
                 entry["probe_step_scale_per_repeat"] = by_steps
+                entry["probe_step_scale_before_after_per_repeat"] = read
+                before = float(np.mean([sim_mean_jct(spec, pair[0]) for pair in read]))
+                entry["sim_error_probe_before"] = before / entry["mean_jct_s"] - 1  # the single probe's
             sim_mean = float(np.mean([sim_mean_jct(spec, s) for s in by_steps])) if logged else at_jct
         entry["mode"] = "tagging" if spec.label == TAGGING_LABEL else "plugin"
         entry["run_wall_s"] = walls[spec.label]
