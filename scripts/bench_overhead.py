@@ -108,12 +108,15 @@ def instrument(passthrough) -> None:
     pass-through subclass's methods) as the plug-in's."""
     from vllm.v1.core.sched.scheduler import Scheduler
 
-    from justitia.vllm.plugin import JustitiaScheduler, _CoreQueue
+    from justitia.vllm.plugin import JustitiaScheduler, StepLogScheduler, _CoreQueue
 
     for name in (*TIMED, "_free_request", "_preempt_request"):
         setattr(Scheduler, name, ATTRIBUTION.wrap(getattr(Scheduler, name), "vllm"))
-    for name in ("schedule", "update_from_output", "_free_request", "_preempt_request", "_queue"):
-        setattr(JustitiaScheduler, name, ATTRIBUTION.wrap(JustitiaScheduler.__dict__[name], "plugin"))
+    # the plug-in's methods on a step's path, in its step-log base and in the scheduler itself
+    for cls in (StepLogScheduler, JustitiaScheduler):
+        for name in (*TIMED, "_free_request", "_preempt_request", "_queue", "_before_step", "_after_step"):
+            if name in cls.__dict__:
+                setattr(cls, name, ATTRIBUTION.wrap(cls.__dict__[name], "plugin"))
     for name in FLOOR:
         setattr(passthrough, name, ATTRIBUTION.wrap(passthrough.__dict__[name], "plugin"))
     for name in ("add_request", "prepend_request", "prepend_requests", "peek_request", "pop_request",

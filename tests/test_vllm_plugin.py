@@ -141,3 +141,24 @@ def test_a_tagging_run_on_the_step_log_base_logs_its_steps(policies, policy):
     assert sum(r[10] for r in rows) == requests and sum(r[11] for r in rows) == requests
     assert sum(r[1] for r in rows) >= 16 * (256 + 95) + 11 * (32 + 15)  # every prompt and decode token, at least
     assert any(r[7] > 0 for r in rows)  # the elephant's requests waited for the cache
+
+
+def test_make_overheads_bench_runs_and_counts_the_plugins_own_code(tmp_path):
+    """scripts/bench_overhead.py (make overhead) on a small burst: it instruments the plug-in's
+    methods wherever they live (its step-log base included), attributes time to the plug-in's code
+    for every plug-in run and none for stock vLLM's scheduler. No timing is asserted: the figures
+    are the bench's, quoted in docs/results.md."""
+    out = tmp_path / "overhead.json"
+    env = dict(os.environ, PYTHONPATH=str(HERE.parent))
+    proc = subprocess.run([sys.executable, str(HERE.parent / "scripts" / "bench_overhead.py"), "--requests", "16",
+                           "--repeats", "1", "--policies", "justitia,vtc", "--out", str(out)],
+                          capture_output=True, text=True, timeout=600, env=env)
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
+    rows = {row["run"]: row for row in json.loads(out.read_text())["runs"]}
+    assert set(rows) == {"stock vLLM (priority)", "pass-through (floor)", "plug-in justitia", "plug-in vtc"}
+    assert all(row["steps"] > 0 for row in rows.values())
+    assert rows["stock vLLM (priority)"]["plugin_ms_per_step"] == 0.0
+    for label in ("pass-through (floor)", "plug-in justitia", "plug-in vtc"):
+        assert rows[label]["plugin_ms_per_step"] > 0.0, label
+    for label in ("plug-in justitia", "plug-in vtc"):
+        assert "plugin_net_ms_per_step" in rows[label]
