@@ -23,6 +23,39 @@ def synthetic_steps(base_ms, per_tok_ms, per_ctx_ms, n=400, seed=0, idle_every=0
     return rows
 
 
+def simulated_engine(profile: LatencyProfile, speed, logged, schedulers=None):
+    """A stand-in for vllm_bench's VllmEngine: the simulator, each run at ``speed()``'s factor on
+    ``profile``'s step times, with a step log of steps that follow that factor where ``logged(spec)``
+    (an engine that logs its steps); each engine's scheduler is appended to ``schedulers``."""
+    from dataclasses import replace
+
+    from justitia.lab import vllm_bench
+    from justitia.lab.bench import RunSpec, simulate
+    from justitia.lab.runner import EngineRun
+
+    class SimulatedEngine:
+        def __init__(self, spec):
+            self.spec, self.block_size, self.kv_tokens = spec, 128, profile.kv_blocks * 128
+            if schedulers is not None:
+                schedulers.append(spec.scheduler)
+
+        async def __aenter__(self):
+            return self
+
+        async def __aexit__(self, *exc):
+            return False
+
+        async def run(self, run_agents, policy, predictor="oracle", cost="kv", capacity_per_s=None, seed=0,
+                      on_agent_finish=None, **_):
+            x = speed(policy, len(run_agents))
+            config = vllm_bench.engine_config(replace(profile, scale=x), self.spec, 128)
+            steps = synthetic_steps(profile.base_ms * x, profile.per_batched_token_ms * x,
+                                    profile.per_context_token_ms * x, n=50) if logged(self.spec) else []
+            return EngineRun(simulate(run_agents, RunSpec(policy, policy, predictor), config, seed), steps, 0.0)
+
+    return SimulatedEngine
+
+
 def test_the_fit_recovers_the_coefficients_and_ignores_steps_before_an_idle_gap():
     rows = synthetic_steps(7.5, 0.03, 0.0004, idle_every=10)
     assert len(step_durations(rows)) == 400 - 40  # steps before an idle gap (the last one among them) drop out
@@ -337,12 +370,9 @@ def test_the_vllm_bench_predicts_each_run_at_the_speed_its_probe_found(monkeypat
     """The engine's speed moves from run to run; probes of the calibration agents just before and just
     after each run find it (from their steps where the engine logs them, else from their mean JCTs),
     and the simulator's prediction follows, where one profile, or the probe before alone, cannot."""
-    from dataclasses import replace
-
     from justitia.lab import vllm_bench
-    from justitia.lab.bench import RunSpec, simulate
+    from justitia.lab.bench import RunSpec
     from justitia.lab.presets import make_preset
-    from justitia.lab.runner import EngineRun
     from justitia.vllm.engine import EngineSpec
 
     preset = make_preset("engine")
@@ -352,24 +382,11 @@ def test_the_vllm_bench_predicts_each_run_at_the_speed_its_probe_found(monkeypat
     speeds = iter([1.0, 1.25, 1.5, 1.1, 0.7, 0.95, 1.2, 1.2, 1.2])
     calls = []
 
-    class SimulatedEngine:  # the simulator at a speed that moves, standing in for vLLM
-        def __init__(self, spec):
-            self.spec, self.block_size, self.kv_tokens = spec, 128, 23 * 128
+    def speed(policy, n):  # the speed moves, and every run is recorded
+        calls.append((policy, n))
+        return next(speeds)
 
-        async def __aenter__(self):
-            return self
-
-        async def __aexit__(self, *exc):
-            return False
-
-        async def run(self, run_agents, policy, predictor="oracle", cost="kv", capacity_per_s=None, seed=0,
-                      on_agent_finish=None, **_):
-            calls.append((policy, len(run_agents)))
-            speed = next(speeds)
-            config = vllm_bench.engine_config(replace(profile, scale=speed), self.spec, 128)
-            steps = synthetic_steps(4.8 * speed, 0.0309 * speed, 0.00028 * speed, n=50) if step_log else []
-            return EngineRun(simulate(run_agents, RunSpec(policy, policy, predictor), config, seed), steps, 0.0)
-
+    SimulatedEngine = simulated_engine(profile, speed, lambda _spec: step_log)
     monkeypatch.setattr(vllm_bench, "VllmEngine", SimulatedEngine)
     specs = [RunSpec("fcfs", "fcfs"), RunSpec("justitia", "justitia")]
     doc = vllm_bench.run_bench_vllm(agents, specs, EngineSpec(kv_blocks=24), {}, 0, False, profile, probe,
@@ -399,37 +416,17 @@ def test_the_vllm_bench_predicts_each_run_at_the_speed_its_probe_found(monkeypat
 def test_the_vllm_benchs_tagging_run_reads_its_probes_steps_from_the_step_log_base(monkeypatch):
     """The tagging run's engine is stock vLLM's scheduler under the plug-in's step-log base, so its
     probes and runs are read from their steps, as the plug-in's are."""
-    from dataclasses import replace
-
     from justitia.lab import vllm_bench
-    from justitia.lab.bench import RunSpec, simulate
+    from justitia.lab.bench import RunSpec
     from justitia.lab.presets import make_preset
-    from justitia.lab.runner import EngineRun
     from justitia.vllm.engine import EngineSpec
 
     preset = make_preset("engine")
     agents, probe = preset.agents[:12], preset.calibration_agents[:8]
     profile = LatencyProfile("p", 0.0, 4.8, 0.0309, 0.00028, 1.0, 23, "test", 128)
     schedulers = []
-
-    class SimulatedEngine:  # the simulator at 1.3x the profile's step times, with a step log where vLLM would write one
-        def __init__(self, spec):
-            self.spec, self.block_size, self.kv_tokens = spec, 128, 23 * 128
-            schedulers.append(spec.scheduler)
-
-        async def __aenter__(self):
-            return self
-
-        async def __aexit__(self, *exc):
-            return False
-
-        async def run(self, run_agents, policy, predictor="oracle", cost="kv", capacity_per_s=None, seed=0,
-                      on_agent_finish=None, **_):
-            config = vllm_bench.engine_config(replace(profile, scale=1.3), self.spec, 128)
-            steps = [] if self.spec.scheduler == "priority" else synthetic_steps(4.8 * 1.3, 0.0309 * 1.3,
-                                                                                  0.00028 * 1.3, n=50)
-            return EngineRun(simulate(run_agents, RunSpec(policy, policy, predictor), config, seed), steps, 0.0)
-
+    # the simulator at 1.3x the profile's step times, with a step log where vLLM would write one
+    SimulatedEngine = simulated_engine(profile, lambda *_: 1.3, lambda spec: spec.scheduler != "priority", schedulers)
     monkeypatch.setattr(vllm_bench, "VllmEngine", SimulatedEngine)
     doc = vllm_bench.run_bench_vllm(agents, [RunSpec("vtc", "vtc")], EngineSpec(kv_blocks=24), {}, 0, False, profile,
                                     probe, tagging=True, speed_probes=True)
