@@ -79,6 +79,7 @@ class RunResult:
     preemptions: int
     wall_s: float
     capacity_schedule: list[tuple[float, float]] | None = None  # (t_s, M) when the clock's M was measured
+    served: list[tuple[float, str, float]] | None = None  # (finish_s, agent id, KV token-time) per request (simulator)
 
 
 Render = Callable[[str, int, list[list[str]]], str]  # (prompt, stage, earlier answers' texts) -> prompt

@@ -76,38 +76,54 @@ def test_weights_travel_in_workload_files_and_request_metadata(tmp_path, caplog)
 
 
 # ------------------------------------------------------------------------------------ tenants
-def test_a_tenants_agents_share_one_flow_so_weights_divide_the_engine_among_tenants():
+def test_tenants_share_the_engine_by_weight_and_their_agents_share_the_tenant():
     clock = VirtualClock(100.0)
-    assert clock.arrive("A1", 400.0, 0.0, weight=2.0, flow="A") == 200.0
-    # B's four agents queue behind each other in B's flow: S = the flow's largest tag
-    assert [clock.arrive(f"B{i}", 100.0, 0.0, flow="B") for i in range(1, 5)] == [100.0, 200.0, 300.0, 400.0]
-    assert clock.active == 5 and clock.active_flows == 2  # Σ w = 3: A is owed 2/3 however many agents B has
+    assert clock.arrive("A1", 400.0, 0.0, weight=2.0, tenant="A") == 200.0  # root key: V + 400 / W
+    # B's four agents share B's third in GPS (one inner tag), and B serves them one after another
+    assert [clock.arrive(f"B{i}", 100.0, 0.0, tenant="B") for i in range(1, 5)] == [100.0, 200.0, 300.0, 400.0]
+    assert [clock.inner_tag(f"B{i}") for i in range(1, 5)] == [100.0] * 4
+    assert [clock.root_key(f"B{i}") for i in range(1, 5)] == [100.0, 200.0, 300.0, 400.0]
+    assert clock.active == 5 and clock.active_flows == 2  # Σ W = 3: A is owed 2/3 however many agents B has
     finish = clock.drain()
-    # V grows at 100/3 until A1 is done at V=200 (6 s, 400 served to A, 200 to B: 2:1); then B alone
-    assert finish == {"A1": pytest.approx(6.0), "B1": pytest.approx(3.0), "B2": pytest.approx(6.0),
-                      "B3": pytest.approx(7.0), "B4": pytest.approx(8.0)}
-    per_agent = VirtualClock(100.0)  # the same agents, each a flow of its own: A1 owed only 2/6
+    # A at 200/3 a second is done at 6 s; B's four at 100/12 each have 50 each left, then 25 a second each
+    assert finish == {"A1": pytest.approx(6.0), **{f"B{i}": pytest.approx(8.0) for i in range(1, 5)}}
+    per_agent = VirtualClock(100.0)  # the same agents, each a root entry of its own: A1 owed only 2/6
     per_agent.arrive("A1", 400.0, 0.0, weight=2.0)
     for i in range(1, 5):
         per_agent.arrive(f"B{i}", 100.0, 0.0)
     assert per_agent.drain()["A1"] == pytest.approx(8.0)
 
 
-def test_a_flow_that_goes_idle_starts_again_at_v():
+def test_inside_a_tenant_agents_are_ordered_by_their_gps_finish_not_their_arrival():
+    clock = VirtualClock(1.0)
+    clock.arrive("big", 100.0, 0.0, tenant="T")
+    clock.arrive("small", 10.0, 0.0, tenant="T")  # arrived later, finishes first in the tenant's GPS
+    clock.arrive("y", 100.0, 0.0)  # an agent without a tenant: a root entry of its own
+    # T gets half the engine: served small first, T is done with it at V = 10 (in H-GPS, at V = 20)
+    assert clock.root_key("small") == 10.0 and clock.root_key("big") == 110.0 and clock.root_key("y") == 100.0
+    clock.arrive("tiny", 1.0, 0.0, tenant="T")  # cuts in ahead of both: their root keys move back by 1
+    assert (clock.root_key("tiny"), clock.root_key("small"), clock.root_key("big")) == (1.0, 11.0, 111.0)
+    assert clock.drain() == {"tiny": pytest.approx(6.0), "small": pytest.approx(42.0), "y": pytest.approx(200.0),
+                            "big": pytest.approx(211.0)}
+
+
+def test_a_tenant_that_goes_idle_starts_again_at_v_and_a_settle_moves_its_root_keys():
     clock = VirtualClock(10.0)
-    clock.arrive("a", 10.0, 0.0, flow="T")  # tag 10, done at 1 s
-    assert clock.arrive("b", 10.0, 5.0, flow="T") == 20.0  # the flow idled: S = V(5 s) = 10, not a backlog
-    clock.settle("b", 2.0, 5.0)  # b asked for 2: GPS keeps it until S + 2 = 12
-    assert clock.arrive("c", 5.0, 5.0, flow="T") == 25.0  # stamped behind b's old tag; settle moves only b
-    assert clock.drain()["b"] == pytest.approx(5.2)
+    clock.arrive("a", 10.0, 0.0, tenant="T")  # done at 1 s
+    assert clock.arrive("b", 10.0, 5.0, tenant="T") == 20.0  # the tenant idled: V(5 s) = 10, not a backlog
+    clock.settle("b", 2.0, 5.0)  # b asked for 2: the tenant's GPS keeps it until its inner S + 2
+    assert clock.root_key("c") is None
+    assert clock.arrive("c", 5.0, 5.0, tenant="T") == pytest.approx(17.0)  # b's 2 and c's 5 after V = 10
+    assert clock.drain() == {"a": pytest.approx(1.0), "b": pytest.approx(5.4), "c": pytest.approx(5.7)}
 
 
 def test_agents_of_their_own_tenant_are_scheduled_exactly_as_agents_without_one():
     agents = [agent(f"a{i}", 0.3 * i, [(100, 40 + 7 * i)] * (1 + i % 3)) for i in range(12)]
     plain = run(agents, "justitia")
     assert run([replace(a, tenant=f"t-{a.agent_id}") for a in agents], "justitia") == plain
-    shared = run([replace(a, tenant="one") for a in agents], "justitia")  # one flow: agents in arrival order
-    assert shared != plain
+    # one tenant: the tenant's inner GPS is the flat GPS, so agents keep their order (not arrival order)
+    assert run([replace(a, tenant="one") for a in agents], "justitia") == plain
+    assert run([replace(a, tenant="one") for a in agents], "parrot") != plain
 
 
 def saturating_tenants(seconds=40.0, load=0.75):

@@ -1,63 +1,169 @@
-"""The GPS virtual clock that stamps each agent with its fair finish tag.
+"""The GPS virtual clock that stamps each agent with its fair finish tag, flat or in tenants.
 
 Units (see docs/design.md): costs are in the cost model's unit (``token_iters`` for KV token-time),
 time is in seconds, and ``capacity`` is the service the whole engine delivers per second when it is
 saturated, in cost units per second. Under Generalized Processor Sharing each of the ``N_t`` active
 agents is served at ``capacity / N_t``, so the virtual time ``V`` (in cost units) grows at
 ``dV/dt = capacity / N_t`` and an agent of cost ``C`` arriving at ``a`` finishes, in GPS, when
-``V`` reaches its tag ``f = V(a) + C``. Weighted GPS: an agent of weight ``w`` is served at
+``V`` reaches its tag ``f = V(arrival) + C``. Weighted GPS: an agent of weight ``w`` is served at
 ``capacity * w / Σ w`` over the active agents, ``dV/dt = capacity / Σ w`` and ``f = V(a) + C / w``
 (all weights 1 is the unweighted clock, to the last bit). An agent is active in GPS from its arrival until ``V``
 passes its tag, whatever the real engine is doing. While no agent is active, ``V`` stands still. Tags
 follow the truth: ``retag`` moves an agent that revealed more work than it was stamped with back to
 ``V(now) + remaining / w``, and ``settle`` shortens a leaving agent's stay to ``V(a) + what it asked for / w``.
 
+**Tenants: hierarchical GPS** (H-GPS, Bennett & Zhang). An agent that names a tenant is served
+inside it: the engine is shared among the *root entries*, the agents without a tenant and the
+tenants with an agent active, by weight (``dV/dt = capacity / Σ W``); a tenant's share is shared
+among its active agents by the same rule, one level down. Each tenant keeps an inner clock of the
+same kind whose time is the root's ``V`` and whose capacity is the tenant's weight ``W``: while the
+tenant is active it receives ``W`` cost units per unit of ``V``, so its inner virtual time moves at
+``dV_k/dV = W / Σ_{its active agents} w``. An agent's inner tag ``f_j = V_k(a) + C / w`` orders it
+among its tenant's agents; its *root key* ``ρ_j = V + Σ_{i: f_i ≤ f_j} w_i (f_i − V_k) / W``, over
+the tenant's active agents, is the root virtual time at which the tenant, spending its share on its
+agents one after another in inner-tag order (selective pampering, one level down), finishes it if
+the tenant gets no more work. That is never later than its finish under H-GPS (where its tenant's
+later-tagged agents share the tenant with it), and it is the H-PFQ shape: the tenant is one flow at
+the root, whatever order it serves its own agents in. A root key is fixed between events of its own
+tenant (an agent that arrives with a smaller inner tag raises it, a settle lowers it), orders
+agents across tenants, and inside one tenant is in the order of the inner tags. The tenant is a root
+entry tagged with its last agent's root key, ``V + (its remaining work) / W``. Agents without a
+tenant are the flat clock above, to the last bit.
+
 ``V`` is piecewise linear: it changes slope only when an agent arrives, its tag is reached, or the
 capacity changes (``set_capacity``, at an event), so the clock keeps the pending tags in a heap and
-does O(log n) work per event.
+does O(log n) work per event (a root key also walks the tenant's agents with smaller inner tags:
+those being served or paused, not those waiting behind).
 """
 
 from __future__ import annotations
 
+import bisect
 import heapq
 import math
 
 
+class _Pampering:
+    """A tenant's share spent on its agents one after another in inner-tag order (preemptive, fluid):
+    the schedule its agents' root keys are read from. Work in cost units, time in root V."""
+
+    def __init__(self, v: float):
+        self.v = v  # the root V it was last moved to
+        self.total = 0.0  # work left, all agents
+        self._heap: list[tuple[float, int, str]] = []  # (inner tag, seq, agent), stale entries skipped
+        self._at: dict[str, tuple[float, int]] = {}  # agents with work left -> their live entry
+        self._left: dict[str, float] = {}  # ... -> their work left
+        self._work: dict[str, float] = {}  # agents known -> the work they were stamped with
+        self._order: dict[str, float] = {}  # agents known -> their place in the order
+        self._done_at: dict[str, float] = {}  # agents whose work is done -> the root V when it was
+        self._seq = 0
+
+    def advance(self, v: float, weight: float) -> None:
+        """The tenant was served ``weight`` per unit of root V from ``self.v`` to ``v`` (while it had work)."""
+        amount, self.v = (v - self.v) * weight, v
+        heap = self._heap
+        while amount > 0 and heap:
+            tag, seq, agent = heap[0]
+            if self._at.get(agent) != (tag, seq):
+                heapq.heappop(heap)
+                continue
+            left = self._left[agent]
+            if left > amount:
+                self._left[agent] = left - amount
+                self.total -= amount
+                return
+            amount -= left
+            heapq.heappop(heap)
+            del self._at[agent], self._left[agent]
+            self._done_at[agent] = v - amount / weight
+        if not self._at:
+            self.total = 0.0
+
+    def put(self, agent: str, tag: float, left: float, work: float) -> None:
+        """The agent has ``left`` work to do, in inner-tag order at ``tag``, ``work`` in all."""
+        self.total += left - self._left.pop(agent, 0.0)
+        self._at.pop(agent, None)
+        self._work[agent] = work
+        self._order[agent] = tag
+        if left > 0:
+            self._done_at.pop(agent, None)
+            heapq.heappush(self._heap, (tag, self._seq, agent))
+            self._at[agent] = (tag, self._seq)
+            self._left[agent] = left
+            self._seq += 1
+        else:
+            self._done_at.setdefault(agent, self.v)
+
+    def left(self, agent: str) -> float:
+        return self._left.get(agent, 0.0)
+
+    def order(self, agent: str) -> float:
+        """The agent's place in the order (its inner tag, or its arrival under ``chained``)."""
+        return self._order.get(agent, math.inf)
+
+    def work(self, agent: str) -> float:
+        return self._work.get(agent, 0.0)
+
+    def forget(self, agent: str) -> None:
+        self._work.pop(agent, None)
+        self._order.pop(agent, None)
+        self._done_at.pop(agent, None)
+
+    def key(self, agent: str, weight: float) -> float:
+        """The root V at which the agent's work is done, if the tenant gets no more."""
+        at = self._at.get(agent)
+        if at is None:
+            return self._done_at.get(agent, self.v)
+        ahead, heap, stack = 0.0, self._heap, [0]
+        while stack:  # the heap's live entries up to the agent's own: the agents ahead of it
+            i = stack.pop()
+            tag, seq, other = heap[i]
+            if (tag, seq) > at:
+                continue
+            if self._at.get(other) == (tag, seq):
+                ahead += self._left[other]
+            stack += [c for c in (2 * i + 1, 2 * i + 2) if c < len(heap)]
+        return self.v + ahead / weight
+
+
 class VirtualClock:
-    """Exact GPS virtual time for agents sharing ``capacity`` cost units per second.
+    """Exact GPS virtual time for agents sharing ``capacity`` cost units per second, with tenants
+    (hierarchical GPS, the module's docstring) for agents that name one."""
 
-    GPS shares the engine among *flows*: an agent is a flow of its own unless it names one (its
-    tenant), and a tenant's agents then queue behind each other in their flow, as packets of one
-    flow do in weighted fair queueing. An agent arriving at ``a`` starts at ``S = max(V(a), the
-    largest tag of its flow's active agents)`` and is tagged ``f = S + C / w``; ``Σ w`` runs over the
-    flows with an agent active, so a tenant of weight 2 is owed twice the service of one of weight 1
-    however many agents each has in flight. Without tenants every flow is one agent and
-    ``S = V(a)``: the paper's clock."""
-
-    def __init__(self, capacity: float, record: bool = True):
+    def __init__(self, capacity: float, record: bool = True, chained: bool = False):
+        """``chained``: a tenant serves its agents in arrival order, not inner-tag order (the rule
+        before hierarchical GPS, where a tenant was one flow whose agents queued as its packets:
+        ``S = max(V(a), the tenant's last tag)``; kept to compare against)."""
         if not (capacity > 0 and math.isfinite(capacity)):
             raise ValueError(f"capacity must be a positive finite number, got {capacity}.")
         self.capacity = float(capacity)
+        self.chained = chained
+        self._arrivals = 0
         self.record = record  # keep every GPS finish time (off for long-running servers)
         self._now_s = 0.0
         self._v = 0.0
-        self._tags: list[tuple[float, int, str]] = []  # (finish tag, filing seq, agent id)
-        self._weight = 0.0  # Σ w over the active flows
-        self._active: dict[str, tuple[int, object]] = {}  # agents active in GPS -> (their heap entry's seq, flow)
-        self._flows: dict[object, list] = {}  # flows with an agent active -> [active agents, weight, largest tag]
-        self._agents: dict[str, list] = {}  # agents not settled -> [start S, tag, weight, flow]
+        self._tags: list[tuple[float, int, object]] = []  # (finish tag, filing seq, root entry)
+        self._weight = 0.0  # Σ w over the active root entries
+        self._active: dict[object, tuple[int, float, float]] = {}  # active root entries -> (heap seq, w, tag)
+        self._agents: dict[str, list] = {}  # agents without a tenant, not settled -> [S, tag, w, GPS finish, arrival]
+        self._tenant_of: dict[str, str] = {}  # agents with a tenant, not settled -> their tenant
+        self._tenants: dict[str, list] = {}  # tenant -> [inner clock, weight W, agents not settled, _Pampering]
         self._seq = 0
         self._gps_finish_s: dict[str, float] = {}
+        self._trace: list[tuple[float, float]] | None = [] if record else None  # (V, t) breakpoints, with tenants
 
     @property
     def active(self) -> int:
         """Number of agents still active in GPS at the last time the clock was advanced to."""
-        return len(self._active)
+        n = sum(1 for e in self._active if not isinstance(e, tuple))
+        for tenant in self._tenants:
+            n += self._inner(tenant).active
+        return n
 
     @property
     def active_flows(self) -> int:
-        """Number of flows (tenants, and agents without one) with an agent active in GPS."""
-        return len(self._flows)
+        """Number of root entries (tenants, and agents without one) active in GPS."""
+        return len(self._active)
 
     def _advance(self, now_s: float) -> None:
         """Move the clock to ``now_s``, retiring every tag that ``V`` reaches on the way."""
@@ -72,10 +178,23 @@ class VirtualClock:
                 self._v += rate * (now_s - self._now_s)
                 break
             self._now_s, self._v = reach_s, tag
+            self._note()
             while self._tags and self._tags[0][0] <= tag:
                 self._retire(heapq.heappop(self._tags)[2], reach_s)
                 self._drop_stale()
         self._now_s = now_s
+        self._note()
+
+    def _note(self) -> None:
+        """Keep (V, t) where V changes slope, to read inner finish times in seconds (record, tenants):
+        a stretch where V stands still keeps its first and its last point."""
+        trace = self._trace
+        if trace is None or not self._tenants or (trace and trace[-1] == (self._v, self._now_s)):
+            return
+        if len(trace) >= 2 and trace[-1][0] == trace[-2][0] == self._v:
+            trace[-1] = (self._v, self._now_s)
+        else:
+            trace.append((self._v, self._now_s))
 
     def _live(self, entry: tuple) -> bool:
         """Whether a heap entry is current (not one that ``retag`` or ``settle`` replaced)."""
@@ -85,35 +204,28 @@ class VirtualClock:
         while self._tags and not self._live(self._tags[0]):
             heapq.heappop(self._tags)
 
-    def _retire(self, agent_id: str, now_s: float) -> None:
-        """GPS has finished the agent: it stops counting among the active ones (and its flow, if it
-        was the flow's last)."""
-        flow_id = self._active.pop(agent_id)[1]
-        flow = self._flows[flow_id]
-        flow[0] -= 1
-        if flow[0] == 0:
-            del self._flows[flow_id]
-            self._weight = self._weight - flow[1] if self._flows else 0.0  # no float dust when none is left
-        if self.record:
-            self._gps_finish_s[agent_id] = now_s
+    def _retire(self, entry: object, now_s: float) -> None:
+        """GPS has finished the entry (an agent, or a tenant's last agent): it stops counting."""
+        _, weight, _ = self._active.pop(entry)
+        known = self._agents.get(entry)
+        if known is not None:
+            known[3] = now_s  # when GPS finished it (an inner clock's time is its root's V)
+        if self._active:
+            self._weight -= weight
+        else:  # no float dust when none is left
+            self._weight = 0.0
+        if self.record and not isinstance(entry, tuple):
+            self._gps_finish_s[entry] = now_s
 
-    def _file(self, agent_id: str, tag: float, weight: float, flow_id: object) -> None:
-        """(Re)file an agent under ``tag`` in its flow: any earlier heap entry of it goes stale."""
-        if agent_id not in self._active:
-            flow = self._flows.get(flow_id)
-            if flow is None:
-                flow = self._flows[flow_id] = [0, weight, tag]
-                self._weight += weight
-            elif weight != flow[1]:  # a flow's weight is its newest agent's
-                self._weight += weight - flow[1]
-                flow[1] = weight
-            flow[0] += 1
-        else:
-            flow = self._flows[flow_id]
-        if tag > flow[2]:
-            flow[2] = tag
-        heapq.heappush(self._tags, (tag, self._seq, agent_id))
-        self._active[agent_id] = (self._seq, flow_id)
+    def _file(self, entry: object, tag: float, weight: float) -> None:
+        """(Re)file a root entry under ``tag``: any earlier heap entry of it goes stale."""
+        old = self._active.get(entry)
+        if old is None:
+            self._weight += weight
+        elif weight != old[1]:
+            self._weight += weight - old[1]
+        heapq.heappush(self._tags, (tag, self._seq, entry))
+        self._active[entry] = (self._seq, weight, tag)
         self._seq += 1
 
     def set_capacity(self, capacity: float, now_s: float) -> None:
@@ -124,34 +236,120 @@ class VirtualClock:
         self._advance(now_s)
         self.capacity = float(capacity)
 
+    # ------------------------------------------------------------------------------ tenants
+    def _inner(self, tenant: str) -> "VirtualClock":
+        """The tenant's inner clock and its pampering schedule, moved to the root's V."""
+        inner, weight, _, pampering = self._tenants[tenant]
+        inner._advance(max(self._v, inner._now_s))
+        if self._v > pampering.v:
+            pampering.advance(self._v, weight)
+        return inner
+
+    def _refile_tenant(self, tenant: str) -> None:
+        """The tenant's root entry after its agents changed: tagged ``V + work left / W``."""
+        self._inner(tenant)
+        _, weight, _, pampering = self._tenants[tenant]
+        entry = ("tenant", tenant)
+        if pampering.total > 0:
+            self._file(entry, self._v + pampering.total / weight, weight)
+        elif entry in self._active:
+            self._retire(entry, self._now_s)
+            self._drop_stale()
+
+    def _to_seconds(self, v: float) -> float:
+        """The time at which the root's V reached ``v`` (record mode)."""
+        trace = self._trace
+        i = bisect.bisect_left(trace, (v, -math.inf))
+        if i >= len(trace):
+            return trace[-1][1]
+        v1, t1 = trace[i]
+        if i == 0 or v1 == v:
+            return t1
+        v0, t0 = trace[i - 1]
+        return t0 + (t1 - t0) * (v - v0) / (v1 - v0)
+
+    def root_key(self, agent_id: str) -> float | None:
+        """The root virtual time at which the agent's tenant, spending its share on its agents in
+        inner-tag order (selective pampering inside the tenant), finishes it if the tenant gets no
+        more work (its flat tag, for an agent without a tenant); None if it is not known. No later
+        than its finish under H-GPS."""
+        tenant = self._tenant_of.get(agent_id)
+        if tenant is None:
+            known = self._agents.get(agent_id)
+            return None if known is None else known[1]
+        self._inner(tenant)
+        state = self._tenants[tenant]
+        return state[3].key(agent_id, state[1])
+
+    def tenant_of(self, agent_id: str) -> str | None:
+        """The agent's tenant, while it is known (None: none, or not known)."""
+        return self._tenant_of.get(agent_id)
+
+    def inner_tag(self, agent_id: str) -> float | None:
+        """The agent's tag among its tenant's agents (its flat tag, without a tenant); None if not known."""
+        tenant = self._tenant_of.get(agent_id)
+        clock = self if tenant is None else self._tenants[tenant][0]
+        known = clock._agents.get(agent_id)
+        return None if known is None else known[1]
+
+    # ------------------------------------------------------------------------------- verbs
     def retag(self, agent_id: str, remaining_cost: float, now_s: float) -> float | None:
         """The agent has revealed more work than it was stamped with, ``remaining_cost`` of it not done:
         its tag becomes ``max(tag, V(now) + remaining / w)``, that of an agent arriving now with that
-        work (it counts among the active agents again if GPS had finished it). The new tag, or None if
-        the agent is not known here (never arrived, or settled)."""
+        work (it counts among the active agents again if GPS had finished it); in a tenant, the same
+        one level down. The new tag (the inner one, in a tenant), or None if the agent is not known
+        here (never arrived, or settled)."""
         self._advance(now_s)
+        tenant = self._tenant_of.get(agent_id)
+        if tenant is not None:
+            tag = self._inner(tenant).retag(agent_id, remaining_cost, self._v)
+            pampering = self._tenants[tenant][3]
+            left = pampering.left(agent_id)
+            if tag is not None and remaining_cost > left:
+                order = pampering.order(agent_id) if self.chained else tag
+                pampering.put(agent_id, order, remaining_cost, pampering.work(agent_id) + remaining_cost - left)
+            self._refile_tenant(tenant)
+            return tag
         known = self._agents.get(agent_id)
         if known is None:
             return None
-        _, old, weight, flow_id = known
+        _, old, weight = known[:3]
         tag = max(old, self._v + (remaining_cost if weight == 1 else remaining_cost / weight))
         if tag > old:
             known[1] = tag
             if tag > self._v:
-                self._file(agent_id, tag, weight, flow_id)
+                self._file(agent_id, tag, weight)
         return tag
 
     def settle(self, agent_id: str, cost: float, now_s: float) -> None:
         """The agent left the engine (finished, cancelled, released) having asked for ``cost`` in all:
         GPS keeps it no longer than that work would have kept it, that is until ``V`` reaches
         ``min(tag, S + cost / w)`` (at once if ``V`` is past it). An honest agent keeps its tag; one
-        that declared more than it asked for (a cost of 1e19) stops slowing ``V`` for the others. (The
-        agents of its flow stamped after it keep their tags.)"""
+        that declared more than it asked for (a cost of 1e19) stops slowing ``V`` for the others (in
+        a tenant: its tenant's inner V, and the tenant's root entry)."""
         self._advance(now_s)
+        tenant = self._tenant_of.pop(agent_id, None)
+        if tenant is not None:
+            state = self._tenants[tenant]
+            tag = state[0].inner_tag(agent_id)
+            state[0].settle(agent_id, cost, self._v)
+            tag = state[0]._active.get(agent_id, (0, 0, tag))[2]  # the settled inner tag, if still active
+            pampering, work = state[3], state[3].work(agent_id)
+            left = pampering.left(agent_id)
+            if left > 0 and cost < work:  # what it asked for and was not yet served, at most
+                order = pampering.order(agent_id) if self.chained else tag
+                pampering.put(agent_id, order, min(left, max(0.0, cost - (work - left))), cost)
+            if pampering.left(agent_id) == 0:
+                pampering.forget(agent_id)
+            self._refile_tenant(tenant)
+            state[2] -= 1
+            if state[2] == 0 and not state[0]._active and not self.record:
+                del self._tenants[tenant]  # nothing of it left in GPS: long-running servers forget it
+            return
         known = self._agents.pop(agent_id, None)
         if known is None or agent_id not in self._active:
             return
-        start, tag, weight, flow_id = known
+        start, tag, weight = known[:3]
         settled = start + (cost if weight == 1 else cost / weight)
         if settled >= tag:
             return
@@ -159,7 +357,7 @@ class VirtualClock:
             self._retire(agent_id, now_s)
             self._drop_stale()
         else:
-            self._file(agent_id, settled, weight, flow_id)
+            self._file(agent_id, settled, weight)
 
     def virtual_time(self, now_s: float) -> float:
         """V(now_s), in cost units; ``now_s`` must not be earlier than any earlier call's."""
@@ -167,34 +365,66 @@ class VirtualClock:
         return self._v
 
     def arrive(self, agent_id: str, cost: float, now_s: float, weight: float = 1.0,
-               flow: str | None = None) -> float:
-        """Register an agent of ``cost`` and ``weight`` arriving at ``now_s`` in ``flow`` (its tenant;
-        None: a flow of its own) and return its finish tag."""
+               tenant: str | None = None, tenant_weight: float | None = None) -> float:
+        """Register an agent of ``cost`` and ``weight`` arriving at ``now_s``, in ``tenant`` (None: a
+        root entry of its own) of weight ``tenant_weight`` (default: ``weight``; a tenant's weight is
+        its newest agent's); return its tag: its flat tag, or its root key now (``root_key``)."""
         if not (cost >= 0 and math.isfinite(cost)):
             raise ValueError(f"agent '{agent_id}': cost must be a finite number >= 0, got {cost}.")
         if not (weight > 0 and math.isfinite(weight)):
             raise ValueError(f"agent '{agent_id}': weight must be a finite number > 0, got {weight}.")
         self._advance(now_s)
-        flow_id = (agent_id,) if flow is None else flow  # a tuple never equals a tenant's name
-        queued = self._flows.get(flow_id)
-        start = self._v if queued is None else max(self._v, queued[2])
+        if tenant is not None:
+            return self._arrive_in(agent_id, cost, weight, tenant, weight if tenant_weight is None else tenant_weight)
+        start = self._v
         tag = start + (cost if weight == 1 else cost / weight)
-        self._agents[agent_id] = [start, tag, float(weight), flow_id]
-        if tag <= self._v:  # no work and nothing ahead in its flow: GPS finishes it at once (retag can move it back)
+        self._agents[agent_id] = [start, tag, float(weight), None, now_s]  # [S, f, w, GPS finish, arrival]
+        if tag <= self._v:  # no work: GPS finishes it at once (retag can move it back)
             if self.record:
                 self._gps_finish_s[agent_id] = now_s
         else:
-            self._file(agent_id, tag, float(weight), flow_id)
+            self._file(agent_id, tag, float(weight))
         return tag
 
+    def _arrive_in(self, agent_id: str, cost: float, weight: float, tenant: str, tenant_weight: float) -> float:
+        if not (tenant_weight > 0 and math.isfinite(tenant_weight)):
+            raise ValueError(f"tenant '{tenant}': weight must be a finite number > 0, got {tenant_weight}.")
+        state = self._tenants.get(tenant)
+        if state is None:
+            state = self._tenants[tenant] = [VirtualClock(float(tenant_weight), record=self.record),
+                                             float(tenant_weight), 0, _Pampering(self._v)]
+            state[0]._now_s = self._v
+            self._note()
+        inner = self._inner(tenant)
+        if tenant_weight != state[1]:
+            inner.set_capacity(float(tenant_weight), self._v)
+            state[1] = float(tenant_weight)
+        tag = inner.arrive(agent_id, cost, self._v, weight)
+        self._arrivals += 1
+        state[3].put(agent_id, self._arrivals if self.chained else tag, float(cost), float(cost))
+        self._tenant_of[agent_id] = tenant
+        state[2] += 1
+        self._refile_tenant(tenant)
+        return self.root_key(agent_id)
+
     def start(self, agent_id: str) -> float | None:
-        """The agent's GPS start ``S`` (``V(a)``, or its flow's last tag), or None if it is not known."""
+        """The agent's GPS start ``S`` in root virtual time (``V(a)``), or None if it is not known."""
+        tenant = self._tenant_of.get(agent_id)
+        if tenant is not None:
+            known = self._tenants[tenant][0]._agents.get(agent_id)
+            return None if known is None else known[4]
         known = self._agents.get(agent_id)
         return None if known is None else known[0]
 
     def gps_finish_s(self, agent_id: str) -> float | None:
         """When the agent finished under GPS, or None if it has not finished by the clock's time."""
-        return self._gps_finish_s.get(agent_id)
+        if agent_id in self._gps_finish_s:
+            return self._gps_finish_s[agent_id]
+        for inner, *_ in self._tenants.values():
+            v = inner._gps_finish_s.get(agent_id)
+            if v is not None:
+                return self._to_seconds(v)
+        return None
 
     def drain(self) -> dict[str, float]:
         """Run GPS until every registered agent has finished; return all GPS finish times."""
@@ -207,7 +437,12 @@ class VirtualClock:
                 entry = heapq.heappop(self._tags)
                 if self._live(entry):
                     del self._active[entry[2]]
-                    self._gps_finish_s[entry[2]] = self._now_s
-            self._flows.clear()
+                    if not isinstance(entry[2], tuple):
+                        self._gps_finish_s[entry[2]] = self._now_s
             self._weight = 0.0
-        return dict(self._gps_finish_s)
+        out = dict(self._gps_finish_s)
+        for inner, *_ in self._tenants.values():
+            inner._advance(max(self._v, inner._now_s))
+            for agent_id, v in inner.drain().items():  # a hair of inner work left: finished now
+                out[agent_id] = self._to_seconds(min(v, self._v))
+        return out

@@ -6,6 +6,12 @@ per agent and a heap of backlogged agents, which it re-keys for the agents whose
 (``touch``). Either way the queue tells the policy when an agent becomes backlogged, which VTC's
 lift rule needs; a dynamic policy is told the other backlogged agents smallest key first, so the
 lift reads one counter, not every backlogged agent's.
+
+A grouping policy (``Policy.groups``: justitia and vtc with tenants) puts some requests in groups:
+a group's requests wait in a heap by ``inner_key`` (fixed while they wait), and the group is filed
+under ``group_key`` of its head request, re-read when the head changes or the policy says the
+group's key moved (``take_dirty``). The next request is the smaller of the best group's head and the
+best request outside any group, so a group costs O(log n) per request, however many agents it has.
 """
 
 from __future__ import annotations
@@ -30,6 +36,15 @@ class WaitingQueue:
         self._agents: list[tuple[tuple, str]] = []  # dynamic policies: backlogged agents by key
         self._agent_key: dict[str, tuple] = {}  # the key each backlogged agent is filed under
         self._dirty: set[str] = set()
+        self._grouped = policy.groups
+        self._lifts = type(policy).backlogged is not Policy.backlogged
+        self._gheap: dict[str, list[tuple[tuple, int, RequestInfo]]] = {}  # group -> its waiting requests
+        self._agent_group: dict[str, str] = {}  # backlogged agents in a group -> the group
+        self._groots: list[tuple[tuple, str]] = []  # groups by key (stale entries skipped)
+        self._gkey: dict[str, tuple] = {}  # the key each group is filed under
+        self._gdirty: set[str] = set()
+        self._ungrouped = 0  # waiting requests outside any group
+        self._gcount: dict[str, int] = {}  # group -> its waiting requests
 
     def __len__(self) -> int:
         return len(self._live)
@@ -53,10 +68,15 @@ class WaitingQueue:
         """Queue a new or preempted request."""
         if req.request_id in self._live:
             raise ValueError(f"request '{req.request_id}' is already waiting.")
+        if self._grouped and (g := self.policy.group_of(req)) is not None:
+            self._add_grouped(req, g)
+            return
+        self._ungrouped += 1
         self._live[req.request_id] = req
         group = self._by_agent.get(req.agent_id)
         if group is None:
-            self.policy.backlogged(req.agent_id, self.in_order() if self.policy.dynamic else self._by_agent.keys())
+            if self._lifts:
+                self.policy.backlogged(req.agent_id, self._others())
             group = self._by_agent[req.agent_id] = []
             if self.policy.dynamic:
                 self._file(req.agent_id)
@@ -66,9 +86,78 @@ class WaitingQueue:
             self._token[req.request_id] = self._pushes
             heapq.heappush(self._heap, (self.policy.key(req), self._pushes, req))
 
+    def _add_grouped(self, req: RequestInfo, g: str) -> None:
+        self._live[req.request_id] = req
+        agent = self._by_agent.get(req.agent_id)
+        if agent is None:
+            if self._lifts and not self._gcount.get(g):  # the group becomes backlogged
+                self.policy.backlogged(req.agent_id, self._others())
+            agent = self._by_agent[req.agent_id] = []
+            self._agent_group[req.agent_id] = g
+        heapq.heappush(agent, (req.seq, req))
+        self._pushes += 1
+        self._token[req.request_id] = self._pushes
+        self._gcount[g] = self._gcount.get(g, 0) + 1
+        heap = self._gheap.setdefault(g, [])
+        heapq.heappush(heap, (self.policy.inner_key(req), self._pushes, req))
+        if heap[0][2] is req:
+            self._gdirty.add(g)
+
+    def _others(self) -> Iterator[str]:
+        """Backlogged agents for the policy's ``backlogged`` hook, smallest key first where keys move:
+        the best group's head agent or the best agent outside groups first, whichever is smaller."""
+        outside = self.in_order() if self.policy.dynamic else iter(list(self._by_agent))
+        best = self._best_group()
+        if best is None:
+            yield from outside
+            return
+        head_agent = self._gheap[best[1]][0][2].agent_id
+        first = next(outside, None)
+        if first is None or not self.policy.dynamic or self._agent_group.get(first) is not None:
+            yield head_agent
+        elif best[0] < self.policy.agent_key(first) + (self.agent_head(first).seq,):
+            yield head_agent
+        if first is not None:
+            yield first
+        yield from outside
+
+    def _refresh_groups(self) -> None:
+        dirty = self._gdirty | self.policy.take_dirty()
+        self._gdirty = set()
+        for g in dirty:
+            heap = self._gheap.get(g)
+            while heap and self._token.get(heap[0][2].request_id) != heap[0][1]:
+                heapq.heappop(heap)
+            if not heap:
+                self._gheap.pop(g, None)
+                self._gkey.pop(g, None)
+                continue
+            key = self.policy.group_key(g, heap[0][2])
+            if self._gkey.get(g) != key:
+                self._gkey[g] = key
+                heapq.heappush(self._groots, (key, g))
+                if len(self._groots) > 2 * len(self._gkey) + 16:
+                    self._groots = [(k, x) for x, k in self._gkey.items()]
+                    heapq.heapify(self._groots)
+
+    def _best_group(self) -> tuple[tuple, str] | None:
+        """(key, group) of the group whose head comes first, or None."""
+        if not self._gheap and not self._gdirty:
+            self.policy.take_dirty()
+            return None
+        self._refresh_groups()
+        roots = self._groots
+        while roots and self._gkey.get(roots[0][1]) != roots[0][0]:
+            heapq.heappop(roots)
+        return roots[0] if roots else None
+
     def touch(self, agent_id: str) -> None:
         """The agent's dynamic key may have changed (it was charged service)."""
-        self._dirty.add(agent_id)
+        g = self._agent_group.get(agent_id)
+        if g is not None:
+            self._gdirty.add(g)
+        else:
+            self._dirty.add(agent_id)
 
     def _file(self, agent_id: str) -> None:
         key = self.policy.agent_key(agent_id)
@@ -81,7 +170,7 @@ class WaitingQueue:
 
     def _refresh(self) -> None:
         for agent_id in self._dirty:
-            if agent_id in self._by_agent:
+            if agent_id in self._by_agent and agent_id not in self._agent_group:
                 self._file(agent_id)
         self._dirty.clear()
 
@@ -121,6 +210,19 @@ class WaitingQueue:
         """The next request to admit, or None; a dynamic policy's keys may include ``extra``."""
         if not self._live:
             return None
+        if self._grouped and (self._gheap or self._gdirty):
+            best = self._best_group()
+            if best is not None:
+                head = self._gheap[best[1]][0][2]
+                if not self._ungrouped:
+                    return head
+                other = self._peek_ungrouped(extra)
+                return head if best[0] < self.policy.key(other) else other
+        return self._peek_ungrouped(extra)
+
+    def _peek_ungrouped(self, extra: dict[str, Charge] | None = None) -> RequestInfo | None:
+        if not self._ungrouped:
+            return None
         if not self.policy.dynamic:
             while self._token.get(self._heap[0][2].request_id) != self._heap[0][1]:
                 heapq.heappop(self._heap)
@@ -156,6 +258,15 @@ class WaitingQueue:
         if self._live.get(req.request_id) is not req:
             raise KeyError(f"request '{req.request_id}' is not waiting.")
         del self._live[req.request_id]
+        g = self._agent_group.get(req.agent_id)
+        if g is not None:
+            if self._gheap[g][0][2] is req:
+                self._gdirty.add(g)
+            self._gcount[g] -= 1
+            if not self._gcount[g]:
+                del self._gcount[g]
+        else:
+            self._ungrouped -= 1
         group = self._by_agent[req.agent_id]
         if group[0][1] is req:
             heapq.heappop(group)
@@ -165,4 +276,5 @@ class WaitingQueue:
         if not group:
             del self._by_agent[req.agent_id]
             self._agent_key.pop(req.agent_id, None)
+            self._agent_group.pop(req.agent_id, None)
         self._token.pop(req.request_id, None)

@@ -10,7 +10,8 @@ served and finished. It knows nothing about KV blocks or iterations.
                request_finished (finished or aborted), charge (service scheduled)
     order      peek, num_waiting, is_waiting, priority, victim
     needs      keys_move, keys_rise, uses_service, reads_service_on_backlog, measures_capacity,
-               moved_agents (whose keys moved since the last call: an engine re-keys only theirs)
+               keys_shift, pools_service, moved_agents (whose keys moved since the last call: an
+               engine re-keys only theirs)
     clock      virtual_time, virtual_finish, gps_active, capacity_per_s (None under a policy without
                a clock); observe_service (what the engine delivered while backlogged: the clock's M
                follows it), capacity_schedule; set_capacity (M measured elsewhere: a cluster's
@@ -49,6 +50,7 @@ class AgentScheduler:
         self._agent_seq = 0
         self._request_seq = 0
         self._moved: set[str] = set()  # dynamic policies: agents whose keys may have moved (moved_agents)
+        self._shifts = policy.groups
 
     @classmethod
     def for_policy(cls, name: str, capacity_per_s: float | None = None, cost: str | CostModel = KV,
@@ -208,11 +210,28 @@ class AgentScheduler:
         return self._policy.dynamic
 
     def moved_agents(self) -> set[str]:
-        """The agents whose keys may have moved since the last call (charged, revised or lifted), and
-        a fresh start: an engine that stamps keys on running requests re-keys only theirs. Empty
-        under a static policy."""
+        """The agents whose keys may have moved since the last call (charged, revised or lifted; or
+        their tenant's key moved), and a fresh start: an engine that stamps keys on running requests
+        re-keys only theirs. Empty under a static policy without tenants."""
         moved, self._moved = self._moved, set()
+        if self._shifts:
+            shifted = self._policy.take_moved()
+            if shifted:
+                moved |= shifted
         return moved
+
+    @property
+    def keys_shift(self) -> bool:
+        """Whether keys may move at events other than an agent's own service (justitia and vtc with
+        tenants: a tenant's arrival, settle or service moves its agents' keys): an engine that stamps
+        keys on running requests re-keys ``moved_agents`` every step."""
+        return self._shifts
+
+    @property
+    def pools_service(self) -> bool:
+        """Whether agents of one tenant share a service counter (vtc): an engine that charges lazily,
+        agent by agent, must charge every step when agents name tenants."""
+        return self._policy.pools
 
     @property
     def keys_rise(self) -> bool:

@@ -10,7 +10,7 @@ the cluster's total M (N engines as one GPS server of N x M).
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable
 
@@ -18,6 +18,7 @@ from justitia.agent import PRICINGS, AgentResult, RunResult
 from justitia.core import ROUTER_NAMES, make_policy
 from justitia.lab.metrics import delay_bound_s, fairness, gps_finish_times, jct_stats
 from justitia.lab.progress import progress_bar
+from justitia.lab.tenants import tenant_report
 from justitia.predictors import make_predictor
 from justitia.sim import CLOCKS, Cluster, EngineConfig, Simulator
 from justitia.workload import Agent
@@ -38,6 +39,7 @@ class RunSpec:
     pricing: str = "first-stage"  # or all-stages: an agent submitted whole (AgentProcess)
     router: str | None = None  # a cluster's router (None: least-load); ignored on one engine
     cluster_clock: str | None = None  # a cluster's justitia clock: global (None) or replica
+    per_agent: bool = False  # the agents' tenants left out: every agent is a root entry of its own
 
     def __post_init__(self) -> None:
         if self.capacity not in CAPACITIES:
@@ -51,8 +53,13 @@ class RunSpec:
 
     def to_json(self) -> dict:
         """The run's settings as a results-file document."""
-        return {"policy": self.policy, "predictor": self.predictor, "cost": self.cost, "capacity": self.capacity,
-                "retag": self.retag, "pricing": self.pricing}
+        doc = {"policy": self.policy, "predictor": self.predictor, "cost": self.cost, "capacity": self.capacity,
+               "retag": self.retag, "pricing": self.pricing}
+        return doc | {"per_agent": True} if self.per_agent else doc
+
+    def workload(self, agents: list[Agent]) -> list[Agent]:
+        """The agents as this run sees them (without their tenants, under ``per_agent``)."""
+        return [replace(a, tenant=None) for a in agents] if self.per_agent else agents
 
 
 CAPACITIES = ("measured", "formula")
@@ -69,6 +76,7 @@ def simulate(
 ) -> RunResult:
     """Run one spec over ``agents`` on the simulator (a cluster of ``replicas`` engines if > 1)."""
     predictor = make_predictor(spec.predictor, seed)
+    agents = spec.workload(agents)
     if replicas > 1:
         return Cluster(config, spec.policy, predictor, spec.cost, replicas, spec.router or "least-load",
                        spec.cluster_clock or "global", event_skipping, on_agent_finish,
@@ -103,6 +111,13 @@ def summarize(
         "fairness": {},
     }
     jcts = {label: {a.agent_id: a.jct_s for a in run.agents} for label, run in runs.items()}
+    tenanted = any(a.tenant is not None for a in agents)
+    if tenanted:  # every run's tenants are judged against hierarchical GPS at the (first) justitia run's M
+        ref = next((runs[s.label] for s in specs if s.policy == "justitia" and not s.per_agent), None)
+        ref_schedule = (ref.capacity_schedule if ref is not None else None) or [(0.0, formula_m)]
+        ref_gps = gps_finish_times(agents, formula_m, ref_schedule)
+        ref_bound = delay_bound_s(agents, config, min(m for _, m in ref_schedule))
+        doc["tenant_reference"] = {"capacity_from": ref.policy if ref is not None else "formula", "delay_bound_s": ref_bound}
     for spec in specs:
         run = runs[spec.label]
         entry = spec.to_json() | jct_stats([a.jct_s for a in run.agents])
@@ -116,9 +131,9 @@ def summarize(
         if replicas > 1:
             entry |= {"router": run.router, "cluster_clock": run.clock, "requests_per_replica": run.requests_per_replica}
         agent_docs = [a.to_json() for a in run.agents]
-        if spec.policy in ("justitia", "justitia-eligible"):  # policies with a clock
+        if spec.policy.startswith("justitia"):  # policies with a clock
             schedule = run.capacity_schedule or [(0.0, formula_m)]
-            gps = gps_finish_times(agents, formula_m, schedule)
+            gps = gps_finish_times(spec.workload(agents), formula_m, schedule)
             bound_s = delay_bound_s(agents, config, min(m for _, m in schedule))
             late = 0
             for d in agent_docs:
@@ -129,6 +144,8 @@ def summarize(
             entry["delay_bound_s"] = bound_s
             entry["bound_violations"] = late
             entry["max_delay_vs_gps_s"] = max(d["delay_vs_gps_s"] for d in agent_docs)
+        if tenanted and run.served is not None:
+            entry["tenants"] = tenant_report(agents, run, ref_gps, ref_bound)
         entry["agents"] = agent_docs
         doc["policies"][spec.label] = entry
     if "vtc" in runs:

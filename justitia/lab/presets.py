@@ -191,6 +191,58 @@ def trojan_workload(seed: int) -> tuple[list[Agent], dict, list[Agent]]:
     return agents, info | {"trojans": len(picks), "trojan_first_stage_share": 1 / (1 + TROJAN_COPIES)}, train
 
 
+# The tenants presets (hierarchical GPS). ``tenants``: main's agents spread over three tenants of
+# weights 1, 1 and 2, and a fourth that streams small agents near the engine's saturated rate for as
+# STREAM_S seconds (about as long as main's backlog lasts on its own). ``elephant-stream``: one large two-stage elephant at t=0 in a tenant
+# of its own, and a tenant that streams small agents for 20 minutes at 5 a second.
+TENANT_WEIGHTS = {"t1": 1.0, "t2": 1.0, "t3": 2.0}
+STREAM_TENANT, STREAM_LOAD, STREAM_S = "stream", 0.9, 1000.0
+ELEPHANT_STREAM_S, ELEPHANT_STREAM_RATE = 1200.0, 5.0
+
+
+def tenant_specs() -> list[RunSpec]:
+    """Hierarchical Justitia, the tenant rule before it (chained), Justitia per agent (tenants left
+    out), VTC with a counter per tenant and per agent, and SRJF."""
+    return [RunSpec("justitia", "justitia"), RunSpec("justitia-chained", "justitia-chained"),
+            RunSpec("justitia/per-agent", "justitia", per_agent=True), RunSpec("vtc", "vtc"),
+            RunSpec("vtc/per-agent", "vtc", per_agent=True), RunSpec("srjf", "srjf")]
+
+
+def tenants_workload(seed: int, config) -> tuple[list[Agent], dict]:
+    """Main's agents, each in t1, t2 or t3 (uniformly at random), and a stream tenant of small agents
+    at ``STREAM_LOAD`` times the engine's saturated rate for ``STREAM_S`` seconds."""
+    from dataclasses import replace
+
+    agents, info = build_workload(300, seed, MOONCAKE_ARRIVALS, 1.0)
+    rng = np.random.default_rng([seed, 3])
+    names = list(TENANT_WEIGHTS)
+    agents = [replace(a, tenant=t, weight=TENANT_WEIGHTS[t]) for a, t in zip(agents, rng.choice(names, len(agents)))]
+    span = STREAM_S
+    rate = STREAM_LOAD * saturated_rate(config, seed)
+    times = np.cumsum(rng.exponential(1.0 / rate, size=int(rate * span * 1.5) + 10))
+    stream = [replace(stream_mouse(rng, f"stream-{i:05d}", float(t)), tenant=STREAM_TENANT)
+              for i, t in enumerate(times[times < span])]
+    info = info | {"tenants": {**TENANT_WEIGHTS, STREAM_TENANT: 1.0}, "stream_rate_per_s": rate,
+                   "stream_load": STREAM_LOAD, "stream_s": STREAM_S, "stream_agents": len(stream), "agents": len(agents) + len(stream)}
+    return sorted(agents + stream, key=lambda a: a.arrival_s), info
+
+
+def elephant_stream_workload(seed: int, rate_per_s: float = ELEPHANT_STREAM_RATE,
+                             seconds: float = ELEPHANT_STREAM_S) -> tuple[list[Agent], dict]:
+    """One large two-stage map-reduce elephant at t=0 (tenant ``elephant``), then small agents for
+    ``seconds`` at ``rate_per_s`` (Poisson; tenant ``stream``)."""
+    from dataclasses import replace
+
+    rng = np.random.default_rng(seed)
+    elephant = replace(generate_agent("mrs", "large", "elephant", 0.0, rng), tenant="elephant")
+    arrivals = np.cumsum(rng.exponential(1.0 / rate_per_s, size=int(rate_per_s * seconds * 1.2) + 10))
+    mice = [replace(stream_mouse(rng, f"mouse-{i:05d}", float(t)), tenant="stream")
+            for i, t in enumerate(arrivals[arrivals < seconds])]
+    info = {"arrivals": f"elephant at 0 s (tenant elephant), then small agents at {rate_per_s:g}/s for {seconds:.0f} s "
+                        "(tenant stream)", "rate_per_s": rate_per_s, "agents": 1 + len(mice), "seed": seed}
+    return [elephant, *mice], info
+
+
 def make_preset(name: str, seed: int = 0) -> Preset:
     """Build the preset called ``name``: main, starvation, noise, ablation, sustained, trojan, the
     clusters (simulator), cpu or engine (vLLM)."""
@@ -216,6 +268,14 @@ def make_preset(name: str, seed: int = 0) -> Preset:
         agents, info = sustained_workload(seed, load, EngineConfig(profile=load_profile(SIM_DEFAULT_PROFILE)))
         return Preset(name, f"an elephant, then small agents at {load:g}x the engine's saturated rate for "
                       f"{SUSTAINED_S / 60:.0f} minutes, all seven policies", agents, info, _all_policies(formula=True))
+    if name == "tenants":
+        agents, info = tenants_workload(seed, EngineConfig(profile=load_profile(SIM_DEFAULT_PROFILE)))
+        return Preset(name, "main's agents in three tenants weighted 1, 1 and 2, and a fourth tenant streaming small "
+                      f"agents at {STREAM_LOAD:g}x the engine's saturated rate for {STREAM_S:.0f} s", agents, info, tenant_specs())
+    if name == "elephant-stream":
+        agents, info = elephant_stream_workload(seed)
+        return Preset(name, f"an elephant in one tenant, small agents at {ELEPHANT_STREAM_RATE:g}/s for "
+                      f"{ELEPHANT_STREAM_S / 60:.0f} minutes in another", agents, info, tenant_specs())
     if name == "noise":
         agents, info = build_workload(300, seed, trace, 1.0)
         specs = [RunSpec("vtc", "vtc")] + [
@@ -309,5 +369,6 @@ CPU_AGENTS, CPU_CALIBRATION_AGENTS, CPU_DENSITY, CPU_SCALE, CPU_REPEATS = 24, 20
 ENGINE_AGENTS, ENGINE_CALIBRATION_AGENTS, ENGINE_DENSITY, ENGINE_REPEATS = 100, 40, 6.0, 3
 ENGINE_POLICIES = ("fcfs", "vtc", "srjf", "justitia", "las")
 ENGINE_OPTIONS = {"model": "tiny", "kv_blocks": 24, "max_num_seqs": 64, "max_num_batched_tokens": 2048}
-PRESET_NAMES = ("main", "starvation", "noise", "ablation", "sustained", "sustained-near", "trojan", *CLUSTER_PRESETS,
+PRESET_NAMES = ("main", "starvation", "noise", "ablation", "sustained", "sustained-near", "trojan", "tenants",
+                "elephant-stream", *CLUSTER_PRESETS,
                 "cpu", "engine")

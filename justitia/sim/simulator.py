@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Protocol, Sequence
 
 from justitia.agent import AgentProcess, AgentResult, Answer, Call, RunResult
-from justitia.core import (WINDOW_STEPS, AgentScheduler, CapacityMeter, CostModel, Policy, ReplicaLoad, Replicas,
+from justitia.core import (WINDOW_STEPS, kv_token_iters, AgentScheduler, CapacityMeter, CostModel, Policy, ReplicaLoad, Replicas,
                            RouteRequest, cost_model)
 from justitia.predictors import Predictor
 from justitia.sim.config import PS_PER_S, EngineConfig
@@ -92,8 +92,10 @@ class EngineLoop:
         validate(agents, self.config)
         wall0 = time.perf_counter()
         cfg = self.config
-        self._engines = [(SkippingRun if self.event_skipping and not core.timed else PlainRun)(  # timed keys: every step
-            cfg, core, lambda r, i=i: self._reported(i, r)) for i, core in enumerate(self.cores)]
+        tenants = any(a.tenant is not None for a in agents)
+        # every step: timed keys, and counters a tenant's agents share (charged as they are served)
+        self._engines = [(SkippingRun if self.event_skipping and not core.timed and not (tenants and core.pools_service)
+                          else PlainRun)(cfg, core, lambda r, i=i: self._reported(i, r)) for i, core in enumerate(self.cores)]
         engines = self._engines
         self.book = Replicas([ReplicaLoad(str(i), cfg.kv_tokens) for i in range(len(engines))], self.router)
         self._affinity = self.router == "affinity"
@@ -103,6 +105,7 @@ class EngineLoop:
         self._queued = [False] * len(engines)
         self._seq = 0
         self._results: list[AgentResult] = []
+        self._served: list[tuple[float, str, float]] = []
         # the front end (the profile's frontend_ms): the requests an agent sends reach the engines after
         # the front end took them in turn and the request latency; a finish reaches its agent the
         # answer latency after its step. Deliveries wait in the heap of finishes, in time order.
@@ -152,6 +155,7 @@ class EngineLoop:
             steps=sum(e.steps for e in engines),
             preemptions=sum(e.preemptions for e in engines),
             wall_s=time.perf_counter() - wall0,
+            served=self._served,
         )
 
     # --------------------------------------------------------------------------- events
@@ -191,6 +195,7 @@ class EngineLoop:
     def _finished(self, r: SimRequest, now_ps: int) -> None:
         self.book.done(r.request_id)
         now_s = now_ps / PS_PER_S
+        self._served.append((now_s, r.agent_id, kv_token_iters(r.prompt_tokens, r.output_tokens)))
         if self.front is not None:
             self.front.request_finished(r.request_id, now_s)
         run, call = r.owner

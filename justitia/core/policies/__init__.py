@@ -14,7 +14,8 @@ from justitia.core.policies.vtc import VTC
 
 POLICY_NAMES = ("fcfs", "sjf", "parrot", "vtc", "srjf", "justitia", "las")
 STATIC_POLICY_NAMES = tuple(n for n in POLICY_NAMES if n not in ("vtc", "srjf", "las"))  # keys fixed on arrival
-OPTION_NAMES = ("justitia-eligible", "tagged")  # options beside the paper's seven (not run unless named);
+OPTION_NAMES = ("justitia-eligible", "justitia-chained", "tagged")  # options beside the paper's seven (not run unless named);
+# justitia-chained: a tenant's agents in arrival order (the tenants rule before hierarchical GPS);
 # tagged: an engine behind a front end that keeps the clock (its requests carry their tags)
 
 
@@ -25,10 +26,12 @@ def make_policy(name: str, capacity_per_s: float | None = None, cost: str | Cost
     (VTC always counts compute tokens, as the VTC paper does).
     """
     cost = cost_model(cost)
-    if name in ("justitia", "justitia-eligible"):
+    if name in ("justitia", "justitia-eligible", "justitia-chained"):
         if capacity_per_s is None:
             raise ValueError(f"policy '{name}' needs capacity_per_s for its virtual clock.")
-        return Justitia(capacity_per_s) if name == "justitia" else EligibleJustitia(capacity_per_s, cost)
+        if name == "justitia-eligible":
+            return EligibleJustitia(capacity_per_s, cost)
+        return Justitia(capacity_per_s, chained=name == "justitia-chained")
     if name in ("srjf", "las"):
         return {"srjf": SRJF, "las": LAS}[name](cost)
     classes = {"fcfs": FCFS, "sjf": SJF, "parrot": Parrot, "vtc": VTC, "tagged": Tagged}

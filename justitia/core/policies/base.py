@@ -51,6 +51,8 @@ class Policy:
     timed: ClassVar[bool] = False  # keys also move with time: engines call ``advance`` before each step
     clock: VirtualClock | None = None  # the GPS clock, for policies that keep one (justitia)
     reports_capacity: ClassVar[bool] = False  # measures M for a clock elsewhere (tagged: the front end's)
+    groups: ClassVar[bool] = False  # some agents' requests wait in groups (tenants): group_of, inner_key, group_key
+    pools: ClassVar[bool] = False  # a tenant's agents share one service counter (vtc): charged every step
 
     def agent_arrived(self, agent: AgentInfo, now_s: float) -> None:
         """An agent arrived with its predicted cost."""
@@ -94,6 +96,27 @@ class Policy:
         """The engine is about to take a step at ``now_s`` (``timed`` policies): the agents whose key
         moved with time."""
         return ()
+
+    def group_of(self, req: RequestInfo) -> str | None:
+        """A grouping policy: the group (tenant) the request waits in, or None (it waits on its own)."""
+        return None
+
+    def inner_key(self, req: RequestInfo) -> tuple:
+        """A grouping policy: the request's order inside its group (fixed while it waits)."""
+        raise NotImplementedError(f"policy '{self.name}' has no groups")
+
+    def group_key(self, group: str, head: RequestInfo) -> tuple:
+        """A grouping policy: the group's key among every waiting request's, ``head`` its first request."""
+        raise NotImplementedError(f"policy '{self.name}' has no groups")
+
+    def take_dirty(self) -> set[str]:
+        """A grouping policy: the groups whose keys moved since the last call (the waiting queue's)."""
+        return set()
+
+    def take_moved(self) -> set[str]:
+        """The agents whose keys moved at events other than their own service since the last call
+        (their group's): an engine that stamps keys on running requests re-keys theirs."""
+        return set()
 
     def revise(self, agent_id: str, revealed_cost: float, remaining_cost: float, now_s: float) -> None:
         """The agent has revealed more work than predicted: ``revealed_cost`` in all (its requests so

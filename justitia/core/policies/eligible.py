@@ -31,6 +31,7 @@ class EligibleJustitia(Justitia):
     name = "justitia-eligible"
     dynamic = True
     timed = True
+    groups = False  # tenants' agents keep the root key they were stamped with (not hierarchical inside)
 
     def __init__(self, capacity_per_s: float, cost: CostModel = KV) -> None:
         super().__init__(capacity_per_s)

@@ -1,48 +1,129 @@
-"""Justitia: serve agents in the order of their GPS virtual finish tags (selective pampering)."""
+"""Justitia: serve agents in the order of their GPS virtual finish tags (selective pampering), fair
+across tenants and pampering within each (hierarchical GPS: ``core.clock``)."""
 
 from justitia.core.clock import VirtualClock
+from justitia.core.cost import NO_CHARGE, Charge
 from justitia.core.policies.base import AgentInfo, Policy, RequestInfo
 
 
 class Justitia(Policy):
-    """Each agent gets ``f = V(arrival) + C`` once; all its requests inherit ``f``."""
+    """Each agent gets ``f = V(arrival) + C`` once; all its requests inherit ``f``.
+
+    An agent in a tenant is ordered among its tenant's agents by its inner tag, and across tenants
+    by its root key (``VirtualClock.root_key``: when hierarchical GPS finishes it if its tenant gets
+    no more work), which moves only at its tenant's events. A tenant is a group of the waiting queue:
+    its requests wait in inner-tag order and the tenant is filed under its head's root key, re-read
+    when its tenant changes (``take_dirty``)."""
 
     name = "justitia"
     agent_level = True
+    groups = True
 
-    def __init__(self, capacity_per_s: float) -> None:
-        self.clock = VirtualClock(capacity_per_s, record=False)  # engines may run for days
-        self._tags: dict[str, tuple[float, int]] = {}
+    def __init__(self, capacity_per_s: float, chained: bool = False) -> None:
+        """``chained``: a tenant serves its agents in arrival order (``justitia-chained``, the rule
+        before hierarchical GPS, kept to compare against)."""
+        self.clock = VirtualClock(capacity_per_s, record=False, chained=chained)  # engines may run for days
+        self._chained = chained
+        self._tags: dict[str, tuple[float, int]] = {}  # agent -> (its tag when stamped, arrival order)
+        self._tenant: dict[str, str] = {}  # agents in a tenant -> the tenant
+        self._inner: dict[str, float] = {}  # agents in a tenant -> their inner tag
+        self._members: dict[str, set[str]] = {}  # tenant -> its known agents
+        self._dirty: set[str] = set()  # tenants whose root keys moved, for the waiting queue
+        self._moved: set[str] = set()  # ... for the engine's running requests (take_moved)
+
+    def _changed(self, tenant: str) -> None:
+        self._dirty.add(tenant)
+        self._moved.add(tenant)
 
     def agent_arrived(self, agent: AgentInfo, now_s: float) -> None:
-        """Stamp the agent with its virtual finish tag."""
+        """Stamp the agent with its virtual finish tag (in a tenant: its inner tag, and its root key)."""
         tag = self.clock.arrive(agent.agent_id, agent.predicted_cost, now_s, agent.weight, agent.tenant)
         self._tags[agent.agent_id] = (tag, agent.seq)
+        if agent.tenant is not None:
+            self._tenant[agent.agent_id] = agent.tenant
+            self._inner[agent.agent_id] = agent.seq if self._chained else self.clock.inner_tag(agent.agent_id)
+            self._members.setdefault(agent.tenant, set()).add(agent.agent_id)
+            self._changed(agent.tenant)
 
     def agent_finished(self, agent_id: str, now_s: float) -> None:
         """Forget the agent's tag (the clock keeps it as ``settle`` left it)."""
         self._tags.pop(agent_id, None)
+        self._inner.pop(agent_id, None)
+        tenant = self._tenant.pop(agent_id, None)
+        if tenant is not None:
+            members = self._members[tenant]
+            members.discard(agent_id)
+            if not members:
+                del self._members[tenant]
 
     def settle(self, agent_id: str, cost: float, now_s: float) -> None:
         """GPS keeps a leaving agent no longer than the work it asked for (``VirtualClock.settle``)."""
         self.clock.settle(agent_id, cost, now_s)
+        if agent_id in self._tenant:
+            self._changed(self._tenant[agent_id])
 
     def revise(self, agent_id: str, revealed_cost: float, remaining_cost: float, now_s: float) -> None:
         """An agent that reveals more work than its tag assumed moves back to where an agent arriving
-        now with its remaining work would be: ``f = max(f, V(now) + remaining / w)``; requests queued
-        from now on carry the new tag."""
+        now with its remaining work would be: ``f = max(f, V(now) + remaining / w)`` (in a tenant, its
+        inner tag); requests queued from now on carry the new tag."""
         entry = self._tags.get(agent_id)
         if entry is None:
             return
         tag = self.clock.retag(agent_id, remaining_cost, now_s)
-        if tag is not None and tag > entry[0]:
+        tenant = self._tenant.get(agent_id)
+        if tenant is not None:
+            if tag is not None and tag > self._inner[agent_id] and not self._chained:
+                self._inner[agent_id] = tag
+            self._changed(tenant)
+        elif tag is not None and tag > entry[0]:
             self._tags[agent_id] = (tag, entry[1])
 
     def virtual_finish(self, agent_id: str) -> float | None:
-        """The agent's virtual finish tag, or None if it is not (or no longer) known."""
+        """The tag that orders the agent now (in a tenant, its root key), or None if it is not known."""
         entry = self._tags.get(agent_id)
-        return None if entry is None else entry[0]
+        if entry is None:
+            return None
+        return self.clock.root_key(agent_id) if agent_id in self._tenant else entry[0]
+
+    def agent_key(self, agent_id: str, extra: Charge = NO_CHARGE) -> tuple:
+        """The agent's tag (in a tenant, its root key now), then its arrival order."""
+        entry = self._tags.get(agent_id)
+        if entry is None:
+            return (float("inf"), 0)
+        if agent_id in self._tenant:
+            return (self.clock.root_key(agent_id), entry[1])
+        return entry
 
     def key(self, req: RequestInfo) -> tuple:
-        """Finish tag, then agent arrival order, then request arrival order."""
+        """Finish tag (in a tenant, root key now), then agent arrival order, then request arrival order."""
+        if req.agent_id in self._tenant:
+            return self.agent_key(req.agent_id) + (req.seq,)
         return self._tags.get(req.agent_id, (float("inf"), req.seq)) + (req.seq,)
+
+    # the waiting queue's groups: tenants
+    def group_of(self, req: RequestInfo) -> str | None:
+        """The request's tenant, or None."""
+        return self._tenant.get(req.agent_id)
+
+    def inner_key(self, req: RequestInfo) -> tuple:
+        """Order inside a tenant: inner tag, agent arrival order, request arrival order."""
+        return (self._inner.get(req.agent_id, float("inf")), self._tags.get(req.agent_id, (0.0, 0))[1], req.seq)
+
+    def group_key(self, group: str, head: RequestInfo) -> tuple:
+        """A tenant's place among everyone: its head request's key."""
+        return self.key(head)
+
+    def take_dirty(self) -> set[str]:
+        """The tenants whose root keys moved since the last call."""
+        dirty, self._dirty = self._dirty, set()
+        return dirty
+
+    def take_moved(self) -> set[str]:
+        """The agents whose keys moved at their tenant's events since the last call."""
+        if not self._moved:
+            return set()
+        moved: set[str] = set()
+        for tenant in self._moved:
+            moved |= self._members.get(tenant, set())
+        self._moved = set()
+        return moved
