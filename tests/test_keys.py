@@ -15,12 +15,14 @@ from justitia.server.app import Settings, create_app
 from justitia.server.keys import ANONYMOUS, KeyFileError, KeyRing
 
 A, B, FRONT = "sk-alpha-0001", "sk-bravo-0002", "sk-front-0003"
+SOLO, HEAVY, EDGE, ALSO_A = "sk-solo-0004", "sk-heavy-0005", "sk-edge-0006", "sk-alpha-0007"
 
 
 @pytest.fixture
 def keyfile(tmp_path):
     path = tmp_path / "keys.txt"
-    path.write_text(f"# key tenant weight [trusted]\n{A} team-a 2\n\n{B} team-b 1\n{FRONT} edge 1 trusted\n")
+    path.write_text(f"# key tenant weight [trusted]\n{A} team-a 2\n\n{B} team-b 1\n{FRONT} edge 1 trusted\n"
+                    f"{SOLO}\n{HEAVY} - 3\n{EDGE} trusted\n{ALSO_A} team-a 2\n")
     return path
 
 
@@ -39,16 +41,25 @@ def auth(key):
 
 
 def test_key_files_are_read_line_by_line_and_a_bad_line_is_named(tmp_path, keyfile):
-    ring = KeyRing.load(["sk-single-key"], keyfile)
-    assert len(ring) == 4 and not ring.open
+    ring = KeyRing.load(["sk-single-key", "sk-other-key"], keyfile)
+    assert len(ring) == 9 and not ring.open
     alpha = ring.authenticate(f"Bearer {A}")
     assert (alpha.tenant, alpha.weight, alpha.trusted) == ("team-a", 2.0, False) and A not in alpha.owner
     assert ring.authenticate(f"Bearer {FRONT}").trusted
-    assert ring.authenticate("Bearer sk-single-key").tenant == "default"
+    # each key a tenant of its own (two --api-key keys: two tenants of weight 1), unless the file names one
+    one, other = ring.authenticate("Bearer sk-single-key"), ring.authenticate("Bearer sk-other-key")
+    assert one.tenant == one.owner and other.tenant == other.owner and one.tenant != other.tenant
+    assert one.weight == other.weight == 1.0
+    solo, heavy, edge = (ring.authenticate(f"Bearer {k}") for k in (SOLO, HEAVY, EDGE))
+    assert (solo.tenant, solo.weight, solo.trusted) == (solo.owner, 1.0, False)
+    assert (heavy.tenant, heavy.weight) == (heavy.owner, 3.0) and edge.trusted and edge.tenant == edge.owner
+    also = ring.authenticate(f"Bearer {ALSO_A}")
+    assert also.tenant == "team-a" and also.owner != alpha.owner  # two keys, one tenant, two owners
     for header in (None, "", "Bearer", f"Basic {A}", f"Bearer {A}x", f"Bearer {A[:-1]}"):
         assert ring.authenticate(header) is None
     assert KeyRing.load().authenticate(None) is ANONYMOUS  # no keys: an open server
-    for line, words in ((f"{A} t", "expected 'KEY TENANT WEIGHT [trusted]'"), (f"{A} t 0", "finite number > 0"),
+    for line, words in ((f"{A} t 1 trusted x", "expected 'KEY [TENANT [WEIGHT]] [trusted]'"),
+                        (f"{A} t 0", "finite number > 0"),
                         (f"{A} t heavy", "finite number > 0"), (f"{A} t 1 admin", "expected"),
                         ("short t 1", "at least 8"), (f"{A} t 1\n{A} u 2", "listed twice")):
         bad = tmp_path / "bad.txt"

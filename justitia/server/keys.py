@@ -1,10 +1,13 @@
 """API keys: who a client is, which tenant it belongs to, and whether it may set prices.
 
-Keys come from ``--api-key KEY`` (repeatable; tenant ``default``, weight 1) and ``--api-keys FILE``,
-one key a line::
+Keys come from ``--api-key KEY`` (repeatable; each key its own tenant, weight 1) and
+``--api-keys FILE``, one key a line, ``KEY [TENANT [WEIGHT]] [trusted]``::
 
     # key                     tenant     weight   [trusted]
     sk-team-a-1b9f...         team-a     2
+    sk-team-a-c03e...         team-a     2
+    sk-alice-9d2a...                               (a tenant of its own, weight 1)
+    sk-bob-5e7a...            -          3        (a tenant of its own, weight 3)
     sk-frontend-77c1...       frontends  1        trusted
 
 Blank lines and lines starting with ``#`` are skipped. A client sends its key as vLLM's OpenAI
@@ -16,8 +19,10 @@ What a key gives:
 - **ownership**: an agent belongs to the key that submitted it; another key's GET, DELETE or events
   get 404, and OpenAI-path agent ids (``vllm_xargs.agent_id``, ``X-Agent-Id``) live in the key's
   own namespace, so a guessable id cannot be claimed or joined by another key;
-- **a tenant and its weight**: every agent of the key runs in its tenant's GPS flow with the
-  tenant's weight (``core.VirtualClock``; docs/design.md, "Weights and tenants");
+- **a tenant and its weight**: tenants share the engine by weight, and a tenant's agents share its
+  part as the paper's GPS shares the engine, served in their tags' order inside it (hierarchical
+  GPS: ``core.VirtualClock``; docs/design.md, "Tenants"). A key is a tenant of its own unless the
+  key file names a tenant, which several keys may share;
 - **trust**: only a ``trusted`` key (a front end that prices requests itself) may send
   ``agent_cost``, ``request_cost``, ``agent_weight`` or ``tenant`` in ``vllm_xargs``; anyone else
   gets 400 naming the field.
@@ -79,11 +84,11 @@ class KeyRing:
 
     @classmethod
     def load(cls, keys: list[str] | None = None, path: Path | None = None) -> "KeyRing":
-        """``--api-key`` values (tenant ``default``, weight 1) and an ``--api-keys`` file."""
+        """``--api-key`` values (each a tenant of its own, weight 1) and an ``--api-keys`` file."""
         entries: dict[str, Client] = {}
         for key in keys or []:
             _check_key(key, "--api-key")
-            entries[key] = Client(_owner_id(key), "default", 1.0, False)
+            entries[key] = Client(_owner_id(key), _owner_id(key), 1.0, False)
         if path is not None:
             try:
                 text = Path(path).read_text()
@@ -94,10 +99,16 @@ class KeyRing:
                 if not fields or fields[0].startswith("#"):
                     continue
                 where = f"--api-keys {path}:{no}"
-                if not 3 <= len(fields) <= 4 or (len(fields) == 4 and fields[3] != "trusted"):
-                    raise KeyFileError(f"{where}: expected 'KEY TENANT WEIGHT [trusted]', got {len(fields)} fields.")
-                key, tenant, weight = fields[:3]
+                trusted = len(fields) in (2, 4) and fields[-1] == "trusted"
+                if trusted:
+                    fields = fields[:-1]
+                if len(fields) > 3:
+                    raise KeyFileError(f"{where}: expected 'KEY [TENANT [WEIGHT]] [trusted]', got "
+                                       f"{len(fields) + trusted} fields.")
+                key, tenant, weight = (fields + ["-", "1"][len(fields) - 1:])[:3]
                 _check_key(key, where)
+                if tenant == "-":
+                    tenant = _owner_id(key)  # a tenant of its own
                 if len(tenant) > 128:
                     raise KeyFileError(f"{where}: the tenant name has more than 128 characters.")
                 try:
@@ -108,7 +119,7 @@ class KeyRing:
                     raise KeyFileError(f"{where}: the weight must be a finite number > 0, got '{weight}'.")
                 if key in entries:
                     raise KeyFileError(f"{where}: this key is listed twice.")
-                entries[key] = Client(_owner_id(key), tenant, w, len(fields) == 4)
+                entries[key] = Client(_owner_id(key), tenant, w, trusted)
         return cls(entries)
 
     def authenticate(self, authorization: str | None) -> Client | None:

@@ -236,6 +236,7 @@ class JustitiaScheduler(StepLogScheduler):
         self.core = self.book.core
         # what the policy needs from each step, read once (they are fixed for a policy)
         self._rekey, self._charge, self._measure = self.core.keys_move, self.core.uses_service, self.core.measures_capacity
+        self._rekey = self._rekey or self.core.keys_shift  # tenants' keys move at their tenant's events
         self._timed = self.core.timed
         self._busy_step: tuple[float, Charge] | None = None  # the last step, if requests waited in it
         self._open_step_log(step_log)  # the policy's clock starts with the step log's
@@ -312,7 +313,7 @@ class JustitiaScheduler(StepLogScheduler):
         core, infos = self.core, self.book.infos
         if self._timed:
             core.advance(now_s)  # keys that move with time (justitia-eligible)
-        if self._rekey and (moved := core.moved_agents()):  # keys moved with the service charged last step
+        if self._rekey and (moved := core.moved_agents()):  # keys moved with service, or with their tenant
             keys: dict[str, tuple] = {}  # each moved agent's key, read once
             for request in self.running:
                 info = infos.get(request.request_id)
