@@ -18,6 +18,7 @@ def _add_workload_args(p: argparse.ArgumentParser, agents: int = 300, density: f
                    help=f"arrival density: 2 packs arrivals twice as tight (default {density:.3g})")
     p.add_argument("--rate", type=float, help="synthetic arrivals per second before density (no --trace)")
     p.add_argument("--cv", type=float, default=1.0, help="synthetic inter-arrival coefficient of variation (1 = Poisson)")
+    p.add_argument("--tenant", help="put every agent in this tenant (default: the workload's own tenants, or none)")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -199,10 +200,21 @@ def _workload_from_args(args) -> tuple[list, dict]:
 
     if args.trace is not None and args.rate is not None:
         raise ValueError("--rate applies to synthetic arrivals; it cannot be combined with --trace.")
-    return build_workload(
+    return _in_tenant(args, *build_workload(
         args.agents, args.seed, args.trace, args.density,
         DEFAULT_RATE_PER_S if args.rate is None else args.rate, args.cv,
-    )
+    ))
+
+
+def _in_tenant(args, agents: list, info: dict) -> tuple[list, dict]:
+    """``--tenant``: every agent in that tenant."""
+    if args.tenant is None:
+        return agents, info
+    if not 1 <= len(args.tenant) <= 128:
+        raise ValueError(f"--tenant must be 1-128 characters, got {len(args.tenant)}.")
+    from dataclasses import replace
+
+    return [replace(a, tenant=args.tenant) for a in agents], info | {"tenant": args.tenant}
 
 
 def _cmd_generate(args) -> int:
@@ -226,7 +238,8 @@ def _cmd_bench(args) -> int:
     preset = None
     if args.preset:
         preset = make_preset(args.preset, args.seed)
-        agents, info, specs = preset.agents, preset.workload_info, preset.specs
+        agents, info = _in_tenant(args, preset.agents, preset.workload_info)
+        specs = preset.specs
         title = f"preset '{preset.name}': {preset.description}"
         for note in preset.notes:
             print(f"note: {note}", file=sys.stderr)
@@ -238,7 +251,7 @@ def _cmd_bench(args) -> int:
     else:
         if args.workload:
             agents = load_workload(args.workload)
-            info = {"arrivals": "file", "file": str(args.workload), "agents": len(agents)}
+            agents, info = _in_tenant(args, agents, {"arrivals": "file", "file": str(args.workload), "agents": len(agents)})
         else:
             agents, info = _workload_from_args(args)
         if args.scale != 1:

@@ -5,10 +5,11 @@
 Each tenant's agents arrive (Poisson) for 60 s at ``--load`` times the engine's formula M; every
 agent of tenant A has weight 2, of tenant B weight 1. The service each tenant received between
 15 s and 45 s (KV token-time charged to its requests, plain stepping) is printed per policy, with
-each tenant's mean JCT: justitia with the agents' ``tenant`` set (a tenant's agents share one GPS
-flow, so Σw runs over tenants), justitia with weights per agent only (no tenant: each agent is
-owed w / Σw over agents, so a tenant with more agents in flight gets more), and VTC (counters per
-agent). See docs/design.md, "Weights and tenants".
+each tenant's mean JCT: justitia with the agents' ``tenant`` set (hierarchical GPS: the tenants
+share the engine by weight, each tenant's agents share its part), the rule before it (a tenant's
+agents chained in arrival order), justitia with weights per agent only (no tenant: each agent is
+owed w / Σw over agents, so a tenant with more agents in flight gets more), and VTC with a counter
+per tenant and per agent. See docs/design.md, "Tenants".
 """
 
 from __future__ import annotations
@@ -23,27 +24,29 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from helpers import agent, engine  # noqa: E402  (the tests' small engine and agent builder)
 
-from justitia.core import KV  # noqa: E402
+from justitia.core import COMPUTE, KV  # noqa: E402
 from justitia.core.policies import VTC, Justitia  # noqa: E402
 from justitia.predictors import make_predictor  # noqa: E402
 from justitia.sim import Simulator  # noqa: E402
 
 
 def recording(base):
-    """``base`` that adds up the KV token-time charged to each tenant and notes it at every arrival."""
+    """``base`` that adds up the KV token-time (and compute tokens) charged to each tenant and notes
+    them at every arrival."""
 
     class Recording(base):
         def __init__(self, *args):
             super().__init__(*args)
-            self.served, self.notes = {"A": 0, "B": 0}, []
+            self.served, self.compute, self.notes = {"A": 0, "B": 0}, {"A": 0, "B": 0}, []
 
         def charge(self, req, service):
             super().charge(req, service)
             self.served[req.agent_id[0]] += service.kv_token_iters
+            self.compute[req.agent_id[0]] += COMPUTE.service(service)  # VTC's own unit, p + 2d
 
         def agent_arrived(self, info, now_s):
             super().agent_arrived(info, now_s)
-            self.notes.append((now_s, dict(self.served)))
+            self.notes.append((now_s, dict(self.served), dict(self.compute)))
 
     return Recording
 
@@ -64,13 +67,16 @@ def main() -> None:
     agents.sort(key=lambda a: a.arrival_s)
     untenanted = [replace(a, tenant=None) for a in agents]
     for name, policy, workload in (("justitia (tenants)", recording(Justitia)(m), agents),
+                                   ("justitia (chained)", recording(Justitia)(m, True), agents),
                                    ("justitia (per agent)", recording(Justitia)(m), untenanted),
-                                   ("vtc", recording(VTC)(), agents)):
+                                   ("vtc (per tenant)", recording(VTC)(), agents),
+                                   ("vtc (per agent)", recording(VTC)(), untenanted)):
         res = Simulator(cfg, policy, make_predictor("oracle"), event_skipping=False).run(workload)
-        at = {t: next(s for when, s in policy.notes if when >= t) for t in (15, 45)}
-        share = (at[45]["A"] - at[15]["A"]) / (at[45]["B"] - at[15]["B"])
+        at = {t: next(n for n in policy.notes if n[0] >= t) for t in (15, 45)}
+        share, compute = ((at[45][i]["A"] - at[15][i]["A"]) / (at[45][i]["B"] - at[15][i]["B"]) for i in (1, 2))
         jct = {t: np.mean([a.jct_s for a in res.agents if a.agent_id[0] == t]) for t in "AB"}
-        print(f"{name:21s} service A:B in 15-45 s = {share:.2f}; mean JCT A {jct['A']:.1f} s, B {jct['B']:.1f} s")
+        print(f"{name:21s} service A:B in 15-45 s = {share:.2f} (compute tokens {compute:.2f}); "
+              f"mean JCT A {jct['A']:.1f} s, B {jct['B']:.1f} s")
 
 
 if __name__ == "__main__":

@@ -208,3 +208,17 @@ def test_an_arrival_in_a_tenant_moves_its_agents_keys_for_the_engine_to_restamp(
     assert not AgentScheduler.for_policy("fcfs").keys_shift
     assert WaitingQueue(make_policy("fcfs"))._grouped is False
     assert KV.request_cost(10, 10) == 150
+
+
+def test_a_tagging_front_end_that_never_peeks_keeps_no_stale_queue_entries():
+    # the front end queues each request and takes it out at once (AgentBook.tag): the heaps must not
+    # keep an entry per request ever sent
+    core = AgentScheduler.for_policy("justitia", 100.0)
+    for i in range(500):
+        core.agent_arrived(f"a{i}", "t", 10.0, i * 0.01, tenant=("x", None)[i % 2])
+        info = core.request_arrived(f"r{i}", f"a{i}", 10, 10.0, i * 0.01)
+        core.dequeue(info)
+        core.request_finished(info)
+        core.agent_finished(f"a{i}", i * 0.01)
+    waiting = core._waiting
+    assert len(waiting._heap) <= 20 and sum(len(h) for h in waiting._gheap.values()) <= 20

@@ -10,7 +10,7 @@ on vLLM's OpenAI server). ``RequestMeta`` is the only code that writes or reads 
     agent_done    truthy on the requests of the agent's last stage: its state goes when they finish
     agent_weight  the agent's weight under weighted fairness (> 0, default 1; its first request sets it)
     tenant        the tenant the agent belongs to (a string; its first request sets it): under justitia a
-                  tenant's agents share one GPS flow, so weights divide the engine among tenants
+                  tenant's agents share its part of the engine, and weights divide the engine among tenants
     agent_tag     the request's key from a front end that keeps the clock for several engines (its
                   agent's virtual finish tag, a finite number >= 0): the ``tagged`` policy orders by it
 

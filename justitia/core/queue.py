@@ -260,13 +260,24 @@ class WaitingQueue:
         del self._live[req.request_id]
         g = self._agent_group.get(req.agent_id)
         if g is not None:
-            if self._gheap[g][0][2] is req:
+            heap = self._gheap[g]
+            if heap[0][2] is req:
                 self._gdirty.add(g)
             self._gcount[g] -= 1
-            if not self._gcount[g]:
-                del self._gcount[g]
+            if not self._gcount[g]:  # the group is empty: drop it (and its stale entries) now
+                del self._gcount[g], self._gheap[g]
+                self._gkey.pop(g, None)
+            elif len(heap) > 2 * self._gcount[g] + 16:  # mostly stale entries: rebuild
+                live = [e for e in heap if self._token.get(e[2].request_id) == e[1] and e[2] is not req]
+                heapq.heapify(live)
+                self._gheap[g] = live
+                self._gdirty.add(g)
         else:
             self._ungrouped -= 1
+            if not self.policy.dynamic and len(self._heap) > 2 * self._ungrouped + 16:
+                # mostly stale entries (a tagging front end never peeks): rebuild
+                self._heap = [e for e in self._heap if self._token.get(e[2].request_id) == e[1] and e[2] is not req]
+                heapq.heapify(self._heap)
         group = self._by_agent[req.agent_id]
         if group[0][1] is req:
             heapq.heappop(group)

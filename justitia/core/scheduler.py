@@ -70,7 +70,7 @@ class AgentScheduler:
     def agent_arrived(self, agent_id: str, agent_type: str, predicted_cost: float, now_s: float,
                       weight: float = 1.0, tenant: str | None = None) -> AgentInfo:
         """Register an agent with its predicted total cost, its weight (its share under weighted
-        fairness) and its tenant (justitia: a tenant's agents share one GPS flow); justitia's clock
+        fairness) and its tenant (justitia: hierarchical GPS; vtc: one counter per tenant); justitia's clock
         stamps it here."""
         if agent_id in self._agents:
             raise ValueError(f"agent '{agent_id}' has already arrived.")

@@ -1,4 +1,5 @@
-"""PNG plots of a results document: the JCT CDF per run, and Justitia against VTC per agent."""
+"""PNG plots of a results document: the JCT CDF per run, Justitia against VTC per agent, and each
+tenant's cumulative service over time (when agents name tenants)."""
 
 from __future__ import annotations
 
@@ -53,4 +54,32 @@ def plot_results(doc: dict, out_dir: Path) -> list[Path]:
         written.append(out_dir / "justitia_vs_vtc.png")
         fig.savefig(written[-1], dpi=120)
         plt.close(fig)
+    tenanted = [(label, e["tenants"]) for label, e in pol.items() if "tenants" in e]
+    if tenanted and len(tenanted[0][1]["per_tenant"]) <= 12:
+        written.append(plot_tenant_service(tenanted, out_dir / "tenant_service.png", plt))
     return written
+
+
+def plot_tenant_service(runs: list[tuple[str, dict]], path: Path, plt) -> Path:
+    """One panel per run: each tenant's cumulative service (KV token-time of its finished requests)."""
+    cols = min(3, len(runs))
+    rows = (len(runs) + cols - 1) // cols
+    fig, axes = plt.subplots(rows, cols, figsize=(4.6 * cols, 3.4 * rows), squeeze=False, sharey=True)
+    for ax, (label, tenants) in zip(axes.flat, runs):
+        curves = tenants["service_curves"]
+        for t, ys in sorted(curves["service_token_iters"].items()):
+            w = tenants["per_tenant"][t]["weight"]
+            ax.plot(curves["t_s"], ys, label=f"{t} (w={w:g})")
+        ax.set_title(label, fontsize=9)
+        ax.set_xlabel("time (s)")
+        ax.grid(alpha=0.3)
+    for ax in axes[:, 0]:
+        ax.set_ylabel("service (KV token-time)")
+    for ax in list(axes.flat)[len(runs):]:
+        ax.axis("off")
+    axes.flat[0].legend(fontsize=7)
+    fig.suptitle("each tenant's cumulative service", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path

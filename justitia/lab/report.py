@@ -89,6 +89,29 @@ def cluster_table(doc: dict) -> Table:
     return table
 
 
+TENANT_ROWS = 12  # tenants shown per run (the results file has them all)
+
+
+def tenant_table(doc: dict) -> Table:
+    """Per run and tenant: weight, agents, mean JCT, share of the service, the service over its
+    weighted share while backlogged, its agents past the hierarchical bound and its lag."""
+    ref = doc.get("tenant_reference", {})
+    table = Table(title=f"tenants (against hierarchical GPS at {ref.get('capacity_from', '?')}'s M; "
+                        f"bound {ref.get('delay_bound_s', float('nan')):.1f} s)")
+    for col in ("run", "tenant", "weight", "agents", "mean JCT s", "service share", "got / owed (backlogged)",
+                "agents past bound", "tenant lag s"):
+        table.add_column(col, justify="left" if col in ("run", "tenant") else "right", no_wrap=True)
+    for label, e in doc["policies"].items():
+        rows = sorted(e.get("tenants", {}).get("per_tenant", {}).items())
+        for i, (t, x) in enumerate(rows[:TENANT_ROWS]):
+            table.add_row(label if i == 0 else "", t, f"{x['weight']:g}", str(x["agents"]), f"{x['mean_jct_s']:.1f}",
+                          f"{x['service_share']:.3f}", f"{x['backlogged_share_ratio']:.2f}",
+                          str(x.get("agent_bound_violations", "-")), f"{x.get('tenant_lag_s', float('nan')):.1f}")
+        if len(rows) > TENANT_ROWS:
+            table.add_row("", f"... {len(rows) - TENANT_ROWS} more", *[""] * 7)
+    return table
+
+
 def print_results(doc: dict, title: str = "", console: Console | None = None) -> None:
     """Print the table, and the delay-bound check when Justitia ran."""
     if console is None:
@@ -102,6 +125,8 @@ def print_results(doc: dict, title: str = "", console: Console | None = None) ->
             console.print(comparison_table(doc))
     if doc.get("replicas", 1) > 1:
         console.print(cluster_table(doc))
+    if any("tenants" in e for e in doc["policies"].values()):
+        console.print(tenant_table(doc))
     j = doc["policies"].get("justitia")
     if j and "delay_bound_s" in j:
         console.print(

@@ -224,7 +224,7 @@ class AgentManager:
     async def submit(self, spec: AgentSpec, client: Client = ANONYMOUS,
                      idempotency_key: str | None = None) -> AgentRun:
         """Check, predict, journal, register and start one agent for ``client`` (its owner, in its
-        tenant's flow with its weight); raises SpecError on a bad one. A retried ``idempotency_key``
+        tenant, with its weight); raises SpecError on a bad one. A retried ``idempotency_key``
         of the same key returns the first agent."""
         if idempotency_key is not None:
             known = self.idempotent.get((client.owner, idempotency_key))

@@ -74,7 +74,7 @@ class Backend(ABC):
     @abstractmethod
     async def register(self, agent_id: str, agent_type: str, predicted_cost: float, weight: float = 1.0,
                        tenant: str | None = None) -> float | None:
-        """Register an agent (of ``weight``, in ``tenant``'s GPS flow) with the policy that orders the
+        """Register an agent (of ``weight``, in ``tenant``: hierarchical GPS) with the policy that orders the
         engine, ahead of its requests; its virtual finish tag (None under a policy without a clock)."""
 
     @abstractmethod

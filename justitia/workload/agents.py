@@ -44,7 +44,7 @@ class Agent:
     stages: tuple[tuple[Task, ...], ...]
     meta: dict = field(default_factory=dict, compare=False)
     weight: float = 1.0  # its share under weighted GPS (its tenant's, if it has one)
-    tenant: str | None = None  # the tenant it belongs to: a tenant's agents share one GPS flow
+    tenant: str | None = None  # its tenant: tenants share the engine by weight, agents their tenant's part
 
     @property
     def tasks(self) -> list[Task]:

@@ -19,7 +19,7 @@ class AgentInfo:
     arrival_s: float
     predicted_cost: float  # predicted total cost, in the cost model's unit
     weight: float = 1.0  # its share under weighted fairness (its tenant's, if it has one)
-    tenant: str | None = None  # justitia: a tenant's agents share one GPS flow (None: a flow of its own)
+    tenant: str | None = None  # tenants share the engine, agents their tenant's part (None: on its own)
 
 
 @dataclass(frozen=True, eq=False)
