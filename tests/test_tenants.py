@@ -222,3 +222,22 @@ def test_a_tagging_front_end_that_never_peeks_keeps_no_stale_queue_entries():
         core.agent_finished(f"a{i}", i * 0.01)
     waiting = core._waiting
     assert len(waiting._heap) <= 20 and sum(len(h) for h in waiting._gheap.values()) <= 20
+
+
+def test_a_long_running_clock_forgets_every_agent_of_its_tenants():
+    # agents that leave the engine before their tenant's schedule reaches them (pampering runs ahead
+    # of GPS) are dropped once it does: nothing per agent is left after a day of traffic
+    core = AgentScheduler.for_policy("justitia", 100.0)
+    for i in range(300):
+        now = i * 0.5
+        core.agent_arrived(f"a{i}", "t", 20.0, now, tenant=f"t{i % 3}")
+        info = core.request_arrived(f"r{i}", f"a{i}", 10, 20.0, now)
+        core.dequeue(info)
+        core.request_finished(info)
+        core.agent_finished(f"a{i}", now)  # done at once: far ahead of its tenant's GPS
+    core.virtual_time(10_000.0)
+    core.agent_arrived("late", "t", 1.0, 10_000.0, tenant="t0")  # moves t0's schedule to now
+    clock = core._policy.clock
+    assert clock._tenant_of == {"late": "t0"} and set(clock._tenants) <= {"t0", "t1", "t2"}
+    pampering = clock._tenants["t0"][3]
+    assert set(pampering._work) == {"late"} and not pampering._done_at and not pampering._gone

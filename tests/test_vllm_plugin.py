@@ -52,7 +52,7 @@ PAMPER_MICE = ["sjf", "vtc", "srjf", "justitia", "las"]
 # (Later mice may arrive after the elephant is done, more so the faster the engine.)
 
 
-@pytest.mark.parametrize("policy", ["fcfs", "parrot", "fcfs@tagging"])
+@pytest.mark.parametrize("policy", ["fcfs", "parrot", "fcfs@tagging", "justitia-chained@one-tenant"])
 def test_first_come_first_served_makes_mice_wait_behind_the_elephant(policies, policy):
     run = policies[policy]
     slowest_pampered = max(policies[p]["mouse-00"]["jct_s"] for p in PAMPER_MICE)
@@ -61,7 +61,8 @@ def test_first_come_first_served_makes_mice_wait_behind_the_elephant(policies, p
     assert run["mouse-00"]["jct_s"] > 0.5 * run["elephant"]["jct_s"]
 
 
-@pytest.mark.parametrize("policy", PAMPER_MICE + ["justitia@mlp", "justitia@tagging"])
+@pytest.mark.parametrize("policy", PAMPER_MICE + ["justitia@mlp", "justitia@tagging", "justitia@one-tenant",
+                                                  "justitia@tagging-one-tenant"])
 def test_a_mouse_arriving_after_the_elephant_finishes_first(policies, policy):
     run = policies[policy]
     assert run["mouse-00"]["finish_s"] < run["elephant"]["finish_s"]

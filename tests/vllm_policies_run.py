@@ -6,11 +6,14 @@ priority scheduling under the plug-in's step-log base); print JSON.
 
 An elephant agent (16 requests) arrives at t=0; eleven one-request mice arrive from 0.3 s, every
 0.4 s. The KV cache (8 blocks of 128 tokens) holds about two elephant requests at a time, so the
-order in which the engine admits requests decides who waits.
+order in which the engine admits requests decides who waits. Then every agent in one tenant (one API
+key's traffic) under justitia (hierarchical) and justitia-chained, through the plug-in and by
+tagging.
 """
 
 import asyncio
 import json
+from dataclasses import replace
 
 if __name__ == "__main__":
     from justitia.core.policies import POLICY_NAMES
@@ -23,6 +26,7 @@ if __name__ == "__main__":
     mice = [Agent(f"mouse-{k:02d}", "fv", 0.3 + 0.4 * k, ((Task(f"Verify claim {k}.", 32, 16),),))
             for k in range(11)]
     agents = [elephant, *mice]
+    one_tenant = [replace(a, tenant="T") for a in agents]  # one API key's traffic
 
     async def main():
         out = {}
@@ -32,6 +36,11 @@ if __name__ == "__main__":
                 run = await engine.run(agents, policy, predictor, capacity_per_s=engine.kv_tokens / 0.015)
                 out[label] = {r.agent_id: {"finish_s": r.finish_s, "jct_s": r.jct_s, "predicted_cost": r.predicted_cost,
                                            "cost": r.cost_token_iters} for r in run.result.agents}
+            # every agent in one tenant: hierarchical justitia, and the rule before it (arrival order)
+            for policy in ("justitia", "justitia-chained"):
+                run = await engine.run(one_tenant, policy, "oracle", capacity_per_s=engine.kv_tokens / 0.015)
+                out[f"{policy}@one-tenant"] = {r.agent_id: {"finish_s": r.finish_s, "jct_s": r.jct_s}
+                                               for r in run.result.agents}
         # front-end tagging: stock vLLM's priority scheduler (its steps logged), the policy in the runner
         spec = EngineSpec(kv_blocks=8, max_num_seqs=16, max_model_len=512, scheduler="priority-logged")
         async with VllmEngine(spec) as engine:
@@ -40,6 +49,9 @@ if __name__ == "__main__":
                 out[f"{policy}@tagging"] = {r.agent_id: {"finish_s": r.finish_s, "jct_s": r.jct_s}
                                             for r in run.result.agents}
                 out[f"{policy}@tagging steps"] = run.steps
+            run = await engine.run(one_tenant, "justitia", "oracle", capacity_per_s=engine.kv_tokens / 0.015)
+            out["justitia@tagging-one-tenant"] = {r.agent_id: {"finish_s": r.finish_s, "jct_s": r.jct_s}
+                                                  for r in run.result.agents}
         return out
 
     print("RESULT " + json.dumps(asyncio.run(main())))

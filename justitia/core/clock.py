@@ -56,6 +56,7 @@ class _Pampering:
         self._work: dict[str, float] = {}  # agents known -> the work they were stamped with
         self._order: dict[str, float] = {}  # agents known -> their place in the order
         self._done_at: dict[str, float] = {}  # agents whose work is done -> the root V when it was
+        self._gone: set[str] = set()  # agents that left the engine with work left here: forgotten when done
         self._seq = 0
 
     def advance(self, v: float, weight: float) -> None:
@@ -75,7 +76,11 @@ class _Pampering:
             amount -= left
             heapq.heappop(heap)
             del self._at[agent], self._left[agent]
-            self._done_at[agent] = v - amount / weight
+            if agent in self._gone:
+                self._gone.discard(agent)
+                self.forget(agent)
+            else:
+                self._done_at[agent] = v - amount / weight
         if not self._at:
             self.total = 0.0
 
@@ -105,6 +110,10 @@ class _Pampering:
         return self._work.get(agent, 0.0)
 
     def forget(self, agent: str) -> None:
+        """The agent left the engine: drop it now, or once its work here is done."""
+        if agent in self._at:
+            self._gone.add(agent)
+            return
         self._work.pop(agent, None)
         self._order.pop(agent, None)
         self._done_at.pop(agent, None)
@@ -339,11 +348,10 @@ class VirtualClock:
             if left > 0 and cost < work:  # what it asked for and was not yet served, at most
                 order = pampering.order(agent_id) if self.chained else tag
                 pampering.put(agent_id, order, min(left, max(0.0, cost - (work - left))), cost)
-            if pampering.left(agent_id) == 0:
-                pampering.forget(agent_id)
+            pampering.forget(agent_id)
             self._refile_tenant(tenant)
             state[2] -= 1
-            if state[2] == 0 and not state[0]._active and not self.record:
+            if state[2] == 0 and not state[0]._active and pampering.total <= 0 and not self.record:
                 del self._tenants[tenant]  # nothing of it left in GPS: long-running servers forget it
             return
         known = self._agents.pop(agent_id, None)
