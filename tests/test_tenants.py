@@ -241,3 +241,26 @@ def test_a_long_running_clock_forgets_every_agent_of_its_tenants():
     assert clock._tenant_of == {"late": "t0"} and set(clock._tenants) <= {"t0", "t1", "t2"}
     pampering = clock._tenants["t0"][3]
     assert set(pampering._work) == {"late"} and not pampering._done_at and not pampering._gone
+
+
+def test_a_cluster_front_stamps_ranks_so_every_engine_keeps_a_tenants_order(monkeypatch):
+    # One clock in front of three engines stamps each request with its agent's root key and, in a
+    # tenant, its rank; each engine (tagged) keeps a tenant's requests in rank order. All agents in
+    # one tenant then fare as without tenants; the stamps alone (root keys sent at different times)
+    # would put a tenant's requests out of its order.
+    from justitia.core.policies.tagged import Tagged
+    from justitia.sim import Cluster
+
+    rng = np.random.default_rng(7)
+    agents = [a for a in tenanted_agents(rng, 60, {"T": 1.0}, 0.0)]
+    plain = [replace(a, tenant=None) for a in agents]
+    one = [replace(a, tenant="T", weight=1.0) for a in agents]
+    cfg = engine(blocks=60, budget=512, seqs=64)
+
+    def mean_jct(workload):
+        res = Cluster(cfg, "justitia", make_predictor("oracle"), "kv", 3, measure_capacity=True).run(workload)
+        return np.mean([a.jct_s for a in res.agents])
+
+    assert mean_jct(one) == pytest.approx(mean_jct(plain), rel=0.01)
+    monkeypatch.setattr(Tagged, "group_of", lambda self, req: None)  # the engines ignore ranks: stamps alone
+    assert mean_jct(one) > 1.02 * mean_jct(plain)

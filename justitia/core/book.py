@@ -125,7 +125,8 @@ class AgentBook:
         self.idle_since.pop(agent_id, None)
         if meta.agent_done or meta.agent_id is None:  # an unnamed request is an agent of its own
             self.agent_done.add(agent_id)
-        info = self.core.request_arrived(request_id, agent_id, prompt_tokens, request_cost, now_s, meta.agent_tag)
+        info = self.core.request_arrived(request_id, agent_id, prompt_tokens, request_cost, now_s, meta.agent_tag,
+                                         meta.agent_rank)
         self.infos[request_id] = info
         return info, new
 

@@ -12,7 +12,10 @@ on vLLM's OpenAI server). ``RequestMeta`` is the only code that writes or reads 
     tenant        the tenant the agent belongs to (a string; its first request sets it): under justitia a
                   tenant's agents share its part of the engine, and weights divide the engine among tenants
     agent_tag     the request's key from a front end that keeps the clock for several engines (its
-                  agent's virtual finish tag, a finite number >= 0): the ``tagged`` policy orders by it
+                  agent's virtual finish tag, or root key in a tenant, a finite number >= 0): the
+                  ``tagged`` policy orders by it
+    agent_rank    from the same front end, for an agent in a tenant: its place among its tenant's
+                  agents (its inner tag, >= 0); ``tagged`` orders a tenant's requests by it
 
 **Control calls** go from the process that started a vLLM engine into the plug-in, inside the
 engine process (vLLM's utility-call channel, never reachable by an HTTP client): ``register`` an
@@ -29,10 +32,11 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Any, Mapping
 
-AGENT_ID, AGENT_TYPE, AGENT_COST, REQUEST_COST, AGENT_DONE, AGENT_WEIGHT, TENANT, AGENT_TAG = (
-    "agent_id", "agent_type", "agent_cost", "request_cost", "agent_done", "agent_weight", "tenant", "agent_tag")
-META_KEYS = (AGENT_ID, AGENT_TYPE, AGENT_COST, REQUEST_COST, AGENT_DONE, AGENT_WEIGHT, TENANT, AGENT_TAG)
-PRICE_KEYS = (AGENT_COST, REQUEST_COST, AGENT_WEIGHT, TENANT, AGENT_TAG)  # what only a trusted sender may set
+AGENT_ID, AGENT_TYPE, AGENT_COST, REQUEST_COST, AGENT_DONE, AGENT_WEIGHT, TENANT, AGENT_TAG, AGENT_RANK = (
+    "agent_id", "agent_type", "agent_cost", "request_cost", "agent_done", "agent_weight", "tenant", "agent_tag",
+    "agent_rank")
+META_KEYS = (AGENT_ID, AGENT_TYPE, AGENT_COST, REQUEST_COST, AGENT_DONE, AGENT_WEIGHT, TENANT, AGENT_TAG, AGENT_RANK)
+PRICE_KEYS = (AGENT_COST, REQUEST_COST, AGENT_WEIGHT, TENANT, AGENT_TAG, AGENT_RANK)  # what only a trusted sender may set
 
 
 @dataclass(frozen=True)
@@ -48,6 +52,7 @@ class RequestMeta:
     agent_weight: float | None = None
     tenant: str | None = None
     agent_tag: float | None = None
+    agent_rank: float | None = None
 
     def without_prices(self) -> "RequestMeta":
         """The metadata with what only a trusted sender may set left out (costs, weight, tenant):
@@ -72,6 +77,8 @@ class RequestMeta:
             doc[TENANT] = self.tenant
         if self.agent_tag is not None:
             doc[AGENT_TAG] = self.agent_tag
+        if self.agent_rank is not None:
+            doc[AGENT_RANK] = self.agent_rank
         return doc
 
     @classmethod
@@ -89,7 +96,8 @@ class RequestMeta:
             tenant = None
         return cls(str(agent_id) if agent_id else None, str(doc.get(AGENT_TYPE, "")), costs[AGENT_COST],
                    costs[REQUEST_COST], bool(doc.get(AGENT_DONE)), weight, tenant,
-                   _cost(doc.get(AGENT_TAG), AGENT_TAG, request_id, log))
+                   _cost(doc.get(AGENT_TAG), AGENT_TAG, request_id, log),
+                   _cost(doc.get(AGENT_RANK), AGENT_RANK, request_id, log))
 
 
 def _cost(value: Any, key: str, request_id: str, log: logging.Logger | None, positive: bool = False) -> float | None:

@@ -131,10 +131,12 @@ class WaitingQueue:
             if not heap:
                 self._gheap.pop(g, None)
                 self._gkey.pop(g, None)
+                self.policy.group_filed(g, None)
                 continue
             key = self.policy.group_key(g, heap[0][2])
             if self._gkey.get(g) != key:
                 self._gkey[g] = key
+                self.policy.group_filed(g, key)
                 heapq.heappush(self._groots, (key, g))
                 if len(self._groots) > 2 * len(self._gkey) + 16:
                     self._groots = [(k, x) for x, k in self._gkey.items()]
@@ -267,6 +269,7 @@ class WaitingQueue:
             if not self._gcount[g]:  # the group is empty: drop it (and its stale entries) now
                 del self._gcount[g], self._gheap[g]
                 self._gkey.pop(g, None)
+                self.policy.group_filed(g, None)
             elif len(heap) > 2 * self._gcount[g] + 16:  # mostly stale entries: rebuild
                 live = [e for e in heap if self._token.get(e[2].request_id) == e[1] and e[2] is not req]
                 heapq.heapify(live)

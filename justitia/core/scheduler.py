@@ -8,7 +8,7 @@ served and finished. It knows nothing about KV blocks or iterations.
     agents     agent_arrived, agent_finished, has_agent, agent_count, open_requests
     requests   request_arrived (queued), requeue (preempted), dequeue (taken out to run),
                request_finished (finished or aborted), charge (service scheduled)
-    order      peek, num_waiting, is_waiting, priority, victim
+    order      peek, num_waiting, is_waiting, priority, victim, stamp (a front end's tag for engines)
     needs      keys_move, keys_rise, uses_service, reads_service_on_backlog, measures_capacity,
                keys_shift, pools_service, moved_agents (whose keys moved since the last call: an
                engine re-keys only theirs)
@@ -115,8 +115,9 @@ class AgentScheduler:
 
     # ---------------------------------------------------------------------------- requests
     def request_arrived(self, request_id: str, agent_id: str, prompt_tokens: int, predicted_cost: float,
-                        now_s: float | None = None, tag: float | None = None) -> RequestInfo:
-        """Queue a new request of a registered agent (``tag``: the front end's, for ``tagged``). Its
+                        now_s: float | None = None, tag: float | None = None, rank: float | None = None) -> RequestInfo:
+        """Queue a new request of a registered agent (``tag``, ``rank``: the front end's stamp, for
+        ``tagged``). Its
         predicted cost adds to what the agent has revealed; once that exceeds the agent's predicted
         total, the agent is revised at ``now_s`` with the work it still has (its revealed requests not
         finished), if the core retags."""
@@ -129,7 +130,7 @@ class AgentScheduler:
             self._policy.revise(agent_id, revealed[0], revealed[0] - revealed[1], now_s)
             if self._policy.dynamic:
                 self._waiting.touch(agent_id)
-        req = RequestInfo(request_id, agent_id, self._request_seq, prompt_tokens, predicted_cost, tag)
+        req = RequestInfo(request_id, agent_id, self._request_seq, prompt_tokens, predicted_cost, tag, rank)
         self._request_seq += 1
         self._open[agent_id] += 1
         self._waiting.add(req)
@@ -197,6 +198,12 @@ class AgentScheduler:
         if agent_key is None:
             return self._policy.key(req)
         return self._policy.key_in_agent(agent_key, req)
+
+    def stamp(self, req: RequestInfo) -> tuple[float, float | None]:
+        """What a front end stamps on the request for engines that run ``tagged`` (``agent_tag``,
+        ``agent_rank``): its key's head, and its agent's place among its tenant's agents (None: no
+        tenant, or a policy without tenants)."""
+        return self._policy.stamp(req)
 
     def victim(self, running: Iterable[RequestInfo]) -> RequestInfo:
         """The running request to preempt first: the one with the lowest priority."""

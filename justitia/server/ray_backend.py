@@ -148,7 +148,9 @@ class RayBackend(Backend):
         meta = RequestMeta.parse(xargs, request_id, log)
         self._follow_capacity(meta.agent_id or request_id, now)  # an agent known only by its requests
         info, _ = self.book.tag(request_id, meta, len(ids), params.max_tokens or 16, now)
-        xargs["agent_tag"] = float(self.book.core.priority(info)[0])
+        xargs["agent_tag"], rank = self.book.core.stamp(info)
+        if rank is not None:
+            xargs["agent_rank"] = rank
         sent = params.clone()
         sent.extra_args = xargs
         route = {"cost": info.predicted_cost, "prefix": self.prefix(ids)}

@@ -71,11 +71,12 @@ class GlobalClock:
                 self.schedule.append((now_s, total))
         self.book.register(agent.agent_id, agent.type, predicted_cost, now_s, agent.weight, agent.tenant)
 
-    def tag(self, call: Call, now_s: float) -> float:
-        """The request's key's head: its agent's virtual finish tag (after any retag). Its cost comes
-        with its metadata, so no ``max_tokens`` is needed to price it."""
+    def tag(self, call: Call, now_s: float) -> tuple[float, float | None]:
+        """The request's stamp: its agent's virtual finish tag (after any retag; in a tenant, its root
+        key now) and, in a tenant, its inner tag. Its cost comes with its metadata, so no
+        ``max_tokens`` is needed to price it."""
         info, _ = self.book.tag(call.request_id, call.meta, call.task.prompt_tokens, 0, now_s)
-        return self.core.priority(info)[0]
+        return self.core.stamp(info)
 
     def request_finished(self, request_id: str, now_s: float) -> None:
         """The request came back: it counts as done work for the agent's settlement (the book

@@ -36,8 +36,8 @@ class Front(Protocol):
     def arrived(self, agent: Agent, predicted_cost: float, now_s: float, engines: Sequence[PlainRun]) -> None:
         """An agent arrived (the engines, to read what they delivered)."""
 
-    def tag(self, call: Call, now_s: float) -> float:
-        """The tag a request carries to whichever engine serves it."""
+    def tag(self, call: Call, now_s: float) -> tuple[float, float | None]:
+        """The tag (and, in a tenant, the rank) a request carries to whichever engine serves it."""
 
     def request_finished(self, request_id: str, now_s: float) -> None:
         """A request came back."""
@@ -223,11 +223,12 @@ class EngineLoop:
         now_s = now_ps / PS_PER_S
         shares: dict[int, list[SimRequest]] = {}
         for c in calls:
-            tag = None if self.front is None else self.front.tag(c, now_s)
+            tag, rank = (None, None) if self.front is None else self.front.tag(c, now_s)
             prefix = f"{agent.agent_id}/{c.stage}" if self._affinity else None
             i = int(self.book.route(RouteRequest(c.request_id, c.meta.request_cost, prefix)).replica_id)
             shares.setdefault(i, []).append(SimRequest(c.request_id, agent.agent_id, c.meta.request_cost,
-                                                       c.task.prompt_tokens, c.task.output_tokens, (run, c), tag=tag))
+                                                       c.task.prompt_tokens, c.task.output_tokens, (run, c), tag=tag,
+                                                       rank=rank))
         for i, reqs in shares.items():
             e = self._wake(i, now_ps)
             if i not in run.engines:

@@ -53,6 +53,7 @@ class SimRequest:
     sync_it: int = 0  # skipping: computed/generated are exact as of this iteration
     epoch: int = 0  # skipping: bumped when the request stops decoding, voiding heap entries
     tag: float | None = None  # a cluster's front-end tag (the ``tagged`` policy orders by it)
+    rank: float | None = None  # ... and, in a tenant, its agent's inner tag
 
     @property
     def num_tokens(self) -> int:
@@ -108,7 +109,7 @@ class PlainRun:
         """Queue new requests (a stage of one agent)."""
         for r in reqs:
             r.info = self.core.request_arrived(r.request_id, r.agent_id, r.prompt_tokens, r.predicted_cost,
-                                               self.now_ps / PS_PER_S, r.tag)
+                                               self.now_ps / PS_PER_S, r.tag, r.rank)
             self.reqs[r.request_id] = r
             self._queued(r)
         self._arrivals += len(reqs)

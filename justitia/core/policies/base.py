@@ -32,6 +32,7 @@ class RequestInfo:
     prompt_tokens: int
     predicted_cost: float  # predicted cost of this request, in the cost model's unit
     tag: float | None = None  # the front end's tag for it (the ``tagged`` policy orders by it)
+    rank: float | None = None  # the front end's rank of its agent inside its tenant (``tagged``, tenants)
 
 
 class Policy:
@@ -97,6 +98,11 @@ class Policy:
         moved with time."""
         return ()
 
+    def stamp(self, req: RequestInfo) -> tuple[float, float | None]:
+        """What a front end stamps on the request for engines that run ``tagged``: its key's head, and
+        its agent's place among its tenant's agents (None: no tenant)."""
+        return (float(self.key(req)[0]), None)
+
     def group_of(self, req: RequestInfo) -> str | None:
         """A grouping policy: the group (tenant) the request waits in, or None (it waits on its own)."""
         return None
@@ -108,6 +114,10 @@ class Policy:
     def group_key(self, group: str, head: RequestInfo) -> tuple:
         """A grouping policy: the group's key among every waiting request's, ``head`` its first request."""
         raise NotImplementedError(f"policy '{self.name}' has no groups")
+
+    def group_filed(self, group: str, key: tuple | None) -> None:
+        """A grouping policy: the waiting queue filed the group under ``key`` (None: it has no
+        request waiting any more)."""
 
     def take_dirty(self) -> set[str]:
         """A grouping policy: the groups whose keys moved since the last call (the waiting queue's)."""

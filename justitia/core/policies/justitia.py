@@ -100,6 +100,10 @@ class Justitia(Policy):
             return self.agent_key(req.agent_id) + (req.seq,)
         return self._tags.get(req.agent_id, (float("inf"), req.seq)) + (req.seq,)
 
+    def stamp(self, req: RequestInfo) -> tuple[float, float | None]:
+        """The agent's tag (in a tenant: its root key now, and its inner tag as its rank)."""
+        return (float(self.key(req)[0]), self._inner.get(req.agent_id))
+
     # the waiting queue's groups: tenants
     def group_of(self, req: RequestInfo) -> str | None:
         """The request's tenant, or None."""
