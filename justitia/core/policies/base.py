@@ -135,3 +135,55 @@ class Policy:
     def settle(self, agent_id: str, cost: float, now_s: float) -> None:
         """The agent is leaving (``agent_finished`` follows) having asked for ``cost`` in all (its
         finished requests, at their predicted costs)."""
+
+
+class TenantGroups:
+    """The tenants of a grouping policy (justitia, vtc): each tenant's known agents, and the tenants
+    whose keys moved since the waiting queue (``take_dirty``) and the engine (``take_moved``) last
+    asked."""
+
+    def __init__(self) -> None:
+        self.tenant: dict[str, str] = {}  # agents in a tenant -> the tenant
+        self._members: dict[str, set[str]] = {}
+        self._dirty: set[str] = set()
+        self._moved: set[str] = set()
+
+    def join(self, agent_id: str, tenant: str) -> None:
+        """The agent arrived in ``tenant``."""
+        self.tenant[agent_id] = tenant
+        self._members.setdefault(tenant, set()).add(agent_id)
+
+    def leave(self, agent_id: str) -> str | None:
+        """The agent is gone; its tenant (None: it had none), and whether it was the tenant's last
+        is ``not self.has(tenant)``."""
+        tenant = self.tenant.pop(agent_id, None)
+        if tenant is not None:
+            members = self._members[tenant]
+            members.discard(agent_id)
+            if not members:
+                del self._members[tenant]
+        return tenant
+
+    def has(self, tenant: str) -> bool:
+        """Whether the tenant has a known agent."""
+        return tenant in self._members
+
+    def moved(self, tenant: str) -> None:
+        """The tenant's keys moved."""
+        self._dirty.add(tenant)
+        self._moved.add(tenant)
+
+    def take_dirty(self) -> set[str]:
+        """The tenants whose keys moved since the last call."""
+        dirty, self._dirty = self._dirty, set()
+        return dirty
+
+    def take_moved(self) -> set[str]:
+        """The agents of the tenants whose keys moved since the last call."""
+        if not self._moved:
+            return set()
+        moved: set[str] = set()
+        for tenant in self._moved:
+            moved |= self._members.get(tenant, set())
+        self._moved = set()
+        return moved

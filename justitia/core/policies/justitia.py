@@ -3,7 +3,7 @@ across tenants and pampering within each (hierarchical GPS: ``core.clock``)."""
 
 from justitia.core.clock import VirtualClock
 from justitia.core.cost import NO_CHARGE, Charge
-from justitia.core.policies.base import AgentInfo, Policy, RequestInfo
+from justitia.core.policies.base import AgentInfo, Policy, RequestInfo, TenantGroups
 
 
 class Justitia(Policy):
@@ -25,42 +25,30 @@ class Justitia(Policy):
         self.clock = VirtualClock(capacity_per_s, record=False, chained=chained)  # engines may run for days
         self._chained = chained
         self._tags: dict[str, tuple[float, int]] = {}  # agent -> (its tag when stamped, arrival order)
-        self._tenant: dict[str, str] = {}  # agents in a tenant -> the tenant
+        self._groups = TenantGroups()  # tenants whose root keys moved: take_dirty, take_moved
+        self._tenant = self._groups.tenant  # agents in a tenant -> the tenant
         self._inner: dict[str, float] = {}  # agents in a tenant -> their inner tag
-        self._members: dict[str, set[str]] = {}  # tenant -> its known agents
-        self._dirty: set[str] = set()  # tenants whose root keys moved, for the waiting queue
-        self._moved: set[str] = set()  # ... for the engine's running requests (take_moved)
-
-    def _changed(self, tenant: str) -> None:
-        self._dirty.add(tenant)
-        self._moved.add(tenant)
 
     def agent_arrived(self, agent: AgentInfo, now_s: float) -> None:
         """Stamp the agent with its virtual finish tag (in a tenant: its inner tag, and its root key)."""
         tag = self.clock.arrive(agent.agent_id, agent.predicted_cost, now_s, agent.weight, agent.tenant)
         self._tags[agent.agent_id] = (tag, agent.seq)
         if agent.tenant is not None:
-            self._tenant[agent.agent_id] = agent.tenant
+            self._groups.join(agent.agent_id, agent.tenant)
             self._inner[agent.agent_id] = agent.seq if self._chained else self.clock.inner_tag(agent.agent_id)
-            self._members.setdefault(agent.tenant, set()).add(agent.agent_id)
-            self._changed(agent.tenant)
+            self._groups.moved(agent.tenant)
 
     def agent_finished(self, agent_id: str, now_s: float) -> None:
         """Forget the agent's tag (the clock keeps it as ``settle`` left it)."""
         self._tags.pop(agent_id, None)
         self._inner.pop(agent_id, None)
-        tenant = self._tenant.pop(agent_id, None)
-        if tenant is not None:
-            members = self._members[tenant]
-            members.discard(agent_id)
-            if not members:
-                del self._members[tenant]
+        self._groups.leave(agent_id)
 
     def settle(self, agent_id: str, cost: float, now_s: float) -> None:
         """GPS keeps a leaving agent no longer than the work it asked for (``VirtualClock.settle``)."""
         self.clock.settle(agent_id, cost, now_s)
         if agent_id in self._tenant:
-            self._changed(self._tenant[agent_id])
+            self._groups.moved(self._tenant[agent_id])
 
     def revise(self, agent_id: str, revealed_cost: float, remaining_cost: float, now_s: float) -> None:
         """An agent that reveals more work than its tag assumed moves back to where an agent arriving
@@ -74,7 +62,7 @@ class Justitia(Policy):
         if tenant is not None:
             if tag is not None and tag > self._inner[agent_id] and not self._chained:
                 self._inner[agent_id] = tag
-            self._changed(tenant)
+            self._groups.moved(tenant)
         elif tag is not None and tag > entry[0]:
             self._tags[agent_id] = (tag, entry[1])
 
@@ -119,15 +107,8 @@ class Justitia(Policy):
 
     def take_dirty(self) -> set[str]:
         """The tenants whose root keys moved since the last call."""
-        dirty, self._dirty = self._dirty, set()
-        return dirty
+        return self._groups.take_dirty()
 
     def take_moved(self) -> set[str]:
-        """The agents whose keys moved at their tenant's events since the last call."""
-        if not self._moved:
-            return set()
-        moved: set[str] = set()
-        for tenant in self._moved:
-            moved |= self._members.get(tenant, set())
-        self._moved = set()
-        return moved
+        """The agents of the tenants whose root keys moved since the last call."""
+        return self._groups.take_moved()

@@ -16,7 +16,7 @@ from fractions import Fraction
 from typing import Iterable
 
 from justitia.core.cost import COMPUTE, NO_CHARGE, Charge
-from justitia.core.policies.base import AgentInfo, RequestInfo
+from justitia.core.policies.base import AgentInfo, RequestInfo, TenantGroups
 from justitia.core.policies.las import LAS
 
 
@@ -30,12 +30,10 @@ class VTC(LAS):
     def __init__(self) -> None:
         super().__init__(COMPUTE)
         self._weight: dict[str, Fraction] = {}  # agents (and tenants) whose weight is not 1
-        self._tenant: dict[str, str] = {}  # agents in a tenant -> the tenant
-        self._members: dict[str, set[str]] = {}  # tenant -> its known agents
+        self._groups = TenantGroups()  # tenants whose counters moved: take_dirty, take_moved
+        self._tenant = self._groups.tenant  # agents in a tenant -> the tenant
         self._counter: dict[str, Fraction | int] = {}  # tenant -> its counter
         self._tweight: dict[str, Fraction] = {}  # tenant -> its weight, if not 1
-        self._dirty: set[str] = set()
-        self._moved: set[str] = set()
 
     def agent_arrived(self, agent: AgentInfo, now_s: float) -> None:
         """Open a counter at zero (the lift rule raises it when the agent queues); a tenant's agents
@@ -46,8 +44,7 @@ class VTC(LAS):
                 self._weight[agent.agent_id] = Fraction(agent.weight)
             return
         self._seq[agent.agent_id] = agent.seq
-        self._tenant[agent.agent_id] = agent.tenant
-        self._members.setdefault(agent.tenant, set()).add(agent.agent_id)
+        self._groups.join(agent.agent_id, agent.tenant)
         self._counter.setdefault(agent.tenant, 0)
         if agent.weight != 1:
             self._tweight[agent.tenant] = Fraction(agent.weight)
@@ -56,16 +53,13 @@ class VTC(LAS):
 
     def agent_finished(self, agent_id: str, now_s: float) -> None:
         """Drop the agent's counter (a tenant's, with its last agent)."""
-        tenant = self._tenant.pop(agent_id, None)
+        tenant = self._groups.leave(agent_id)
         if tenant is None:
             super().agent_finished(agent_id, now_s)
             self._weight.pop(agent_id, None)
             return
         self._seq.pop(agent_id, None)
-        members = self._members[tenant]
-        members.discard(agent_id)
-        if not members:
-            del self._members[tenant]
+        if not self._groups.has(tenant):
             self._counter.pop(tenant, None)
             self._tweight.pop(tenant, None)
 
@@ -76,8 +70,7 @@ class VTC(LAS):
             w = self._tweight.get(tenant)
             served = self.cost.service(service)
             self._counter[tenant] += served if w is None else Fraction(served) / w
-            self._dirty.add(tenant)
-            self._moved.add(tenant)
+            self._groups.moved(tenant)
             return
         w = self._weight.get(req.agent_id)
         if w is None:
@@ -115,8 +108,7 @@ class VTC(LAS):
                 self._attained[agent_id] = max(self._attained[agent_id], self._count(lowest))
         elif self._count(lowest) > self._counter[tenant]:
             self._counter[tenant] = self._count(lowest)
-            self._dirty.add(tenant)
-            self._moved.add(tenant)
+            self._groups.moved(tenant)
 
     # the waiting queue's groups: tenants
     def group_of(self, req: RequestInfo) -> str | None:
@@ -133,15 +125,8 @@ class VTC(LAS):
 
     def take_dirty(self) -> set[str]:
         """The tenants whose counters moved since the last call."""
-        dirty, self._dirty = self._dirty, set()
-        return dirty
+        return self._groups.take_dirty()
 
     def take_moved(self) -> set[str]:
-        """The agents of tenants whose counters moved since the last call."""
-        if not self._moved:
-            return set()
-        moved: set[str] = set()
-        for tenant in self._moved:
-            moved |= self._members.get(tenant, set())
-        self._moved = set()
-        return moved
+        """The agents of the tenants whose counters moved since the last call."""
+        return self._groups.take_moved()
