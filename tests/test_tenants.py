@@ -239,7 +239,7 @@ def test_a_long_running_clock_forgets_every_agent_of_its_tenants():
     core.agent_arrived("late", "t", 1.0, 10_000.0, tenant="t0")  # moves t0's schedule to now
     clock = core._policy.clock
     assert clock._tenant_of == {"late": "t0"} and set(clock._tenants) <= {"t0", "t1", "t2"}
-    pampering = clock._tenants["t0"][3]
+    pampering = clock._tenants["t0"].schedule
     assert set(pampering._work) == {"late"} and not pampering._done_at and not pampering._gone
 
 

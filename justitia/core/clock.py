@@ -39,6 +39,7 @@ those being served or paused, not those waiting behind).
 from __future__ import annotations
 
 import bisect
+from dataclasses import dataclass
 import heapq
 import math
 
@@ -206,6 +207,17 @@ class _Pampering:
         return self.v + self._left.upto(at) / weight
 
 
+@dataclass(eq=False)
+class _Tenant:
+    """A tenant's state in the root clock: its inner clock (time: the root's V; capacity: its weight),
+    its weight, its agents not yet settled, and its pampering schedule (its agents' root keys)."""
+
+    inner: "VirtualClock"
+    weight: float
+    schedule: _Pampering
+    agents: int = 0
+
+
 class VirtualClock:
     """Exact GPS virtual time for agents sharing ``capacity`` cost units per second, with tenants
     (hierarchical GPS, the module's docstring) for agents that name one."""
@@ -225,9 +237,9 @@ class VirtualClock:
         self._tags: list[tuple[float, int, object]] = []  # (finish tag, filing seq, root entry)
         self._weight = 0.0  # Σ w over the active root entries
         self._active: dict[object, tuple[int, float, float]] = {}  # active root entries -> (heap seq, w, tag)
-        self._agents: dict[str, list] = {}  # agents without a tenant, not settled -> [S, tag, w, GPS finish, arrival]
+        self._agents: dict[str, list] = {}  # agents without a tenant, not settled -> [S, tag, w, arrival]
         self._tenant_of: dict[str, str] = {}  # agents with a tenant, not settled -> their tenant
-        self._tenants: dict[str, list] = {}  # tenant -> [inner clock, weight W, agents not settled, _Pampering]
+        self._tenants: dict[str, _Tenant] = {}
         self._seq = 0
         self._gps_finish_s: dict[str, float] = {}
         self._trace: list[tuple[float, float]] | None = [] if record else None  # (V, t) breakpoints, with tenants
@@ -287,9 +299,6 @@ class VirtualClock:
     def _retire(self, entry: object, now_s: float) -> None:
         """GPS has finished the entry (an agent, or a tenant's last agent): it stops counting."""
         _, weight, _ = self._active.pop(entry)
-        known = self._agents.get(entry)
-        if known is not None:
-            known[3] = now_s  # when GPS finished it (an inner clock's time is its root's V)
         if self._active:
             self._weight -= weight
         else:  # no float dust when none is left
@@ -319,19 +328,19 @@ class VirtualClock:
     # ------------------------------------------------------------------------------ tenants
     def _inner(self, tenant: str) -> "VirtualClock":
         """The tenant's inner clock and its pampering schedule, moved to the root's V."""
-        inner, weight, _, pampering = self._tenants[tenant]
-        inner._advance(max(self._v, inner._now_s))
-        if self._v > pampering.v:
-            pampering.advance(self._v, weight)
-        return inner
+        state = self._tenants[tenant]
+        state.inner._advance(max(self._v, state.inner._now_s))
+        if self._v > state.schedule.v:
+            state.schedule.advance(self._v, state.weight)
+        return state.inner
 
     def _refile_tenant(self, tenant: str) -> None:
         """The tenant's root entry after its agents changed: tagged ``V + work left / W``."""
         self._inner(tenant)
-        _, weight, _, pampering = self._tenants[tenant]
+        state = self._tenants[tenant]
         entry = ("tenant", tenant)
-        if pampering.total > 0:
-            self._file(entry, self._v + pampering.total / weight, weight)
+        if state.schedule.total > 0:
+            self._file(entry, self._v + state.schedule.total / state.weight, state.weight)
         elif entry in self._active:
             self._retire(entry, self._now_s)
             self._drop_stale()
@@ -359,16 +368,12 @@ class VirtualClock:
             return None if known is None else known[1]
         self._inner(tenant)
         state = self._tenants[tenant]
-        return state[3].key(agent_id, state[1])
-
-    def tenant_of(self, agent_id: str) -> str | None:
-        """The agent's tenant, while it is known (None: none, or not known)."""
-        return self._tenant_of.get(agent_id)
+        return state.schedule.key(agent_id, state.weight)
 
     def inner_tag(self, agent_id: str) -> float | None:
         """The agent's tag among its tenant's agents (its flat tag, without a tenant); None if not known."""
         tenant = self._tenant_of.get(agent_id)
-        clock = self if tenant is None else self._tenants[tenant][0]
+        clock = self if tenant is None else self._tenants[tenant].inner
         known = clock._agents.get(agent_id)
         return None if known is None else known[1]
 
@@ -383,7 +388,7 @@ class VirtualClock:
         tenant = self._tenant_of.get(agent_id)
         if tenant is not None:
             tag = self._inner(tenant).retag(agent_id, remaining_cost, self._v)
-            pampering = self._tenants[tenant][3]
+            pampering = self._tenants[tenant].schedule
             left = pampering.left(agent_id)
             if tag is not None and remaining_cost > left:
                 order = pampering.order(agent_id) if self.chained else tag
@@ -411,18 +416,19 @@ class VirtualClock:
         tenant = self._tenant_of.pop(agent_id, None)
         if tenant is not None:
             state = self._tenants[tenant]
-            tag = state[0].inner_tag(agent_id)
-            state[0].settle(agent_id, cost, self._v)
-            tag = state[0]._active.get(agent_id, (0, 0, tag))[2]  # the settled inner tag, if still active
-            pampering, work = state[3], state[3].work(agent_id)
+            tag = state.inner.inner_tag(agent_id)
+            state.inner.settle(agent_id, cost, self._v)
+            tag = state.inner._active.get(agent_id, (0, 0, tag))[2]  # the settled inner tag, if still active
+            pampering = state.schedule
+            work = pampering.work(agent_id)
             left = pampering.left(agent_id)
             if left > 0 and cost < work:  # what it asked for and was not yet served, at most
                 order = pampering.order(agent_id) if self.chained else tag
                 pampering.put(agent_id, order, min(left, max(0.0, cost - (work - left))), cost)
             pampering.forget(agent_id)
             self._refile_tenant(tenant)
-            state[2] -= 1
-            if state[2] == 0 and not state[0]._active and pampering.total <= 0 and not self.record:
+            state.agents -= 1
+            if state.agents == 0 and not state.inner._active and pampering.total <= 0 and not self.record:
                 del self._tenants[tenant]  # nothing of it left in GPS: long-running servers forget it
             return
         known = self._agents.pop(agent_id, None)
@@ -457,7 +463,7 @@ class VirtualClock:
             return self._arrive_in(agent_id, cost, weight, tenant, weight if tenant_weight is None else tenant_weight)
         start = self._v
         tag = start + (cost if weight == 1 else cost / weight)
-        self._agents[agent_id] = [start, tag, float(weight), None, now_s]  # [S, f, w, GPS finish, arrival]
+        self._agents[agent_id] = [start, tag, float(weight), now_s]  # [S, f, w, arrival]
         if tag <= self._v:  # no work: GPS finishes it at once (retag can move it back)
             if self.record:
                 self._gps_finish_s[agent_id] = now_s
@@ -470,19 +476,19 @@ class VirtualClock:
             raise ValueError(f"tenant '{tenant}': weight must be a finite number > 0, got {tenant_weight}.")
         state = self._tenants.get(tenant)
         if state is None:
-            state = self._tenants[tenant] = [VirtualClock(float(tenant_weight), record=self.record),
-                                             float(tenant_weight), 0, _Pampering(self._v)]
-            state[0]._now_s = self._v
+            state = self._tenants[tenant] = _Tenant(VirtualClock(float(tenant_weight), record=self.record),
+                                                    float(tenant_weight), _Pampering(self._v))
+            state.inner._now_s = self._v
             self._note()
         inner = self._inner(tenant)
-        if tenant_weight != state[1]:
+        if tenant_weight != state.weight:
             inner.set_capacity(float(tenant_weight), self._v)
-            state[1] = float(tenant_weight)
+            state.weight = float(tenant_weight)
         tag = inner.arrive(agent_id, cost, self._v, weight)
         self._arrivals += 1
-        state[3].put(agent_id, self._arrivals if self.chained else tag, float(cost), float(cost))
+        state.schedule.put(agent_id, self._arrivals if self.chained else tag, float(cost), float(cost))
         self._tenant_of[agent_id] = tenant
-        state[2] += 1
+        state.agents += 1
         self._refile_tenant(tenant)
         return self.root_key(agent_id)
 
@@ -490,8 +496,8 @@ class VirtualClock:
         """The agent's GPS start ``S`` in root virtual time (``V(a)``), or None if it is not known."""
         tenant = self._tenant_of.get(agent_id)
         if tenant is not None:
-            known = self._tenants[tenant][0]._agents.get(agent_id)
-            return None if known is None else known[4]
+            known = self._tenants[tenant].inner._agents.get(agent_id)
+            return None if known is None else known[3]
         known = self._agents.get(agent_id)
         return None if known is None else known[0]
 
@@ -499,8 +505,8 @@ class VirtualClock:
         """When the agent finished under GPS, or None if it has not finished by the clock's time."""
         if agent_id in self._gps_finish_s:
             return self._gps_finish_s[agent_id]
-        for inner, *_ in self._tenants.values():
-            v = inner._gps_finish_s.get(agent_id)
+        for state in self._tenants.values():
+            v = state.inner._gps_finish_s.get(agent_id)
             if v is not None:
                 return self._to_seconds(v)
         return None
@@ -520,8 +526,8 @@ class VirtualClock:
                         self._gps_finish_s[entry[2]] = self._now_s
             self._weight = 0.0
         out = dict(self._gps_finish_s)
-        for inner, *_ in self._tenants.values():
-            inner._advance(max(self._v, inner._now_s))
-            for agent_id, v in inner.drain().items():  # a hair of inner work left: finished now
+        for state in self._tenants.values():
+            state.inner._advance(max(self._v, state.inner._now_s))
+            for agent_id, v in state.inner.drain().items():  # a hair of inner work left: finished now
                 out[agent_id] = self._to_seconds(min(v, self._v))
         return out
