@@ -110,7 +110,11 @@ def _parser() -> argparse.ArgumentParser:
     pf.add_argument("--out", type=Path, required=True, help="profile file (.jsonl or .jsonl.gz); resumed if it exists")
     pf.add_argument("--no-progress", action="store_true", help="hide the progress bar")
 
-    sv = sub.add_parser("serve", help="serve agents over HTTP on vLLM with the Justitia scheduler")
+    sv = sub.add_parser("serve", allow_abbrev=False,
+                        help="serve agents over HTTP on vLLM with the Justitia scheduler",
+                        description="vLLM's own OpenAI server with Justitia's scheduler and endpoint plugin; "
+                                    "any other option is vLLM's (vllm serve --help), passed through, e.g. "
+                                    "--enable-auto-tool-choice --tool-call-parser hermes (docs/server.md)")
     sv.add_argument("--model", help="tiny, smollm2 or a model directory (default tiny; with --upstream: the "
                                     "tokenizer, by default the replicas' model directory)")
     sv.add_argument("--policy", default="justitia", help="scheduling policy (default justitia)")
@@ -420,6 +424,9 @@ def _profile_stats(path) -> str:
 def _cmd_serve(args) -> int:
     import asyncio
 
+    from justitia.core import POLICY_NAMES
+    from justitia.predictors import make_predictor
+    from justitia.server.keys import KeyRing
     from justitia.server.main import serve
 
     for name in ("max_num_seqs", "max_model_len", "max_tasks_per_agent", "max_agents_in_flight", "max_body_bytes",
@@ -454,6 +461,30 @@ def _cmd_serve(args) -> int:
         from justitia.ray.deployment import RaySpec
 
         ray = RaySpec(args.replicas, args.ray_address, args.router, args.ray_replica_cpus, args.ray_replica_gpus)
+    if not (args.upstream or ray):  # vLLM's own server, with Justitia's scheduler and endpoint plugin
+        from justitia.server.journal import default_path
+        from justitia.server.main import serve_vllm, vllm_command, vllm_environment
+
+        make_predictor(args.predictor)  # fail before minutes of start-up
+        KeyRing.load(args.api_key, args.api_keys)
+        if args.policy not in POLICY_NAMES:
+            raise ValueError(f"--policy: unknown policy '{args.policy}'; expected one of: {', '.join(POLICY_NAMES)}.")
+        path = None if journal is False else default_path(args.host, args.port) if journal is True else journal
+        config = {"predictor": args.predictor, "api_keys": args.api_key or [],
+                  "api_keys_file": None if args.api_keys is None else str(args.api_keys),
+                  "journal": None if path is None else str(path),
+                  "limits": limits | {"max_tasks_per_agent": args.max_tasks_per_agent,
+                                      "max_agents_in_flight": args.max_agents_in_flight,
+                                      "max_body_bytes": args.max_body_bytes}}
+        argv = vllm_command(args.model or "tiny", args.host, args.port, args.kv_blocks, args.max_num_seqs,
+                            args.max_model_len, args.vllm_args)
+        try:
+            return serve_vllm(argv, vllm_environment(args.policy, config))
+        except KeyboardInterrupt:
+            return 0
+    if args.vllm_args:
+        raise ValueError(f"{' '.join(args.vllm_args)}: vLLM's options are for the server justitia serve runs itself; "
+                         "with --upstream or --ray, give them to the replicas.")
     try:
         return asyncio.run(serve(args.model, args.policy, args.predictor, args.host, args.port, args.kv_blocks,
                           args.max_num_seqs, args.max_model_len, args.max_tasks_per_agent, args.max_agents_in_flight,
@@ -515,7 +546,12 @@ def _print_trojans(doc: dict) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``justitia`` console script."""
-    args = _parser().parse_args(argv)
+    parser = _parser()
+    args, extra = parser.parse_known_args(argv)
+    if extra and args.command != "serve":
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    if args.command == "serve":
+        args.vllm_args = extra  # vLLM's own server options, passed through
     try:
         if args.command == "workload":
             return _cmd_generate(args)

@@ -21,8 +21,10 @@ from justitia.agent import AgentProcess, Answer, Call, drive
 from justitia.core import KV
 from justitia.predictors import Predictor
 from justitia.server.backend import Backend, BackendInterrupted
+from justitia.server.door import Sessions
 from justitia.server.journal import Journal, Record
 from justitia.server.keys import ANONYMOUS, Client
+from justitia.server.limits import RateLimit
 from justitia.server.schema import AgentSpec, SpecError, check_agent, render
 from justitia.vllm.models import chat_ids
 from justitia.workload import Agent, Task
@@ -113,14 +115,16 @@ class AgentManager:
         self.jct: dict[str, list[int]] = {}  # type -> counts per JCT_BUCKETS (cumulative at export)
         self.jct_sum: dict[str, float] = {}
         self.predict_s, self.predictions = 0.0, 0
-        self.requests: dict[str, int] = {"agents": 0, "completions": 0, "chat": 0}
+        self.requests: dict[str, int] = {"agents": 0, "chat": 0, "completions": 0, "responses": 0, "messages": 0}
         self.tasks_in_flight = 0
         self.ended: collections.deque[tuple[str, float, int]] = collections.deque()  # (id, when, bytes), oldest first
         self.ended_bytes = 0
         self.expired: collections.OrderedDict[str, str] = collections.OrderedDict()  # dropped agents -> owner (410)
         self.owner_agents: dict[str, int] = {}  # agents in flight per owner
-        self.owner_requests: dict[str, int] = {}  # OpenAI requests in flight per owner
+        self.owner_requests: dict[str, int] = {}  # OpenAI and Anthropic requests in flight per owner (the door's)
         self.requests_in_flight = 0
+        self.rate = RateLimit(settings.key_rate, settings.key_burst)  # per key, agents and requests alike
+        self.sessions = Sessions()  # the identified agents of the OpenAI and Anthropic endpoints
 
     def now(self) -> float:
         return time.monotonic() - self.t0

@@ -1,27 +1,28 @@
-"""The HTTP application: the agent API and the OpenAI endpoints over one ``Backend``.
+"""Justitia's HTTP surface: the door and the agent API (``add_justitia``), on vLLM's own app (the
+endpoint plugin, ``server.plugin``) or on the front end's (``create_app``, for ``--upstream`` and
+``--ray``).
 
-``create_app(backend, tokenizer, settings, predictor, keys)`` returns a FastAPI app. The agents
-run in ``agents.AgentManager``; ``/metrics`` is ``metrics.prometheus_text``. Every ``/v1/`` route
-needs a key when the server has any (``keys.KeyRing``: 401 without one); ``/health``, ``/metrics``
-and the API docs are open.
+The agents run in ``agents.AgentManager``. Every ``/v1/`` route needs a key when the server has
+any (``keys.KeyRing``: 401 without one); ``/health``, ``/metrics`` and the API docs are open.
 """
 
 from __future__ import annotations
 
 import json
 
+from pydantic import ValidationError
 from fastapi import FastAPI, Request
-from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 
 from justitia.predictors import Predictor
 from justitia.server.agents import TERMINAL, AgentManager, Settings
 from justitia.server.backend import Backend, BackendError
+from justitia.server.door import Door
+from justitia.server.forward import add_forwarding_routes
 from justitia.server.journal import Journal, JournalError
 from justitia.server.keys import KeyRing, client_of
-from justitia.server.limits import Authenticate, BodyLimit, BodyTooLarge, RateLimit, body_too_large, retry_after
+from justitia.server.limits import Authenticate, BodyLimit, BodyTooLarge, body_too_large, retry_after
 from justitia.server.metrics import prometheus_text
-from justitia.server.openai_api import add_openai_routes
 from justitia.server.schema import AgentSpec, SpecError, first_error
 
 __all__ = ["Settings", "create_app"]
@@ -31,28 +32,30 @@ def _error(status: int, message: str, headers: dict | None = None) -> JSONRespon
     return JSONResponse({"error": message}, status_code=status, headers=headers)
 
 
+def add_justitia(app: FastAPI, holder, keys: KeyRing, settings: Settings) -> None:
+    """Justitia on ``app`` (vLLM's own, or the front end's): the door (413, 401, then ``door.Door``'s
+    checks and identity on the inference endpoints) and the agent API. ``holder.manager`` is the
+    ``AgentManager``, looked up per request (a vLLM plugin builds it after the app)."""
+    add_agent_routes(app, holder)
+    app.add_middleware(Door, holder=holder)
+    app.add_middleware(Authenticate, keys=keys)
+    app.add_middleware(BodyLimit, limit=settings.max_body_bytes)  # outermost: counted before anything reads it
+    app.add_exception_handler(BodyTooLarge, body_too_large)
+
+
 def create_app(backend: Backend, tokenizer, settings: Settings, predictor: Predictor,
                keys: KeyRing | None = None, journal: Journal | None = None) -> FastAPI:
-    """The FastAPI application of one server (open if ``keys`` is empty or None; journaled to
-    ``journal``, if given: ``await app.state.manager.recover()`` before serving)."""
+    """The front end's app (``--upstream``, ``--ray``): Justitia (``add_justitia``) and the inference
+    endpoints, validated by vLLM's own request models and forwarded to the backend
+    (``forward.add_forwarding_routes``). Open if ``keys`` is empty or None; journaled to ``journal``,
+    if given: ``await app.state.manager.recover()`` before serving."""
     keys = keys or KeyRing()
     app = FastAPI(title="Justitia", version="0.1.0",
                   description="Agent-aware serving on vLLM: task-parallel agents scheduled by Justitia.")
     manager = AgentManager(backend, tokenizer, settings, predictor, journal)
-    manager.rate = RateLimit(settings.key_rate, settings.key_burst)
     app.state.manager = manager
-
-    @app.exception_handler(RequestValidationError)
-    async def _invalid(request: Request, exc: RequestValidationError):
-        message = first_error(list(exc.errors()))
-        if request.url.path in ("/v1/completions", "/v1/chat/completions"):  # OpenAI's error shape
-            return JSONResponse({"error": {"message": message, "type": "invalid_request_error"}}, status_code=422)
-        return _error(422, message)
-
-    add_openai_routes(app, manager)
-    app.add_middleware(Authenticate, keys=keys)
-    app.add_middleware(BodyLimit, limit=settings.max_body_bytes)  # outermost: counted before anything reads it
-    app.add_exception_handler(BodyTooLarge, body_too_large)
+    add_forwarding_routes(app, manager)
+    add_justitia(app, app.state, keys, settings)
 
     @app.get("/metrics", response_class=PlainTextResponse)
     async def metrics():
@@ -69,8 +72,20 @@ def create_app(backend: Backend, tokenizer, settings: Settings, predictor: Predi
                 "agents_in_flight": manager.in_flight(), "virtual_clock": state.has_clock,
                 "journal": None if journal is None else str(journal.path)}
 
+    return app
+
+
+def add_agent_routes(app: FastAPI, holder) -> None:
+    """The agent API (``/v1/agents``) and the door's sessions (``/v1/sessions``) on ``app``."""
+
     @app.post("/v1/agents", status_code=202)
-    async def submit(spec: AgentSpec, request: Request):
+    async def submit(request: Request):
+        manager = holder.manager
+        settings = manager.settings
+        try:
+            spec = AgentSpec.model_validate_json(await request.body())
+        except ValidationError as exc:
+            return _error(422, first_error(list(exc.errors())))
         client = client_of(request)
         if manager.draining:
             return _error(503, "the server is stopping; retry on its successor.", retry_after(5))
@@ -102,8 +117,15 @@ def create_app(backend: Backend, tokenizer, settings: Settings, predictor: Predi
             return _error(503, f"the engine could not take the agent ({exc}); retry later.", retry_after(5))
         return JSONResponse({"agent_id": run.agent_id, "status": run.status}, status_code=202)
 
+    @app.get("/v1/sessions")
+    async def sessions(request: Request):
+        """The key's identified agents on the OpenAI and Anthropic endpoints, most recent last."""
+        return {"object": "list", "data": [s.doc() for s in holder.manager.sessions.of(client_of(request).owner)]}
+
     def missing(agent_id: str, request: Request) -> JSONResponse:
         """404 for an unknown agent or another key's; 410 for one of this key's that was dropped."""
+        manager = holder.manager
+        settings = manager.settings
         if manager.was_owned(agent_id, client_of(request)):
             return _error(410, f"agent '{agent_id}' finished and is no longer kept (this server keeps finished "
                                f"agents {settings.finished_s / 3600:g} hours, {settings.finished_bytes >> 20} MiB in all).")
@@ -111,23 +133,23 @@ def create_app(backend: Backend, tokenizer, settings: Settings, predictor: Predi
 
     @app.get("/v1/agents/{agent_id}")
     async def status(agent_id: str, request: Request):
-        run = manager.owned(agent_id, client_of(request))
+        run = holder.manager.owned(agent_id, client_of(request))
         if run is None:  # unknown, or another key's: the same answer
             return missing(agent_id, request)
         return run.doc()
 
     @app.delete("/v1/agents/{agent_id}")
     async def cancel(agent_id: str, request: Request):
-        if manager.owned(agent_id, client_of(request)) is None:
+        if holder.manager.owned(agent_id, client_of(request)) is None:
             return missing(agent_id, request)
-        return (await manager.cancel(agent_id)).doc()
+        return (await holder.manager.cancel(agent_id)).doc()
 
     @app.get("/v1/agents/{agent_id}/events")
     async def events(agent_id: str, request: Request):
-        run = manager.owned(agent_id, client_of(request))
+        run = holder.manager.owned(agent_id, client_of(request))
         if run is None:
             return missing(agent_id, request)
-        if run.streams >= settings.max_streams_per_agent:
+        if run.streams >= holder.manager.settings.max_streams_per_agent:
             return _error(429, f"agent '{agent_id}' has {run.streams} event streams open, this server's limit.",
                           retry_after(1))
         run.streams += 1
@@ -148,5 +170,3 @@ def create_app(backend: Backend, tokenizer, settings: Settings, predictor: Predi
                 run.streams -= 1
 
         return StreamingResponse(stream(), media_type="text/event-stream")
-
-    return app

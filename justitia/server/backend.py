@@ -3,7 +3,7 @@
 ``LocalBackend`` (``local.py``): vLLM's ``AsyncLLM`` with the Justitia plug-in, in this process.
 ``UpstreamBackend`` (``upstream.py``): stock vLLM OpenAI servers, ordered by front-end tagging.
 ``RayBackend`` (``ray_backend.py``): engine replicas with the plug-in on Ray Serve, one clock here.
-The agent API and the OpenAI endpoints talk to ``Backend`` only.
+The agent API talks to ``Backend`` only; so do a front end's inference endpoints (``forward``).
 
 ``generate`` has ``AsyncLLM.generate``'s shape: a token-id prompt, vLLM ``SamplingParams``
 (``extra_args`` carrying the request's ``RequestMeta``) and a request id; it yields outputs with
@@ -88,6 +88,17 @@ class Backend(ABC):
     @abstractmethod
     def unfinished(self) -> int:
         """Requests inside the engine (sent and not finished)."""
+
+    async def forward(self, path: str, kind: str, doc: dict, prompt_tokens: int, max_tokens: int, request_id: str):
+        """Serve one OpenAI or Anthropic request (``doc``: its JSON body, identity written in, checked
+        by vLLM's request model for ``path``) as vLLM's own server answers it: a Starlette response.
+        ``prompt_tokens`` and ``max_tokens`` price it. A backend that cannot: 501."""
+        from starlette.responses import JSONResponse
+
+        from justitia.server.door import error_doc
+
+        return JSONResponse(error_doc(kind, 501, f"'{path}' is not served by this backend ({type(self).__name__}); "
+                                                 "see docs/server.md."), status_code=501)
 
     def metrics_lines(self) -> list[str]:
         """Prometheus lines of the backend's own (its queues, its replicas)."""

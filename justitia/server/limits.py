@@ -31,9 +31,6 @@ def body_too_large(request, exc: BodyTooLarge):
     return JSONResponse({"error": exc.detail}, status_code=413, headers={"connection": "close"})
 
 
-OPENAI_PATHS = ("/v1/completions", "/v1/chat/completions", "/v1/models")
-
-
 async def _answer(send, status: int, doc: dict, headers: list | None = None) -> None:
     body = json.dumps(doc).encode()
     await send({"type": "http.response.start", "status": status,
@@ -54,9 +51,11 @@ class Authenticate:
             header = dict(scope["headers"]).get(b"authorization", b"").decode("latin-1")
             client = self.keys.authenticate(header)
             if client is None:
+                from justitia.server.door import INFERENCE_PATHS, error_doc
+
                 message = "a valid API key is required: send 'Authorization: Bearer KEY'."
-                doc = ({"error": {"message": message, "type": "authentication_error", "code": 401}}
-                       if scope["path"] in OPENAI_PATHS else {"error": message})
+                kind = INFERENCE_PATHS.get(scope["path"], "models" if scope["path"] == "/v1/models" else None)
+                doc = {"error": message} if kind is None else error_doc(kind, 401, message)
                 return await _answer(send, 401, doc, [(b"www-authenticate", b"Bearer")])
             scope.setdefault("state", {})["client"] = client
         await self.app(scope, receive, send)

@@ -1,5 +1,6 @@
-"""Start the backend (AsyncLLM with the Justitia plug-in, or the front end of stock vLLM servers)
-and serve the app with uvicorn, in one process."""
+"""``justitia serve``: vLLM's own server with Justitia's scheduler and endpoint plugin (``vllm_command``,
+``serve_vllm``), or a front end over several engines (``--upstream``, ``--ray``: ``serve``), in one
+process."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import os
 import signal
 from pathlib import Path
 
@@ -28,6 +30,80 @@ def _uvicorn_server():
     return Server
 
 
+def vllm_command(model: str, host: str, port: int, kv_blocks: int | None, max_num_seqs: int, max_model_len: int,
+                 passthrough: list[str]) -> list[str]:
+    """The ``vllm serve`` arguments (after ``vllm serve``) that run Justitia: the model, the scheduler
+    class, vLLM's priority queue (the plug-in stamps each request's key as its priority), and the
+    server options given, then ``passthrough`` (any of vLLM's own options, which win)."""
+    from justitia.vllm.engine import engine_dtype
+    from justitia.vllm.models import resolve_model
+
+    given = {a.split("=", 1)[0] for a in passthrough if a.startswith("--")}
+    if "--model" in given:
+        raise ValueError("--model: give it to justitia serve itself (tiny, smollm2 or a model directory).")
+    argv = ["--model", str(resolve_model(model)), "--scheduler-cls", "justitia.vllm.plugin.JustitiaScheduler",
+            "--scheduling-policy", "priority",
+            # the plug-in charges each step after it is scheduled, before the next (docs/plugin.md)
+            "--no-async-scheduling"]
+    defaults = {"--host": host, "--port": str(port), "--max-model-len": str(max_model_len),
+                "--max-num-seqs": str(max_num_seqs), "--dtype": engine_dtype("auto")}
+    if kv_blocks is not None:
+        defaults["--num-gpu-blocks-override"] = str(kv_blocks)
+    if "/" not in model:  # a built-in model answers to its own name, as before
+        defaults["--served-model-name"] = model
+    if not _has_gpu():
+        defaults["--enforce-eager"] = None  # no graphs to capture on a CPU; starts sooner
+    for flag, value in defaults.items():
+        if flag not in given:
+            argv += [flag] if value is None else [flag, value]
+    return argv + passthrough
+
+
+def _has_gpu() -> bool:
+    from justitia.vllm.engine import _has_gpu as has
+
+    return has()
+
+
+def vllm_environment(policy: str, serve: dict) -> dict[str, str]:
+    """What configures Justitia inside vLLM's server: the plugin allowed, the scheduler's policy,
+    the plugin's settings (``server.plugin.serve_config``)."""
+    from justitia.defaults import ENV_POLICY
+    from justitia.server.plugin import ENV_SERVE
+
+    plugins = [p for p in os.environ.get("VLLM_PLUGINS", "").split(",") if p]
+    env = {"VLLM_PLUGINS": ",".join(dict.fromkeys(plugins + ["justitia"])), ENV_POLICY: policy,
+           ENV_SERVE: json.dumps(serve)}
+    env.setdefault("HF_HUB_OFFLINE", os.environ.get("HF_HUB_OFFLINE", "1"))  # the model is a local directory
+    if "VLLM_CPU_KVCACHE_SPACE" not in os.environ and not _has_gpu():
+        env["VLLM_CPU_KVCACHE_SPACE"] = "1"  # GiB, as the benches' engines (vLLM's own default is 4)
+    return env
+
+
+def serve_vllm(argv: list[str], env: dict[str, str]) -> int:
+    """Run vLLM's own OpenAI server (``vllm serve``'s entry point) with ``argv`` in this process,
+    ``env`` set first. Returns when it stops."""
+    os.environ.update(env)
+    import uvloop
+
+    try:  # vLLM 0.32; 0.33 moved the parser to common/
+        from vllm.entrypoints.launchers.cli_args import make_arg_parser, validate_parsed_serve_args
+    except ImportError:  # pragma: no cover
+        from vllm.entrypoints.common.cli_args import make_arg_parser, validate_parsed_serve_args
+    from vllm.entrypoints.launchers.api_server.entry import run_server
+    from vllm.entrypoints.serve.utils.api_utils import cli_env_setup
+    from vllm.logger import configure_logging_from_args
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    cli_env_setup()
+    parser = make_arg_parser(FlexibleArgumentParser(prog="justitia serve", description="vLLM's server options"))
+    args = parser.parse_args(argv)
+    configure_logging_from_args(args)
+    validate_parsed_serve_args(args)
+    uvloop.run(run_server(args))
+    return 0
+
+
 async def serve(model: str | None = None, policy: str = "justitia", predictor: str = "mlp", host: str = "127.0.0.1",
                 port: int = 8000, kv_blocks: int | None = None, max_num_seqs: int = 256, max_model_len: int = 2048,
                 max_tasks_per_agent: int = 256, max_agents_in_flight: int = 2048, max_body_bytes: int = 1_000_000,
@@ -38,8 +114,7 @@ async def serve(model: str | None = None, policy: str = "justitia", predictor: s
                 header_timeout_s: float = 10.0, ray=None) -> int:
     """Run the server until it is stopped (Ctrl-C or SIGTERM).
 
-    Without ``upstream``: AsyncLLM with the Justitia plug-in in this process (``model``, default
-    tiny). With it: the front end of stock vLLM servers (``model``, if given, names the tokenizer;
+    With ``upstream``: the front end of stock vLLM servers (``model``, if given, names the tokenizer;
     by default the replicas' model directory). With ``ray`` (a ``RaySpec``): engine replicas on
     Ray Serve behind one clock here (``RayBackend``). ``api_keys`` / ``api_keys_file``: the clients
     allowed (``server.keys``); none: the server is open, and says so. ``limits``: other
@@ -148,7 +223,7 @@ async def serve(model: str | None = None, policy: str = "justitia", predictor: s
 
 async def _backend(model, policy, kv_blocks, max_num_seqs, max_model_len, upstream, upstream_kv_tokens,
                    upstream_timeout_s=600.0, ray=None):
-    """The engine the server talks to: the local one, the upstream replicas, or replicas on Ray."""
+    """The engines the front end talks to: the upstream replicas, or replicas on Ray."""
     if ray is not None:
         from justitia.server.ray_backend import RayBackend
 
@@ -159,13 +234,11 @@ async def _backend(model, policy, kv_blocks, max_num_seqs, max_model_len, upstre
 
         return await UpstreamBackend.connect(upstream, policy, upstream_kv_tokens,
                                              resolve_model(model) if model is not None else None, upstream_timeout_s)
-    from justitia.server.local import LocalBackend
-
-    return LocalBackend(local_spec(model or "tiny", kv_blocks, max_num_seqs, max_model_len), policy)
+    raise ValueError("justitia serve runs vLLM's own server when it has neither --upstream nor --ray (serve_vllm).")
 
 
 def local_spec(model: str, kv_blocks: int | None, max_num_seqs: int, max_model_len: int):
-    """The engine ``justitia serve`` starts in its own process: the plug-in, vLLM's own token
+    """The engine of a ``--ray`` replica (and of the server bench): the plug-in, vLLM's own token
     budget and prefix caching, the KV cache the device leaves unless ``kv_blocks`` caps it."""
     from justitia.vllm.engine import EngineSpec
 

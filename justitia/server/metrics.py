@@ -52,3 +52,20 @@ def prometheus_text(manager: AgentManager, state: PolicyState) -> str:
         lines.append(f'justitia_agent_jct_seconds_sum{{type="{agent_type}"}} {m.jct_sum[agent_type]:.6f}')
         lines.append(f'justitia_agent_jct_seconds_count{{type="{agent_type}"}} {running}')
     return "\n".join(lines + backend.metrics_lines()) + "\n"
+
+
+def register_collector(holder) -> None:
+    """Justitia's metrics beside vLLM's own at vLLM's ``/metrics`` (prometheus_client's default
+    registry, which vLLM's single API server exports). ``holder.manager`` is the agent manager;
+    ``holder.policy_state`` the policy as the door read it when ``/metrics`` was asked for (a
+    collector cannot wait on the engine)."""
+    from prometheus_client import REGISTRY
+    from prometheus_client.parser import text_string_to_metric_families
+
+    class Collector:
+        def collect(self):
+            state = getattr(holder, "policy_state", None)
+            if holder.manager is not None and state is not None:
+                yield from text_string_to_metric_families(prometheus_text(holder.manager, state))
+
+    REGISTRY.register(Collector())

@@ -1,0 +1,255 @@
+"""``Door``: Justitia's checks in front of vLLM's own OpenAI and Anthropic endpoints.
+
+Plain ASGI middleware on ``POST`` to the inference paths (``INFERENCE_PATHS``). It runs after
+``limits.BodyLimit`` (413) and ``limits.Authenticate`` (401), before any route reads the body, and
+does only what is Justitia's:
+
+1. ``vllm_xargs``: only the request-metadata keys, each a scalar; prices and shares only from a
+   trusted key (``check_xargs``; 400 naming the field);
+2. identity: the agent the harness headers and fields name (``identity.identify``; 400 naming a
+   bad one), in the key's namespace;
+3. limits: requests in flight for the key (429) and for the server (503), the key's rate (429),
+   each with ``Retry-After``; counted here, at once, so concurrent requests cannot all pass;
+4. the body goes on with the agent's identity written into ``vllm_xargs`` (``agent_id``,
+   ``session_id``, the key's ``tenant`` and ``agent_weight``), and vLLM's own ``session_id`` field
+   and ``X-Session-ID`` header taken out, so that vLLM's ``Request.session_id`` is the namespaced id.
+
+Everything else (the body's shape, the model's name, the context length, tools, structured output)
+is vLLM's validation, with vLLM's messages. A body that is not a JSON object goes on untouched, for
+vLLM to refuse.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import time
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Any
+
+from justitia.core import META_KEYS, PRICE_KEYS
+from justitia.core.protocol import AGENT_DONE, AGENT_ID, AGENT_WEIGHT, TENANT
+from justitia.server.identity import Identity, IdentityError, identify
+from justitia.server.keys import ANONYMOUS
+from justitia.server.limits import retry_after
+from justitia.server.schema import TYPE_PATTERN
+
+INFERENCE_PATHS = {"/v1/chat/completions": "chat", "/v1/completions": "completions", "/v1/responses": "responses",
+                   "/v1/messages": "messages"}
+XARGS_KEYS = (*META_KEYS, "session_id")  # session_id: vLLM's own, the third place it looks for a session
+MAX_SESSIONS = 100_000  # sessions remembered for GET /v1/sessions; the least recently seen go first
+
+
+def check_xargs(xargs: Any, trusted: bool) -> str | None:
+    """Why ``vllm_xargs`` is refused (naming the field), or None if it is fine."""
+    if xargs is None:
+        return None
+    if not isinstance(xargs, dict):
+        return f"field 'vllm_xargs': must be an object, got {type(xargs).__name__}."
+    for key, value in xargs.items():
+        where = f"field 'vllm_xargs.{key}'"
+        if key not in XARGS_KEYS:
+            return f"{where}: unknown key; vllm_xargs takes only {', '.join(XARGS_KEYS)}."
+        if key in PRICE_KEYS and not trusted:
+            return f"{where}: set by the server (its pricing and your key's tenant); only a trusted key may send it."
+        if value is not None and not isinstance(value, (str, int, float, bool)):
+            return f"{where}: must be a string, number or boolean, got {type(value).__name__}."
+        if isinstance(value, int) and not isinstance(value, bool) and not -(2**63) <= value < 2**63:
+            return f"{where}: integer out of range."
+        if isinstance(value, str) and len(value) > 256:
+            return f"{where}: longer than 256 characters."
+        if key == "agent_type" and isinstance(value, str) and not re.match(TYPE_PATTERN, value):
+            return f"{where}: 1-64 characters of A-Z, a-z, 0-9, '_', '.', ':' and '-' (it labels metrics)."
+        if isinstance(value, float) and not math.isfinite(value):
+            return f"{where}: must be finite."
+        if isinstance(value, str):
+            try:
+                value.encode("utf-8")
+            except UnicodeEncodeError:
+                return f"{where}: contains a lone surrogate, which is not valid UTF-8."
+    return None
+
+
+@dataclass
+class Session:
+    """What the door saw of one identified agent (one session): for ``GET /v1/sessions``."""
+
+    session_id: str  # as the client named it
+    owner: str
+    source: str  # the header or field that named it
+    first_s: float
+    last_s: float
+    requests: dict[str, int] = field(default_factory=dict)  # by endpoint
+    subagents: set[str] = field(default_factory=set)
+    in_flight: int = 0
+
+    def doc(self) -> dict:
+        return {"session_id": self.session_id, "source": self.source, "requests": sum(self.requests.values()),
+                "by_endpoint": dict(self.requests), "subagents": sorted(self.subagents), "in_flight": self.in_flight,
+                "first_seen": self.first_s, "last_seen": self.last_s}
+
+
+class Sessions:
+    """The identified agents the door has seen, the most recently seen ``limit`` of them."""
+
+    def __init__(self, limit: int = MAX_SESSIONS):
+        self.limit = limit
+        self.known: OrderedDict[str, Session] = OrderedDict()  # namespaced id -> session
+
+    def seen(self, who: Identity, owner: str, kind: str) -> Session:
+        now = time.time()
+        s = self.known.get(who.agent_id)
+        if s is None:
+            s = self.known[who.agent_id] = Session(who.given, owner, who.source, now, now)
+            while len(self.known) > self.limit:
+                self.known.popitem(last=False)
+        self.known.move_to_end(who.agent_id)
+        s.last_s = now
+        s.requests[kind] = s.requests.get(kind, 0) + 1
+        if who.subagent is not None and len(s.subagents) < 1024:
+            s.subagents.add(who.subagent)
+        return s
+
+    def of(self, owner: str) -> list[Session]:
+        return [s for s in self.known.values() if s.owner == owner]
+
+
+def error_doc(kind: str, status: int, message: str, param: str | None = None) -> dict:
+    """An error in the endpoint's own shape: Anthropic's for /v1/messages, OpenAI's elsewhere."""
+    if kind == "messages":
+        kinds = {401: "authentication_error", 429: "rate_limit_error", 501: "api_error", 503: "overloaded_error"}
+        return {"type": "error", "error": {"type": kinds.get(status, "invalid_request_error"), "message": message}}
+    kinds = {400: "invalid_request_error", 401: "authentication_error", 429: "rate_limit_exceeded",
+             501: "not_implemented", 503: "overloaded"}
+    return {"error": {"message": message, "type": kinds.get(status, "invalid_request_error"), "param": param,
+                      "code": status}}
+
+
+async def _answer(send, status: int, doc: dict, headers: dict | None = None) -> None:
+    body = json.dumps(doc).encode()
+    extra = [(k.lower().encode(), v.encode()) for k, v in (headers or {}).items()]
+    await send({"type": "http.response.start", "status": status,
+                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
+                            *extra]})
+    await send({"type": "http.response.body", "body": body})
+
+
+class Door:
+    """The checks above, on ``holder.manager`` (an ``AgentManager``: its settings, rate limit and
+    counts; looked up per request, since a vLLM plugin builds it after the app)."""
+
+    def __init__(self, app, holder):
+        self.app, self.holder = app, holder
+
+    async def __call__(self, scope, receive, send):
+        kind = INFERENCE_PATHS.get(scope.get("path", "")) if scope["type"] == "http" else None
+        if kind is None or scope["method"] != "POST":
+            if scope["type"] == "http" and scope["path"] == "/metrics" and hasattr(self.holder, "policy_state"):
+                manager = self.holder.manager  # vLLM's /metrics: the policy read now, for the collector
+                if manager is not None:
+                    self.holder.policy_state = await manager.backend.state()
+            return await self.app(scope, receive, send)
+        chunks = []
+        while True:  # the whole body (BodyLimit, outside, stops one that is too large)
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                return
+            chunks.append(message.get("body", b""))
+            if not message.get("more_body"):
+                break
+        body = b"".join(chunks)
+        try:
+            doc = json.loads(body)
+        except (ValueError, UnicodeDecodeError):
+            doc = None
+        manager = self.holder.manager
+        client = scope.get("state", {}).get("client", ANONYMOUS)
+        hold = None
+        if isinstance(doc, dict):
+            refused = self._check(kind, doc, scope, client, manager)
+            if isinstance(refused, tuple):
+                status, message, param, headers = refused
+                return await _answer(send, status, error_doc(kind, status, message, param), headers)
+            who = refused
+            body = json.dumps(doc).encode()
+            scope = dict(scope, headers=[(k, v) for k, v in scope["headers"]
+                                         if k not in (b"x-session-id", b"content-length")]
+                         + [(b"content-length", str(len(body)).encode())])
+            hold = manager.sessions.seen(who, client.owner, kind) if who.agent_id is not None else None
+        manager.count_request(kind)
+        owner = client.owner
+        manager.requests_in_flight += 1
+        manager.owner_requests[owner] = manager.owner_requests.get(owner, 0) + 1
+        if hold is not None:
+            hold.in_flight += 1
+        released = False
+
+        def release() -> None:
+            nonlocal released
+            if not released:
+                released = True
+                manager.requests_in_flight -= 1
+                manager.owner_requests[owner] -= 1
+                if hold is not None:
+                    hold.in_flight -= 1
+
+        sent = False
+
+        async def replay():
+            nonlocal sent
+            if not sent:
+                sent = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            return await receive()  # after the body: the client's disconnect, when it comes
+
+        async def tracked(message):
+            if message["type"] == "http.response.body" and not message.get("more_body"):
+                release()
+            await send(message)
+
+        try:
+            await self.app(scope, replay, tracked)
+        finally:
+            release()
+
+    @staticmethod
+    def _check(kind: str, doc: dict, scope, client, manager):
+        """Identity written into ``doc``; or the refusal ``(status, message, param, headers)``."""
+        settings = manager.settings
+        xargs = doc.get("vllm_xargs")
+        why = check_xargs(xargs, client.trusted)
+        if why is not None:
+            return 400, why, "vllm_xargs", None
+        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
+        try:
+            who = identify(headers, doc, client.owner)
+        except IdentityError as exc:
+            return 400, str(exc), exc.field, None
+        if manager.requests_in_flight >= settings.max_requests_in_flight:
+            return (503, f"{manager.requests_in_flight} requests are in flight, this server's limit; retry later.",
+                    None, retry_after(1))
+        mine = manager.owner_requests.get(client.owner, 0)
+        if mine >= settings.key_requests_in_flight:
+            return 429, f"your key has {mine} requests in flight, its limit; retry later.", None, retry_after(1)
+        if (wait := manager.rate.take(client.owner)) is not None:
+            return (429, f"your key's rate limit ({settings.key_rate:g} requests a second); retry later.", None,
+                    retry_after(wait))
+        given = dict(xargs or {})
+        given.pop("session_id", None)
+        if who.agent_id is not None:
+            given[AGENT_ID] = who.agent_id
+            given["session_id"] = who.agent_id
+        else:  # an agent of its own, done when its one request is
+            given.pop(AGENT_ID, None)
+            given[AGENT_DONE] = True
+        if not client.trusted or TENANT not in given:
+            if client.tenant is not None:
+                given[TENANT] = client.tenant
+        if not client.trusted or AGENT_WEIGHT not in given:
+            if client.weight != 1:
+                given[AGENT_WEIGHT] = client.weight
+        doc["vllm_xargs"] = given
+        doc.pop("session_id", None)  # vLLM reads it before vllm_xargs: the namespaced id must win
+        return who
