@@ -4,7 +4,7 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: setup run test speed presets cpu engine noise-study overhead profile predictor-eval load load-upstream load-ray ray-affinity server-bench abuse clean
+.PHONY: setup run test speed presets cpu engine noise-study overhead profile predictor-eval load load-upstream load-ray ray-affinity server-bench flags-bench abuse clean
 
 $(VENV)/.installed: pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
@@ -75,6 +75,10 @@ abuse: setup
 # The server's cost per request against AsyncLLM.generate called directly.
 server-bench: setup
 	$(BIN)/python scripts/bench_server.py --out results/server.json
+
+# What Justitia costs on vLLM's own server: stock vllm serve, vllm serve + Justitia's flags, justitia serve.
+flags-bench: setup
+	$(BIN)/python scripts/bench_flags.py --out results/flags.json
 
 presets: setup
 	for p in main starvation noise ablation sustained sustained-near trojan; do $(BIN)/justitia bench --preset $$p --out results/$$p || exit 1; done

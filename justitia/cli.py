@@ -479,18 +479,18 @@ def _cmd_serve(args) -> int:
         argv = vllm_command(args.model or "tiny", args.host, args.port, args.kv_blocks, args.max_num_seqs,
                             args.max_model_len, args.vllm_args)
         try:
-            return serve_vllm(argv, vllm_environment(args.policy, config))
+            return serve_vllm(argv, vllm_environment(args.policy, config), args.header_timeout)
         except KeyboardInterrupt:
             return 0
-    if args.vllm_args:
-        raise ValueError(f"{' '.join(args.vllm_args)}: vLLM's options are for the server justitia serve runs itself; "
-                         "with --upstream or --ray, give them to the replicas.")
+    if args.vllm_args and args.upstream:
+        raise ValueError(f"{' '.join(args.vllm_args)}: with --upstream, give vLLM's options to the replicas.")
     try:
         return asyncio.run(serve(args.model, args.policy, args.predictor, args.host, args.port, args.kv_blocks,
                           args.max_num_seqs, args.max_model_len, args.max_tasks_per_agent, args.max_agents_in_flight,
                           args.max_body_bytes, args.upstream, args.upstream_kv_tokens, api_keys=args.api_key,
                           api_keys_file=args.api_keys, limits=limits, journal=journal, drain_s=args.drain_s,
-                          upstream_timeout_s=args.upstream_timeout, header_timeout_s=args.header_timeout, ray=ray))
+                          upstream_timeout_s=args.upstream_timeout, header_timeout_s=args.header_timeout, ray=ray,
+                          vllm_args=args.vllm_args))
     except KeyboardInterrupt:
         return 0
 

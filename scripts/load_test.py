@@ -66,7 +66,7 @@ async def run(url: str, n: int, timeout_s: float, seed: int, stages=(4, 4), task
             nonlocal peak
             async with httpx.AsyncClient(base_url=url, timeout=60) as probe:
                 while not finished.is_set():
-                    peak = max(peak, (await probe.get("/health")).json()["agents_in_flight"])
+                    peak = max(peak, await agents_in_flight(probe))
                     await asyncio.sleep(0.25)
 
         sampler = asyncio.create_task(sample())
@@ -75,7 +75,7 @@ async def run(url: str, n: int, timeout_s: float, seed: int, stages=(4, 4), task
         submit_s = time.perf_counter() - t0
         rejected = [r.text for r in replies if r.status_code != 202]
         ids = [(r.json()["agent_id"], h) for r, h in zip(replies, auth) if r.status_code == 202]
-        while time.perf_counter() - t0 < timeout_s and (await client.get("/health")).json()["agents_in_flight"] > 0:
+        while time.perf_counter() - t0 < timeout_s and await agents_in_flight(client) > 0:
             await asyncio.sleep(0.5)
         wall_s = time.perf_counter() - t0
         finished.set()
@@ -133,6 +133,14 @@ def start(cmd: list[str], port: int, ready: str, quiet: bool = False) -> tuple[s
         time.sleep(0.5)
     proc.kill()
     raise SystemExit(f"{cmd[:4]} did not start")
+
+
+async def agents_in_flight(client: httpx.AsyncClient) -> int:
+    """``justitia_agents_in_flight`` from the server's /metrics (vLLM's own, or a front end's)."""
+    for line in (await client.get("/metrics")).text.splitlines():
+        if line.startswith("justitia_agents_in_flight "):
+            return int(float(line.split()[1]))
+    raise RuntimeError("the server's /metrics has no justitia_agents_in_flight")
 
 
 def start_server(*args: str, quiet: bool = False, journal: bool = True) -> tuple[subprocess.Popen, str]:

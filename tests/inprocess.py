@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import threading
 import time
 from pathlib import Path
@@ -65,6 +66,27 @@ class RecordingBackend(Backend):
         self.book.arrive(request_id, meta, len(prompt["prompt_token_ids"]), params.max_tokens, 0.0)
         self.book.finish(request_id, 0.0)
         yield SimpleNamespace(outputs=[SimpleNamespace(text="ok", token_ids=[7], finish_reason="length")])
+
+    async def forward(self, path, kind, doc, prompt_tokens, max_tokens, request_id):
+        """An OpenAI-shaped answer of one token; the request's metadata kept, as ``generate`` keeps it."""
+        from starlette.responses import JSONResponse, StreamingResponse
+
+        if not self.gate.is_set():
+            await asyncio.to_thread(self.gate.wait)
+        self.request_ids.append(request_id)
+        meta = RequestMeta.parse(doc.get("vllm_xargs"))
+        self.metas.append(meta)
+        self.book.arrive(request_id, meta, prompt_tokens, max_tokens, 0.0)
+        self.book.finish(request_id, 0.0)
+        choice = {"index": 0, "text": "ok", "finish_reason": "length"}
+        answer = {"id": request_id, "object": "text_completion", "model": doc.get("model"), "choices": [choice]}
+        if doc.get("stream"):
+            async def chunks():
+                yield f"data: {json.dumps(answer)}\n\n"
+                yield "data: [DONE]\n\n"
+
+            return StreamingResponse(chunks(), media_type="text/event-stream")
+        return JSONResponse(answer)
 
     async def register(self, agent_id, agent_type, predicted_cost, weight=1.0, tenant=None):
         self.registered.append((agent_id, weight, tenant))

@@ -110,3 +110,11 @@ def metric(client: httpx.Client, name: str) -> float:
         if line.startswith(name + " "):
             return float(line.split()[1])
     raise AssertionError(f"no metric {name}")
+
+
+def metric_sum(client: httpx.Client, name: str) -> float:
+    """The sum of a metric's samples over all their labels (vLLM labels its own by engine and model)."""
+    samples = [float(line.rsplit(" ", 1)[1]) for line in client.get("/metrics").text.splitlines()
+               if line.startswith(name + "{") or line.startswith(name + " ")]
+    assert samples, f"no metric {name}"
+    return sum(samples)

@@ -127,12 +127,6 @@ def test_vllm_xargs_takes_only_known_scalar_keys(app, xargs, words):
     assert app.backend.metas == []
 
 
-def test_an_unknown_model_is_404_as_openai_answers_and_models_lists_the_served_one(app):
-    r = app.post("/v1/completions", json={"model": "gpt-9", "prompt": "hi", "max_tokens": 2}, headers=auth(A))
-    assert r.status_code == 404 and r.json()["error"]["code"] == 404 and "gpt-9" in r.json()["error"]["message"]
-    assert [m["id"] for m in app.get("/v1/models", headers=auth(A)).json()["data"]] == ["tiny"]
-
-
 def test_an_open_server_is_one_anonymous_untrusted_owner():
     backend = RecordingBackend()
     application = create_app(backend, WordTokenizer(), Settings(max_model_len=512), make_predictor("oracle"))
@@ -140,7 +134,7 @@ def test_an_open_server_is_one_anonymous_untrusted_owner():
         r = client.post("/v1/completions", json={"prompt": "hi", "max_tokens": 2, "vllm_xargs": {"agent_cost": 0}})
         assert r.status_code == 400  # no key, no trust: prices stay the server's
         assert client.post("/v1/completions", json={"prompt": "hi", "max_tokens": 2}).status_code == 200
-        assert backend.metas[-1].agent_cost > 0 and backend.metas[-1].tenant is None
+        assert backend.metas[-1].agent_cost is None and backend.metas[-1].tenant is None  # priced where it is served
 
 
 def test_the_plug_in_can_ignore_client_prices():

@@ -43,7 +43,8 @@ def ray_server(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("ray")
     port = free_port()
     cmd = [sys.executable, "-m", "justitia", "serve", "--ray", "--replicas", "2", "--port", str(port),
-           "--kv-blocks", "24", "--journal", str(tmp / "journal.sqlite")]
+           "--kv-blocks", "24", "--journal", str(tmp / "journal.sqlite"),
+           "--enable-auto-tool-choice", "--tool-call-parser", "hermes"]  # vLLM's own options, for each replica
     server = Server(cmd, port, tmp / "server.log")
     server.wait_ready("/health", timeout_s=420)
     yield server
@@ -69,6 +70,26 @@ def test_agents_run_on_two_ray_replicas_in_the_order_of_one_clock(ray_server):
         assert _metric(client, "justitia_ray_replicas") == 2
         r = client.post("/v1/completions", json={"model": "tiny", "prompt": "Hello", "max_tokens": 5, "ignore_eos": True})
         assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 5
+
+
+def test_every_body_vllm_takes_is_served_by_a_replicas_own_vllm_app(ray_server):
+    from twelve import TWELVE
+
+    with httpx.Client(base_url=ray_server.url, timeout=120) as client:
+        before = sum(_answers(client).values())
+        for name, body in TWELVE.items():
+            r = client.post("/v1/chat/completions", json=body)
+            assert r.status_code == 200, (name, r.text)
+        hi = [{"role": "user", "content": "hi"}]
+        r = client.post("/v1/messages", json={"model": "tiny", "max_tokens": 3, "messages": hi})
+        assert r.status_code == 200 and r.json()["type"] == "message"
+        r = client.post("/v1/responses", json={"model": "tiny", "input": "hi", "max_output_tokens": 3})
+        assert r.status_code == 200 and r.json()["object"] == "response"
+        with client.stream("POST", "/v1/chat/completions", json={"model": "tiny", "messages": hi, "max_tokens": 3,
+                                                                 "stream": True}) as r:
+            lines = [line for line in r.iter_lines() if line.startswith("data: ")]
+        assert lines[-1] == "data: [DONE]"
+        assert sum(_answers(client).values()) - before == len(TWELVE) + 3  # each answered by a replica
 
 
 def test_a_replica_killed_mid_run_is_restarted_and_no_agent_is_lost(ray_server):

@@ -218,7 +218,9 @@ def upstream(tmp_path_factory):
         port = free_port()
         replicas.append(Server([sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model,
                                 "--port", str(port), "--scheduling-policy", "priority", "--num-gpu-blocks-override",
-                                "16", "--max-model-len", "1024", "--enforce-eager", "--dtype", "float32"],
+                                "16", "--max-model-len", "1024", "--enforce-eager", "--dtype", "float32",
+                                "--served-model-name", "tiny", "--enable-auto-tool-choice", "--tool-call-parser",
+                                "hermes"],
                                port, logs / f"replica{k}.log", env={"VLLM_CPU_KVCACHE_SPACE": "1"}))
     front = None
     try:
@@ -278,6 +280,31 @@ def test_agents_run_across_two_stock_vllm_servers_under_one_clock(upstream):
     done = client.completions.create(model=served, prompt="Once upon a time", max_tokens=5,
                                      extra_body={"vllm_xargs": {"agent_id": "story-1", "agent_type": "mrs"}})
     assert done.usage.completion_tokens <= 5 and done.usage.prompt_tokens > 0
+
+
+def test_the_front_end_forwards_every_body_vllm_takes_with_its_tag_as_vllms_priority(upstream):
+    from twelve import TWELVE
+
+    for name, body in TWELVE.items():
+        r = upstream.post("/v1/chat/completions", json=body)
+        assert r.status_code == 200, (name, r.text)
+    tool = upstream.post("/v1/chat/completions", json=TWELVE["tools, a named tool"]).json()
+    assert tool["choices"][0]["message"]["tool_calls"][0]["function"]["name"] == "get_weather"
+    hi = [{"role": "user", "content": "hi"}]
+    r = upstream.post("/v1/messages", json={"model": "tiny", "max_tokens": 3, "messages": hi},
+                      headers={"X-Claude-Code-Session-Id": "cc-up"})
+    assert r.status_code == 200 and r.json()["type"] == "message"
+    r = upstream.post("/v1/responses", json={"model": "tiny", "input": "hi", "max_output_tokens": 3},
+                      headers={"X-Claude-Code-Session-Id": "cc-up"})
+    assert r.status_code == 200 and r.json()["object"] == "response"
+    with upstream.stream("POST", "/v1/chat/completions", json={"model": "tiny", "messages": hi, "max_tokens": 3,
+                                                               "stream": True}) as r:
+        lines = [line for line in r.iter_lines() if line.startswith("data: ")]
+    assert lines[-1] == "data: [DONE]" and json.loads(lines[0][6:])["object"] == "chat.completion.chunk"
+    bad = upstream.post("/v1/chat/completions", json={"model": "tiny", "messages": "hi"})
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "body.messages"  # vLLM's model, at the door
+    session = {d["session_id"]: d for d in upstream.get("/v1/sessions").json()["data"]}["cc-up"]
+    assert session["by_endpoint"] == {"messages": 1, "responses": 1}
 
 
 def test_cancelling_an_upstream_agent_aborts_its_requests_on_the_replicas(upstream):

@@ -14,6 +14,7 @@ from inprocess import RecordingBackend, WordTokenizer
 from justitia.predictors import make_predictor
 from justitia.server.agents import MAX_METRIC_TYPES
 from justitia.server.app import Settings, create_app
+from justitia.server.backend import Backend
 from justitia.server.schema import AgentSpec
 
 
@@ -60,29 +61,35 @@ def test_a_lone_surrogate_is_refused_not_tokenized(app):
     assert app.backend.metas == []
     raw = '{"prompt": "\\udfff", "max_tokens": 2}'
     r = app.post("/v1/completions", content=raw, headers={"content-type": "application/json"})
-    assert r.status_code == 422 and "prompt" in r.json()["error"]["message"]
+    assert r.status_code == 400 and "lone surrogate" in r.json()["error"]["message"]
+    assert app.backend.metas == []
 
 
 @pytest.mark.parametrize("extra, field", [
-    ({"temperature": 5}, "temperature"), ({"stop": ""}, "stop"), ({"stop": [""]}, "stop"),
-    ({"prompt": ""}, "prompt"), ({"seed": 2**64}, "seed"), ({"presence_penalty": 3}, "presence_penalty"),
-    ({"n": 2}, "n"), ({"max_tokens": 0}, "max_tokens"),
+    ({"temperature": "hot"}, "temperature"), ({"stop": 5}, "stop"), ({"seed": 2**64}, "seed"),
+    ({"max_tokens": "many"}, "max_tokens"), ({"prompt": {"a": 1}}, "prompt"),
 ])
-def test_a_bad_completion_field_is_refused_naming_it(app, extra, field):
+def test_a_front_end_refuses_a_bad_body_with_vllms_own_model_and_message(app, extra, field):
+    """--upstream and --ray validate a body with vLLM's own request model (its 400, its words), before
+    any replica sees it."""
     r = app.post("/v1/completions", json={"prompt": "hello", "max_tokens": 2} | extra)
-    assert r.status_code == 422 and field in r.json()["error"]["message"], r.text
+    assert r.status_code == 400 and field in r.json()["error"]["param"], r.text
     assert app.backend.metas == []
 
 
-def test_a_chat_that_fills_the_context_without_max_tokens_is_a_400_not_a_failure(app):
-    words = " ".join(["w"] * 63)  # 63 words + "assistant:" = 64 tokens, the whole context
-    r = app.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": words}]})
-    assert r.status_code == 400 and "'messages'" in r.json()["error"]["message"]
-    r = app.post("/v1/chat/completions", json={"messages": [{"role": "wizard", "content": "hi"}], "max_tokens": 2})
-    assert r.status_code == 422 and "role" in r.json()["error"]["message"]
-    assert app.backend.metas == []
-    ok = app.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2})
-    assert ok.status_code == 200 and ok.json()["choices"][0]["message"]["content"] == "ok"
+def test_a_front_end_forwards_what_vllm_takes_and_answers_501_where_its_backend_cannot():
+    from twelve import TWELVE
+
+    backend = RecordingBackend()
+    with TestClient(create_app(backend, WordTokenizer(chat=True), Settings(max_model_len=64),
+                               make_predictor("oracle"))) as client:
+        for name, body in TWELVE.items():
+            assert client.post("/v1/chat/completions", json=body).status_code == 200, name
+        assert len(backend.metas) == len(TWELVE)
+        backend.forward = lambda *a: Backend.forward(backend, *a)  # a backend that serves no endpoint by itself
+        r = client.post("/v1/messages", json={"model": "tiny", "max_tokens": 2, "messages": [{"role": "user",
+                                                                                             "content": "hi"}]})
+        assert r.status_code == 501 and r.json()["error"]["type"] == "api_error"
 
 
 def test_agent_types_are_safe_metric_labels_and_their_number_is_capped(app):
@@ -129,8 +136,6 @@ def test_placeholders_and_rendered_prompts_are_capped_before_anything_is_tokeniz
     long = "w " * 600  # 1,200 characters: more than 16 per context token of 64
     r = app.post("/v1/agents", json={"stages": [[{"prompt": long, "max_tokens": 2}]]})
     assert r.status_code == 400 and "more than this server's limit of 1024" in r.json()["error"]
-    r = app.post("/v1/completions", json={"prompt": long, "max_tokens": 2})
-    assert r.status_code == 400 and "'prompt'" in r.json()["error"]["message"]
     # a later stage whose placeholders fill past the limit fails its task, untokenized, with the reason
     grows = {"stages": [[{"prompt": "hi", "max_tokens": 2}] * 16, [{"prompt": "{{prev}}" * 40, "max_tokens": 2}]]}
     agent_id = app.post("/v1/agents", json=grows).json()["agent_id"]

@@ -52,7 +52,7 @@ def start_ray(address: str | None) -> None:
         ray.init(address=address, **quiet)
 
 
-def deploy(ray_spec: RaySpec, engine_spec: dict, plugin_env: dict):
+def deploy(ray_spec: RaySpec, engine_spec: dict, plugin_env: dict, vllm_argv: list[str] | None = None):
     """Start Serve (no HTTP proxy) and the replicas; the deployment's handle."""
     from ray import serve
     from ray.serve.config import RequestRouterConfig
@@ -73,7 +73,8 @@ def deploy(ray_spec: RaySpec, engine_spec: dict, plugin_env: dict):
                                                   request_router_kwargs={"router": ray_spec.router,
                                                                          "kv_tokens": kv_tokens},
                                                   request_routing_stats_period_s=2.0))
-    handle = serve.run(deployment.bind(engine_spec, plugin_env), name=APP_NAME, route_prefix=None)
+    handle = serve.run(deployment.bind(engine_spec, plugin_env, list(vllm_argv or [])), name=APP_NAME,
+                       route_prefix=None)
     if ray_spec.address is None:  # a local Ray's processes die with this one, even by SIGKILL
         from justitia.vllm.reaper import guard
 

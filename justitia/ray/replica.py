@@ -6,6 +6,12 @@ plug-in runs the ``tagged`` policy: every request carries the tag the ingress's 
 replica delivers, which the ingress reads (``state``) and adds up. The ingress is the only caller
 (Ray handles; no HTTP reaches a replica), so the metadata it sends is trusted.
 
+Every endpoint of vLLM's own server is served too: ``http`` hands one request (path, body,
+headers) to vLLM's own app, built on this replica's engine (``build_app`` and ``init_app_state``,
+the first time it is asked, with ``vllm_argv``: vLLM's serving options, such as a tool parser), and
+streams its answer back: first ``{"status", "headers"}``, then the body's bytes, then
+``{"replica": ...}`` (its id and measured M). The ingress's door has checked the body already.
+
 The class is plain Python; ``justitia.ray.deployment`` wraps it with ``serve.deployment``.
 """
 
@@ -23,7 +29,7 @@ REFRESH_S = 1.0
 class EngineReplica:
     """One engine: ``generate`` streams answers, ``state`` reads its plug-in, ``describe`` its sizes."""
 
-    def __init__(self, spec: dict, plugin_env: dict):
+    def __init__(self, spec: dict, plugin_env: dict, vllm_argv: list[str] | None = None):
         from justitia.vllm.engine import EngineSpec, start_engine
 
         self.llm, model_dir = start_engine(EngineSpec(**spec), [], plugin_env)
@@ -33,6 +39,9 @@ class EngineReplica:
                      "max_model_len": self.llm.model_config.max_model_len, "block_size": cache.block_size}
         self.capacity_per_s: float | None = None  # the plug-in's measured M, read every REFRESH_S
         self._refresher: asyncio.Task | None = None
+        self.vllm_argv = list(vllm_argv or [])
+        self._app = None  # vLLM's own app on this engine, built when first asked (``http``)
+        self._app_lock = asyncio.Lock()
 
     async def describe(self) -> dict:
         """The replica's model, tokenizer directory, KV cache (tokens), context and process id."""
@@ -49,6 +58,74 @@ class EngineReplica:
             c = out.outputs[0]
             about = {"pid": self.info["pid"], "capacity_per_s": self.capacity_per_s} if out.finished else None
             yield Output(request_id, [Completion(c.text, list(c.token_ids), c.finish_reason)], out.finished, about)
+
+    async def _vllm_app(self):
+        """vLLM's own OpenAI app over this replica's engine (no endpoint plugin: the ingress has the door)."""
+        async with self._app_lock:
+            if self._app is None:
+                try:  # vLLM 0.32; 0.33 moved the parser to common/
+                    from vllm.entrypoints.launchers.cli_args import make_arg_parser
+                except ImportError:  # pragma: no cover
+                    from vllm.entrypoints.common.cli_args import make_arg_parser
+                from vllm.entrypoints.launchers.api_server.app_state import init_app_state
+                from vllm.entrypoints.launchers.app import build_app
+                from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+                args = make_arg_parser(FlexibleArgumentParser()).parse_args(
+                    ["--model", self.info["tokenizer_dir"], "--served-model-name", self.info["model"], *self.vllm_argv])
+                tasks = await self.llm.get_supported_tasks()
+                app = build_app(args, tasks, self.llm.model_config)
+                await init_app_state(self.llm, app.state, args, tasks)
+                self._app = app
+        return self._app
+
+    async def http(self, path: str, body: bytes, headers: list[tuple[str, str]], route: dict):
+        """One request to vLLM's own app here (``route``: for the router); yields the answer's start
+        (``{"status", "headers"}``), its body in pieces, then ``{"replica": ...}``. Cancelling the
+        call is the client leaving: vLLM aborts the request."""
+        if self._refresher is None or self._refresher.done():
+            self._refresher = asyncio.get_running_loop().create_task(self._refresh())
+        app = await self._vllm_app()
+        messages: asyncio.Queue = asyncio.Queue()
+        gone = asyncio.Event()
+        given = False
+
+        async def receive():
+            nonlocal given
+            if not given:
+                given = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            await gone.wait()
+            return {"type": "http.disconnect"}
+
+        scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST",
+                 "scheme": "http", "path": path, "raw_path": path.encode(), "root_path": "", "query_string": b"",
+                 "headers": [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in headers],
+                 "client": ("127.0.0.1", 0), "server": ("127.0.0.1", 0)}
+        task = asyncio.get_running_loop().create_task(app(scope, receive, messages.put))
+        try:
+            while True:
+                get = asyncio.ensure_future(messages.get())
+                await asyncio.wait({get, task}, return_when=asyncio.FIRST_COMPLETED)
+                if not get.done():
+                    get.cancel()
+                    task.result()  # the app ended without a whole answer: its error, if any
+                    return
+                message = get.result()
+                if message["type"] == "http.response.start":
+                    yield {"status": message["status"],
+                           "headers": [(k.decode("latin-1"), v.decode("latin-1")) for k, v in message["headers"]]}
+                elif message["type"] == "http.response.body":
+                    if message.get("body"):
+                        yield message["body"]
+                    if not message.get("more_body"):
+                        break
+            yield {"replica": {"pid": self.info["pid"], "capacity_per_s": self.capacity_per_s}}
+        finally:
+            gone.set()  # a cancelled call: vLLM sees the client gone and aborts the request
+            if not task.done():
+                await asyncio.wait({task}, timeout=5.0)
+                task.cancel()
 
     async def _refresh(self) -> None:
         """Keep ``capacity_per_s`` current (one control call a second while requests come)."""

@@ -83,9 +83,10 @@ def add_agent_routes(app: FastAPI, holder) -> None:
         manager = holder.manager
         settings = manager.settings
         try:
-            spec = AgentSpec.model_validate_json(await request.body())
-        except ValidationError as exc:
-            return _error(422, first_error(list(exc.errors())))
+            spec = AgentSpec.model_validate(json.loads(await request.body()))
+        except ValueError as exc:  # not JSON, or not an agent (pydantic's ValidationError is a ValueError)
+            errors = exc.errors() if isinstance(exc, ValidationError) else [{"type": "json_invalid", "loc": ()}]
+            return _error(422, first_error(list(errors)))
         client = client_of(request)
         if manager.draining:
             return _error(503, "the server is stopping; retry on its successor.", retry_after(5))

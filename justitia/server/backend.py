@@ -1,6 +1,6 @@
 """What the server needs from an engine: one interface, whatever runs the model.
 
-``LocalBackend`` (``local.py``): vLLM's ``AsyncLLM`` with the Justitia plug-in, in this process.
+``EngineBackend`` (``local.py``): the engine client of vLLM's own server (``AsyncLLM`` with the plug-in).
 ``UpstreamBackend`` (``upstream.py``): stock vLLM OpenAI servers, ordered by front-end tagging.
 ``RayBackend`` (``ray_backend.py``): engine replicas with the plug-in on Ray Serve, one clock here.
 The agent API talks to ``Backend`` only; so do a front end's inference endpoints (``forward``).

@@ -37,7 +37,9 @@ from justitia.server.limits import retry_after
 from justitia.server.schema import TYPE_PATTERN
 
 INFERENCE_PATHS = {"/v1/chat/completions": "chat", "/v1/completions": "completions", "/v1/responses": "responses",
-                   "/v1/messages": "messages"}
+                   "/v1/messages": "messages", "/v1/chat/completions/batch": "chat", "/inference/v1/generate": "generate"}
+# where a body carries vLLM's extra args: ``vllm_xargs``, except on vLLM's token-in generate endpoint
+EXTRA_ARGS_AT = {"/inference/v1/generate": ("sampling_params", "extra_args")}
 XARGS_KEYS = (*META_KEYS, "session_id")  # session_id: vLLM's own, the third place it looks for a session
 MAX_SESSIONS = 100_000  # sessions remembered for GET /v1/sessions; the least recently seen go first
 
@@ -144,7 +146,10 @@ class Door:
         self.app, self.holder = app, holder
 
     async def __call__(self, scope, receive, send):
-        kind = INFERENCE_PATHS.get(scope.get("path", "")) if scope["type"] == "http" else None
+        path = scope.get("path", "") if scope["type"] == "http" else ""
+        kind = INFERENCE_PATHS.get(path)
+        if kind is None and scope["type"] == "http" and scope["method"] == "POST" and not path.startswith("/v1/agents"):
+            kind = "other"  # any other POST of vLLM's: its vllm_xargs checked, nothing more
         if kind is None or scope["method"] != "POST":
             if scope["type"] == "http" and scope["path"] == "/metrics" and hasattr(self.holder, "policy_state"):
                 manager = self.holder.manager  # vLLM's /metrics: the policy read now, for the collector
@@ -167,13 +172,22 @@ class Door:
         manager = self.holder.manager
         client = scope.get("state", {}).get("client", ANONYMOUS)
         hold = None
+        if kind == "other":
+            why = check_xargs(doc.get("vllm_xargs"), client.trusted) if isinstance(doc, dict) else None
+            if why is not None:
+                return await _answer(send, 400, error_doc(kind, 400, why, "vllm_xargs"))
+            return await self.app(scope, _replay(body, receive), send)
         if isinstance(doc, dict):
-            refused = self._check(kind, doc, scope, client, manager)
+            refused = self._check(path, kind, doc, scope, client, manager)
             if isinstance(refused, tuple):
                 status, message, param, headers = refused
                 return await _answer(send, status, error_doc(kind, status, message, param), headers)
             who = refused
-            body = json.dumps(doc).encode()
+            try:
+                body = json.dumps(doc, ensure_ascii=False).encode("utf-8")
+            except UnicodeEncodeError:  # valid JSON (a "\\udXXX" escape) that no tokenizer can take
+                return await _answer(send, 400, error_doc(kind, 400, "the body holds a lone surrogate, which is not "
+                                                                      "valid UTF-8 text."))
             scope = dict(scope, headers=[(k, v) for k, v in scope["headers"]
                                          if k not in (b"x-session-id", b"content-length")]
                          + [(b"content-length", str(len(body)).encode())])
@@ -195,33 +209,28 @@ class Door:
                 if hold is not None:
                     hold.in_flight -= 1
 
-        sent = False
-
-        async def replay():
-            nonlocal sent
-            if not sent:
-                sent = True
-                return {"type": "http.request", "body": body, "more_body": False}
-            return await receive()  # after the body: the client's disconnect, when it comes
-
         async def tracked(message):
             if message["type"] == "http.response.body" and not message.get("more_body"):
                 release()
             await send(message)
 
         try:
-            await self.app(scope, replay, tracked)
+            await self.app(scope, _replay(body, receive), tracked)
         finally:
             release()
 
     @staticmethod
-    def _check(kind: str, doc: dict, scope, client, manager):
+    def _check(path: str, kind: str, doc: dict, scope, client, manager):
         """Identity written into ``doc``; or the refusal ``(status, message, param, headers)``."""
         settings = manager.settings
-        xargs = doc.get("vllm_xargs")
+        outer, name = EXTRA_ARGS_AT.get(path, (None, "vllm_xargs"))
+        holder = doc.get(outer) if outer else doc
+        if not isinstance(holder, dict):  # vLLM refuses the body itself
+            return Identity(None)
+        xargs = holder.get(name)
         why = check_xargs(xargs, client.trusted)
         if why is not None:
-            return 400, why, "vllm_xargs", None
+            return 400, why.replace("'vllm_xargs", f"'{outer}.{name}" if outer else "'vllm_xargs"), name, None
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
         try:
             who = identify(headers, doc, client.owner)
@@ -250,6 +259,20 @@ class Door:
         if not client.trusted or AGENT_WEIGHT not in given:
             if client.weight != 1:
                 given[AGENT_WEIGHT] = client.weight
-        doc["vllm_xargs"] = given
+        holder[name] = given
         doc.pop("session_id", None)  # vLLM reads it before vllm_xargs: the namespaced id must win
         return who
+
+
+def _replay(body: bytes, receive):
+    """A ``receive`` that gives the body read already, then the client's own messages (its disconnect)."""
+    sent = False
+
+    async def replay():
+        nonlocal sent
+        if not sent:
+            sent = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        return await receive()
+
+    return replay

@@ -8,8 +8,7 @@ The front end prices a request before any engine has tokenized it: the text of i
 sets none), times ``n``. A backend that cannot serve an endpoint answers 501 (``Backend.forward``).
 """
 
-from __future__ import annotations
-
+# no ``from __future__ import annotations``: FastAPI must see the routes' vLLM models, imported locally
 import asyncio
 import json
 import uuid

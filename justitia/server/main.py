@@ -80,9 +80,10 @@ def vllm_environment(policy: str, serve: dict) -> dict[str, str]:
     return env
 
 
-def serve_vllm(argv: list[str], env: dict[str, str]) -> int:
+def serve_vllm(argv: list[str], env: dict[str, str], header_timeout_s: float = 10.0) -> int:
     """Run vLLM's own OpenAI server (``vllm serve``'s entry point) with ``argv`` in this process,
-    ``env`` set first. Returns when it stops."""
+    ``env`` set first; its uvicorn closes a connection whose request headers take longer than
+    ``header_timeout_s`` (``limits.h11_with_header_timeout``). Returns when it stops."""
     os.environ.update(env)
     import uvloop
 
@@ -100,7 +101,9 @@ def serve_vllm(argv: list[str], env: dict[str, str]) -> int:
     args = parser.parse_args(argv)
     configure_logging_from_args(args)
     validate_parsed_serve_args(args)
-    uvloop.run(run_server(args))
+    from justitia.server.limits import h11_with_header_timeout
+
+    uvloop.run(run_server(args, http=h11_with_header_timeout(header_timeout_s)))
     return 0
 
 
@@ -111,7 +114,7 @@ async def serve(model: str | None = None, policy: str = "justitia", predictor: s
                 ready: asyncio.Event | None = None, api_keys: list[str] | None = None,
                 api_keys_file: Path | None = None, limits: dict | None = None,
                 journal: Path | None | bool = True, drain_s: float = 30.0, upstream_timeout_s: float = 600.0,
-                header_timeout_s: float = 10.0, ray=None) -> int:
+                header_timeout_s: float = 10.0, ray=None, vllm_args: list[str] | None = None) -> int:
     """Run the server until it is stopped (Ctrl-C or SIGTERM).
 
     With ``upstream``: the front end of stock vLLM servers (``model``, if given, names the tokenizer;
@@ -140,7 +143,7 @@ async def serve(model: str | None = None, policy: str = "justitia", predictor: s
     from justitia.server.app import Settings, create_app
 
     backend = await _backend(model, policy, kv_blocks, max_num_seqs, max_model_len, upstream, upstream_kv_tokens,
-                             upstream_timeout_s, ray)
+                             upstream_timeout_s, ray, vllm_args)
     try:
         settings = Settings(model=backend.model, policy=policy, max_model_len=backend.max_model_len,
                             max_tasks_per_agent=max_tasks_per_agent, max_agents_in_flight=max_agents_in_flight,
@@ -222,12 +225,13 @@ async def serve(model: str | None = None, policy: str = "justitia", predictor: s
 
 
 async def _backend(model, policy, kv_blocks, max_num_seqs, max_model_len, upstream, upstream_kv_tokens,
-                   upstream_timeout_s=600.0, ray=None):
+                   upstream_timeout_s=600.0, ray=None, vllm_args=None):
     """The engines the front end talks to: the upstream replicas, or replicas on Ray."""
     if ray is not None:
         from justitia.server.ray_backend import RayBackend
 
-        return await RayBackend.start(local_spec(model or "tiny", kv_blocks, max_num_seqs, max_model_len), policy, ray)
+        return await RayBackend.start(local_spec(model or "tiny", kv_blocks, max_num_seqs, max_model_len), policy, ray,
+                                      vllm_args)
     if upstream:
         from justitia.server.upstream import UpstreamBackend
         from justitia.vllm.models import resolve_model

@@ -68,8 +68,9 @@ class RayBackend(Backend):
         self.t0 = time.monotonic()
 
     @classmethod
-    async def start(cls, spec, policy: str, ray_spec) -> "RayBackend":
-        """Start (or join) Ray, deploy ``ray_spec.replicas`` engines of ``spec`` (an ``EngineSpec``)."""
+    async def start(cls, spec, policy: str, ray_spec, vllm_argv: list[str] | None = None) -> "RayBackend":
+        """Start (or join) Ray, deploy ``ray_spec.replicas`` engines of ``spec`` (an ``EngineSpec``),
+        each serving vLLM's own app with ``vllm_argv`` (vLLM's serving options)."""
         from justitia.ray.deployment import deploy, shutdown
         from justitia.vllm.engine import plugin_environment
 
@@ -77,7 +78,7 @@ class RayBackend(Backend):
         settings = policy_settings()
         env = plugin_environment("tagged", iteration_s=settings.iteration_s)
         loop = asyncio.get_running_loop()
-        handle = await loop.run_in_executor(None, deploy, ray_spec, spec.to_json(), env)
+        handle = await loop.run_in_executor(None, deploy, ray_spec, spec.to_json(), env, vllm_argv)
         try:
             info = await handle.describe.remote()
             total = info["kv_tokens"] * ray_spec.replicas
@@ -189,6 +190,90 @@ class RayBackend(Backend):
         finally:
             self.in_flight -= 1
             self.book.finish(request_id, self.now(), produced)
+
+    async def forward(self, path: str, kind: str, doc: dict, prompt_tokens: int, max_tokens: int, request_id: str):
+        """A client's OpenAI or Anthropic body, stamped with the clock's tag, to vLLM's own app on a
+        replica the router picks (``EngineReplica.http``); its answer streams back as it is. Sent
+        again while no byte came back and the replica died or was unavailable."""
+        from ray.exceptions import ActorDiedError, ActorUnavailableError, RayActorError, RayTaskError
+        from starlette.responses import JSONResponse, StreamingResponse
+
+        from justitia.server.door import error_doc
+        from justitia.server.forward import prompt_text
+
+        outer, name = ("sampling_params", "extra_args") if kind == "generate" else (None, "vllm_xargs")
+        holder = doc[outer] if outer else doc
+        xargs = dict(holder.get(name) or {})
+        now = self.now()
+        self.book.sweep(now)
+        meta = RequestMeta.parse(xargs, request_id, log)
+        self._follow_capacity(meta.agent_id or request_id, now)
+        info, _ = self.book.tag(request_id, meta, prompt_tokens, max_tokens, now)
+        xargs["agent_tag"], rank = self.book.core.stamp(info)
+        if rank is not None:
+            xargs["agent_rank"] = rank
+        holder[name] = xargs
+        body = json.dumps(doc, ensure_ascii=False).encode()
+        text = prompt_text(doc)
+        route = {"cost": info.predicted_cost,
+                 "prefix": hashlib.blake2b(text[:512].encode(), digest_size=8).hexdigest() if len(text) >= 512 else None}
+        self.in_flight += 1
+        ended = False
+
+        def end() -> None:
+            nonlocal ended
+            if not ended:
+                ended = True
+                self.in_flight -= 1
+                self.book.finish(request_id, self.now())
+
+        try:
+            for attempt in range(RETRIES):
+                self.sent += 1
+                stream = self.handle.options(stream=True).http.remote(path, body, [("content-type", "application/json")],
+                                                                      route=route)
+                try:
+                    start = await stream.__anext__()
+                    break
+                except (ActorDiedError, ActorUnavailableError, RayActorError) as exc:
+                    stream.cancel()
+                    self.retried += 1
+                    log.warning(json.dumps({"event": "replica_failed", "request_id": request_id, "action": "send again",
+                                            "error": (str(exc).splitlines() or [type(exc).__name__])[0][:200]}))
+                    await asyncio.sleep(RETRY_S)
+                except RayTaskError as exc:
+                    stream.cancel()
+                    end()
+                    return JSONResponse(error_doc(kind, 502, f"the replica failed the request: "
+                                                             f"{str(exc).splitlines()[0][:300]}"), status_code=502)
+            else:
+                end()
+                return JSONResponse(error_doc(kind, 503, f"no replica could serve it after {RETRIES} tries; retry later."),
+                                    status_code=503, headers={"Retry-After": "5"})
+        except BaseException:
+            end()
+            raise
+
+        async def chunks():
+            try:
+                async for item in stream:
+                    if isinstance(item, dict):  # the replica's last word: its id and measured M
+                        about = item.get("replica") or {}
+                        if about.get("pid") is not None:
+                            self.measured[about["pid"]] = about.get("capacity_per_s")
+                            self.served[about["pid"]] = self.served.get(about["pid"], 0) + 1
+                        continue
+                    yield item
+            except (ActorDiedError, ActorUnavailableError, RayActorError):
+                self.interrupted += 1  # the answer was under way: the client sees it cut short
+                log.warning(json.dumps({"event": "replica_failed_midway", "request_id": request_id}))
+            finally:
+                stream.cancel()
+                end()
+
+        headers = dict(start["headers"])
+        return StreamingResponse(chunks(), status_code=start["status"],
+                                 media_type=headers.get("content-type", "application/json"))
 
     def alive(self) -> bool:
         """False once this process has lost Ray (Ray itself restarts replicas that die)."""

@@ -279,6 +279,73 @@ class UpstreamBackend(Backend):
         finally:
             self.book.finish(request_id, self.now(), produced)
 
+    async def forward(self, path: str, kind: str, doc: dict, prompt_tokens: int, max_tokens: int, request_id: str):
+        """Send a client's OpenAI or Anthropic body, unchanged, to the least-loaded replica's same
+        endpoint, its policy key in vLLM's ``X-Vllm-Priority`` header (every endpoint reads it);
+        the replica's answer (its status, JSON or stream) comes back as it is. Retried on the next
+        replica while nothing came back (a refused connection, a 5xx)."""
+        from starlette.responses import JSONResponse, StreamingResponse
+
+        from justitia.server.door import error_doc
+
+        xargs = (doc.get("sampling_params") or {}).get("extra_args") if kind == "generate" else doc.get("vllm_xargs")
+        now = self.now()
+        self.book.sweep(now)
+        info, priority = self.book.tag(request_id, RequestMeta.parse(xargs, request_id, log), prompt_tokens,
+                                       max_tokens, now)
+        route = RouteRequest(request_id, info.predicted_cost)
+        headers = {"X-Vllm-Priority": str(priority), "Accept-Encoding": "identity"}
+        tried: set[str] = set()
+        self._start_prober()
+        ended = False
+
+        def end() -> None:
+            nonlocal ended
+            if not ended:
+                ended = True
+                self.book.finish(request_id, self.now())
+
+        try:
+            while True:
+                choice = self.routes.choose(route, exclude=tried)
+                if choice is None:
+                    end()
+                    return JSONResponse(error_doc(kind, 502, f"no replica could be reached ({', '.join(tried)})."),
+                                        status_code=502)
+                replica = self._by_url[choice.replica_id]
+                tried.add(replica.url)
+                self.routes.sent(route, replica.url)
+                try:
+                    resp = await replica.client.send(replica.client.build_request("POST", path, json=doc,
+                                                                                  headers=headers), stream=True)
+                except httpx.HTTPError as exc:
+                    resp, reason = None, str(exc) or type(exc).__name__
+                if resp is not None and resp.status_code < 500:
+                    break
+                if resp is not None:
+                    reason = f"answered {resp.status_code}"
+                    await resp.aclose()
+                replica.failure()
+                self.routes.done(request_id)
+                log.warning(json.dumps({"event": "replica_failed", "replica": replica.url, "request_id": request_id,
+                                        "error": reason, "action": "next replica"}))
+        except BaseException:
+            end()
+            raise
+        replica.success()
+
+        async def body():
+            try:
+                async for chunk in resp.aiter_raw():
+                    yield chunk
+            finally:
+                await resp.aclose()
+                self.routes.done(request_id)
+                end()
+
+        return StreamingResponse(body(), status_code=resp.status_code,
+                                 media_type=resp.headers.get("content-type", "application/json"))
+
     @staticmethod
     async def _send(replica: Replica, body: dict, request_id: str, delta: bool):
         """One completion on ``replica``: the whole answer at once, or (``delta``) streamed piece by piece.

@@ -1,0 +1,144 @@
+"""What Justitia costs on vLLM's own server: stock `vllm serve`, `vllm serve` with Justitia's flags,
+and `justitia serve`, side by side in one run (tiny model, this machine).
+
+    python scripts/bench_flags.py [--requests 200] [--concurrency 32] [--tokens 16] [--rounds 3] [--out results/flags.json]
+
+The three servers run the same engine settings (the tiny model, float32, eager, a 2,048-token
+context, 1 GiB of KV cache) and are all started first; then, in each round, each server in turn
+takes ``--requests`` short chat requests (a one-sentence prompt, ``--tokens`` forced output tokens,
+``max_tokens`` set, as agent frameworks send) with ``--concurrency`` in flight: saturation. Only
+one server has traffic at a time (the others sit idle), and the order of the three rotates each
+round, so that a slow spell of the machine falls on each in turn.
+
+Reported per server: requests per second (all rounds' requests over their time) and the median
+and p99 latency of a request (client-side, all rounds pooled); and each against stock vLLM as a
+ratio (throughput) or a difference (latency). Stock vLLM runs its defaults (FCFS, async scheduling
+on); with Justitia's flags the plug-in orders the queue, the door checks each request, and async
+scheduling is off (docs/server.md says why).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from load_test import _free_port  # noqa: E402
+
+PROMPT = "Summarize the quarterly report in one sentence."
+ENGINE = ["--max-model-len", "2048", "--enforce-eager", "--dtype", "float32", "--served-model-name", "tiny"]
+FLAGS = ["--scheduler-cls", "justitia.vllm.plugin.JustitiaScheduler", "--scheduling-policy", "priority",
+         "--no-async-scheduling"]
+
+
+def servers(model_dir: str) -> dict[str, tuple[list[str], dict]]:
+    """name -> (command, extra environment), each without its port."""
+    api = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model_dir, *ENGINE]
+    serve = json.dumps({"predictor": "mean", "journal": None})
+    return {"stock vllm serve": (api, {}),
+            "vllm serve + Justitia's flags": (api + FLAGS, {"VLLM_PLUGINS": "justitia", "JUSTITIA_SERVE": serve}),
+            "justitia serve": ([sys.executable, "-m", "justitia", "serve", "--predictor", "mean", "--no-journal"], {})}
+
+
+def start(cmd: list[str], env: dict, log: Path) -> tuple[subprocess.Popen, str]:
+    port = _free_port()
+    proc = subprocess.Popen([*cmd, "--port", str(port)], stdout=open(log, "w"), stderr=subprocess.STDOUT,
+                            env={"VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1"} | dict(os.environ) | env)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.time() + 400
+    while proc.poll() is None and time.time() < deadline:
+        try:
+            if httpx.get(url + "/health", timeout=5).status_code == 200:
+                return proc, url
+        except httpx.TransportError:
+            pass
+        time.sleep(0.5)
+    proc.kill()
+    raise SystemExit(f"{cmd[:4]} did not start; see {log}")
+
+
+async def load(url: str, n: int, concurrency: int, tokens: int) -> tuple[float, list[float]]:
+    """``n`` chat requests, ``concurrency`` in flight; (seconds in all, each request's latency)."""
+    body = {"model": "tiny", "messages": [{"role": "user", "content": PROMPT}], "max_tokens": tokens,
+            "ignore_eos": True}
+    slots = asyncio.Semaphore(concurrency)
+    latencies: list[float] = []
+    async with httpx.AsyncClient(base_url=url, timeout=300, limits=httpx.Limits(max_connections=concurrency)) as c:
+        async def one() -> None:
+            async with slots:
+                t = time.perf_counter()
+                r = await c.post("/v1/chat/completions", json=body)
+                latencies.append(time.perf_counter() - t)
+                r.raise_for_status()
+
+        t0 = time.perf_counter()
+        await asyncio.gather(*(one() for _ in range(n)))
+        return time.perf_counter() - t0, latencies
+
+
+def main() -> None:
+    from justitia.vllm.models import resolve_model
+
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--requests", type=int, default=200)
+    ap.add_argument("--concurrency", type=int, default=32)
+    ap.add_argument("--tokens", type=int, default=16)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--out", type=Path, default=Path("results/flags.json"))
+    args = ap.parse_args()
+    logs = args.out.with_suffix("")
+    logs.mkdir(parents=True, exist_ok=True)
+    kinds = servers(str(resolve_model("tiny")))
+    procs: dict[str, tuple[subprocess.Popen, str]] = {}
+    try:
+        for k, (name, (cmd, env)) in enumerate(kinds.items()):
+            procs[name] = start(cmd, env, logs / f"server{k}.log")
+            print(f"started: {name} at {procs[name][1]}", flush=True)
+        for name, (_, url) in procs.items():  # warm-up: first requests compile and allocate
+            asyncio.run(load(url, 2 * args.concurrency, args.concurrency, args.tokens))
+        spent = {name: 0.0 for name in procs}
+        lat: dict[str, list[float]] = {name: [] for name in procs}
+        names = list(procs)
+        for r in range(args.rounds):
+            for name in names[r % len(names):] + names[:r % len(names)]:
+                seconds, each = asyncio.run(load(procs[name][1], args.requests, args.concurrency, args.tokens))
+                spent[name] += seconds
+                lat[name] += each
+                print(f"round {r + 1}: {name}: {args.requests / seconds:.1f} requests/s", flush=True)
+    finally:
+        for proc, _ in procs.values():
+            proc.terminate()
+        for proc, _ in procs.values():
+            try:
+                proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+    rows = {}
+    for name in names:
+        q = statistics.quantiles(lat[name], n=100)
+        rows[name] = {"requests_per_s": args.rounds * args.requests / spent[name],
+                      "p50_ms": 1000 * statistics.median(lat[name]), "p99_ms": 1000 * q[98]}
+    stock = rows[names[0]]
+    for row in rows.values():
+        row["throughput_vs_stock"] = row["requests_per_s"] / stock["requests_per_s"]
+        row["p50_added_ms"] = row["p50_ms"] - stock["p50_ms"]
+    doc = {"command": "python scripts/bench_flags.py " + " ".join(sys.argv[1:]), "requests": args.requests,
+           "concurrency": args.concurrency, "tokens": args.tokens, "rounds": args.rounds, "servers": rows}
+    args.out.write_text(json.dumps(doc, indent=1))
+    print(f"{'server':32} {'req/s':>7} {'x stock':>8} {'p50 ms':>8} {'+p50 ms':>8} {'p99 ms':>8}")
+    for name, row in rows.items():
+        print(f"{name:32} {row['requests_per_s']:7.1f} {row['throughput_vs_stock']:8.3f} {row['p50_ms']:8.1f} "
+              f"{row['p50_added_ms']:8.1f} {row['p99_ms']:8.1f}")
+
+
+if __name__ == "__main__":
+    main()
