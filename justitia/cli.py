@@ -132,12 +132,12 @@ def _parser() -> argparse.ArgumentParser:
     sv.add_argument("--api-keys", type=Path, metavar="FILE",
                     help="client keys, one a line: KEY TENANT WEIGHT [trusted] (docs/server.md)")
     sv.add_argument("--key-agents-in-flight", type=int, help="agents in flight per key (default: --max-agents-in-flight)")
-    sv.add_argument("--key-requests-in-flight", type=int, default=256, help="OpenAI requests in flight per key (default 256)")
+    sv.add_argument("--key-requests-in-flight", type=int, default=256, help="inference requests (chat, completions, responses, messages) in flight per key (default 256)")
     sv.add_argument("--key-rate", type=float, default=0.0,
                     help="requests (agents and completions) per second per key, 0: no limit (default 0)")
     sv.add_argument("--key-burst", type=int, default=0, help="the rate limit's burst (default: one second's worth)")
     sv.add_argument("--max-requests-in-flight", type=int, default=1024,
-                    help="OpenAI requests in flight in all; beyond: 503 (default 1024)")
+                    help="inference requests in flight in all; beyond: 503 (default 1024)")
     sv.add_argument("--max-streams-per-agent", type=int, default=8, help="open event streams per agent (default 8)")
     sv.add_argument("--finished-mib", type=int, default=64, help="finished agents kept, in MiB of documents (default 64)")
     sv.add_argument("--finished-hours", type=float, default=24.0, help="finished agents kept this long (default 24)")
@@ -150,7 +150,8 @@ def _parser() -> argparse.ArgumentParser:
     sv.add_argument("--header-timeout", type=float, default=10.0, metavar="S",
                     help="close a connection whose request headers take longer than this (default 10)")
     sv.add_argument("--drain-s", type=float, default=30.0,
-                    help="on SIGTERM, wait this long for agents in flight before stopping (default 30)")
+                    help="--upstream, --ray: on SIGTERM, wait this long for agents in flight before stopping (default 30; "
+                         "vLLM's own server stops at once, and the journal resumes its agents)")
     sv.add_argument("--upstream", nargs="+", metavar="URL",
                     help="front stock vLLM OpenAI servers (started with --scheduling-policy priority) instead of "
                          "running an engine here; one clock over all of them, least-loaded routing")

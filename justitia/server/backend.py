@@ -95,7 +95,7 @@ class Backend(ABC):
         ``prompt_tokens`` and ``max_tokens`` price it. A backend that cannot: 501."""
         from starlette.responses import JSONResponse
 
-        from justitia.server.door import error_doc
+        from justitia.server.limits import error_doc
 
         return JSONResponse(error_doc(kind, 501, f"'{path}' is not served by this backend ({type(self).__name__}); "
                                                  "see docs/server.md."), status_code=501)

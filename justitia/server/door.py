@@ -30,14 +30,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from justitia.core import META_KEYS, PRICE_KEYS
-from justitia.core.protocol import AGENT_DONE, AGENT_ID, AGENT_WEIGHT, TENANT
 from justitia.server.identity import Identity, IdentityError, identify
 from justitia.server.keys import ANONYMOUS
-from justitia.server.limits import retry_after
+from justitia.server.limits import INFERENCE_PATHS, answer, error_doc, retry_after
 from justitia.server.schema import TYPE_PATTERN
 
-INFERENCE_PATHS = {"/v1/chat/completions": "chat", "/v1/completions": "completions", "/v1/responses": "responses",
-                   "/v1/messages": "messages", "/v1/chat/completions/batch": "chat", "/inference/v1/generate": "generate"}
 # where a body carries vLLM's extra args: ``vllm_xargs``, except on vLLM's token-in generate endpoint
 EXTRA_ARGS_AT = {"/inference/v1/generate": ("sampling_params", "extra_args")}
 XARGS_KEYS = (*META_KEYS, "session_id")  # session_id: vLLM's own, the third place it looks for a session
@@ -118,26 +115,6 @@ class Sessions:
         return [s for s in self.known.values() if s.owner == owner]
 
 
-def error_doc(kind: str, status: int, message: str, param: str | None = None) -> dict:
-    """An error in the endpoint's own shape: Anthropic's for /v1/messages, OpenAI's elsewhere."""
-    if kind == "messages":
-        kinds = {401: "authentication_error", 429: "rate_limit_error", 501: "api_error", 503: "overloaded_error"}
-        return {"type": "error", "error": {"type": kinds.get(status, "invalid_request_error"), "message": message}}
-    kinds = {400: "invalid_request_error", 401: "authentication_error", 429: "rate_limit_exceeded",
-             501: "not_implemented", 503: "overloaded"}
-    return {"error": {"message": message, "type": kinds.get(status, "invalid_request_error"), "param": param,
-                      "code": status}}
-
-
-async def _answer(send, status: int, doc: dict, headers: dict | None = None) -> None:
-    body = json.dumps(doc).encode()
-    extra = [(k.lower().encode(), v.encode()) for k, v in (headers or {}).items()]
-    await send({"type": "http.response.start", "status": status,
-                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
-                            *extra]})
-    await send({"type": "http.response.body", "body": body})
-
-
 class Door:
     """The checks above, on ``holder.manager`` (an ``AgentManager``: its settings, rate limit and
     counts; looked up per request, since a vLLM plugin builds it after the app)."""
@@ -154,7 +131,10 @@ class Door:
             if scope["type"] == "http" and scope["path"] == "/metrics" and hasattr(self.holder, "policy_state"):
                 manager = self.holder.manager  # vLLM's /metrics: the policy read now, for the collector
                 if manager is not None:
-                    self.holder.policy_state = await manager.backend.state()
+                    try:
+                        self.holder.policy_state = await manager.backend.state()
+                    except Exception:  # noqa: BLE001  (an engine going away: vLLM's metrics still answer)
+                        self.holder.policy_state = None
             return await self.app(scope, receive, send)
         chunks = []
         while True:  # the whole body (BodyLimit, outside, stops one that is too large)
@@ -175,18 +155,19 @@ class Door:
         if kind == "other":
             why = check_xargs(doc.get("vllm_xargs"), client.trusted) if isinstance(doc, dict) else None
             if why is not None:
-                return await _answer(send, 400, error_doc(kind, 400, why, "vllm_xargs"))
+                return await answer(send, 400, error_doc(kind, 400, why, "vllm_xargs"))
             return await self.app(scope, _replay(body, receive), send)
         if isinstance(doc, dict):
             refused = self._check(path, kind, doc, scope, client, manager)
             if isinstance(refused, tuple):
                 status, message, param, headers = refused
-                return await _answer(send, status, error_doc(kind, status, message, param), headers)
+                return await answer(send, status, error_doc(kind, status, message, param),
+                                    [(k.lower().encode(), v.encode()) for k, v in (headers or {}).items()])
             who = refused
             try:
                 body = json.dumps(doc, ensure_ascii=False).encode("utf-8")
             except UnicodeEncodeError:  # valid JSON (a "\\udXXX" escape) that no tokenizer can take
-                return await _answer(send, 400, error_doc(kind, 400, "the body holds a lone surrogate, which is not "
+                return await answer(send, 400, error_doc(kind, 400, "the body holds a lone surrogate, which is not "
                                                                       "valid UTF-8 text."))
             scope = dict(scope, headers=[(k, v) for k, v in scope["headers"]
                                          if k not in (b"x-session-id", b"content-length")]
@@ -248,17 +229,17 @@ class Door:
         given = dict(xargs or {})
         given.pop("session_id", None)
         if who.agent_id is not None:
-            given[AGENT_ID] = who.agent_id
+            given["agent_id"] = who.agent_id
             given["session_id"] = who.agent_id
         else:  # an agent of its own, done when its one request is
-            given.pop(AGENT_ID, None)
-            given[AGENT_DONE] = True
-        if not client.trusted or TENANT not in given:
+            given.pop("agent_id", None)
+            given["agent_done"] = True
+        if not client.trusted or "tenant" not in given:
             if client.tenant is not None:
-                given[TENANT] = client.tenant
-        if not client.trusted or AGENT_WEIGHT not in given:
+                given["tenant"] = client.tenant
+        if not client.trusted or "agent_weight" not in given:
             if client.weight != 1:
-                given[AGENT_WEIGHT] = client.weight
+                given["agent_weight"] = client.weight
         holder[name] = given
         doc.pop("session_id", None)  # vLLM reads it before vllm_xargs: the namespaced id must win
         return who

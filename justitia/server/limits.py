@@ -31,7 +31,20 @@ def body_too_large(request, exc: BodyTooLarge):
     return JSONResponse({"error": exc.detail}, status_code=413, headers={"connection": "close"})
 
 
-async def _answer(send, status: int, doc: dict, headers: list | None = None) -> None:
+INFERENCE_PATHS = {"/v1/chat/completions": "chat", "/v1/completions": "completions", "/v1/responses": "responses",
+                   "/v1/messages": "messages", "/v1/chat/completions/batch": "chat", "/inference/v1/generate": "generate"}
+def error_doc(kind: str, status: int, message: str, param: str | None = None) -> dict:
+    """An error in the endpoint's own shape: Anthropic's for /v1/messages, OpenAI's elsewhere."""
+    if kind == "messages":
+        kinds = {401: "authentication_error", 429: "rate_limit_error", 501: "api_error", 503: "overloaded_error"}
+        return {"type": "error", "error": {"type": kinds.get(status, "invalid_request_error"), "message": message}}
+    kinds = {400: "invalid_request_error", 401: "authentication_error", 429: "rate_limit_exceeded",
+             501: "not_implemented", 503: "overloaded"}
+    return {"error": {"message": message, "type": kinds.get(status, "invalid_request_error"), "param": param,
+                      "code": status}}
+
+
+async def answer(send, status: int, doc: dict, headers: list | None = None) -> None:
     body = json.dumps(doc).encode()
     await send({"type": "http.response.start", "status": status,
                 "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
@@ -51,12 +64,10 @@ class Authenticate:
             header = dict(scope["headers"]).get(b"authorization", b"").decode("latin-1")
             client = self.keys.authenticate(header)
             if client is None:
-                from justitia.server.door import INFERENCE_PATHS, error_doc
-
                 message = "a valid API key is required: send 'Authorization: Bearer KEY'."
                 kind = INFERENCE_PATHS.get(scope["path"], "models" if scope["path"] == "/v1/models" else None)
                 doc = {"error": message} if kind is None else error_doc(kind, 401, message)
-                return await _answer(send, 401, doc, [(b"www-authenticate", b"Bearer")])
+                return await answer(send, 401, doc, [(b"www-authenticate", b"Bearer")])
             scope.setdefault("state", {})["client"] = client
         await self.app(scope, receive, send)
 
@@ -68,7 +79,7 @@ class BodyLimit:
         self.app, self.limit = app, limit
 
     async def _refuse(self, send, size: str) -> None:
-        await _answer(send, 413, {"error": f"the request body has {size} bytes, more than this server's limit of "
+        await answer(send, 413, {"error": f"the request body has {size} bytes, more than this server's limit of "
                                            f"{self.limit}."}, [(b"connection", b"close")])
 
     async def __call__(self, scope, receive, send):

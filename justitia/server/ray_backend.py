@@ -198,7 +198,7 @@ class RayBackend(Backend):
         from ray.exceptions import ActorDiedError, ActorUnavailableError, RayActorError, RayTaskError
         from starlette.responses import JSONResponse, StreamingResponse
 
-        from justitia.server.door import error_doc
+        from justitia.server.limits import error_doc
         from justitia.server.forward import prompt_text
 
         outer, name = ("sampling_params", "extra_args") if kind == "generate" else (None, "vllm_xargs")

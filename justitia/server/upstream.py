@@ -286,7 +286,7 @@ class UpstreamBackend(Backend):
         replica while nothing came back (a refused connection, a 5xx)."""
         from starlette.responses import JSONResponse, StreamingResponse
 
-        from justitia.server.door import error_doc
+        from justitia.server.limits import error_doc
 
         xargs = (doc.get("sampling_params") or {}).get("extra_args") if kind == "generate" else doc.get("vllm_xargs")
         now = self.now()
