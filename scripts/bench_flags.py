@@ -1,20 +1,24 @@
 """What Justitia costs on vLLM's own server: stock `vllm serve`, `vllm serve` with Justitia's flags,
 and `justitia serve`, side by side in one run (tiny model, this machine).
 
-    python scripts/bench_flags.py [--requests 200] [--concurrency 32] [--tokens 16] [--rounds 3] [--out results/flags.json]
+    python scripts/bench_flags.py [--requests 1000] [--concurrency 32] [--sequential 100] [--tokens 16] [--rounds 5]
+                                  [--out results/flags.json]
 
 The three servers run the same engine settings (the tiny model, float32, eager, a 2,048-token
 context, 1 GiB of KV cache) and are all started first; then, in each round, each server in turn
-takes ``--requests`` short chat requests (a one-sentence prompt, ``--tokens`` forced output tokens,
-``max_tokens`` set, as agent frameworks send) with ``--concurrency`` in flight: saturation. Only
-one server has traffic at a time (the others sit idle), and the order of the three rotates each
-round, so that a slow spell of the machine falls on each in turn.
+takes short chat requests (a one-sentence prompt, ``--tokens`` forced output tokens, ``max_tokens``
+set, as agent frameworks send): ``--sequential`` of them one at a time (the latency a request pays
+with nothing else in flight: what the door and the plug-in add to each), then ``--requests`` with
+``--concurrency`` in flight (saturation: throughput, and the latency of a request in a full queue).
+Only one server has traffic at a time (the others sit idle), and the order rotates each round, so
+that a slow spell of the machine falls on each in turn.
 
-Reported per server: requests per second (all rounds' requests over their time) and the median
-and p99 latency of a request (client-side, all rounds pooled); and each against stock vLLM as a
-ratio (throughput) or a difference (latency). Stock vLLM runs its defaults (FCFS, async scheduling
-on); with Justitia's flags the plug-in orders the queue, the door checks each request, and async
-scheduling is off (docs/server.md says why).
+Reported per server: requests per second at saturation (all rounds' requests over their time), the
+median and p99 latency there, and the median latency one at a time (all rounds pooled); each
+against stock vLLM as a ratio (throughput) or a difference (latency). Stock vLLM runs its defaults
+(FCFS, async scheduling on); with Justitia's flags the plug-in orders the queue, the door checks
+each request, and async scheduling is off (docs/server.md says why). A fourth server, stock vLLM
+with async scheduling off, tells that part of the cost from the plug-in's and the door's.
 """
 
 from __future__ import annotations
@@ -45,6 +49,7 @@ def servers(model_dir: str) -> dict[str, tuple[list[str], dict]]:
     api = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model_dir, *ENGINE]
     serve = json.dumps({"predictor": "mean", "journal": None})
     return {"stock vllm serve": (api, {}),
+            "stock, async scheduling off": (api + ["--no-async-scheduling"], {}),
             "vllm serve + Justitia's flags": (api + FLAGS, {"VLLM_PLUGINS": "justitia", "JUSTITIA_SERVE": serve}),
             "justitia serve": ([sys.executable, "-m", "justitia", "serve", "--predictor", "mean", "--no-journal"], {})}
 
@@ -89,10 +94,11 @@ def main() -> None:
     from justitia.vllm.models import resolve_model
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--requests", type=int, default=200)
+    ap.add_argument("--requests", type=int, default=1000)
     ap.add_argument("--concurrency", type=int, default=32)
+    ap.add_argument("--sequential", type=int, default=100)
     ap.add_argument("--tokens", type=int, default=16)
-    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--out", type=Path, default=Path("results/flags.json"))
     args = ap.parse_args()
     logs = args.out.with_suffix("")
@@ -107,13 +113,16 @@ def main() -> None:
             asyncio.run(load(url, 2 * args.concurrency, args.concurrency, args.tokens))
         spent = {name: 0.0 for name in procs}
         lat: dict[str, list[float]] = {name: [] for name in procs}
+        alone: dict[str, list[float]] = {name: [] for name in procs}
         names = list(procs)
         for r in range(args.rounds):
             for name in names[r % len(names):] + names[:r % len(names)]:
+                alone[name] += asyncio.run(load(procs[name][1], args.sequential, 1, args.tokens))[1]
                 seconds, each = asyncio.run(load(procs[name][1], args.requests, args.concurrency, args.tokens))
                 spent[name] += seconds
                 lat[name] += each
-                print(f"round {r + 1}: {name}: {args.requests / seconds:.1f} requests/s", flush=True)
+                print(f"round {r + 1}: {name}: {args.requests / seconds:.1f} requests/s, one at a time "
+                      f"{1000 * statistics.median(alone[name][-args.sequential:]):.1f} ms", flush=True)
     finally:
         for proc, _ in procs.values():
             proc.terminate()
@@ -126,18 +135,22 @@ def main() -> None:
     for name in names:
         q = statistics.quantiles(lat[name], n=100)
         rows[name] = {"requests_per_s": args.rounds * args.requests / spent[name],
-                      "p50_ms": 1000 * statistics.median(lat[name]), "p99_ms": 1000 * q[98]}
+                      "p50_ms": 1000 * statistics.median(lat[name]), "p99_ms": 1000 * q[98],
+                      "alone_p50_ms": 1000 * statistics.median(alone[name])}
     stock = rows[names[0]]
     for row in rows.values():
         row["throughput_vs_stock"] = row["requests_per_s"] / stock["requests_per_s"]
         row["p50_added_ms"] = row["p50_ms"] - stock["p50_ms"]
+        row["alone_p50_added_ms"] = row["alone_p50_ms"] - stock["alone_p50_ms"]
     doc = {"command": "python scripts/bench_flags.py " + " ".join(sys.argv[1:]), "requests": args.requests,
-           "concurrency": args.concurrency, "tokens": args.tokens, "rounds": args.rounds, "servers": rows}
+           "concurrency": args.concurrency, "sequential": args.sequential, "tokens": args.tokens,
+           "rounds": args.rounds, "servers": rows}
     args.out.write_text(json.dumps(doc, indent=1))
-    print(f"{'server':32} {'req/s':>7} {'x stock':>8} {'p50 ms':>8} {'+p50 ms':>8} {'p99 ms':>8}")
+    print(f"{'server':30} {'req/s':>6} {'x stock':>7} {'p50 ms':>7} {'+p50':>6} {'p99 ms':>7} {'alone p50':>9} {'+alone':>7}")
     for name, row in rows.items():
-        print(f"{name:32} {row['requests_per_s']:7.1f} {row['throughput_vs_stock']:8.3f} {row['p50_ms']:8.1f} "
-              f"{row['p50_added_ms']:8.1f} {row['p99_ms']:8.1f}")
+        print(f"{name:30} {row['requests_per_s']:6.1f} {row['throughput_vs_stock']:7.3f} {row['p50_ms']:7.1f} "
+              f"{row['p50_added_ms']:6.1f} {row['p99_ms']:7.1f} {row['alone_p50_ms']:9.1f} "
+              f"{row['alone_p50_added_ms']:7.2f}")
 
 
 if __name__ == "__main__":

@@ -140,3 +140,27 @@ def test_concurrent_requests_past_the_keys_limit_are_refused_at_once_not_after_t
     assert all(r.headers["retry-after"] == "1" for r in answers if r.status_code == 429)
     assert other.status_code == 200
     assert json.loads(answers[codes.index(429)].text)["error"]["type"] == "rate_limit_exceeded"
+
+
+def test_a_plugin_that_cannot_start_stops_vllm_rather_than_serve_without_its_door(monkeypatch, tmp_path):
+    """vLLM serves on without an endpoint plugin whose factory raises an Exception: with a bad key file
+    that would be a server open to all. The plugin raises SystemExit instead, which stops vLLM."""
+    from justitia.server.plugin import ENV_SERVE, JustitiaPlugin
+
+    keys = tmp_path / "keys.txt"
+    keys.write_text(f"{A} team-a 2 trusted\n")
+    monkeypatch.setenv(ENV_SERVE, json.dumps({"predictor": "mean", "api_keys_file": str(keys),
+                                              "limits": {"key_rate": 5}}))
+    plugin = JustitiaPlugin()
+    assert len(plugin.keys) == 1 and plugin.settings.key_rate == 5 and plugin.manager is None
+    for config, words in (({"api_keys_file": str(tmp_path / "missing.txt")}, "cannot read"),
+                          ({"api_keys": ["short"]}, "at least 8"),
+                          ({"colour": "red"}, "unknown key"),
+                          ({"limits": {"bogus": 1}}, "bogus"),
+                          ({"predictor": "no-such"}, "no-such")):
+        monkeypatch.setenv(ENV_SERVE, json.dumps(config))
+        with pytest.raises(SystemExit, match=words):
+            JustitiaPlugin()
+    monkeypatch.setenv(ENV_SERVE, "{not json")
+    with pytest.raises(SystemExit, match="not JSON"):
+        JustitiaPlugin()

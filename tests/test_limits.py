@@ -128,3 +128,27 @@ def test_finished_agents_are_kept_by_bytes_and_age_then_answer_410_to_their_owne
     agent_id = kept.post("/v1/agents", json=AGENT, headers=auth(A)).json()["agent_id"]
     assert settle(kept, agent_id, A)["status"] == "done"
     assert kept.manager.ended_bytes > 0 and kept.get(f"/v1/agents/{agent_id}", headers=auth(A)).status_code == 200
+
+
+def test_concurrent_submissions_past_the_keys_agent_limit_are_refused(make):
+    """100 agents at once against a per-key limit of 10: 10 accepted. Admission is counted before the
+    first await (prediction runs in a thread), so concurrent submissions see each other."""
+    import asyncio
+
+    import httpx
+
+    app = make(key_agents_in_flight=10)
+    app.backend.gate.clear()  # the accepted agents stay in flight
+
+    async def burst():
+        transport = httpx.ASGITransport(app=app.app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://test", headers=auth(A)) as client:
+            answers = await asyncio.gather(*(client.post("/v1/agents", json=AGENT) for _ in range(100)))
+            app.backend.gate.set()  # the accepted agents finish on this loop
+            while app.manager.in_flight():
+                await asyncio.sleep(0.01)
+            return answers
+
+    codes = [r.status_code for r in asyncio.run(asyncio.wait_for(burst(), 60))]
+    assert codes.count(202) == 10 and codes.count(429) == 90, codes
+    assert sum(app.manager.admitting.values()) == 0 and len(app.manager.agents) == 10

@@ -121,6 +121,9 @@ class AgentManager:
         self.ended_bytes = 0
         self.expired: collections.OrderedDict[str, str] = collections.OrderedDict()  # dropped agents -> owner (410)
         self.owner_agents: dict[str, int] = {}  # agents in flight per owner
+        # agents past the limits' checks and not yet started (their prediction, journal and
+        # registration awaited): counted at once, so that concurrent submissions cannot all pass
+        self.admitting: dict[str, int] = {}
         self.owner_requests: dict[str, int] = {}  # OpenAI and Anthropic requests in flight per owner (the door's)
         self.requests_in_flight = 0
         self.rate = RateLimit(settings.key_rate, settings.key_burst)  # per key, agents and requests alike
@@ -130,7 +133,11 @@ class AgentManager:
         return time.monotonic() - self.t0
 
     def in_flight(self) -> int:
-        return sum(self.owner_agents.values())
+        """Agents submitted and not ended, and those being accepted now (``admitting``)."""
+        return sum(self.owner_agents.values()) + sum(self.admitting.values())
+
+    def owner_in_flight(self, owner: str) -> int:
+        return self.owner_agents.get(owner, 0) + self.admitting.get(owner, 0)
 
     def ids_of(self, prompt: str) -> list[int]:
         """A prompt's token ids, in the model's chat template when it has one (and ``settings.chat``)."""

@@ -102,12 +102,14 @@ def add_agent_routes(app: FastAPI, holder) -> None:
         if manager.in_flight() >= settings.max_agents_in_flight:
             return _error(429, f"{manager.in_flight()} agents are in flight, this server's limit; retry later.",
                           retry_after(1))
-        mine, cap = manager.owner_agents.get(client.owner, 0), settings.key_agents_in_flight or settings.max_agents_in_flight
+        mine, cap = manager.owner_in_flight(client.owner), settings.key_agents_in_flight or settings.max_agents_in_flight
         if mine >= cap:
             return _error(429, f"your key has {mine} agents in flight, its limit; retry later.", retry_after(1))
         if (wait := manager.rate.take(client.owner)) is not None:
             return _error(429, f"your key's rate limit ({settings.key_rate:g} requests a second); retry later.",
                           retry_after(wait))
+        owner = client.owner  # counted before the first await: concurrent submissions see each other
+        manager.admitting[owner] = manager.admitting.get(owner, 0) + 1
         try:
             run = await manager.submit(spec, client, idempotency)
         except SpecError as exc:
@@ -116,6 +118,8 @@ def add_agent_routes(app: FastAPI, holder) -> None:
             return _error(503, f"the agent could not be journaled ({exc}); retry later.", retry_after(5))
         except BackendError as exc:  # the engine could not take it now (a journaled agent runs at the next start)
             return _error(503, f"the engine could not take the agent ({exc}); retry later.", retry_after(5))
+        finally:  # started (and counted in owner_agents), or refused
+            manager.admitting[owner] -= 1
         return JSONResponse({"agent_id": run.agent_id, "status": run.status}, status_code=202)
 
     @app.get("/v1/sessions")

@@ -138,13 +138,17 @@ def retry_after(seconds: float) -> dict[str, str]:
     return {"Retry-After": str(max(1, math.ceil(seconds)))}
 
 
-def h11_with_header_timeout(header_timeout_s: float):
-    """uvicorn's h11 protocol, closing a connection whose request headers have not all arrived
-    ``header_timeout_s`` after it opened or after its previous response (uvicorn itself waits
-    forever for them: a hundred idle half-requests would hold a hundred connections)."""
-    from uvicorn.protocols.http.h11_impl import H11Protocol
+def http_with_header_timeout(header_timeout_s: float):
+    """uvicorn's HTTP protocol (httptools when installed, as uvicorn's "auto" picks; else h11),
+    closing a connection whose request headers have not all arrived ``header_timeout_s`` after it
+    opened or after its previous response (uvicorn itself waits forever for them: a hundred idle
+    half-requests would hold a hundred connections)."""
+    try:
+        from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol as Protocol
+    except ImportError:  # pragma: no cover (httptools is not installed)
+        from uvicorn.protocols.http.h11_impl import H11Protocol as Protocol
 
-    class HeaderTimeoutH11(H11Protocol):
+    class HeaderTimeout(Protocol):
         def connection_made(self, transport):
             super().connection_made(transport)
             self._header_timer = self.loop.call_later(header_timeout_s, self._headers_late)
@@ -171,4 +175,4 @@ def h11_with_header_timeout(header_timeout_s: float):
                 self._header_timer = None
             super().connection_lost(exc)
 
-    return HeaderTimeoutH11
+    return HeaderTimeout

@@ -83,7 +83,7 @@ def vllm_environment(policy: str, serve: dict) -> dict[str, str]:
 def serve_vllm(argv: list[str], env: dict[str, str], header_timeout_s: float = 10.0) -> int:
     """Run vLLM's own OpenAI server (``vllm serve``'s entry point) with ``argv`` in this process,
     ``env`` set first; its uvicorn closes a connection whose request headers take longer than
-    ``header_timeout_s`` (``limits.h11_with_header_timeout``). Returns when it stops."""
+    ``header_timeout_s`` (``limits.http_with_header_timeout``). Returns when it stops."""
     os.environ.update(env)
     import uvloop
 
@@ -101,9 +101,9 @@ def serve_vllm(argv: list[str], env: dict[str, str], header_timeout_s: float = 1
     args = parser.parse_args(argv)
     configure_logging_from_args(args)
     validate_parsed_serve_args(args)
-    from justitia.server.limits import h11_with_header_timeout
+    from justitia.server.limits import http_with_header_timeout
 
-    uvloop.run(run_server(args, http=h11_with_header_timeout(header_timeout_s)))
+    uvloop.run(run_server(args, http=http_with_header_timeout(header_timeout_s)))
     return 0
 
 
@@ -160,10 +160,10 @@ async def serve(model: str | None = None, policy: str = "justitia", predictor: s
             log.propagate = False
         # keep-alive well above the 5 s default: under load a client may reuse a connection that
         # uvicorn has just closed (httpx then fails with ReadError)
-        from justitia.server.limits import h11_with_header_timeout
+        from justitia.server.limits import http_with_header_timeout
 
         server = _uvicorn_server()(uvicorn.Config(app, host=host, port=port, log_level="warning",
-                                                  timeout_keep_alive=75, http=h11_with_header_timeout(header_timeout_s)))
+                                                  timeout_keep_alive=75, http=http_with_header_timeout(header_timeout_s)))
         loop = asyncio.get_running_loop()
         status = 0
 

@@ -59,12 +59,17 @@ class JustitiaPlugin:
         from justitia.server.agents import Settings
         from justitia.server.keys import KeyRing
 
-        config = serve_config()
-        self.policy = policy_settings().policy
-        self.predictor = make_predictor(config.get("predictor", "mlp"))  # a bad one fails before the engine is used
-        self.keys = KeyRing.load(config.get("api_keys"), config.get("api_keys_file"))
-        self.journal_path = config.get("journal")
-        self.settings = Settings(policy=self.policy, **(config.get("limits") or {}))
+        try:
+            config = serve_config()
+            self.policy = policy_settings().policy
+            self.predictor = make_predictor(config.get("predictor", "mlp"))
+            self.keys = KeyRing.load(config.get("api_keys"), config.get("api_keys_file"))
+            self.journal_path = config.get("journal")
+            self.settings = Settings(policy=self.policy, **(config.get("limits") or {}))
+        except (ValueError, TypeError) as exc:
+            # vLLM skips a plugin whose factory raises an Exception and serves on without it: with a
+            # bad key file that would be a server open to everyone. SystemExit stops the server instead.
+            raise SystemExit(f"justitia: the endpoint plugin cannot start: {exc}") from None
         self.manager = None  # built in init_state, once the engine is up
         self.policy_state = None  # the policy, as last read for /metrics
         self.journal = None
