@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import statistics
 import subprocess
 import sys
@@ -36,7 +35,7 @@ from pathlib import Path
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from load_test import _free_port  # noqa: E402
+from load_test import _free_port, start  # noqa: E402
 
 PROMPT = "Summarize the quarterly report in one sentence."
 ENGINE = ["--max-model-len", "2048", "--enforce-eager", "--dtype", "float32", "--served-model-name", "tiny"]
@@ -54,21 +53,9 @@ def servers(model_dir: str) -> dict[str, tuple[list[str], dict]]:
             "justitia serve": ([sys.executable, "-m", "justitia", "serve", "--predictor", "mean", "--no-journal"], {})}
 
 
-def start(cmd: list[str], env: dict, log: Path) -> tuple[subprocess.Popen, str]:
+def start_one(cmd: list[str], env: dict, log: Path) -> tuple[subprocess.Popen, str]:
     port = _free_port()
-    proc = subprocess.Popen([*cmd, "--port", str(port)], stdout=open(log, "w"), stderr=subprocess.STDOUT,
-                            env={"VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1"} | dict(os.environ) | env)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.time() + 400
-    while proc.poll() is None and time.time() < deadline:
-        try:
-            if httpx.get(url + "/health", timeout=5).status_code == 200:
-                return proc, url
-        except httpx.TransportError:
-            pass
-        time.sleep(0.5)
-    proc.kill()
-    raise SystemExit(f"{cmd[:4]} did not start; see {log}")
+    return start([*cmd, "--port", str(port)], port, "/health", env={"HF_HUB_OFFLINE": "1"} | env, log=log)
 
 
 async def load(url: str, n: int, concurrency: int, tokens: int) -> tuple[float, list[float]]:
@@ -107,7 +94,7 @@ def main() -> None:
     procs: dict[str, tuple[subprocess.Popen, str]] = {}
     try:
         for k, (name, (cmd, env)) in enumerate(kinds.items()):
-            procs[name] = start(cmd, env, logs / f"server{k}.log")
+            procs[name] = start_one(cmd, env, logs / f"server{k}.log")
             print(f"started: {name} at {procs[name][1]}", flush=True)
         for name, (_, url) in procs.items():  # warm-up: first requests compile and allocate
             asyncio.run(load(url, 2 * args.concurrency, args.concurrency, args.tokens))

@@ -116,12 +116,14 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-def start(cmd: list[str], port: int, ready: str, quiet: bool = False) -> tuple[subprocess.Popen, str]:
-    """Start ``cmd`` serving on loopback ``port``; return it once ``ready`` answers (SystemExit if it never does)."""
-    out = subprocess.DEVNULL if quiet else None
+def start(cmd: list[str], port: int, ready: str, quiet: bool = False, env: dict | None = None,
+          log: Path | None = None) -> tuple[subprocess.Popen, str]:
+    """Start ``cmd`` serving on loopback ``port`` (``env`` added to this environment; its output to
+    ``log``, or nowhere if ``quiet``); return it once ``ready`` answers (SystemExit if it never does)."""
+    out = open(log, "w") if log is not None else subprocess.DEVNULL if quiet else None
     # vLLM's CPU backend otherwise reserves most of the machine's memory for each engine's KV cache
-    env = {"VLLM_CPU_KVCACHE_SPACE": "1"} | dict(os.environ)
-    proc = subprocess.Popen(cmd, stdout=out, stderr=out, env=env)
+    env = {"VLLM_CPU_KVCACHE_SPACE": "1"} | dict(os.environ) | (env or {})
+    proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT if log is not None else out, env=env)
     url = f"http://127.0.0.1:{port}"
     deadline = time.time() + 400
     while proc.poll() is None and time.time() < deadline:

@@ -145,3 +145,41 @@ def test_placeholders_and_rendered_prompts_are_capped_before_anything_is_tokeniz
         time.sleep(0.01)
     assert doc["status"] == "failed" and "stage 1" in doc["error"] and "limit of 1024" in doc["error"], doc
     assert len(app.backend.metas) == 16  # the first stage ran; nothing of stage 1 reached the engine
+
+
+def test_a_body_over_the_limit_gets_a_413_that_urllib_can_read():
+    """Python's urllib sends a whole body before it reads the answer: a server that answered and
+    closed at once would reset the connection under it. The server drains the body (within a bound)."""
+    import socket
+    import threading
+    import urllib.error
+    import urllib.request
+
+    import uvicorn
+
+    from justitia.server.limits import http_with_header_timeout
+
+    app = create_app(RecordingBackend(), WordTokenizer(), Settings(max_model_len=64, max_body_bytes=1000),
+                     make_predictor("oracle"))
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning",
+                                           http=http_with_header_timeout(10.0)))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    try:
+        deadline = time.time() + 30
+        while not server.started:
+            assert time.time() < deadline
+            time.sleep(0.05)
+        body = json.dumps({"stages": [[{"prompt": "x" * (4 << 20)}]]}).encode()
+        for path in ("/v1/agents", "/v1/chat/completions"):
+            request = urllib.request.Request(f"http://127.0.0.1:{port}{path}", data=body,
+                                             headers={"Content-Type": "application/json"})
+            with pytest.raises(urllib.error.HTTPError) as refused:
+                urllib.request.urlopen(request, timeout=30)
+            assert refused.value.code == 413 and b"limit of 1000" in refused.value.read()
+    finally:
+        server.should_exit = True
+        thread.join(timeout=30)

@@ -22,6 +22,7 @@ import os
 
 from justitia.core import RELEASE, STATE, ControlCall
 from justitia.server.backend import Completion, Output
+from justitia.server.limits import replay
 
 REFRESH_S = 1.0
 
@@ -88,15 +89,12 @@ class EngineReplica:
         app = await self._vllm_app()
         messages: asyncio.Queue = asyncio.Queue()
         gone = asyncio.Event()
-        given = False
 
-        async def receive():
-            nonlocal given
-            if not given:
-                given = True
-                return {"type": "http.request", "body": body, "more_body": False}
+        async def disconnect():
             await gone.wait()
             return {"type": "http.disconnect"}
+
+        receive = replay(body, disconnect)
 
         scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST",
                  "scheme": "http", "path": path, "raw_path": path.encode(), "root_path": "", "query_string": b"",

@@ -32,7 +32,7 @@ from typing import Any
 from justitia.core import META_KEYS, PRICE_KEYS
 from justitia.server.identity import Identity, IdentityError, identify
 from justitia.server.keys import ANONYMOUS
-from justitia.server.limits import INFERENCE_PATHS, answer, error_doc, retry_after
+from justitia.server.limits import INFERENCE_PATHS, answer, error_doc, once, replay, retry_after
 from justitia.server.schema import TYPE_PATTERN
 
 # where a body carries vLLM's extra args: ``vllm_xargs``, except on vLLM's token-in generate endpoint
@@ -156,7 +156,7 @@ class Door:
             why = check_xargs(doc.get("vllm_xargs"), client.trusted) if isinstance(doc, dict) else None
             if why is not None:
                 return await answer(send, 400, error_doc(kind, 400, why, "vllm_xargs"))
-            return await self.app(scope, _replay(body, receive), send)
+            return await self.app(scope, replay(body, receive), send)
         if isinstance(doc, dict):
             refused = self._check(path, kind, doc, scope, client, manager)
             if isinstance(refused, tuple):
@@ -179,16 +179,13 @@ class Door:
         manager.owner_requests[owner] = manager.owner_requests.get(owner, 0) + 1
         if hold is not None:
             hold.in_flight += 1
-        released = False
 
+        @once
         def release() -> None:
-            nonlocal released
-            if not released:
-                released = True
-                manager.requests_in_flight -= 1
-                manager.owner_requests[owner] -= 1
-                if hold is not None:
-                    hold.in_flight -= 1
+            manager.requests_in_flight -= 1
+            manager.owner_requests[owner] -= 1
+            if hold is not None:
+                hold.in_flight -= 1
 
         async def tracked(message):
             if message["type"] == "http.response.body" and not message.get("more_body"):
@@ -196,7 +193,7 @@ class Door:
             await send(message)
 
         try:
-            await self.app(scope, _replay(body, receive), tracked)
+            await self.app(scope, replay(body, receive), tracked)
         finally:
             release()
 
@@ -244,16 +241,3 @@ class Door:
         doc.pop("session_id", None)  # vLLM reads it before vllm_xargs: the namespaced id must win
         return who
 
-
-def _replay(body: bytes, receive):
-    """A ``receive`` that gives the body read already, then the client's own messages (its disconnect)."""
-    sent = False
-
-    async def replay():
-        nonlocal sent
-        if not sent:
-            sent = True
-            return {"type": "http.request", "body": body, "more_body": False}
-        return await receive()
-
-    return replay

@@ -70,21 +70,17 @@ def add_forwarding_routes(app: FastAPI, manager) -> None:
         request_id = f"{kind}-{uuid.uuid4().hex[:16]}"
         return await manager.backend.forward(raw.url.path, kind, doc, tokens, budget, request_id)
 
-    @app.post("/v1/chat/completions")
-    async def chat(request: ChatCompletionRequest, raw: Request):
-        return await forward("chat", raw)
+    def route(path: str, kind: str, model) -> None:  # FastAPI validates the body with vLLM's ``model``
+        async def endpoint(request: model, raw: Request):
+            return await forward(kind, raw)
 
-    @app.post("/v1/completions")
-    async def completions(request: CompletionRequest, raw: Request):
-        return await forward("completions", raw)
+        app.post(path, name=f"forward_{kind}")(endpoint)
 
-    @app.post("/v1/responses")
-    async def responses(request: ResponsesRequest, raw: Request):
-        return await forward("responses", raw)
-
-    @app.post("/v1/messages")
-    async def messages(request: AnthropicMessagesRequest, raw: Request):
-        return await forward("messages", raw)
+    for path, kind, model in (("/v1/chat/completions", "chat", ChatCompletionRequest),
+                              ("/v1/completions", "completions", CompletionRequest),
+                              ("/v1/responses", "responses", ResponsesRequest),
+                              ("/v1/messages", "messages", AnthropicMessagesRequest)):
+        route(path, kind, model)
 
     @app.get("/v1/models")
     async def models():

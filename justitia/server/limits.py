@@ -2,9 +2,11 @@
 turn an error raised while reading a body into a 400): ``Authenticate`` (a key on every ``/v1/``
 route) and ``BodyLimit`` (the request body, counted on the bytes received).
 
-``BodyLimit`` is plain ASGI middleware. A ``Content-Length`` over the limit is refused at once;
-otherwise (a chunked body, or a ``Content-Length`` that lies) the bytes are counted as they arrive
-and the request is refused with 413 as soon as they pass the limit, before the rest is read.
+``BodyLimit`` is plain ASGI middleware. A ``Content-Length`` over the limit is refused without
+reading the body into memory; otherwise (a chunked body, or a ``Content-Length`` that lies) the
+bytes are counted as they arrive and the request is refused with 413 as soon as they pass the
+limit. Either way the rest of the body is read and dropped first (within ``DRAIN_BYTES`` and
+``DRAIN_S``), so that every common client reads the 413 rather than a reset connection.
 """
 
 from __future__ import annotations
@@ -72,6 +74,10 @@ class Authenticate:
         await self.app(scope, receive, send)
 
 
+DRAIN_BYTES = 64 << 20  # the most of a refused body read (and dropped) before the 413, so that the client reads it
+DRAIN_S = 10.0  # and for at most this long
+
+
 class BodyLimit:
     """Refuse request bodies over ``limit`` bytes with 413 (JSON ``{"error": ...}``)."""
 
@@ -82,11 +88,31 @@ class BodyLimit:
         await answer(send, 413, {"error": f"the request body has {size} bytes, more than this server's limit of "
                                            f"{self.limit}."}, [(b"connection", b"close")])
 
+    @staticmethod
+    async def _drain(receive, more: bool = True) -> None:
+        """Read and drop the rest of a refused body, at most ``DRAIN_BYTES`` within ``DRAIN_S``: a
+        server that closes while the client still sends resets the connection, and clients such as
+        Python's ``urllib`` then see the reset, not the 413."""
+        import asyncio
+
+        loop = asyncio.get_running_loop()
+        deadline, dropped = loop.time() + DRAIN_S, 0
+        while more and dropped < DRAIN_BYTES:
+            try:
+                message = await asyncio.wait_for(receive(), max(0.0, deadline - loop.time()))
+            except asyncio.TimeoutError:
+                return
+            if message["type"] != "http.request":
+                return
+            dropped += len(message.get("body", b""))
+            more = message.get("more_body", False)
+
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
         length = dict(scope["headers"]).get(b"content-length", b"")
         if length.isdigit() and int(length) > self.limit:
+            await self._drain(receive)
             return await self._refuse(send, length.decode())
         received, started = 0, False
 
@@ -96,6 +122,7 @@ class BodyLimit:
             if message["type"] == "http.request":
                 received += len(message.get("body", b""))
                 if received > self.limit:
+                    await self._drain(receive, message.get("more_body", False))
                     raise BodyTooLarge(self.limit)
             return message
 
@@ -109,6 +136,34 @@ class BodyLimit:
         except BodyTooLarge:  # raised where no handler answered it
             if not started:
                 await self._refuse(send, f"more than {self.limit}")
+
+
+def once(fn):
+    """``fn`` that runs on its first call only (a count released on whichever way a request ends)."""
+    done = False
+
+    def call() -> None:
+        nonlocal done
+        if not done:
+            done = True
+            fn()
+
+    return call
+
+
+def replay(body: bytes, after):
+    """An ASGI ``receive`` that gives ``body``, read already, then whatever ``after()`` gives (the
+    client's own next message, its disconnect)."""
+    given = False
+
+    async def receive():
+        nonlocal given
+        if not given:
+            given = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        return await after()
+
+    return receive
 
 
 class RateLimit:

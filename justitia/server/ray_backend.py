@@ -198,8 +198,8 @@ class RayBackend(Backend):
         from ray.exceptions import ActorDiedError, ActorUnavailableError, RayActorError, RayTaskError
         from starlette.responses import JSONResponse, StreamingResponse
 
-        from justitia.server.limits import error_doc
         from justitia.server.forward import prompt_text
+        from justitia.server.limits import error_doc, once
 
         outer, name = ("sampling_params", "extra_args") if kind == "generate" else (None, "vllm_xargs")
         holder = doc[outer] if outer else doc
@@ -218,14 +218,11 @@ class RayBackend(Backend):
         route = {"cost": info.predicted_cost,
                  "prefix": hashlib.blake2b(text[:512].encode(), digest_size=8).hexdigest() if len(text) >= 512 else None}
         self.in_flight += 1
-        ended = False
 
+        @once
         def end() -> None:
-            nonlocal ended
-            if not ended:
-                ended = True
-                self.in_flight -= 1
-                self.book.finish(request_id, self.now())
+            self.in_flight -= 1
+            self.book.finish(request_id, self.now())
 
         try:
             for attempt in range(RETRIES):

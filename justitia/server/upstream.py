@@ -286,7 +286,7 @@ class UpstreamBackend(Backend):
         replica while nothing came back (a refused connection, a 5xx)."""
         from starlette.responses import JSONResponse, StreamingResponse
 
-        from justitia.server.limits import error_doc
+        from justitia.server.limits import error_doc, once
 
         xargs = (doc.get("sampling_params") or {}).get("extra_args") if kind == "generate" else doc.get("vllm_xargs")
         now = self.now()
@@ -297,13 +297,7 @@ class UpstreamBackend(Backend):
         headers = {"X-Vllm-Priority": str(priority), "Accept-Encoding": "identity"}
         tried: set[str] = set()
         self._start_prober()
-        ended = False
-
-        def end() -> None:
-            nonlocal ended
-            if not ended:
-                ended = True
-                self.book.finish(request_id, self.now())
+        end = once(lambda: self.book.finish(request_id, self.now()))
 
         try:
             while True:
