@@ -136,19 +136,29 @@ class AgentProcess:
         self.state = "running"
         return self._stage_calls(0)
 
-    def resume(self, answers: list[list[Answer]]) -> list[Call]:
-        """Start after the stages ``answers`` answered in full (a restarted server): predict (if not
-        yet done) and return the next stage's calls (none if every stage is answered)."""
+    def resume(self, answers: list[list[Answer | None]]) -> list[Call]:
+        """Start after what ``answers`` holds (a restarted server): the stages answered in full, then
+        perhaps one answered in part (None where a task is not). Predict (if not yet done) and return
+        the calls still to make: the part stage's missing tasks, or the next stage's (none if every
+        stage is answered)."""
         if self.state != "new":
             raise RuntimeError(f"agent '{self.agent.agent_id}' has already started.")
         self.predict()
         self.state = "running"
-        for s, stage in enumerate(answers):
-            self.answers[s] = list(stage)
-        if len(answers) >= len(self.tasks):
+        full = 0
+        while full < len(answers) and len(answers[full]) == len(self.tasks[full]) and None not in answers[full]:
+            self.answers[full] = list(answers[full])
+            full += 1
+        if full >= len(self.tasks):
             self.state = "done"
             return []
-        return self._stage_calls(len(answers))
+        calls = self._stage_calls(full)
+        if full < len(answers):  # answered in part: its answered tasks are kept, the rest run
+            kept = list(answers[full]) + [None] * (len(self.tasks[full]) - len(answers[full]))
+            self.answers[full] = kept
+            calls = [c for c in calls if kept[c.index] is None]
+            self._open = len(calls)
+        return calls
 
     def answered(self, call: Call, answer: Answer) -> list[Call]:
         """Record ``answer``; the next stage's calls if it completes its stage (none after the last)."""
@@ -161,7 +171,7 @@ class AgentProcess:
         if self.stage + 1 < len(self.tasks):
             return self._stage_calls(self.stage + 1)
         self.state = "done"
-        self.predictor.observe(self.agent.type, self.predicted_cost, self.true_cost(self.cost))
+        self.predictor.observe(self.agent.type, self.predicted_cost, self.true_cost(self.cost), self.agent.tenant)
         return []
 
     def true_cost(self, cost: CostModel) -> float:

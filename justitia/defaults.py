@@ -27,7 +27,15 @@ ENV_AGENT_IDLE_S = "JUSTITIA_AGENT_IDLE_S"  # default AGENT_IDLE_S
 ENV_LOG_AGENTS = "JUSTITIA_LOG_AGENTS"  # 1: one log line per agent arrival and release
 ENV_MEASURE_CAPACITY = "JUSTITIA_MEASURE_CAPACITY"  # 0: keep the formula's M (default 1: measure it)
 ENV_RETAG = "JUSTITIA_RETAG"  # 0: an agent keeps its first tag (default 1: it moves back when it reveals more work)
-ENV_CLIENT_PRICES = "JUSTITIA_CLIENT_PRICES"  # 0: the plug-in ignores agent_cost, request_cost, agent_weight, tenant
+# whether the plug-in reads agent_cost, request_cost, agent_weight, tenant, agent_tag and agent_rank
+# from a request: 1, from every one; 0, from none; unset, from every one in an engine with no door
+# token (one a program runs in its own process, LLM or AsyncLLM: its caller is its only client), and
+# in vLLM's OpenAI server (which has one: justitia.vllm.general) only from those the door checked
+ENV_CLIENT_PRICES = "JUSTITIA_CLIENT_PRICES"
+# the secret Justitia's door (the endpoint plugin, in vLLM's API server process) and the plug-in (in
+# its engine process) share: set once per server (justitia.vllm.general), inherited by vLLM's processes
+ENV_DOOR_TOKEN = "JUSTITIA_DOOR_TOKEN"
+DOOR_KEY = "justitia_door"  # the extra-args key that carries it
 ENV_CACHE = "JUSTITIA_CACHE"  # built models and trained predictors (default ~/.cache/justitia)
 
 
@@ -48,7 +56,8 @@ class PolicySettings:
     log_agents: bool = False
     measure_capacity: bool = True  # the clock's M follows what the engine delivers
     retag: bool = True  # an agent that reveals more work than predicted moves back
-    client_prices: bool = True  # the plug-in reads costs, weights and tenants from request metadata
+    client_prices: bool | None = None  # read costs, weights and tenants: True, always; False, never; None: auto
+    door_token: str | None = None  # auto: from a request that carries this (the door's), or from all if None
 
 
 def policy_settings(environ: Mapping[str, str] | None = None) -> PolicySettings:
@@ -67,10 +76,16 @@ def policy_settings(environ: Mapping[str, str] | None = None) -> PolicySettings:
             raise ValueError(f"{name}={raw!r}: expected a finite number {'>' if strict else '>='} {least:g}.")
         return value
 
+    prices = env.get(ENV_CLIENT_PRICES)
+    if prices not in (None, "", "0", "1"):
+        raise ValueError(f"{ENV_CLIENT_PRICES}={prices!r}: expected 1 (read every request's prices) or 0 (none); "
+                         "unset: only those Justitia's door checked, in vLLM's OpenAI server.")
+
     return PolicySettings(
         policy=env.get(ENV_POLICY, "justitia"), cost=env.get(ENV_COST, "kv"),
         capacity_per_s=number(ENV_CAPACITY, None), iteration_s=number(ENV_ITERATION_S, ITERATION_S),
         agent_idle_s=number(ENV_AGENT_IDLE_S, AGENT_IDLE_S, strict=False),
         log_agents=env.get(ENV_LOG_AGENTS) == "1", measure_capacity=env.get(ENV_MEASURE_CAPACITY, "1") != "0",
-        retag=env.get(ENV_RETAG, "1") != "0", client_prices=env.get(ENV_CLIENT_PRICES, "1") != "0",
+        retag=env.get(ENV_RETAG, "1") != "0", client_prices={"1": True, "0": False}.get(prices or "", None),
+        door_token=env.get(ENV_DOOR_TOKEN) or None,
     )

@@ -51,6 +51,7 @@ class RecordingBackend(Backend):
         self.dead = False  # True: the engine has died
         self.cuts = 0  # so many of the next requests fail midway (a replica lost after its first token)
         self.request_ids: list[str] = []
+        self.register_failures = 0  # so many of the next registrations fail
 
     async def generate(self, prompt, params, request_id):
         if not self.gate.is_set():
@@ -89,6 +90,9 @@ class RecordingBackend(Backend):
         return JSONResponse(answer)
 
     async def register(self, agent_id, agent_type, predicted_cost, weight=1.0, tenant=None):
+        if self.register_failures:  # the engine cannot take an agent now
+            self.register_failures -= 1
+            raise BackendError("the engine is busy")
         self.registered.append((agent_id, weight, tenant))
         self.book.register(agent_id, agent_type, predicted_cost, 0.0, weight, tenant)
         return self.book.core.virtual_finish(agent_id)

@@ -8,7 +8,7 @@ from justitia.defaults import AGENT_IDLE_S, ITERATION_S, cache_dir, policy_setti
 def test_without_environment_the_defaults_hold():
     s = policy_settings({})
     assert (s.policy, s.cost, s.capacity_per_s, s.iteration_s, s.agent_idle_s, s.log_agents, s.measure_capacity,
-            s.retag, s.client_prices) == ("justitia", "kv", None, ITERATION_S, AGENT_IDLE_S, False, True, True, True)
+            s.retag, s.client_prices) == ("justitia", "kv", None, ITERATION_S, AGENT_IDLE_S, False, True, True, None)
 
 
 def test_the_environment_sets_each_field():

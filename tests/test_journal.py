@@ -166,3 +166,37 @@ def test_a_task_whose_replica_fails_midway_runs_once_more_and_a_second_failure_f
     doc = settle(app, app.post("/v1/agents", json=one_task, headers=auth(A)).json()["agent_id"], A)
     assert doc["status"] == "failed" and "midway" in doc["error"]
     assert len(app.backend.request_ids) == 2  # once more, not forever
+
+
+def test_a_partly_answered_stage_runs_only_its_missing_tasks_after_a_restart(start, tmp_path):
+    path = tmp_path / "part.sqlite"
+    journal = Journal(path)
+    owner = KeyRing.load([A]).authenticate(f"Bearer {A}").owner
+
+    async def crashed():  # a killed server left stage 0 with one of its two tasks answered
+        await journal.accept(Record("agent-part", owner, "team-a", 2.0, TWO_STAGES, None, 99.0, "running", None,
+                                    time.time() - 5, None))
+        await journal.task_done("agent-part", 0, 1, {"output": "kept-1", "prompt_tokens": 2, "output_tokens": 3,
+                                                      "finish_reason": "length"})
+    asyncio.run(crashed())
+    journal.close()
+    app = start(path)
+    assert app.portal.call(app.manager.recover) == (0, 1)
+    doc = settle(app, "agent-part", A)
+    assert doc["status"] == "done"
+    assert [t["output"] for t in doc["stages"][0]] == ["ok", "kept-1"]  # task 1 kept, task 0 run
+    assert app.backend.request_ids == ["agent-part/0/0", "agent-part/1/0"]  # task 0 and stage 1 only
+
+
+def test_a_first_try_the_engine_refused_leaves_no_journal_entry_and_its_idempotency_key_free(start, tmp_path):
+    path = tmp_path / "refused.sqlite"
+    app = start(path)
+    app.backend.register_failures = 1
+    r = app.post("/v1/agents", json=TWO_STAGES, headers=auth(A) | {"Idempotency-Key": "k-refused"})
+    assert r.status_code == 503 and r.headers["retry-after"]
+    retry = app.post("/v1/agents", json=TWO_STAGES, headers=auth(A) | {"Idempotency-Key": "k-refused"})
+    assert retry.status_code == 202, retry.text  # the key was not taken
+    agent_id = retry.json()["agent_id"]
+    assert settle(app, agent_id, A)["status"] == "done"
+    rows = sqlite3.connect(path).execute("SELECT agent_id FROM agents").fetchall()
+    assert rows == [(agent_id,)]  # the refused try would not run at the next start

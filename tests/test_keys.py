@@ -140,3 +140,36 @@ def test_an_open_server_is_one_anonymous_untrusted_owner():
 def test_the_plug_in_can_ignore_client_prices():
     meta = RequestMeta("a", "t", 0.0, 0.0, True, 50.0, "vip")
     assert meta.without_prices() == RequestMeta("a", "t", None, None, True)
+
+
+def test_the_plug_in_reads_prices_only_from_requests_the_door_checked(monkeypatch):
+    """In vLLM's OpenAI server (which has a door token) the plug-in reads a request's prices, weight
+    and tenant only if it carries the token; an engine in a program's own process (no token) trusts
+    its caller; JUSTITIA_CLIENT_PRICES forces either way; a wrong or missing token is not trusted."""
+    import os
+    import sys
+
+    from justitia.defaults import DOOR_KEY, ENV_DOOR_TOKEN, policy_settings
+    from justitia.vllm import general
+    from justitia.vllm.plugin import trusted
+
+    priced = {"agent_id": "a", "agent_cost": 1.0, "tenant": "vip"}
+    assert trusted(priced, None, None)  # LLM / AsyncLLM in a program: no HTTP client
+    assert not trusted(priced, None, "s3cret") and not trusted(priced | {DOOR_KEY: "guess"}, None, "s3cret")
+    assert not trusted(priced | {DOOR_KEY: 7}, None, "s3cret")
+    assert trusted(priced | {DOOR_KEY: "s3cret"}, None, "s3cret")
+    assert trusted(priced, True, "s3cret") and not trusted(priced | {DOOR_KEY: "s3cret"}, False, "s3cret")
+    assert policy_settings({"JUSTITIA_CLIENT_PRICES": "1"}).client_prices is True
+    with pytest.raises(ValueError, match="JUSTITIA_CLIENT_PRICES='yes'"):
+        policy_settings({"JUSTITIA_CLIENT_PRICES": "yes"})
+    # the token exists only in vLLM's OpenAI server, and one per server (kept once set)
+    monkeypatch.setenv(ENV_DOOR_TOKEN, "")  # none (and none left behind for the tests after this one)
+    for name in [m for m in sys.modules if m.startswith(general.SERVER_MODULES)]:
+        monkeypatch.delitem(sys.modules, name)
+    general.register()
+    assert os.environ[ENV_DOOR_TOKEN] == ""
+    monkeypatch.setitem(sys.modules, "vllm.entrypoints.launchers.api_server", sys)
+    general.register()
+    token = os.environ[ENV_DOOR_TOKEN]
+    general.register()
+    assert len(token) == 32 and os.environ[ENV_DOOR_TOKEN] == token

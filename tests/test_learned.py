@@ -84,8 +84,24 @@ def test_an_unseen_type_uses_the_all_types_model_and_its_error_shrinks_as_agents
         predicted = fresh.agent_cost(a, KV)
         errors.append(abs(math.log(predicted / a.cost(KV))))
         fresh.observe(a.type, predicted, a.cost(KV))
-    assert "brand-new" in fresh.correction
+    assert (None, "brand-new") in fresh.correction
     assert np.mean(errors[-4:]) <= np.mean(errors[:4]) + 0.05
+
+
+def test_corrections_are_kept_per_tenant_and_type_and_clipped(trained, agents):
+    """A tenant that keeps reporting agents far dearer (or cheaper) than predicted moves its own
+    prices for the type, by at most 4x, and nobody else's; a fresh type name starts from none."""
+    fresh = LearnedPredictor(trained.models, "kv")
+    a = next(x for x in agents if x.type == "mrs")
+    mine, theirs = (Agent(a.agent_id, a.type, a.arrival_s, a.stages, tenant=t) for t in ("mallory", "alice"))
+    before = fresh.agent_cost(theirs, KV)
+    for _ in range(50):
+        fresh.observe("mrs", fresh.agent_cost(mine, KV), 1e6 * fresh.agent_cost(mine, KV), "mallory")
+    assert fresh.agent_cost(theirs, KV) == before  # another tenant's prices stay put
+    assert fresh.agent_cost(mine, KV) == pytest.approx(4 * before)  # moved, by the limit at most
+    for _ in range(50):
+        fresh.observe("mrs", fresh.agent_cost(mine, KV), 1e-6 * fresh.agent_cost(mine, KV), "mallory")
+    assert fresh.agent_cost(mine, KV) == pytest.approx(before / 4)
 
 
 def test_a_predictor_trained_on_kv_costs_refuses_compute_costs(trained, agents):

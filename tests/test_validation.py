@@ -183,3 +183,27 @@ def test_a_body_over_the_limit_gets_a_413_that_urllib_can_read():
     finally:
         server.should_exit = True
         thread.join(timeout=30)
+
+
+def test_max_tokens_with_ignore_eos_buys_no_early_tag_and_a_later_stage_that_cannot_fit_is_refused():
+    """The trojan: a tiny first stage, then 8 tasks of 1,024 forced tokens. The default predictor reads
+    the first stage; the price is at least what the forced tokens cost, so it is far above a tiny
+    agent's. A later stage whose own text cannot fit the context is a 400 at submission, not a
+    failure after the first stage has run."""
+    backend = RecordingBackend()
+    app = create_app(backend, WordTokenizer(), Settings(max_model_len=2048), make_predictor("mlp"))
+    tiny = {"type": "mrs", "stages": [[{"prompt": "Summarize: the river rose.", "max_tokens": 16}]]}
+    trojan = {"type": "mrs", "stages": [tiny["stages"][0], [
+        {"prompt": "Expand {{prev}}", "max_tokens": 1024, "ignore_eos": True}] * 8]}
+    with TestClient(app) as client:
+        prices = []
+        for body in (tiny, trojan):
+            agent_id = client.post("/v1/agents", json=body).json()["agent_id"]
+            prices.append(client.get(f"/v1/agents/{agent_id}").json()["predicted_cost"])
+        assert prices[1] >= 2 * prices[0] and prices[1] >= 8 * 1024 ** 2 / 2, prices
+        huge = {"stages": [[{"prompt": "hi", "max_tokens": 2}],
+                           [{"prompt": "word " * 2100 + "{{prev}}", "max_tokens": 2}]]}
+        r = client.post("/v1/agents", json=huge)
+        assert r.status_code == 400 and "'stages[1][0].prompt'" in r.json()["error"], r.text
+        assert "before any placeholder" in r.json()["error"]
+    assert len(backend.registered) == 2  # the refused agent never reached the engine

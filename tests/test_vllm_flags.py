@@ -125,6 +125,7 @@ def test_harness_sessions_are_one_agent_on_every_endpoint_in_each_keys_namespace
     log = server.server.output()  # the plug-in saw each session as one agent, in the key's namespace
     arrivals = [line for line in log.splitlines() if "justitia: agent" in line and "/cc-one arrived" in line]
     assert len(arrivals) == 1, arrivals
+    assert arrivals[0].endswith("tenant=team-a")  # the key's tenant, which the plug-in took from the door alone
 
 
 def test_the_agent_api_and_justitias_metrics_live_beside_vllms(server):

@@ -29,8 +29,9 @@ class Predictor:
         """The predicted cost of task ``index`` of stage ``stage`` of ``agent``."""
         raise NotImplementedError
 
-    def observe(self, agent_type: str, predicted: float, actual: float) -> None:
-        """An agent finished: what was predicted for it and what it cost (learning predictors use it)."""
+    def observe(self, agent_type: str, predicted: float, actual: float, tenant: str | None = None) -> None:
+        """An agent (of ``tenant``) finished: what was predicted for it and what it cost (learning
+        predictors use it)."""
 
 
 class OraclePredictor(Predictor):

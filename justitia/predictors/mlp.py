@@ -20,8 +20,9 @@ then 64 and 32.
 
 Per type there are two models: ``agent`` (total cost C, for justitia and srjf) and ``request``
 (one request's cost, for sjf). A model over all types (``*``) serves types never seen in training;
-after each finished agent, ``observe`` updates a per-type correction (an exponentially weighted
-mean of log(actual / predicted)), so an unseen type improves as it runs.
+after each finished agent, ``observe`` updates a correction per tenant and type (an exponentially
+weighted mean of log(actual / predicted), clipped to 4x either way), so an unseen type improves as
+it runs, and no tenant's agents move another's prices.
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ from justitia.workload import Agent
 SCHEMA = "justitia.predictor/2"
 TOKEN = re.compile(r"(?u)\b\w\w+\b")  # sklearn's default token_pattern
 CORRECTION_WEIGHT = 0.3  # weight of the newest observation in the per-type correction
+CORRECTION_LIMIT = math.log(4.0)  # a correction moves a prediction by at most 4x either way
 MAX_FEATURES = 1024  # TF-IDF vocabulary per model
 # L2 penalty: with ~25 agents per type and ~1,000 TF-IDF features, a weak penalty lets the MLP
 # memorize its training agents. On splits 1-3 of the committed profile (the README's table is
@@ -120,7 +122,8 @@ class LearnedPredictor(Predictor):
         self.models = models
         self.cost = cost
         self.meta = meta or {}
-        self.correction: dict[str, float] = {}  # type -> log factor
+        # (tenant, type) -> log factor: one tenant's agents cannot move another's prices
+        self.correction: dict[tuple[str | None, str], float] = {}
 
     # ----------------------------------------------------------------------------- predict
     def _model(self, agent_type: str, target: str) -> Model:
@@ -134,7 +137,7 @@ class LearnedPredictor(Predictor):
         """Predicted total cost of ``agent``, corrected by what its type has shown so far."""
         self._check(model)
         raw = self._model(agent.type, "agent").predict(agent_text(agent), agent_numbers(agent))
-        return raw * math.exp(self.correction.get(agent.type, 0.0))
+        return raw * math.exp(self.correction.get((agent.tenant, agent.type), 0.0))
 
     def request_cost(self, agent: Agent, stage: int, index: int, model: CostModel) -> float:
         """Predicted cost of one request."""
@@ -142,12 +145,15 @@ class LearnedPredictor(Predictor):
         task = agent.stages[stage][index]
         return self._model(agent.type, "request").predict(request_text(task), request_numbers(task))
 
-    def observe(self, agent_type: str, predicted: float, actual: float) -> None:
-        """An agent of ``agent_type`` finished: move the type's correction toward log(actual / predicted)."""
+    def observe(self, agent_type: str, predicted: float, actual: float, tenant: str | None = None) -> None:
+        """An agent of ``agent_type`` (in ``tenant``) finished: move that tenant's correction of the type
+        toward log(actual / predicted), within ``CORRECTION_LIMIT``."""
         if predicted > 0 and actual > 0:
-            err = math.log(actual / predicted) + self.correction.get(agent_type, 0.0)  # against the raw prediction
-            old = self.correction.get(agent_type)
-            self.correction[agent_type] = err if old is None else (1 - CORRECTION_WEIGHT) * old + CORRECTION_WEIGHT * err
+            key = (tenant, agent_type)
+            err = math.log(actual / predicted) + self.correction.get(key, 0.0)  # against the raw prediction
+            old = self.correction.get(key)
+            new = err if old is None else (1 - CORRECTION_WEIGHT) * old + CORRECTION_WEIGHT * err
+            self.correction[key] = min(CORRECTION_LIMIT, max(-CORRECTION_LIMIT, new))
 
     # ----------------------------------------------------------------------------- training
     @classmethod

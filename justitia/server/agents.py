@@ -25,7 +25,7 @@ from justitia.server.door import Sessions
 from justitia.server.journal import Journal, Record
 from justitia.server.keys import ANONYMOUS, Client
 from justitia.server.limits import RateLimit
-from justitia.server.schema import AgentSpec, SpecError, check_agent, render
+from justitia.server.schema import PLACEHOLDER, AgentSpec, SpecError, check_agent, render
 from justitia.vllm.models import chat_ids
 from justitia.workload import Agent, Task
 
@@ -215,8 +215,20 @@ class AgentManager:
             if len(first[i]) + t.max_tokens > self.settings.max_model_len:
                 raise SpecError(f"field 'stages[0][{i}].prompt': {len(first[i])} prompt tokens + max_tokens "
                                 f"{t.max_tokens} exceed the model's context of {self.settings.max_model_len} tokens.")
+        later = {}  # a later stage's own text (placeholders left out), tokenized: a floor on its prompt
+        for s, stage in enumerate(spec.stages[1:], 1):
+            for i, t in enumerate(stage):
+                own = PLACEHOLDER.sub("", t.prompt)
+                try:
+                    later[s, i] = len(self._ids_checked(own))
+                except SpecError as exc:
+                    raise SpecError(f"field 'stages[{s}][{i}].prompt': {exc}") from None
+                if later[s, i] + t.max_tokens > self.settings.max_model_len:
+                    raise SpecError(f"field 'stages[{s}][{i}].prompt': its own text is {later[s, i]} tokens, with "
+                                    f"max_tokens {t.max_tokens} more than the model's context of "
+                                    f"{self.settings.max_model_len} tokens before any placeholder is filled.")
         view = Agent(agent_id, spec.type, 0.0, tuple(
-            tuple(Task(t.prompt, len(first[i]) if s == 0 else max(1, len(t.prompt) // 4), t.max_tokens)
+            tuple(Task(t.prompt, len(first[i]) if s == 0 else max(later[s, i], len(t.prompt) // 4), t.max_tokens)
                   for i, t in enumerate(stage)) for s, stage in enumerate(spec.stages)),
             weight=client.weight, tenant=client.tenant)
         # submitted whole: priced on every stage, so that a cheap first stage cannot hide heavy later ones
@@ -225,11 +237,16 @@ class AgentManager:
         return process, first
 
     def _priced(self, agent_id: str, spec: AgentSpec, client: Client) -> tuple[AgentProcess, list[list[int]], float]:
-        """``_process`` and the predictor's price of it (and how long that took), in one trip to a
-        worker thread."""
+        """``_process`` and its price (and how long the predictor took), in one trip to a worker
+        thread. The price is at least what the tasks that set ``ignore_eos`` will cost: they
+        generate exactly ``max_tokens``, whatever a predictor reads of their text."""
         process, first = self._process(agent_id, spec, client)
         t0 = time.perf_counter()
         process.predict()
+        known = sum(KV.request_cost(task.prompt_tokens, task.output_tokens)
+                    for s, stage in enumerate(process.agent.stages) for i, task in enumerate(stage)
+                    if spec.stages[s][i].ignore_eos)
+        process.predicted_cost = max(process.predicted_cost, known)
         return process, first, time.perf_counter() - t0
 
     async def submit(self, spec: AgentSpec, client: Client = ANONYMOUS,
@@ -273,7 +290,12 @@ class AgentManager:
         run = AgentRun(agent_id, spec, process, arrival, None, client.owner,
                        outputs=[[None] * len(stage) for stage in spec.stages])
         run.client, run.first_ids = client, dict(enumerate(first))
-        await self._start(run, predict_ms=round(predict_ms, 3))
+        try:
+            await self._start(run, predict_ms=round(predict_ms, 3))
+        except BaseException:  # not accepted after all: no run at the next start, its Idempotency-Key free
+            if self.journal is not None:
+                await asyncio.shield(self.journal.forget([agent_id]))
+            raise
         log.info(json.dumps({"event": "agent_submitted", "agent_id": agent_id, "owner": client.owner, "type": spec.type,
                              "tasks": sum(len(s) for s in spec.stages), "predicted_cost": predicted}))
         return run
@@ -326,14 +348,16 @@ class AgentManager:
                 finished += 1
                 continue
             answered = []
-            for stage in run.outputs:  # the stages answered in full
+            for stage in run.outputs:  # the stages answered in full, then one answered in part (if any)
+                answered.append([None if d is None else Answer(d["output"], d["prompt_tokens"], d["output_tokens"],
+                                                               d["finish_reason"]) for d in stage])
                 if any(doc is None for doc in stage):
                     break
-                answered.append([Answer(d["output"], d["prompt_tokens"], d["output_tokens"], d["finish_reason"])
-                                 for d in stage])
-            for s in range(len(answered), len(run.outputs)):  # a partly answered stage runs again whole
+            for s in range(len(answered), len(run.outputs)):  # later stages: nothing kept (none can have run)
                 run.outputs[s] = [None] * len(run.outputs[s])
-            await self._start(run, answered, resumed_after_stage=len(answered) - 1)
+            part = bool(answered) and None in answered[-1]
+            await self._start(run, answered, resumed_after_stage=len(answered) - 1 - part,
+                              tasks_kept=sum(d is not None for stage in run.outputs for d in stage))
             resumed += 1
         log.info(json.dumps({"event": "journal_recovered", "journal": str(self.journal.path),
                              "finished": finished, "resumed": resumed}))

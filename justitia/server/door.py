@@ -11,7 +11,8 @@ does only what is Justitia's:
 3. limits: requests in flight for the key (429) and for the server (503), the key's rate (429),
    each with ``Retry-After``; counted here, at once, so concurrent requests cannot all pass;
 4. the body goes on with the agent's identity written into ``vllm_xargs`` (``agent_id``,
-   ``session_id``, the key's ``tenant`` and ``agent_weight``), and vLLM's own ``session_id`` field
+   ``session_id``, the key's ``tenant`` and ``agent_weight``, and the door's token, which tells the
+   plug-in that these were checked: ``justitia.vllm.general``), and vLLM's own ``session_id`` field
    and ``X-Session-ID`` header taken out, so that vLLM's ``Request.session_id`` is the namespaced id.
 
 Everything else (the body's shape, the model's name, the context length, tools, structured output)
@@ -23,6 +24,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import re
 import time
 from collections import OrderedDict
@@ -30,6 +32,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from justitia.core import META_KEYS, PRICE_KEYS
+from justitia.defaults import DOOR_KEY, ENV_DOOR_TOKEN
 from justitia.server.identity import Identity, IdentityError, identify
 from justitia.server.keys import ANONYMOUS
 from justitia.server.limits import INFERENCE_PATHS, answer, error_doc, once, replay, retry_after
@@ -237,6 +240,9 @@ class Door:
         if not client.trusted or "agent_weight" not in given:
             if client.weight != 1:
                 given["agent_weight"] = client.weight
+        token = os.environ.get(ENV_DOOR_TOKEN)
+        if token:  # checked here: the plug-in may read the prices and the tenant above (justitia.vllm.general)
+            given[DOOR_KEY] = token
         holder[name] = given
         doc.pop("session_id", None)  # vLLM reads it before vllm_xargs: the namespaced id must win
         return who

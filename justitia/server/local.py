@@ -9,9 +9,11 @@ on their own; their requests carry the identity the door wrote into ``vllm_xargs
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from justitia.core import REGISTER, RELEASE, STATE, ControlCall, PolicyState
+from justitia.defaults import DOOR_KEY, ENV_DOOR_TOKEN
 from justitia.server.backend import Backend
 from justitia.vllm.engine import control
 
@@ -26,9 +28,13 @@ class EngineBackend(Backend):
         self.max_model_len = config.model_config.max_model_len
 
     def generate(self, prompt: dict, params, request_id: str):
-        """``AsyncLLM.generate``: closing it early aborts the request in vLLM."""
+        """``AsyncLLM.generate``: closing it early aborts the request in vLLM. The agent's metadata
+        carries the door's token: the server priced it (``justitia.vllm.general``)."""
         from vllm.inputs import TokensPrompt
 
+        token = os.environ.get(ENV_DOOR_TOKEN)
+        if token:
+            params.extra_args = dict(params.extra_args or {}, **{DOOR_KEY: token})
         return self.llm.generate(TokensPrompt(prompt_token_ids=prompt["prompt_token_ids"]), params, request_id)
 
     async def register(self, agent_id: str, agent_type: str, predicted_cost: float, weight: float = 1.0,

@@ -9,6 +9,7 @@ import contextlib
 import json
 import logging
 import os
+import secrets
 import signal
 from pathlib import Path
 
@@ -68,13 +69,14 @@ def _has_gpu() -> bool:
 def vllm_environment(policy: str, serve: dict) -> dict[str, str]:
     """What configures Justitia inside vLLM's server: the plugin allowed, the scheduler's policy,
     the plugin's settings (``server.plugin.serve_config``)."""
-    from justitia.defaults import ENV_POLICY
+    from justitia.defaults import ENV_DOOR_TOKEN, ENV_POLICY
     from justitia.server.plugin import ENV_SERVE
 
     plugins = [p for p in os.environ.get("VLLM_PLUGINS", "").split(",") if p]
     env = {"VLLM_PLUGINS": ",".join(dict.fromkeys(plugins + ["justitia"])), ENV_POLICY: policy,
            ENV_SERVE: json.dumps(serve)}
     env.setdefault("HF_HUB_OFFLINE", os.environ.get("HF_HUB_OFFLINE", "1"))  # the model is a local directory
+    env[ENV_DOOR_TOKEN] = os.environ.get(ENV_DOOR_TOKEN) or secrets.token_hex(16)  # justitia.vllm.general
     if "VLLM_CPU_KVCACHE_SPACE" not in os.environ and not _has_gpu():
         env["VLLM_CPU_KVCACHE_SPACE"] = "1"  # GiB, as the benches' engines (vLLM's own default is 4)
     return env

@@ -39,6 +39,7 @@ Pinned to vLLM 0.32: the scheduler internals it relies on are not a public inter
 
 from __future__ import annotations
 
+import hmac
 import time
 from typing import Iterable, Iterator
 
@@ -51,9 +52,22 @@ from vllm.v1.request import Request
 from justitia.core import (ENGINE_UTILITY, REGISTER, RELEASE, RESET, STATE, WINDOW_STEPS, AgentBook, AgentInfo,
                            Charge, ControlCall, RequestMeta, capacity_per_s, cost_model, prefill_attention, step_charges,
                            step_delivered)
-from justitia.defaults import policy_settings
+from justitia.defaults import DOOR_KEY, policy_settings
 
 logger = init_logger("vllm.justitia")  # under "vllm": vLLM configures handlers for that tree only
+
+
+def trusted(extra_args, client_prices: bool | None, door_token: str | None) -> bool:
+    """Whether a request's prices, weight and tenant may be read (``JUSTITIA_CLIENT_PRICES``): always
+    (1) or never (0); by default, in an engine with no door token (a program's own, in-process) always,
+    and in vLLM's OpenAI server only from a request that carries the door's token (the door checked
+    its key), compared in constant time."""
+    if client_prices is not None:
+        return client_prices
+    if not door_token:
+        return True
+    given = (extra_args or {}).get(DOOR_KEY)
+    return isinstance(given, str) and hmac.compare_digest(given.encode(), door_token.encode())
 
 
 class _CoreQueue(RequestQueue):
@@ -219,7 +233,7 @@ class JustitiaScheduler(StepLogScheduler):
         blocks = self.kv_cache_manager.block_pool.get_num_free_blocks()
         self.kv_tokens = blocks * self.cache_config.block_size
         self.log_agents = settings.log_agents
-        self.client_prices = settings.client_prices
+        self.client_prices, self.door_token = settings.client_prices, settings.door_token
         self.idle_release_s = settings.agent_idle_s
         self.iteration_s = settings.iteration_s
         cost = cost_model(settings.cost)
@@ -278,9 +292,9 @@ class JustitiaScheduler(StepLogScheduler):
             self.core.requeue(info)
         else:
             sp = request.sampling_params
-            meta = RequestMeta.parse(getattr(sp, "extra_args", None) if sp is not None else None,
-                                     request.request_id, logger)
-            if not self.client_prices:  # behind vLLM's own OpenAI server, clients are not trusted
+            extra = getattr(sp, "extra_args", None) if sp is not None else None
+            meta = RequestMeta.parse(extra, request.request_id, logger)
+            if not trusted(extra, self.client_prices, self.door_token):  # a client's own prices: ignored
                 meta = meta.without_prices()
             max_tokens = getattr(sp, "max_tokens", None) or 256
             info, agent = self.book.arrive(request.request_id, meta, request.num_prompt_tokens, max_tokens,
@@ -291,8 +305,9 @@ class JustitiaScheduler(StepLogScheduler):
 
     def _log_arrival(self, agent: AgentInfo) -> None:
         if self.log_agents:
-            logger.info("justitia: agent %s arrived: type=%r predicted_cost=%.6g virtual_finish=%s", agent.agent_id,
-                        agent.agent_type, agent.predicted_cost, self.core.virtual_finish(agent.agent_id))
+            logger.info("justitia: agent %s arrived: type=%r predicted_cost=%.6g virtual_finish=%s tenant=%s",
+                        agent.agent_id, agent.agent_type, agent.predicted_cost,
+                        self.core.virtual_finish(agent.agent_id), agent.tenant)
 
     def _free_request(self, request: Request, *args, **kwargs):
         """A finished or aborted request releases its policy state (and its agent's, when done)."""
