@@ -36,7 +36,7 @@ def vllm_command(model: str, host: str, port: int, kv_blocks: int | None, max_nu
     """The ``vllm serve`` arguments (after ``vllm serve``) that run Justitia: the model, the scheduler
     class, vLLM's priority queue (the plug-in stamps each request's key as its priority), and the
     server options given, then ``passthrough`` (any of vLLM's own options, which win)."""
-    from justitia.vllm.engine import engine_dtype
+    from justitia.vllm.engine import engine_dtype, has_gpu
     from justitia.vllm.models import resolve_model
 
     given = {a.split("=", 1)[0] for a in passthrough if a.startswith("--")}
@@ -52,7 +52,7 @@ def vllm_command(model: str, host: str, port: int, kv_blocks: int | None, max_nu
         defaults["--num-gpu-blocks-override"] = str(kv_blocks)
     if "/" not in model:  # a built-in model answers to its own name, as before
         defaults["--served-model-name"] = model
-    if not _has_gpu():
+    if not has_gpu():
         defaults["--enforce-eager"] = None  # no graphs to capture on a CPU; starts sooner
     for flag, value in defaults.items():
         if flag not in given:
@@ -60,24 +60,19 @@ def vllm_command(model: str, host: str, port: int, kv_blocks: int | None, max_nu
     return argv + passthrough
 
 
-def _has_gpu() -> bool:
-    from justitia.vllm.engine import _has_gpu as has
-
-    return has()
-
-
 def vllm_environment(policy: str, serve: dict) -> dict[str, str]:
     """What configures Justitia inside vLLM's server: the plugin allowed, the scheduler's policy,
     the plugin's settings (``server.plugin.serve_config``)."""
     from justitia.defaults import ENV_DOOR_TOKEN, ENV_POLICY
     from justitia.server.plugin import ENV_SERVE
+    from justitia.vllm.engine import has_gpu
 
     plugins = [p for p in os.environ.get("VLLM_PLUGINS", "").split(",") if p]
     env = {"VLLM_PLUGINS": ",".join(dict.fromkeys(plugins + ["justitia"])), ENV_POLICY: policy,
            ENV_SERVE: json.dumps(serve)}
     env.setdefault("HF_HUB_OFFLINE", os.environ.get("HF_HUB_OFFLINE", "1"))  # the model is a local directory
     env[ENV_DOOR_TOKEN] = os.environ.get(ENV_DOOR_TOKEN) or secrets.token_hex(16)  # justitia.vllm.general
-    if "VLLM_CPU_KVCACHE_SPACE" not in os.environ and not _has_gpu():
+    if "VLLM_CPU_KVCACHE_SPACE" not in os.environ and not has_gpu():
         env["VLLM_CPU_KVCACHE_SPACE"] = "1"  # GiB, as the benches' engines (vLLM's own default is 4)
     return env
 

@@ -137,6 +137,19 @@ class RayBackend(Backend):
             return None
         return hashlib.blake2b(json.dumps(ids[: self.block_size]).encode(), digest_size=8).hexdigest()
 
+    def _stamp(self, request_id: str, xargs: dict, prompt_tokens: int, max_tokens: int):
+        """Tag a request with the one clock (its metadata in ``xargs``, which gets the clock's tag and
+        the agent's rank in its tenant); its info, to ``book.finish`` when it ends."""
+        now = self.now()
+        self.book.sweep(now)
+        meta = RequestMeta.parse(xargs, request_id, log)
+        self._follow_capacity(meta.agent_id or request_id, now)  # an agent known only by its requests
+        info, _ = self.book.tag(request_id, meta, prompt_tokens, max_tokens, now)
+        xargs["agent_tag"], rank = self.book.core.stamp(info)
+        if rank is not None:
+            xargs["agent_rank"] = rank
+        return info
+
     async def generate(self, prompt, params, request_id: str):
         """Stamp the request with the clock's tag and send it through the router; retried while no
         token came back."""
@@ -144,14 +157,7 @@ class RayBackend(Backend):
 
         ids = list(prompt["prompt_token_ids"])
         xargs = dict(params.extra_args or {})
-        now = self.now()
-        self.book.sweep(now)
-        meta = RequestMeta.parse(xargs, request_id, log)
-        self._follow_capacity(meta.agent_id or request_id, now)  # an agent known only by its requests
-        info, _ = self.book.tag(request_id, meta, len(ids), params.max_tokens or 16, now)
-        xargs["agent_tag"], rank = self.book.core.stamp(info)
-        if rank is not None:
-            xargs["agent_rank"] = rank
+        info = self._stamp(request_id, xargs, len(ids), params.max_tokens or 16)
         sent = params.clone()
         sent.extra_args = xargs
         route = {"cost": info.predicted_cost, "prefix": self.prefix(ids)}
@@ -204,14 +210,7 @@ class RayBackend(Backend):
         outer, name = ("sampling_params", "extra_args") if kind == "generate" else (None, "vllm_xargs")
         holder = doc[outer] if outer else doc
         xargs = dict(holder.get(name) or {})
-        now = self.now()
-        self.book.sweep(now)
-        meta = RequestMeta.parse(xargs, request_id, log)
-        self._follow_capacity(meta.agent_id or request_id, now)
-        info, _ = self.book.tag(request_id, meta, prompt_tokens, max_tokens, now)
-        xargs["agent_tag"], rank = self.book.core.stamp(info)
-        if rank is not None:
-            xargs["agent_rank"] = rank
+        info = self._stamp(request_id, xargs, prompt_tokens, max_tokens)
         holder[name] = xargs
         body = json.dumps(doc, ensure_ascii=False).encode()
         text = prompt_text(doc)

@@ -61,10 +61,10 @@ class EngineSpec:
 
 def engine_dtype(dtype: str) -> str:
     """``auto`` means float32 on a CPU (bf16 matmuls are slow without AVX-512 BF16), else as given."""
-    return dtype if dtype != "auto" or _has_gpu() else "float32"
+    return dtype if dtype != "auto" or has_gpu() else "float32"
 
 
-def _has_gpu() -> bool:
+def has_gpu() -> bool:
     import torch
 
     return torch.cuda.is_available()
