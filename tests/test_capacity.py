@@ -11,9 +11,11 @@ from hypothesis import strategies as st
 from helpers import agent, engine
 from justitia.core import KV, AgentBook, AgentScheduler, CapacityMeter, Charge, RequestMeta, VirtualClock
 from justitia.core.policies import make_policy
+from justitia.lab.calibrate import calibrated_capacity
 from justitia.lab.metrics import delay_bound_s, gps_finish_times
 from justitia.predictors import make_predictor
 from justitia.sim import Simulator
+from justitia.sim.config import PROFILES
 
 
 def test_the_clock_moves_at_the_new_rate_from_the_moment_it_changes():
@@ -26,21 +28,49 @@ def test_the_clock_moves_at_the_new_rate_from_the_moment_it_changes():
         clock.set_capacity(0.0, 2.0)
 
 
-def test_the_meter_moves_m_once_a_window_of_busy_time_has_gathered_within_its_floor_and_ceiling():
+def test_the_first_window_replaces_the_starting_m_and_later_ones_move_it_within_a_band_around_the_record():
     meter = CapacityMeter(1000.0, KV, window_s=2.0)
     meter.observe(1.5, Charge(kv_token_iters=600))
     assert meter.update(1.5) is None  # not a full window yet
     meter.observe(0.5, Charge(prefill_tokens=80, kv_token_iters=200))  # 800 in 2 s: 400 a second
-    assert meter.update(2.0) == pytest.approx(700.0)  # half way from 1000 to 400
-    for t in range(3, 30):
-        meter.observe(2.0, Charge())  # nothing delivered: M falls to its floor, no further
+    assert meter.update(2.0) == pytest.approx(400.0)  # the first window: all the way, the guess has no say
+    meter.observe(2.0, Charge(kv_token_iters=1200))  # 600 a second
+    assert meter.update(3.0) == pytest.approx(500.0)  # later windows: half way
+    assert meter.measured_per_s == pytest.approx(2000 / 4)
+    for t in range(4, 30):
+        meter.observe(2.0, Charge())  # nothing delivered: M falls, but never below a quarter of the record
         meter.update(float(t))
-    assert meter.capacity_per_s == pytest.approx(250.0)
+    assert meter.capacity_per_s == pytest.approx(0.25 * meter.measured_per_s)
     meter.observe(2.0, Charge(kv_token_iters=100_000))
-    assert meter.update(30.0) == pytest.approx(2000.0)  # the ceiling: twice the formula's
-    meter.observe(2.0, Charge(kv_token_iters=100_000))
-    assert meter.update(31.0) is None  # unchanged: nothing to tell the clock
-    assert meter.schedule[0] == (0.0, 1000.0) and meter.schedule[1] == (2.0, pytest.approx(700.0))
+    assert meter.update(30.0) == pytest.approx(2 * meter.measured_per_s)  # the ceiling: twice the record
+    assert meter.schedule[:3] == [(0.0, 1000.0), (2.0, pytest.approx(400.0)), (3.0, pytest.approx(500.0))]
+    steady = CapacityMeter(1000.0, KV, window_s=2.0)
+    steady.observe(2.0, Charge(kv_token_iters=800))
+    assert steady.update(1.0) == pytest.approx(400.0)
+    steady.observe(2.0, Charge(kv_token_iters=800))
+    assert steady.update(2.0) is None  # unchanged: nothing to tell the clock
+
+
+@pytest.mark.parametrize("guess", [1.0, 400.0, 1e9])
+def test_whatever_the_guess_the_measured_m_is_the_same(guess):
+    meter = CapacityMeter(guess, KV, window_s=1.0)
+    meter.observe(1.0, Charge(prefill_tokens=50))  # only partial prefills: no service, nothing to go on
+    assert meter.update(1.0) is None and meter.capacity_per_s == guess
+    for t, kv in enumerate((300, 500, 400), start=2):
+        meter.observe(1.0, Charge(kv_token_iters=kv))
+        meter.update(float(t))
+    assert [m for _, m in meter.schedule[1:]] == pytest.approx([300.0, 400.0])  # the third window: no change
+
+
+def test_an_interval_far_longer_than_the_measured_steps_is_an_idle_gap_and_is_not_counted():
+    meter = CapacityMeter(1000.0, KV, window_s=10.0)
+    for _ in range(40):  # 40 steps of 20 ms, 10 KV token-iterations each
+        assert meter.observe(0.02, Charge(kv_token_iters=10), steps=1)
+    assert not meter.observe(5.0, Charge(kv_token_iters=10), steps=1)  # a step before 5 s of idling
+    assert meter.dropped_s == 5.0 and meter.busy_s == pytest.approx(0.8)
+    assert meter.observe(0.5, Charge(kv_token_iters=250), steps=25)  # a span of 25 steps: counted
+    assert meter.observe(0.9, Charge(kv_token_iters=10), steps=1)  # a long step (45 mean steps): counted
+    assert meter.observe(60.0, Charge(kv_token_iters=10))  # a caller that counts no steps: no judgement
 
 
 def test_a_tagging_front_end_measures_m_from_its_requests_round_trips():
@@ -51,8 +81,8 @@ def test_a_tagging_front_end_measures_m_from_its_requests_round_trips():
     book.finish("r2", 2.5, 40)  # demand 100: the half second after r1 was not busy
     assert book.core.capacity_per_s == 10_000.0  # M moves only at an agent's arrival
     book.tag("r3", RequestMeta("c"), 60, 40, now_s=3.0)
-    assert book.core.capacity_per_s == pytest.approx(0.5 * 10_000 + 0.5 * 3200)  # the meter's smoothing
-    assert book.core.capacity_schedule == [(0.0, 10_000.0), (3.0, pytest.approx(6600.0))]
+    assert book.core.capacity_per_s == pytest.approx(3200)  # the first window replaces the starting M
+    assert book.core.capacity_schedule == [(0.0, 10_000.0), (3.0, pytest.approx(3200.0))]
     idle = AgentBook.tagging("justitia", 10_000.0, measure_every_s=1.0, kv_tokens=10_000)
     for k in range(5):  # never more asked than the cache holds: nothing to measure
         idle.tag(f"r{k}", RequestMeta(f"a{k}"), 60, 40, now_s=float(k))
@@ -69,7 +99,7 @@ def test_only_a_policy_with_a_clock_is_measured_and_m_changes_only_at_arrivals()
     core.observe_service(1.0, Charge(kv_token_iters=50))
     assert core.capacity_per_s == 100.0  # not until an agent arrives
     core.agent_arrived("a", "t", 10.0, 3.0)
-    assert core.capacity_per_s == pytest.approx(75.0) and core.capacity_schedule[-1] == (3.0, pytest.approx(75.0))
+    assert core.capacity_per_s == pytest.approx(50.0) and core.capacity_schedule[-1] == (3.0, pytest.approx(50.0))
 
 
 def _stream(rng, n, mean_gap_s):
@@ -107,3 +137,44 @@ def test_with_the_formula_m_the_same_slowdown_breaks_the_bound():
     end = agents[-1].arrival_s
     cfg = replace(engine(blocks=150, budget=512, seqs=256), slowdown=(end * 0.3, end * 0.7, 2))
     assert len(_late(agents, cfg, measure=False)) >= 3 and _late(agents, cfg, measure=True) == []
+
+
+@pytest.mark.parametrize("guess", [8.0, 0.25])  # times the formula's M: 5x above what this engine delivers, 6x below
+def test_on_a_saturated_run_m_converges_to_the_delivered_rate_from_a_guess_outside_the_old_band(guess):
+    # The A100 profile delivers about 1.6x its formula's M; the old rule kept M within 0.25x-2x the
+    # guess, which excludes the delivered rate for both guesses.
+    cfg = engine(blocks=150, budget=512, seqs=256, profile=PROFILES["llama7b-a100-40gb"])
+    agents = _stream(np.random.default_rng(0), 150, 0.3)  # busier than the engine until the last arrival
+    sim = Simulator(cfg, make_policy("justitia", guess * cfg.capacity_per_s("kv")), make_predictor("oracle"),
+                    measure_capacity=True)
+    res = sim.run(agents)
+    meter = sim.meter
+    delivered = meter.service / meter.busy_s  # the run's delivered service over its busy time
+    assert meter.busy_s > 0.9 * res.makespan_s  # saturated: requests waited nearly all the run
+    served = sum(kv for _, _, kv in res.served) / res.makespan_s  # the same, from the requests' own costs
+    assert delivered == pytest.approx(served, rel=0.05)
+    assert res.capacity_schedule[0][1] == guess * cfg.capacity_per_s("kv")
+    assert meter.capacity_per_s == pytest.approx(delivered, rel=0.10)
+    assert meter.schedule[1][1] == pytest.approx(delivered, rel=0.25)  # already the first window
+
+
+def test_the_simulated_meter_never_counts_the_time_an_idle_engine_waits():
+    burst = [agent(f"a{i}", 0.0, [(150, 100)] * 4) for i in range(8)]
+    later = [agent(f"b{i}", 1000.0 + 0.01 * i, [(150, 100)] * 4) for i in range(8)]
+    cfg = engine(blocks=80, budget=512, seqs=256)
+    sim = Simulator(cfg, make_policy("justitia", cfg.capacity_per_s("kv")), make_predictor("oracle"),
+                    measure_capacity=True)
+    res = sim.run(burst + later)
+    idle = 1000.0 - max(a.finish_s for a in res.agents if a.agent_id.startswith("a"))
+    assert idle > 900 and 0 < sim.meter.busy_s <= res.makespan_s - idle
+    assert sim.meter.dropped_s == 0.0  # nothing for the guard to catch
+    # at b0's arrival the first burst's 5 busy seconds set M; with the idle 994 s in, it would be 0.005x
+    assert res.capacity_schedule[1] == (1000.0, pytest.approx(sim.meter.measured_per_s, rel=0.2))
+
+
+def test_a_calibration_file_gives_the_m_it_measured_only_to_an_engine_with_its_kv_cache():
+    doc = {"kv_blocks": 100, "block_size": 16, "fit": {"delivered_capacity_per_s": 1234.5}}
+    assert calibrated_capacity(doc) == 1234.5 and calibrated_capacity(doc, kv_tokens=1600) == 1234.5
+    assert calibrated_capacity(doc, kv_tokens=3200) is None  # another cache: the meter measures it
+    assert calibrated_capacity(doc | {"fit": {"delivered_capacity_per_s": None}}) is None  # no request waited
+    assert calibrated_capacity({"kv_blocks": 100, "block_size": 16}) is None

@@ -1,22 +1,26 @@
 """The journal: accepted agents and finished tasks survive a restart; unfinished agents resume
-from their first stage not fully answered, same id and owner; Idempotency-Key; /health when the
-engine dies; draining. The app in process over a recording backend (the SIGKILL test with a real
-engine is in test_server.py)."""
+from their first stage not fully answered, same id and owner, in their old order and before later
+arrivals; Idempotency-Key; /health when the engine dies; draining. The app in process over a
+recording backend (the SIGKILL test with a real engine is in test_server.py)."""
 
 from __future__ import annotations
 
 import asyncio
+import json
 import sqlite3
 import time
+from types import SimpleNamespace
 
 import pytest
 from fastapi.testclient import TestClient
 
 from inprocess import RecordingBackend, WordTokenizer, settle
+from justitia.core import AgentBook, RequestMeta
 from justitia.predictors import make_predictor
 from justitia.server.app import Settings, create_app
-from justitia.server.journal import Journal, Record
-from justitia.server.keys import KeyRing
+from justitia.server.journal import Journal, JournalError, Record, resume_order
+from justitia.server.keys import ANONYMOUS, KeyRing
+from justitia.server.schema import AgentSpec
 
 A, B = "sk-alpha-0001", "sk-bravo-0002"
 TWO_STAGES = {"type": "mrs", "stages": [[{"prompt": "one two", "max_tokens": 3}, {"prompt": "three", "max_tokens": 3}],
@@ -33,11 +37,11 @@ def start(tmp_path):
     keys.write_text(f"{A} team-a 2\n{B} team-b 1\n")
     opened = []
 
-    def build(journal_path=tmp_path / "journal.sqlite"):
-        backend = RecordingBackend()
+    def build(journal_path=tmp_path / "journal.sqlite", backend=None, open_server=False):
+        backend = backend or RecordingBackend()
         journal = Journal(journal_path)
         app = create_app(backend, WordTokenizer(), Settings(max_model_len=64), make_predictor("oracle"),
-                         KeyRing.load(path=keys), journal)
+                         KeyRing() if open_server else KeyRing.load(path=keys), journal)
         client = TestClient(app).__enter__()
         client.backend, client.manager, client.journal = backend, app.state.manager, journal
         opened.append(client)
@@ -188,6 +192,24 @@ def test_a_partly_answered_stage_runs_only_its_missing_tasks_after_a_restart(sta
     assert app.backend.request_ids == ["agent-part/0/0", "agent-part/1/0"]  # task 0 and stage 1 only
 
 
+def test_a_first_try_the_journal_could_not_write_is_released_and_leaves_its_idempotency_key_free(start, tmp_path):
+    path = tmp_path / "unwritten.sqlite"
+    app = start(path)
+    accept = app.journal.accept
+
+    async def broken(record):
+        app.journal.accept = accept
+        raise JournalError("disk full")
+    app.journal.accept = broken
+    r = app.post("/v1/agents", json=TWO_STAGES, headers=auth(A) | {"Idempotency-Key": "k-unwritten"})
+    assert r.status_code == 503 and r.headers["retry-after"]
+    assert app.backend.book.core.agent_count == 0  # registered, then released: the policy forgot it
+    retry = app.post("/v1/agents", json=TWO_STAGES, headers=auth(A) | {"Idempotency-Key": "k-unwritten"})
+    assert retry.status_code == 202, retry.text
+    assert settle(app, retry.json()["agent_id"], A)["status"] == "done"
+    assert sqlite3.connect(path).execute("SELECT agent_id FROM agents").fetchall() == [(retry.json()["agent_id"],)]
+
+
 def test_a_first_try_the_engine_refused_leaves_no_journal_entry_and_its_idempotency_key_free(start, tmp_path):
     path = tmp_path / "refused.sqlite"
     app = start(path)
@@ -200,3 +222,148 @@ def test_a_first_try_the_engine_refused_leaves_no_journal_entry_and_its_idempote
     assert settle(app, agent_id, A)["status"] == "done"
     rows = sqlite3.connect(path).execute("SELECT agent_id FROM agents").fetchall()
     assert rows == [(agent_id,)]  # the refused try would not run at the next start
+
+
+class OrderedBackend(RecordingBackend):
+    """Holds every request until ``serve`` is called, then runs them one at a time in the policy's
+    order (``served``: their agents, in that order), with retagging on: a resumed agent's requests
+    add up to its whole cost, which the core keeps (``resume_cost`` only places it)."""
+
+    def __init__(self):
+        super().__init__()
+        self.book = AgentBook.for_policy("justitia", 1000.0)
+        self.served: list[str] = []
+        self.held, self.busy, self.turn = True, False, None
+
+    async def serve(self):
+        self.held = False
+        async with self._turn():
+            self.turn.notify_all()
+
+    def _turn(self):
+        if self.turn is None:  # made on the app's event loop
+            self.turn = asyncio.Condition()
+        return self.turn
+
+    async def generate(self, prompt, params, request_id):
+        meta = RequestMeta.parse(params.extra_args)
+        info, _ = self.book.arrive(request_id, meta, len(prompt["prompt_token_ids"]), params.max_tokens, 0.0)
+        async with self._turn():
+            self.turn.notify_all()
+            await self.turn.wait_for(lambda: not self.held and not self.busy and self.book.core.peek() is info)
+            self.book.core.dequeue(info)
+            self.busy = True
+        self.served.append(meta.agent_id)
+        self.book.finish(request_id, 0.0)
+        async with self.turn:
+            self.busy = False
+            self.turn.notify_all()
+        yield SimpleNamespace(outputs=[SimpleNamespace(text="ok", token_ids=[7], finish_reason="length")])
+
+
+def crashed_journal(path, owner, agents):
+    """A journal as a killed server left it: ``agents`` are (id, tenant, weight, predicted cost,
+    status, its run, V at its registration, its tag); an unfinished one has its stage 0 answered."""
+    journal = Journal(path)
+
+    async def write():
+        for i, (agent_id, tenant, weight, cost, status, run, v, f) in enumerate(agents):
+            await journal.accept(Record(agent_id, owner, tenant, weight, TWO_STAGES, None, cost, status, None,
+                                        time.time() - 60 + i, None, run, f, v))
+            for task in (0, 1):
+                await journal.task_done(agent_id, 0, task, {"output": "before", "prompt_tokens": 2,
+                                                            "output_tokens": 3, "finish_reason": "length"})
+    asyncio.run(write())
+    journal.close()
+
+
+def waiting_for(app, requests):
+    deadline = time.time() + 60
+    while app.backend.book.core.num_waiting < requests:
+        assert time.time() < deadline
+        time.sleep(0.01)
+
+
+def test_a_resumed_agent_keeps_its_place_before_agents_that_arrive_after_the_restart(start, tmp_path):
+    probe = start(tmp_path / "probe.sqlite", open_server=True)
+    small = {"type": "small", "stages": [[{"prompt": "one", "max_tokens": 2}]]}
+    cost, small_cost = (probe.manager._priced("probe", AgentSpec.model_validate(spec), ANONYMOUS)[0].predicted_cost
+                        for spec in (TWO_STAGES, small))
+    assert small_cost < cost
+    # run 3 stopped with V at least 100 + cost - small_cost / 2 (a finished agent's reading): A, stamped
+    # f = 100 + cost at V = 100, was still owed small_cost / 2; run 2's clock is another clock
+    stop = 100 + cost - small_cost / 2
+    path = tmp_path / "crashed.sqlite"
+    crashed_journal(path, ANONYMOUS.owner, [("agent-old", None, 1.0, cost, "done", 2, 1e9, 1e9 + cost),
+                                            ("agent-a", None, 1.0, cost, "queued", 3, 100.0, 100 + cost),
+                                            ("agent-late", None, 1.0, cost, "done", 3, stop, stop + cost)])
+    app = start(path, backend=OrderedBackend(), open_server=True)
+    assert app.journal.run == 4
+    assert app.portal.call(app.manager.recover) == (2, 1)
+    a = app.manager.agents["agent-a"]
+    assert a.virtual_finish == pytest.approx(small_cost / 2)  # V(restart) = 0, + what GPS still owed it
+    b = app.manager.agents[app.post("/v1/agents", json=TWO_STAGES).json()["agent_id"]]  # its cost, after the restart
+    s = app.manager.agents[app.post("/v1/agents", json=small).json()["agent_id"]]  # dearer than what A was owed
+    assert a.virtual_finish < s.virtual_finish == small_cost < b.virtual_finish == cost
+    waiting_for(app, 4)  # A's stage 1, B's stage 0, S
+    app.portal.call(app.backend.serve)
+    docs = {name: settle(app, run.agent_id) for name, run in (("a", a), ("b", b), ("s", s))}
+    assert all(doc["status"] == "done" for doc in docs.values())
+    assert app.backend.served[0] == "agent-a" and docs["a"]["finish_s"] < min(docs["b"]["finish_s"],
+                                                                              docs["s"]["finish_s"])
+    assert [t["output"] for t in docs["a"]["stages"][0]] == ["before", "before"]  # kept, not run again
+    rows = dict(((r[0], r[1:]) for r in sqlite3.connect(path).execute(
+        "SELECT agent_id, clock_run, virtual_finish, virtual_time FROM agents")))
+    assert rows["agent-a"] == (4, pytest.approx(small_cost / 2), 0.0)  # stamped again in this run's clock
+    assert rows[b.agent_id] == (4, pytest.approx(cost), 0.0)  # a new one: its tag and V at its registration
+
+
+def test_resumed_agents_keep_their_old_order(start, tmp_path):
+    owner = KeyRing.load([A]).authenticate(f"Bearer {A}").owner
+    path = tmp_path / "crashed.sqlite"
+    # three agents of team-a (weight 2), each arrived later than the last with a smaller cost, so
+    # that their whole costs would put them in the reverse order; V was at least 130 at the stop
+    crashed_journal(path, owner, [("agent-x", "team-a", 2.0, 99.0, "running", 5, 100.0, 149.5),
+                                  ("agent-y", "team-a", 2.0, 60.0, "queued", 5, 120.0, 150.0),
+                                  ("agent-z", "team-a", 2.0, 42.0, "queued", 5, 130.0, 151.0)])
+    app = start(path, backend=OrderedBackend())
+    assert app.portal.call(app.manager.recover) == (0, 3)
+    tags = [app.manager.agents[f"agent-{n}"].virtual_finish for n in "xyz"]
+    assert tags == sorted(tags) and len(set(tags)) == 3
+    assert [r[0] for r in app.backend.registered] == ["agent-x", "agent-y", "agent-z"]
+    waiting_for(app, 3)
+    app.portal.call(app.backend.serve)
+    assert all(settle(app, f"agent-{n}", A)["status"] == "done" for n in "xyz")
+    assert app.backend.served == ["agent-x", "agent-y", "agent-z"]
+
+
+def test_resume_order_reads_each_run_by_its_own_clock():
+    def rec(agent_id, status, run, v, f, cost=10.0, weight=2.0):
+        return Record(agent_id, "o", None, weight, {}, None, cost, status, None, 0.0, None, run, f, v)
+
+    records = [rec("done-1", "done", 1, 500.0, 505.0), rec("late-1", "queued", 1, 400.0, 402.0),
+               rec("owed-0", "running", 1, 200.0, 300.0), rec("early-2", "queued", 2, 7.0, 8.0),
+               rec("old", "queued", None, None, None), rec("clamped", "queued", 2, 1.0, 50.0)]
+    plan = [(r.agent_id, owed) for r, owed in resume_order(records)]
+    # run 1 stopped at V >= 500: late-1 and owed-0 were owed nothing (tag behind V); run 2 at V >= 7;
+    # clamped's tag says more than its whole cost: its cost; no stamps: its whole cost, last
+    assert plan == [("owed-0", 0.0), ("late-1", 0.0), ("early-2", 2.0), ("clamped", 10.0), ("old", None)]
+
+
+def test_a_journal_written_before_the_stamps_is_read_and_resumed_at_whole_cost(start, tmp_path):
+    path = tmp_path / "old.sqlite"
+    db = sqlite3.connect(path)
+    db.executescript("""
+        CREATE TABLE agents (
+            agent_id TEXT PRIMARY KEY, owner TEXT NOT NULL, tenant TEXT, weight REAL NOT NULL, spec TEXT NOT NULL,
+            idempotency_key TEXT, predicted_cost REAL NOT NULL, status TEXT NOT NULL, error TEXT,
+            arrival_wall REAL NOT NULL, finish_wall REAL);""")
+    db.execute("INSERT INTO agents VALUES ('agent-old', 'open', NULL, 1.0, ?, NULL, 99.0, 'queued', NULL, ?, NULL)",
+               (json.dumps(TWO_STAGES), time.time()))
+    db.commit()
+    db.close()
+    app = start(path, open_server=True)
+    assert app.journal.run == 1
+    assert app.portal.call(app.manager.recover) == (0, 1)
+    assert settle(app, "agent-old")["status"] == "done"
+    assert app.manager.agents["agent-old"].virtual_finish == pytest.approx(99.0)  # whole cost, at V(restart) = 0

@@ -3,6 +3,7 @@
 import json
 import math
 import pickle
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -10,9 +11,9 @@ import pytest
 pytest.importorskip("sklearn")
 
 from justitia.core.cost import cost_model
-from justitia.predictors.features import ALL_TYPES
+from justitia.predictors.features import ALL_TYPES, agent_numbers, agent_text
 from justitia.predictors.files import PredictorFileError
-from justitia.predictors.mlp import LearnedPredictor
+from justitia.predictors.mlp import CORRECTION_LIMIT, CORRECTION_WEIGHT, LearnedPredictor
 from justitia.predictors import make_predictor
 from justitia.workload.workflows import WORKFLOW_TYPES, generate_agents
 from justitia.workload import Agent, Task
@@ -75,17 +76,32 @@ def test_predictions_are_finite_and_positive_on_any_prompt(trained, prompt):
             assert math.isfinite(value) and value > 0
 
 
-def test_an_unseen_type_uses_the_all_types_model_and_its_error_shrinks_as_agents_finish(trained, agents):
-    assert ALL_TYPES in trained.models
-    relabelled = [Agent(a.agent_id, "brand-new", a.arrival_s, a.stages) for a in agents if a.type == "mrs"]
+def test_an_unseen_types_price_follows_the_correction_rule_per_tenant_and_type_within_the_clip(trained, agents):
+    """An unseen type is priced by the all-types model, then moved toward what its finished agents
+    cost: the first sets the correction, each later one by CORRECTION_WEIGHT, within CORRECTION_LIMIT,
+    for its (tenant, type) only."""
+    a = next(x for x in agents if x.type == "mrs")
+    mine = Agent(a.agent_id, "brand-new", a.arrival_s, a.stages, tenant="t1")
+    theirs = replace(mine, tenant="t2")  # another tenant, the same type
+    my_other = replace(mine, type="other-new")  # the same tenant, another unseen type
     fresh = LearnedPredictor(trained.models, "kv")
-    errors = []
-    for a in relabelled:
-        predicted = fresh.agent_cost(a, KV)
-        errors.append(abs(math.log(predicted / a.cost(KV))))
-        fresh.observe(a.type, predicted, a.cost(KV))
-    assert (None, "brand-new") in fresh.correction
-    assert np.mean(errors[-4:]) <= np.mean(errors[:4]) + 0.05
+    raw = fresh.agent_cost(mine, KV)
+    assert raw == trained.models[ALL_TYPES]["agent"].predict(agent_text(mine), agent_numbers(mine))
+    expected = None
+    # actual costs as multiples of the raw prediction; 100 and 1/100 hit the clip
+    for factor in (2.0, 3.0, 0.5, 0.5, 100.0, 1.0, 0.01, 0.01):
+        predicted = fresh.agent_cost(mine, KV)
+        fresh.observe("brand-new", predicted, factor * raw, "t1")
+        err = math.log(factor)
+        unclipped = err if expected is None else (1 - CORRECTION_WEIGHT) * expected + CORRECTION_WEIGHT * err
+        expected = min(CORRECTION_LIMIT, max(-CORRECTION_LIMIT, unclipped))
+        now = fresh.agent_cost(mine, KV)
+        assert math.log(now / raw) == pytest.approx(expected, abs=1e-12), factor
+        assert abs(math.log(now / (factor * raw))) <= abs(math.log(predicted / (factor * raw))) + 1e-12  # toward it
+        assert abs(math.log(now / raw)) <= CORRECTION_LIMIT + 1e-12
+        assert fresh.agent_cost(theirs, KV) == raw and fresh.agent_cost(my_other, KV) == raw
+    assert fresh.correction == {("t1", "brand-new"): pytest.approx(-CORRECTION_LIMIT)}
+    assert 0 < CORRECTION_WEIGHT < 1 and CORRECTION_LIMIT == pytest.approx(math.log(4))  # a mean; 4x, as documented
 
 
 def test_corrections_are_kept_per_tenant_and_type_and_clipped(trained, agents):

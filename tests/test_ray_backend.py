@@ -12,7 +12,8 @@ pytest.importorskip("ray")
 from ray.exceptions import ActorDiedError, RayTaskError  # noqa: E402
 from vllm import SamplingParams  # noqa: E402
 
-from justitia.server.backend import BackendError, BackendInterrupted, Completion, Output  # noqa: E402
+from justitia.ray.replica import EngineDead  # noqa: E402
+from justitia.server.backend import DEADLINE, BackendError, BackendInterrupted, Completion, Output  # noqa: E402
 from justitia.server.ray_backend import RayBackend  # noqa: E402
 
 
@@ -48,15 +49,21 @@ class FakeStream:
         return self._run()
 
     async def _run(self):
-        if self.behaviour == "dies":
-            raise ActorDiedError()
+        if self.behaviour.startswith("dies") and self.behaviour != "dies-midway":  # "dies" or "dies:<actor id>"
+            exc = ActorDiedError()
+            exc.actor_id = self.behaviour.partition(":")[2] or None
+            raise exc
+        if self.behaviour.startswith("engine-dead:"):  # the replica's engine core died (its pid)
+            raise RayTaskError("generate", "traceback", EngineDead("its vLLM engine core has died.",
+                                                                   int(self.behaviour.partition(":")[2])))
         if self.behaviour == "refuses":
             raise RayTaskError("generate", "traceback", ValueError("the prompt is longer than the context"))
         yield Output(self.request_id, [Completion("a", [1], None)], False)
         if self.behaviour == "dies-midway":
             raise ActorDiedError()
+        pid = int(self.behaviour.partition(":")[2] or (11 if self.behaviour == "ok" else 12))  # "ok:<pid>"
         yield Output(self.request_id, [Completion("b", [2] * (self.n - 1), "length")], True,
-                     {"pid": 11 if self.behaviour == "ok" else 12, "capacity_per_s": 400.0})
+                     {"pid": pid, "actor": f"actor-{pid}", "capacity_per_s": 400.0 if pid != 13 else 600.0})
 
 
 def _backend(script, replicas=2):
@@ -98,10 +105,51 @@ def test_a_replica_that_dies_before_any_token_is_tried_again_and_after_one_fails
     with pytest.raises(BackendInterrupted, match="midway"):
         asyncio.run(_run(backend))
     assert backend.interrupted == 1 and len(backend.handle.calls) == 1  # tokens went out: not re-sent silently
-    backend = _backend(["dies"] * 4)
-    with pytest.raises(BackendError, match="after 4 tries"):
-        asyncio.run(_run(backend))
+    backend = _backend(["dies"] * 12 + ["ok"])  # a replica restart takes tens of seconds: not 4 tries
+    assert asyncio.run(_run(backend))[-1].finished and backend.retried == 12
+
+
+def test_a_request_is_sent_again_till_its_agents_deadline_and_then_fails(monkeypatch):
+    """Sends stop at the deadline the agent API sets (``DEADLINE``): not before, not after."""
+    import time
+
+    monkeypatch.setattr("justitia.server.ray_backend.RETRY_S", 0.01)
+    monkeypatch.setattr("justitia.server.ray_backend.RETRY_MAX_S", 0.01)
+    backend = _backend(["dies"] * 10_000)
+
+    async def within(seconds):
+        DEADLINE.set(time.monotonic() + seconds)
+        return await _run(backend)
+
+    started = time.monotonic()
+    with pytest.raises(BackendError, match="before its deadline"):
+        asyncio.run(within(0.3))
+    assert 0.28 <= time.monotonic() - started < 2.0 and backend.retried >= 5
     assert backend.unfinished() == 0
+
+
+def test_an_engine_core_that_dies_in_a_live_replica_is_retried_and_its_replica_leaves_m(monkeypatch):
+    """``EngineDead`` from a replica (its engine core died; the replica lives on until Ray's health
+    check replaces it) is sent again, and the cluster's M drops that replica until a new one answers."""
+    monkeypatch.setattr("justitia.server.ray_backend.RETRY_S", 0.0)
+    backend = _backend(["ok:11", "ok:12", "engine-dead:12", "ok:11", "ok:13"])
+    asyncio.run(_run(backend, "a"))
+    asyncio.run(_run(backend, "b"))
+    assert backend.capacity() == 800.0  # two replicas at 400
+    outs = asyncio.run(_run(backend, "c"))
+    assert outs[-1].finished and backend.retried == 1
+    assert backend.capacity() == 400.0  # replica 12 left: one live replica at 400
+    asyncio.run(_run(backend, "d"))  # replica 13, Ray's replacement, answers at 600
+    assert backend.capacity() == 1000.0  # (400 + 600) / 2 x 2
+
+
+def test_a_dead_replica_named_by_rays_error_leaves_m(monkeypatch):
+    """Ray's ``ActorDiedError`` names the dead actor: that replica's M leaves the cluster's."""
+    monkeypatch.setattr("justitia.server.ray_backend.RETRY_S", 0.0)
+    backend = _backend(["ok:11", "ok:12", "dies:actor-12", "ok:11"])
+    for agent in "abc":
+        asyncio.run(_run(backend, agent))
+    assert backend.dead == 1 and backend.capacity() == 400.0 and set(backend.measured) == {11}
 
 
 def test_a_request_the_engine_refuses_fails_with_its_reason_and_is_not_sent_again():

@@ -118,3 +118,70 @@ def test_an_agent_submitted_whole_is_priced_on_every_stage():
     assert first == pytest.approx(trojan.cost(KV) / 20) and whole == pytest.approx(trojan.cost(KV))
     with pytest.raises(ValueError, match="pricing"):
         AgentProcess(trojan, StageZeroPredictor(), KV, pricing="guess")
+
+
+def test_an_agent_charged_beyond_its_price_moves_back_whatever_its_requests_said():
+    """Retagging on attained service (an engine that charges each step with its time): an agent
+    priced at 10 whose requests claim 5 each but are charged 300 moves to about ``V(now) + 290``, its
+    waiting request with it, behind an honest agent that arrived later."""
+    c = core()
+    c.agent_arrived("T", "t", 10.0, 0.0)
+    running = c.request_arrived("T/0", "T", 1, 5.0, 0.0)
+    waiting = c.request_arrived("T/1", "T", 1, 5.0, 0.0)
+    c.dequeue(running)
+    c.agent_arrived("H", "t", 100.0, 0.1)  # V(0.1) = 10 (T alone until then): H's tag is 110
+    honest = c.request_arrived("H/0", "H", 1, 100.0, 0.1)
+    assert c.peek() is waiting  # T's 10 is ahead of H's 110
+    for step in range(30):  # 30 steps of 10 KV token-time each, at 0.2 s
+        c.charge(running, Charge(0, 1, 10), 0.2)
+    v = c.virtual_time(0.2)
+    from justitia.core.scheduler import RETAG_STEP
+    # V(now) + attained - price, as of the last retag (one per RETAG_STEP of growth)
+    assert c.virtual_finish("T") >= v + 300.0 / RETAG_STEP - 10.0
+    assert c.peek() is honest and c.priority(honest) < c.priority(waiting)
+
+
+def test_charges_without_a_time_or_within_the_price_never_retag():
+    """Charges without ``now_s`` (an engine that charges lazily), or within the price, leave the
+    tag; without retagging, even attained service beyond it does."""
+    for retag, now, total in ((True, None, 300), (True, 0.2, 10), (False, 0.2, 300)):
+        c = core(retag=retag)
+        c.agent_arrived("T", "t", 10.0, 0.0)
+        r = c.request_arrived("T/0", "T", 1, 5.0, 0.0)
+        c.dequeue(r)
+        c.charge(r, Charge(0, 1, total), now)
+        assert c.virtual_finish("T") == pytest.approx(10.0)
+
+
+def test_retagging_on_attained_service_is_geometric():
+    """One revise per ``RETAG_STEP`` growth of attained service, not one per step."""
+    from justitia.core.scheduler import RETAG_STEP
+
+    c = core()
+    revisions = []
+    revise = c._policy.revise
+    c._policy.revise = lambda *a: (revisions.append(a[1]), revise(*a))
+    c.agent_arrived("T", "t", 10.0, 0.0)
+    r = c.request_arrived("T/0", "T", 1, 10.0, 0.0)
+    c.dequeue(r)
+    for _ in range(1000):
+        c.charge(r, Charge(0, 1, 10), 0.5)
+    assert 10 < len(revisions) < 40
+    assert all(b >= a * RETAG_STEP for a, b in zip(revisions, revisions[1:]))
+
+
+def test_a_resumed_agent_is_stamped_with_what_gps_still_owed_it_and_keeps_its_whole_cost():
+    """``resume_cost`` places an agent resumed after a restart at ``V(now) + owed / w``; its requests,
+    which add up to its whole predicted cost, do not retag it (the core keeps the whole cost)."""
+    c = core()
+    c.agent_arrived("R", "t", 100.0, 0.0, resume_cost=20.0)
+    c.agent_arrived("N", "t", 100.0, 0.0)  # a newcomer of the same cost
+    assert c.virtual_finish("R") == pytest.approx(20.0) and c.virtual_finish("N") == pytest.approx(100.0)
+    r = [c.request_arrived(f"R/{i}", "R", 1, 50.0, 0.0) for i in range(2)]  # 100 revealed: its whole cost
+    n = c.request_arrived("N/0", "N", 1, 100.0, 0.0)
+    assert c.virtual_finish("R") == pytest.approx(20.0)  # not retagged
+    assert c.peek() is r[0] and c.priority(r[1]) < c.priority(n)
+    with pytest.raises(ValueError, match="resume_cost"):
+        c.agent_arrived("X", "t", 100.0, 0.0, resume_cost=float("nan"))
+    c.agent_arrived("Y", "t", 100.0, 0.0, resume_cost=500.0)  # never more than its cost
+    assert c.virtual_finish("Y") <= c.virtual_time(0.0) + 100.0 + 1e-9

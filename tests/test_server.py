@@ -57,8 +57,8 @@ class ClocklessBackend(Backend):
     def generate(self, prompt, params, request_id):
         raise BackendError("no engine here")
 
-    async def register(self, agent_id, agent_type, predicted_cost, weight=1.0, tenant=None):
-        self.book.register(agent_id, agent_type, predicted_cost, 0.0, weight, tenant)
+    async def register(self, agent_id, agent_type, predicted_cost, weight=1.0, tenant=None, resume_cost=None):
+        self.book.register(agent_id, agent_type, predicted_cost, 0.0, weight, tenant, resume_cost)
         return self.book.core.virtual_finish(agent_id)
 
     async def release(self, agent_id):

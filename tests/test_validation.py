@@ -190,8 +190,12 @@ def test_max_tokens_with_ignore_eos_buys_no_early_tag_and_a_later_stage_that_can
     the first stage; the price is at least what the forced tokens cost, so it is far above a tiny
     agent's. A later stage whose own text cannot fit the context is a 400 at submission, not a
     failure after the first stage has run."""
+    from justitia.cli import _parser
+
+    default = _parser().parse_args(["serve"]).predictor  # what `justitia serve` prices with unless told
+    assert default != "oracle"  # the oracle takes max_tokens for the output length: that would prove nothing
     backend = RecordingBackend()
-    app = create_app(backend, WordTokenizer(), Settings(max_model_len=2048), make_predictor("mlp"))
+    app = create_app(backend, WordTokenizer(), Settings(max_model_len=2048), make_predictor(default))
     tiny = {"type": "mrs", "stages": [[{"prompt": "Summarize: the river rose.", "max_tokens": 16}]]}
     trojan = {"type": "mrs", "stages": [tiny["stages"][0], [
         {"prompt": "Expand {{prev}}", "max_tokens": 1024, "ignore_eos": True}] * 8]}

@@ -36,7 +36,7 @@ def server(tmp_path_factory):
     srv = Server([sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(resolve_model("tiny")),
                   "--served-model-name", "tiny", "--port", str(port), "--max-model-len", "2048", "--enforce-eager",
                   "--dtype", "float32", "--scheduler-cls", "justitia.vllm.plugin.JustitiaScheduler",
-                  "--scheduling-policy", "priority", "--no-async-scheduling",
+                  "--scheduling-policy", "priority",
                   "--enable-auto-tool-choice", "--tool-call-parser", "hermes"], port, where / "vllm.log",
                  env={"VLLM_PLUGINS": "justitia", "JUSTITIA_SERVE": json.dumps(serve), "HF_HUB_OFFLINE": "1",
                       "VLLM_CPU_KVCACHE_SPACE": "1", "JUSTITIA_LOG_AGENTS": "1"})

@@ -105,12 +105,20 @@ def test_finished_aborted_and_unlabelled_requests_release_all_policy_state():
 
 
 def test_the_plugins_clock_follows_what_the_engine_delivers():
+    """On a saturated engine the clock's M, from its first measurement on, runs on average within
+    10 % of the KV token-time the engine delivered (every request's exact cost so far over the
+    run's time, counted apart from the meter), from a formula's guess far from it. (The engine's
+    pace moves several-fold between 0.4 s windows on a shared CPU, and M follows it: its average,
+    not its last value, is what the clock's V adds up.)"""
     doc, _ = run_script("vllm_meter_run.py")
     schedule = doc["schedule"]
-    start = schedule[0][1]
-    assert len(schedule) >= 2, schedule  # M moved at least once while agents kept arriving
-    assert all(0.25 * start <= m <= 2 * start for _, m in schedule)  # within its floor and ceiling
+    start, delivered = schedule[0][1], doc["delivered_per_s"]
+    assert len(schedule) >= 10 and doc["finished"] > 50, doc  # M moved while agents kept arriving
+    assert abs(start / delivered - 1) > 0.5  # the guess was far off
     assert [t for t, _ in schedule] == sorted(t for t, _ in schedule)
+    measured = schedule[1:]
+    average = sum((b[0] - a[0]) * a[1] for a, b in zip(measured, measured[1:])) / (measured[-1][0] - measured[0][0])
+    assert average == pytest.approx(delivered, rel=0.10), (average, delivered, schedule)
     state = doc["state"]  # what the control channel reports: the same clock
     assert state["capacity_per_s"] == schedule[-1][1] and state["capacity_schedule"][-1] == list(schedule[-1])
 

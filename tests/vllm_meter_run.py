@@ -1,5 +1,8 @@
 """The plug-in's capacity meter inside real vLLM: a stream of agents saturates an in-process engine
-under justitia; print the capacity schedule its clock ran at as JSON.
+under justitia; print the capacity schedule its clock ran at as JSON, with what the engine
+delivered, counted apart from the meter: every request's KV token-time so far (``sum_j (200 + j)``
+over the tokens it has sampled: the whole 60 once finished) over the time from the first step to
+the last.
 
     python tests/vllm_meter_run.py
 """
@@ -25,15 +28,24 @@ if __name__ == "__main__":
               num_gpu_blocks_override=16, max_model_len=1024, max_num_seqs=16, enforce_eager=True, dtype="float32")
     engine = llm.llm_engine
     sched = engine.engine_core.engine_core.scheduler
-    started, k = time.monotonic(), 0
+    sampled: dict[str, int] = {}  # request id -> tokens sampled so far
+    started, k, first, last = time.monotonic(), 0, None, None
     while time.monotonic() - started < 20:  # a new agent of four requests every 80 ms: more than the engine serves
         if (time.monotonic() - started) > k * 0.08:
             meta = RequestMeta(f"a{k}", "t", 4 * (200 * 60 + 60 * 60 / 2), None, True).to_extra_args()
             for i in range(4):
-                engine.add_request(f"a{k}-{i}", TokensPrompt(prompt_token_ids=list(range(3, 203))),
+                # prompts of their own: no prefix cache hit lets more requests in than the KV cache holds
+                prompt = [(k * 131 + i * 17 + j) % 2000 + 3 for j in range(200)]
+                engine.add_request(f"a{k}-{i}", TokensPrompt(prompt_token_ids=prompt),
                                    SamplingParams(max_tokens=60, ignore_eos=True, extra_args=meta))
             k += 1
         if engine.has_unfinished_requests():
-            engine.step()
+            first = first or time.monotonic()
+            for out in engine.step():
+                sampled[out.request_id] = len(out.outputs[0].token_ids)
+            last = time.monotonic()
+    delivered = sum(sum(200 + j for j in range(n)) for n in sampled.values())
     print("RESULT " + json.dumps({"agents": k, "schedule": sched.core.capacity_schedule,
+                                  "delivered_per_s": delivered / (last - first),
+                                  "finished": sum(n == 60 for n in sampled.values()),
                                   "state": sched.book.state(time.monotonic() - sched.t0).to_json()}))

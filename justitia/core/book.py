@@ -11,9 +11,9 @@ requests going out and coming back. Given the engine's ``kv_tokens``, it measure
 from them: it counts the engine as backlogged while the open requests' prompts and ``max_tokens``
 together exceed the KV cache (then some of them must wait), and credits each request that finishes
 in such a stretch with its cost, ``p*d + d^2/2`` at the tokens it produced, to the busy time. The
-meter (``CapacityMeter``) smooths it, within its floor and ceiling, as the plug-in's does. With
+meter (``CapacityMeter``) smooths it, within its band around the rate measured so far, as the plug-in's does. With
 ``max_tokens`` far above what requests produce, the front end counts as busy some time that was
-not, and measures a lower M (the floor bounds it).
+not, and measures a lower M (the band bounds it).
 """
 
 from __future__ import annotations
@@ -72,11 +72,12 @@ class AgentBook:
 
     # ------------------------------------------------------------------------------ agents
     def register(self, agent_id: str, agent_type: str, predicted_cost: float, now_s: float,
-                 weight: float = 1.0, tenant: str | None = None) -> AgentInfo | None:
-        """Register an agent ahead of its requests; its info if it is new, None if it is known."""
+                 weight: float = 1.0, tenant: str | None = None, resume_cost: float | None = None) -> AgentInfo | None:
+        """Register an agent ahead of its requests (``resume_cost``: a resumed one, ``agent_arrived``);
+        its info if it is new, None if it is known."""
         if self.core.has_agent(agent_id):
             return None
-        return self.core.agent_arrived(agent_id, agent_type, predicted_cost, now_s, weight, tenant)
+        return self.core.agent_arrived(agent_id, agent_type, predicted_cost, now_s, weight, tenant, resume_cost)
 
     def release(self, agent_id: str, now_s: float) -> bool:
         """Release the agent's policy state now (a no-op if it is not known); True if it was."""

@@ -45,12 +45,16 @@ class Charge:
 NO_CHARGE = Charge()
 
 
-def step_delivered(requests: Mapping[str, Any], scheduled: Mapping[str, int]) -> tuple[int, int, int, int, int]:
+def step_delivered(requests: Mapping[str, Any], scheduled: Mapping[str, int], ahead: int = 0) -> tuple[int, int, int, int, int]:
     """What one step delivered, read after an engine scheduled it: ``scheduled`` maps request ids to
     the tokens each computes, ``requests`` ids to the engine's requests, their counts named as vLLM names
     them (``num_computed_tokens``, this step's included; ``num_tokens``, prompt and output so far;
     ``num_prompt_tokens``: a request has output once ``num_tokens`` is above it, read so rather than
-    through ``num_output_tokens``, a property). Returns prefill tokens, requests that sample, the KV
+    through ``num_output_tokens``, a property). ``ahead``: the tokens a sampling request samples per
+    step under vLLM's async scheduling (0: sync). There the next step is scheduled before the last
+    one's tokens come back: each in-flight token is a placeholder (``num_output_placeholders``, this
+    step's included unless the request is still mid-prefill, ``is_prefill_chunk``), counted here as
+    if it had come back, so a step reads the same under both. Returns prefill tokens, requests that sample, the KV
     tokens those hold (``Charge.step_tokens`` added up, as the clock's meter reads it), and for a step log the
     prefilling requests and the decoding requests' context tokens. The rule is ``step_tokens``',
     inline: this runs on every engine step (a test holds the two equal)."""
@@ -61,6 +65,8 @@ def step_delivered(requests: Mapping[str, Any], scheduled: Mapping[str, int]) ->
         if request is None:
             continue
         held, seq = request.num_computed_tokens, request.num_tokens
+        if ahead:  # async scheduling: the tokens in flight, this step's own left out
+            seq += request.num_output_placeholders - (0 if request.is_prefill_chunk else ahead)
         if held - n == seq - 1 and seq > request.num_prompt_tokens:  # a decode step (it has output)
             d += 1
             ctx += held
@@ -73,7 +79,8 @@ def step_delivered(requests: Mapping[str, Any], scheduled: Mapping[str, int]) ->
     return p, d, kv + ctx, prefills, ctx
 
 
-def step_charges(requests: Mapping[str, Any], scheduled: Mapping[str, int], infos: Mapping[str, Any]) -> dict[str, list]:
+def step_charges(requests: Mapping[str, Any], scheduled: Mapping[str, int], infos: Mapping[str, Any],
+                 ahead: int = 0) -> dict[str, list]:
     """One step's service per agent (``step_delivered``'s arguments, and the requests' infos, which
     name their agents), ``agent_id -> [a request's info, prefill, decode, kv]``: ``Charge.step_tokens``
     of its scheduled requests added up, so that each agent is charged once."""
@@ -85,6 +92,8 @@ def step_charges(requests: Mapping[str, Any], scheduled: Mapping[str, int], info
         if info is None or request is None:
             continue
         held, seq = request.num_computed_tokens, request.num_tokens
+        if ahead:  # async scheduling: the tokens in flight, this step's own left out
+            seq += request.num_output_placeholders - (0 if request.is_prefill_chunk else ahead)
         if held - n == seq - 1 and seq > request.num_prompt_tokens:  # a decode step (it has output)
             p, d = 0, 1
         else:
@@ -105,7 +114,7 @@ def attention_pairs(offset: int, n: int) -> int:
     return n * offset + n * (n + 1) // 2
 
 
-def prefill_attention(requests: Mapping[str, Any], scheduled: Mapping[str, int]) -> int:
+def prefill_attention(requests: Mapping[str, Any], scheduled: Mapping[str, int], ahead: int = 0) -> int:
     """``attention_pairs`` of one step's prefill chunks added up (``step_delivered``'s arguments; a
     decode step is not a chunk). For a step log: it is not on the plug-in's path without one."""
     total = 0
@@ -114,6 +123,8 @@ def prefill_attention(requests: Mapping[str, Any], scheduled: Mapping[str, int])
         if request is None:
             continue
         held, seq = request.num_computed_tokens, request.num_tokens
+        if ahead:  # async scheduling: the tokens in flight, this step's own left out
+            seq += request.num_output_placeholders - (0 if request.is_prefill_chunk else ahead)
         if not (held - n == seq - 1 and seq > request.num_prompt_tokens):
             total += attention_pairs(held - n, n)
     return total

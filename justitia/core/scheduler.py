@@ -32,14 +32,21 @@ from justitia.core.policies import make_policy
 from justitia.core.policies.base import AgentInfo, Policy, RequestInfo
 from justitia.core.queue import WaitingQueue
 
+RETAG_STEP = 1.25  # after a retag on attained service, the next one waits for this much more of it
+
 
 class AgentScheduler:
     """Agent-aware request ordering for one engine, under one policy."""
 
-    def __init__(self, policy: Policy, meter: CapacityMeter | None = None, retag: bool = True):
-        """``retag``: when an agent's requests reveal more work than its predicted cost, its policy
-        may move it back (``Policy.revise``: justitia's tag ``f = max(f, V(now) + remaining / w)``)."""
+    def __init__(self, policy: Policy, meter: CapacityMeter | None = None, retag: bool = True,
+                 cost: str | CostModel | None = None):
+        """``retag``: when an agent's requests reveal more work than its predicted cost, or it is
+        charged more service than that (``charge`` with ``now_s``), its policy may move it back
+        (``Policy.revise``: justitia's tag ``f = max(f, V(now) + remaining / w)``). ``cost``: the unit
+        of predicted costs and of attained service (default: the meter's, else KV token-time)."""
         self._policy = policy
+        self._cost = cost_model(cost) if cost is not None else (meter.cost if meter is not None else cost_model(KV))
+        self._attained: dict[str, list[float]] = {}  # agent id -> [service charged, the next retag's threshold]
         # only a clock needs M (or a policy that measures it for a clock elsewhere: tagged)
         self._meter = meter if policy.clock is not None or policy.reports_capacity else None
         self._retag = retag
@@ -59,7 +66,7 @@ class AgentScheduler:
         then measured every ``measure_every_s`` busy seconds (``CapacityMeter``), or kept (None)."""
         cost = cost_model(cost)
         meter = CapacityMeter(capacity_per_s, cost, measure_every_s) if measure_every_s and capacity_per_s else None
-        return cls(make_policy(name, capacity_per_s, cost), meter, retag)
+        return cls(make_policy(name, capacity_per_s, cost), meter, retag, cost)
 
     # ------------------------------------------------------------------------------ agents
     @property
@@ -68,10 +75,13 @@ class AgentScheduler:
         return self._policy.name
 
     def agent_arrived(self, agent_id: str, agent_type: str, predicted_cost: float, now_s: float,
-                      weight: float = 1.0, tenant: str | None = None) -> AgentInfo:
+                      weight: float = 1.0, tenant: str | None = None, resume_cost: float | None = None) -> AgentInfo:
         """Register an agent with its predicted total cost, its weight (its share under weighted
         fairness) and its tenant (justitia: hierarchical GPS; vtc: one counter per tenant); justitia's clock
-        stamps it here."""
+        stamps it here. ``resume_cost``: an agent resumed after a restart, with this much of its
+        predicted cost still owed by GPS (clipped to ``[0, predicted_cost]``): justitia stamps it
+        ``V(now) + resume_cost / w``, its old place; its predicted cost stays whole (retagging and
+        settling read it)."""
         if agent_id in self._agents:
             raise ValueError(f"agent '{agent_id}' has already arrived.")
         if not (weight > 0 and math.isfinite(weight)):
@@ -80,7 +90,12 @@ class AgentScheduler:
             self._policy.set_capacity(m, now_s)
         if tenant is not None and not (isinstance(tenant, str) and tenant):
             raise ValueError(f"agent '{agent_id}': tenant must be a non-empty string or None, got {tenant!r}.")
-        info = AgentInfo(agent_id, agent_type, self._agent_seq, now_s, predicted_cost, float(weight), tenant)
+        if resume_cost is not None:
+            if not math.isfinite(resume_cost):
+                raise ValueError(f"agent '{agent_id}': resume_cost must be a finite number, got {resume_cost}.")
+            resume_cost = min(max(float(resume_cost), 0.0), predicted_cost)
+        info = AgentInfo(agent_id, agent_type, self._agent_seq, now_s, predicted_cost, float(weight), tenant,
+                         resume_cost)
         self._agent_seq += 1
         self._agents[agent_id] = info
         self._open[agent_id] = 0
@@ -91,6 +106,7 @@ class AgentScheduler:
         """The agent is done (or cancelled): drop its waiting requests and every bit of its state. The
         policy settles it at the work it asked for: its finished requests, at their predicted costs."""
         revealed = self._revealed.pop(agent_id, None)
+        self._attained.pop(agent_id, None)
         if agent_id in self._agents:
             self._policy.settle(agent_id, revealed[1] if revealed else 0.0, now_s)
         for req in self._waiting.requests_of(agent_id):
@@ -157,12 +173,34 @@ class AgentScheduler:
         if revealed is not None:
             revealed[1] += req.predicted_cost
 
-    def charge(self, req: RequestInfo, service: Charge) -> None:
-        """Report service the engine scheduled for ``req`` (charges of one agent may be summed)."""
+    def charge(self, req: RequestInfo, service: Charge, now_s: float | None = None) -> None:
+        """Report service the engine scheduled for ``req`` (charges of one agent may be summed).
+
+        With ``now_s`` (an engine that charges every step as it schedules it: ``retags_on_service``),
+        the core also retags on attained service: once an agent has been charged more than its
+        price, whatever its requests' predicted costs said, its policy revises it as an agent
+        arriving now with the work it has taken beyond its price (justitia: ``f = max(f, V(now) +
+        (attained - price) / w)``), and again each time that grows by ``RETAG_STEP``."""
         self._policy.charge(req, service)
+        agent_id = req.agent_id
+        if now_s is not None and self._retag:
+            attained = self._attained.get(agent_id)
+            info = self._agents.get(agent_id)
+            if info is not None:
+                if attained is None:
+                    attained = self._attained[agent_id] = [0.0, info.predicted_cost * (1 + 1e-9)]
+                attained[0] += self._cost.service(service)
+                if attained[0] > attained[1]:
+                    self._policy.revise(agent_id, attained[0], attained[0] - info.predicted_cost, now_s)
+                    attained[1] = max(attained[0] * RETAG_STEP, attained[0] + 1.0)
+                    if not self._policy.dynamic:  # its waiting requests take the new key too
+                        for waiting in self._waiting.requests_of(agent_id):
+                            self._waiting.remove(waiting)
+                            self._waiting.add(waiting)
+                    self._moved.add(agent_id)
         if self._policy.dynamic:
-            self._waiting.touch(req.agent_id)
-            self._moved.add(req.agent_id)
+            self._waiting.touch(agent_id)
+            self._moved.add(agent_id)
 
     # ------------------------------------------------------------------------------- order
     @property
@@ -247,6 +285,13 @@ class AgentScheduler:
         return self._policy.rising
 
     @property
+    def retags_on_service(self) -> bool:
+        """Whether the core retags agents charged beyond their price (``charge`` with ``now_s``): an
+        engine that can charge every step as it schedules it does so even under a policy that does
+        not read service otherwise (justitia)."""
+        return self._retag and type(self._policy).revise is not Policy.revise
+
+    @property
     def uses_service(self) -> bool:
         """Whether the policy reads the service charged to it (engines may skip charging if not)."""
         return type(self._policy).charge is not Policy.charge
@@ -295,11 +340,13 @@ class AgentScheduler:
         """Whether the clock's M follows what the engine delivers (engines then report it)."""
         return self._meter is not None
 
-    def observe_service(self, busy_s: float, service: Charge) -> None:
-        """The engine was backlogged (some request waiting) for ``busy_s`` seconds and delivered
-        ``service`` in them, summed over its requests; the clock's M follows at the next arrival."""
+    def observe_service(self, busy_s: float, service: Charge, steps: int | None = None) -> None:
+        """The engine was backlogged (some request waiting) for ``busy_s`` seconds, in ``steps``
+        steps if it counts them, and delivered ``service`` in them, summed over its requests; the
+        clock's M follows at the next arrival (``CapacityMeter.observe``: an interval far longer than
+        the steps measured so far held an idle gap and is not counted)."""
         if self._meter is not None:
-            self._meter.observe(busy_s, service)
+            self._meter.observe(busy_s, service, steps)
 
     @property
     def capacity_schedule(self) -> list[tuple[float, float]] | None:

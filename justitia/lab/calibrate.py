@@ -8,8 +8,13 @@ processing), which is what the simulator's iteration time stands for. Only steps
 count; a step before an idle gap has no measurable duration.
 
 The same run measures the clock's M: the KV token-time the engine delivered (held by the requests
-that sampled a token) over the duration of the steps that started with requests waiting, the
-rule the plug-in's meter follows (``CapacityMeter``), over the whole run at once.
+that sampled a token) over the duration of the steps that started with requests waiting and were
+followed at once (a step before an idle gap has no measurable duration, and the gap is no busy
+time), the rule the plug-in's meter follows (``CapacityMeter``), over the whole run at once. The
+file ``justitia calibrate`` writes keeps it (``fit.delivered_capacity_per_s``);
+``calibrated_capacity`` reads it back for an engine with the same KV cache, to start a clock from
+(``JUSTITIA_CAPACITY``). Without one the clock starts from the formula's guess, and the meter's
+first window replaces it.
 
 The fit is least squares of ``step_ms = base + per_batched_token * batched + per_context_token * ctx
 + per_request * requests + per_arrival * arrivals`` (the batch's requests; the new requests taken in
@@ -52,6 +57,19 @@ def delivered_capacity(runs: Iterable[Sequence[tuple[float, ...]]]) -> tuple[flo
                 service += row[8]
                 busy_s += rows[k + 1][0] - row[0]
     return (service / busy_s if busy_s > 0 else None), busy_s
+
+
+def calibrated_capacity(doc: dict, kv_tokens: int | None = None) -> float | None:
+    """The clock's M a calibration measured (a ``justitia calibrate`` file's document), or None if
+    it measured none (no request waited) or, given ``kv_tokens``, it was measured on an engine with
+    another KV cache (M grows with the tokens a cache holds: it does not carry over)."""
+    fit = doc.get("fit") or {}
+    measured = fit.get("delivered_capacity_per_s")
+    if not (isinstance(measured, (int, float)) and measured > 0 and np.isfinite(measured)):
+        return None
+    if kv_tokens is not None and doc.get("kv_blocks", 0) * doc.get("block_size", 0) != kv_tokens:
+        return None
+    return float(measured)
 
 
 def fit_profile(

@@ -27,6 +27,28 @@ from justitia.server.limits import replay
 REFRESH_S = 1.0
 
 
+class EngineDead(RuntimeError):
+    """The replica's vLLM engine core has died: the replica's health check fails (Ray restarts it),
+    and the ingress sends the request to a live replica, as when the replica itself dies."""
+
+    def __init__(self, message: str, pid: int):
+        super().__init__(message)
+        self.pid = pid
+
+    def __reduce__(self):  # Ray carries it to the ingress pickled
+        return EngineDead, (str(self), self.pid)
+
+
+def _actor_id() -> str | None:
+    """This replica's Ray actor id (hex), which Ray's ``ActorDiedError`` names; None outside Ray."""
+    try:
+        import ray
+
+        return ray.get_runtime_context().get_actor_id()
+    except Exception:  # noqa: BLE001  (not in a Ray worker)
+        return None
+
+
 class EngineReplica:
     """One engine: ``generate`` streams answers, ``state`` reads its plug-in, ``describe`` its sizes."""
 
@@ -35,7 +57,7 @@ class EngineReplica:
 
         self.llm, model_dir = start_engine(EngineSpec(**spec), [], plugin_env)
         cache = self.llm.vllm_config.cache_config
-        self.info = {"model": spec["model"], "tokenizer_dir": str(model_dir), "pid": os.getpid(),
+        self.info = {"model": spec["model"], "tokenizer_dir": str(model_dir), "pid": os.getpid(), "actor": _actor_id(),
                      "kv_tokens": (cache.num_gpu_blocks or 1) * cache.block_size,
                      "max_model_len": self.llm.model_config.max_model_len, "block_size": cache.block_size}
         self.capacity_per_s: float | None = None  # the plug-in's measured M, read every REFRESH_S
@@ -55,10 +77,24 @@ class EngineReplica:
 
         if self._refresher is None or self._refresher.done():
             self._refresher = asyncio.get_running_loop().create_task(self._refresh())
-        async for out in self.llm.generate(TokensPrompt(prompt_token_ids=prompt_token_ids), params, request_id):
-            c = out.outputs[0]
-            about = {"pid": self.info["pid"], "capacity_per_s": self.capacity_per_s} if out.finished else None
-            yield Output(request_id, [Completion(c.text, list(c.token_ids), c.finish_reason)], out.finished, about)
+        self._check_engine()
+        try:
+            async for out in self.llm.generate(TokensPrompt(prompt_token_ids=prompt_token_ids), params, request_id):
+                c = out.outputs[0]
+                about = self._about() if out.finished else None
+                yield Output(request_id, [Completion(c.text, list(c.token_ids), c.finish_reason)], out.finished, about)
+        except Exception:
+            self._check_engine()  # the engine died under the request: say so, for the ingress to send it again
+            raise
+
+    def _about(self) -> dict:
+        """What the ingress learns with each answer: which replica, and the M it measured."""
+        return {"pid": self.info["pid"], "actor": self.info["actor"], "capacity_per_s": self.capacity_per_s}
+
+    def _check_engine(self) -> None:
+        """Raise ``EngineDead`` if this replica's engine core has died."""
+        if self.llm.errored:
+            raise EngineDead(f"replica {self.info['pid']}: its vLLM engine core has died.", self.info["pid"])
 
     async def _vllm_app(self):
         """vLLM's own OpenAI app over this replica's engine (no endpoint plugin: the ingress has the door)."""
@@ -86,6 +122,7 @@ class EngineReplica:
         call is the client leaving: vLLM aborts the request."""
         if self._refresher is None or self._refresher.done():
             self._refresher = asyncio.get_running_loop().create_task(self._refresh())
+        self._check_engine()
         app = await self._vllm_app()
         messages: asyncio.Queue = asyncio.Queue()
         gone = asyncio.Event()
@@ -111,6 +148,8 @@ class EngineReplica:
                     return
                 message = get.result()
                 if message["type"] == "http.response.start":
+                    if message["status"] >= 500:
+                        self._check_engine()  # an error because the engine died: the ingress sends it again
                     yield {"status": message["status"],
                            "headers": [(k.decode("latin-1"), v.decode("latin-1")) for k, v in message["headers"]]}
                 elif message["type"] == "http.response.body":
@@ -118,7 +157,7 @@ class EngineReplica:
                         yield message["body"]
                     if not message.get("more_body"):
                         break
-            yield {"replica": {"pid": self.info["pid"], "capacity_per_s": self.capacity_per_s}}
+            yield {"replica": self._about()}
         finally:
             gone.set()  # a cancelled call: vLLM sees the client gone and aborts the request
             if not task.done():

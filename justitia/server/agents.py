@@ -13,6 +13,7 @@ import collections
 import functools
 import json
 import logging
+import math
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -22,7 +23,7 @@ from justitia.core import KV
 from justitia.predictors import Predictor
 from justitia.server.backend import Backend, BackendInterrupted
 from justitia.server.door import Sessions
-from justitia.server.journal import Journal, Record
+from justitia.server.journal import Journal, Record, resume_order
 from justitia.server.keys import ANONYMOUS, Client
 from justitia.server.limits import RateLimit
 from justitia.server.schema import PLACEHOLDER, AgentSpec, SpecError, check_agent, render
@@ -32,6 +33,7 @@ from justitia.workload import Agent, Task
 log = logging.getLogger("justitia.server")
 TERMINAL = ("done", "failed", "cancelled")
 JCT_BUCKETS = (0.1, 0.25, 0.5, 1, 2.5, 5, 10, 25, 50, 100, 250, 500, float("inf"))
+V_READ_EVERY_S = 1.0  # the clock's V, journaled with each agent, is read at most this often
 MAX_METRIC_TYPES = 64  # agent types with series of their own in /metrics; the rest are counted as "other"
 
 
@@ -128,6 +130,8 @@ class AgentManager:
         self.requests_in_flight = 0
         self.rate = RateLimit(settings.key_rate, settings.key_burst)  # per key, agents and requests alike
         self.sessions = Sessions()  # the identified agents of the OpenAI and Anthropic endpoints
+        self._clocked = True  # the policy stamps tags (until a registration says otherwise)
+        self._v_read: tuple[float, float | None] = (-math.inf, None)  # (server time, the clock's V) last read
 
     def now(self) -> float:
         return time.monotonic() - self.t0
@@ -284,29 +288,68 @@ class AgentManager:
         predict_ms = 1000 * predict_s
         self.count_request("agents")
         arrival = self.now()
-        if self.journal is not None:  # committed before the 202: accepted work survives a crash
-            await self.journal.accept(Record(agent_id, client.owner, client.tenant, client.weight, spec.model_dump(),
-                                             idempotency_key, predicted, "queued", None, self.wall(arrival), None))
         run = AgentRun(agent_id, spec, process, arrival, None, client.owner,
                        outputs=[[None] * len(stage) for stage in spec.stages])
         run.client, run.first_ids = client, dict(enumerate(first))
-        try:
-            await self._start(run, predict_ms=round(predict_ms, 3))
-        except BaseException:  # not accepted after all: no run at the next start, its Idempotency-Key free
-            if self.journal is not None:
-                await asyncio.shield(self.journal.forget([agent_id]))
-            raise
+        v = await self._register(run)  # refused: nothing journaled, its Idempotency-Key free (submit)
+        if self.journal is not None:  # committed before the 202: accepted work survives a crash
+            try:
+                await self.journal.accept(Record(agent_id, client.owner, client.tenant, client.weight,
+                                                 spec.model_dump(), idempotency_key, predicted, "queued", None,
+                                                 self.wall(arrival), None, None, run.virtual_finish, v))
+            except BaseException:  # not accepted after all: the policy forgets it, the next start too
+                await asyncio.shield(self._unaccept(agent_id))
+                raise
+        self._launch(run, predict_ms=round(predict_ms, 3))
         log.info(json.dumps({"event": "agent_submitted", "agent_id": agent_id, "owner": client.owner, "type": spec.type,
                              "tasks": sum(len(s) for s in spec.stages), "predicted_cost": predicted}))
         return run
 
-    async def _start(self, run: AgentRun, resume: list[list[Answer]] | None = None, **event) -> None:
-        """Register the agent with the policy (its tag) and run it (after the stages ``resume`` answered)."""
+    async def _register(self, run: AgentRun, resume_cost: float | None = None) -> float | None:
+        """Register the agent with the policy; its tag goes to ``run.virtual_finish``. With a journal,
+        returns the clock's ``V`` as last read, for a restart to place it (``journal.resume_order``:
+        a lower bound on ``V`` when the server stops is all it needs), read again alongside the
+        registration (a control call more, at once) when the last reading is older than
+        ``V_READ_EVERY_S``; None under a policy without a clock. ``resume_cost``: what GPS still
+        owed a resumed agent (``Backend.register``)."""
         client = run.client
-        run.virtual_finish = await self.backend.register(run.agent_id, run.spec.type, run.process.predicted_cost,
-                                                         client.weight, client.tenant)
+        extra = {"resume_cost": resume_cost} if resume_cost is not None else {}
+        register = self.backend.register(run.agent_id, run.spec.type, run.process.predicted_cost, client.weight,
+                                         client.tenant, **extra)
+        now = self.now()
+        if self.journal is None or not self._clocked or now - self._v_read[0] < V_READ_EVERY_S:
+            run.virtual_finish = await register
+        else:
+            run.virtual_finish, v = await asyncio.gather(register, self._virtual_time())
+            if v is not None:  # (V never goes back: a reading that comes back late does not lower it)
+                self._v_read = now, v if self._v_read[1] is None else max(v, self._v_read[1])
+        if run.virtual_finish is None:  # a policy without a clock: nothing to read from now on
+            self._clocked = False
+            return None
+        return self._v_read[1]
+
+    async def _virtual_time(self) -> float | None:
+        """The clock's ``V`` now, or None (no answer: the journal keeps the last reading)."""
+        try:
+            return (await self.backend.state()).virtual_time
+        except Exception:  # noqa: BLE001  (a reading missed costs a resumed agent only part of its place)
+            return None
+
+    async def _unaccept(self, agent_id: str) -> None:
+        """Undo a registration whose journal entry failed (or was cancelled, perhaps once written)."""
+        try:
+            await self.backend.release(agent_id)
+        except Exception as exc:  # noqa: BLE001  (the policy's idle timeout still releases it)
+            log.warning(json.dumps({"event": "release_failed", "agent_id": agent_id, "error": str(exc)}))
+        try:
+            await self.journal.forget([agent_id])
+        except Exception:  # noqa: BLE001  (a journal that cannot write did not write it either)
+            pass
+
+    def _launch(self, run: AgentRun, resume: list[list[Answer]] | None = None, **event) -> None:
+        """Run the registered agent (after the stages ``resume`` answered)."""
         self.agents[run.agent_id] = run
-        self.owner_agents[client.owner] = self.owner_agents.get(client.owner, 0) + 1
+        self.owner_agents[run.owner] = self.owner_agents.get(run.owner, 0) + 1
         run.emit("queued", predicted_cost=run.process.predicted_cost, virtual_finish=run.virtual_finish, **event)
         run.task = asyncio.get_running_loop().create_task(self._run(run, resume))
 
@@ -316,11 +359,15 @@ class AgentManager:
 
     async def recover(self) -> tuple[int, int]:
         """Reload the journal at start-up: finished agents answer as before, unfinished ones run
-        again from their first stage not fully answered, same id and owner. (finished, resumed)."""
+        again from their first stage not fully answered, same id and owner, registered again in
+        their old tags' order with what GPS still owed them (``journal.resume_order``): before
+        every agent that arrives from now on with their cost and weight. (finished, resumed)."""
         if self.journal is None:
             return 0, 0
-        finished = resumed = 0
-        for rec in self.journal.load():
+        finished = 0
+        records = self.journal.load()
+        waiting = {}  # unfinished: agent id -> its run and the answers kept
+        for rec in records:
             spec = AgentSpec.model_validate(rec.spec)
             client = Client(rec.owner, rec.tenant, rec.weight)
             try:
@@ -355,13 +402,20 @@ class AgentManager:
                     break
             for s in range(len(answered), len(run.outputs)):  # later stages: nothing kept (none can have run)
                 run.outputs[s] = [None] * len(run.outputs[s])
+            waiting[rec.agent_id] = run, answered
+        for rec, owed in resume_order(records):  # in their old order, each registered before the next
+            run, answered = waiting[rec.agent_id]
+            v = await self._register(run, owed)
+            try:  # its stamps in this run's clock, for a later restart
+                await self.journal.stamped(run.agent_id, run.virtual_finish, v)
+            except Exception as exc:  # noqa: BLE001  (its old stamps stay: a later restart places it by them)
+                log.warning(json.dumps({"event": "journal_failed", "agent_id": run.agent_id, "error": str(exc)}))
             part = bool(answered) and None in answered[-1]
-            await self._start(run, answered, resumed_after_stage=len(answered) - 1 - part,
-                              tasks_kept=sum(d is not None for stage in run.outputs for d in stage))
-            resumed += 1
+            self._launch(run, answered, resumed_after_stage=len(answered) - 1 - part, resume_cost=owed,
+                         tasks_kept=sum(d is not None for stage in run.outputs for d in stage))
         log.info(json.dumps({"event": "journal_recovered", "journal": str(self.journal.path),
-                             "finished": finished, "resumed": resumed}))
-        return finished, resumed
+                             "finished": finished, "resumed": len(waiting)}))
+        return finished, len(waiting)
 
     async def _serve(self, run: AgentRun, call: Call) -> Answer:
         """One task of an agent on the backend."""

@@ -9,7 +9,9 @@ The agent API talks to ``Backend`` only; so do a front end's inference endpoints
 (``extra_args`` carrying the request's ``RequestMeta``) and a request id; it yields outputs with
 ``.outputs[0].text``, ``.token_ids`` and ``.finish_reason`` (vLLM's ``RequestOutput``, or
 ``Output`` below). Closing the generator early aborts the request. A request the backend cannot
-serve raises ``BackendError`` with the reason.
+serve raises ``BackendError`` with the reason. A backend that can send a request again when its
+engine dies (``RayBackend``) does so until ``DEADLINE`` (set by the agent API to the agent's own
+deadline, for the task it serves).
 
 The agents' virtual finish tags and the clock's readings come from the clock that orders the
 engine (``register``, ``state``); under a policy without one they are None.
@@ -18,6 +20,7 @@ engine (``register``, ``state``); under a policy without one they are None.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from contextvars import ContextVar
 from dataclasses import dataclass
 from pathlib import Path
 from typing import AsyncIterator
@@ -28,6 +31,12 @@ from justitia.core import PolicyState
 def metric_lines(name: str, kind: str, text: str, *samples: str) -> list[str]:
     """One metric in the Prometheus text format: ``justitia_<name>``'s HELP and TYPE, then its samples."""
     return [f"# HELP justitia_{name} {text}", f"# TYPE justitia_{name} {kind}", *samples]
+
+
+# The monotonic time until which a request whose engine died may be sent again (an agent's task:
+# its agent's deadline); None: the backend's own bound. A context variable: set per task, read by
+# the backend in the same asyncio task.
+DEADLINE: ContextVar[float | None] = ContextVar("justitia_deadline", default=None)
 
 
 class BackendError(RuntimeError):
@@ -73,9 +82,11 @@ class Backend(ABC):
 
     @abstractmethod
     async def register(self, agent_id: str, agent_type: str, predicted_cost: float, weight: float = 1.0,
-                       tenant: str | None = None) -> float | None:
+                       tenant: str | None = None, resume_cost: float | None = None) -> float | None:
         """Register an agent (of ``weight``, in ``tenant``: hierarchical GPS) with the policy that orders the
-        engine, ahead of its requests; its virtual finish tag (None under a policy without a clock)."""
+        engine, ahead of its requests; its virtual finish tag (None under a policy without a clock).
+        ``resume_cost``: an agent resumed from the journal, with this much still owed by GPS
+        (``AgentScheduler.agent_arrived``)."""
 
     @abstractmethod
     async def release(self, agent_id: str) -> None:

@@ -38,10 +38,10 @@ class EngineBackend(Backend):
         return self.llm.generate(TokensPrompt(prompt_token_ids=prompt["prompt_token_ids"]), params, request_id)
 
     async def register(self, agent_id: str, agent_type: str, predicted_cost: float, weight: float = 1.0,
-                       tenant: str | None = None) -> float | None:
+                       tenant: str | None = None, resume_cost: float | None = None) -> float | None:
         """Register the agent in the plug-in; the tag its clock stamped."""
         args = {"agent_id": agent_id, "agent_type": agent_type, "predicted_cost": predicted_cost, "weight": weight,
-                "tenant": tenant}
+                "tenant": tenant, "resume_cost": resume_cost}
         return await control(self.llm, ControlCall(REGISTER, args))
 
     async def release(self, agent_id: str) -> None:

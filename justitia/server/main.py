@@ -43,9 +43,7 @@ def vllm_command(model: str, host: str, port: int, kv_blocks: int | None, max_nu
     if "--model" in given:
         raise ValueError("--model: give it to justitia serve itself (tiny, smollm2 or a model directory).")
     argv = ["--model", str(resolve_model(model)), "--scheduler-cls", "justitia.vllm.plugin.JustitiaScheduler",
-            "--scheduling-policy", "priority",
-            # the plug-in charges each step after it is scheduled, before the next (docs/plugin.md)
-            "--no-async-scheduling"]
+            "--scheduling-policy", "priority"]
     defaults = {"--host": host, "--port": str(port), "--max-model-len": str(max_model_len),
                 "--max-num-seqs": str(max_num_seqs), "--dtype": engine_dtype("auto")}
     if kv_blocks is not None:

@@ -11,9 +11,13 @@ last answer to a request reports its plug-in's meter, and M = their mean x the n
 Requests go through a deployment handle; ``JustitiaRouter`` (``justitia.ray.router``) picks the
 replica with the least outstanding predicted KV token-time per KV token, or (``--router
 affinity``) the replica that served the prompt's first block lately. Faults: a request whose
-replica dies, or is unavailable, before any token came back is sent again (Ray routes it to a live
-replica), up to ``RETRIES`` times; one that fails after tokens came back raises
-``BackendInterrupted`` (the server's agents run such a task once more). Ray restarts a dead replica.
+replica dies or is unavailable, or whose replica's engine core died (``EngineDead``; the replica's
+health check then fails and Ray restarts it), before any token came back is sent again (Ray routes
+it to a live replica) until its deadline (``backend.DEADLINE``: an agent's task, the agent's own;
+else ``RETRY_FOR_S``), waiting ``RETRY_S`` and up to ``RETRY_MAX_S`` between sends; one that fails
+after tokens came back raises ``BackendInterrupted`` (the server's agents run such a task again,
+till the agent's deadline). A replica that died leaves the clock's M at once (``replica_died``); the
+replica Ray starts in its place joins it when it first answers.
 """
 
 from __future__ import annotations
@@ -29,11 +33,13 @@ from pathlib import Path
 
 from justitia.core import KV, STATIC_POLICY_NAMES, AgentBook, PolicyState, RequestMeta, capacity_per_s
 from justitia.defaults import policy_settings
-from justitia.server.backend import Backend, BackendError, BackendInterrupted, metric_lines
+from justitia.ray.replica import EngineDead
+from justitia.server.backend import DEADLINE, Backend, BackendError, BackendInterrupted, metric_lines
 
 log = logging.getLogger("justitia.server")
-RETRIES = 4  # sends of one request while no token came back
-RETRY_S = 1.0  # the wait before sending again (Ray learns of a dead replica meanwhile)
+RETRY_S = 1.0  # the first wait before sending again (Ray learns of a dead replica meanwhile)
+RETRY_MAX_S = 5.0  # the wait doubles up to this
+RETRY_FOR_S = 120.0  # how long a request outside an agent (a client's own) is sent again
 SHUTDOWN_S = 60.0  # the most the server waits for Ray to delete the deployment when it stops
 
 
@@ -61,8 +67,10 @@ class RayBackend(Backend):
         self.local = local
         self.book = AgentBook.tagging(policy, capacity, KV, idle_release_s, log, retag)
         self.formula_capacity_per_s = capacity
-        self.measured: dict[int, float] = {}  # replica pid -> its last reported M
+        self.measured: dict[int, float | None] = {}  # live replica pid -> its last reported M
         self.served: dict[int, int] = {}  # replica pid -> requests it answered
+        self.actors: dict[str, int] = {}  # replica's Ray actor id -> its pid
+        self.dead = 0  # replicas that died and whose replacement has not answered yet
         self.in_flight = 0
         self.sent = self.retried = self.interrupted = 0
         self.t0 = time.monotonic()
@@ -98,18 +106,64 @@ class RayBackend(Backend):
         return time.monotonic() - self.t0
 
     def capacity(self) -> float:
-        """The cluster's M: the replicas' measured M, their mean x the number of replicas."""
+        """The cluster's M: the live replicas' measured M, their mean x the number of live replicas
+        (those deployed, less those that died and are not replaced yet)."""
         known = [m for m in self.measured.values() if m]
         if not known:
             return self.book.core.capacity_per_s or self.formula_capacity_per_s
-        return sum(known) / len(known) * self.replicas
+        return sum(known) / len(known) * max(1, self.replicas - self.dead)
+
+    def heard(self, about: dict) -> None:
+        """A replica's last word on a request (``EngineReplica._about``): it is alive, with this M;
+        a process id not seen before is a replica Ray started, in a dead one's place if one died."""
+        pid = about.get("pid")
+        if pid is None:
+            return
+        if pid not in self.served and self.dead:
+            self.dead -= 1
+        self.measured[pid] = about.get("capacity_per_s")
+        self.served[pid] = self.served.get(pid, 0) + 1
+        if about.get("actor"):
+            self.actors[about["actor"]] = pid
+
+    def replica_died(self, pid: int | None = None, actor_id: str | None = None) -> None:
+        """A replica died (its process id, or the Ray actor id an ``ActorDiedError`` names): its M
+        leaves the cluster's at the next arrival, until the replica replacing it answers."""
+        if pid is None and actor_id is not None:
+            pid = self.actors.pop(actor_id, None)
+        if pid is not None and pid in self.measured:
+            del self.measured[pid]
+            self.dead += 1
+            log.warning(json.dumps({"event": "replica_left_clock", "pid": pid, "live": self.replicas - self.dead}))
+
+    def _failed_replica(self, exc: BaseException) -> str | None:
+        """Why a send failed, if sending again may work (the replica, or its engine, died or is
+        unavailable; the dead one leaves M); None if the engine refused the request itself."""
+        from ray.exceptions import ActorDiedError, ActorUnavailableError, RayActorError, RayTaskError
+
+        reason = (str(exc).splitlines() or [type(exc).__name__])[0][:200]
+        if isinstance(exc, (ActorDiedError, ActorUnavailableError, RayActorError)):
+            if not isinstance(exc, ActorUnavailableError):
+                self.replica_died(actor_id=getattr(exc, "actor_id", None))
+            return reason
+        cause = getattr(exc, "cause", None) if isinstance(exc, RayTaskError) else exc
+        if isinstance(cause, EngineDead):
+            self.replica_died(pid=cause.pid)
+            return str(cause)
+        return None
+
+    @staticmethod
+    def _deadline() -> float:
+        """Till when a request is sent again: its agent's deadline, else ``RETRY_FOR_S`` from now."""
+        deadline = DEADLINE.get()
+        return deadline if deadline is not None else time.monotonic() + RETRY_FOR_S
 
     async def register(self, agent_id: str, agent_type: str, predicted_cost: float, weight: float = 1.0,
-                       tenant: str | None = None) -> float | None:
+                       tenant: str | None = None, resume_cost: float | None = None) -> float | None:
         """Register the agent with the one clock (at the M the replicas measured); its tag."""
         now = self.now()
         self._follow_capacity(agent_id, now)
-        self.book.register(agent_id, agent_type, predicted_cost, now, weight, tenant)
+        self.book.register(agent_id, agent_type, predicted_cost, now, weight, tenant, resume_cost)
         return self.book.core.virtual_finish(agent_id)
 
     def _follow_capacity(self, agent_id: str, now: float) -> None:
@@ -151,9 +205,9 @@ class RayBackend(Backend):
         return info
 
     async def generate(self, prompt, params, request_id: str):
-        """Stamp the request with the clock's tag and send it through the router; retried while no
-        token came back."""
-        from ray.exceptions import ActorDiedError, ActorUnavailableError, RayActorError, RayTaskError
+        """Stamp the request with the clock's tag and send it through the router; sent again while
+        no token came back, till its deadline."""
+        from ray.exceptions import RayTaskError
 
         ids = list(prompt["prompt_token_ids"])
         xargs = dict(params.extra_args or {})
@@ -162,9 +216,10 @@ class RayBackend(Backend):
         sent.extra_args = xargs
         route = {"cost": info.predicted_cost, "prefix": self.prefix(ids)}
         produced = 0
+        deadline, wait, attempt = self._deadline(), RETRY_S, 0
         self.in_flight += 1
         try:
-            for attempt in range(RETRIES):
+            while True:
                 streamed = False
                 self.sent += 1
                 stream = self.handle.options(stream=True).generate.remote(ids, sent, f"{request_id}#{attempt}", route=route)
@@ -173,26 +228,29 @@ class RayBackend(Backend):
                         streamed = True
                         produced += len(out.outputs[0].token_ids)
                         if out.replica is not None:
-                            pid = out.replica["pid"]
-                            self.measured[pid] = out.replica["capacity_per_s"]
-                            self.served[pid] = self.served.get(pid, 0) + 1
+                            self.heard(out.replica)
                         yield replace(out, request_id=request_id)
                     return
-                except (ActorDiedError, ActorUnavailableError, RayActorError) as exc:
-                    reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+                except Exception as exc:  # noqa: BLE001  (sorted below: a replica's death, or the engine's word)
+                    reason = self._failed_replica(exc)
+                    if reason is None:  # the engine refused or failed the request itself
+                        cause = exc.cause if isinstance(getattr(exc, "cause", None), BaseException) else exc
+                        if isinstance(exc, RayTaskError):
+                            raise BackendError(f"request {request_id}: {str(cause).splitlines()[0][:300]}") from exc
+                        raise
                     if streamed:
                         self.interrupted += 1
                         raise BackendInterrupted(f"request {request_id}: its replica failed midway ({reason}).") from exc
+                    if time.monotonic() + wait > deadline:
+                        raise BackendError(f"request {request_id}: no live replica could serve it before its "
+                                           f"deadline ({attempt + 1} tries; last: {reason}).") from exc
                     self.retried += 1
-                    log.warning(json.dumps({"event": "replica_failed", "request_id": request_id, "error": reason[:200],
-                                            "action": "send again"}))
-                    await asyncio.sleep(RETRY_S)
-                except RayTaskError as exc:  # the engine refused or failed the request itself
-                    cause = exc.cause if isinstance(getattr(exc, "cause", None), BaseException) else exc
-                    raise BackendError(f"request {request_id}: {str(cause).splitlines()[0][:300]}") from exc
+                    log.warning(json.dumps({"event": "replica_failed", "request_id": request_id, "error": reason,
+                                            "action": "send again", "in_s": wait}))
+                    await asyncio.sleep(wait)
+                    wait, attempt = min(2 * wait, RETRY_MAX_S), attempt + 1
                 finally:
                     stream.cancel()  # a closed generator (a cancelled request) aborts it in the replica
-            raise BackendError(f"request {request_id}: no replica could serve it after {RETRIES} tries.")
         finally:
             self.in_flight -= 1
             self.book.finish(request_id, self.now(), produced)
@@ -200,8 +258,9 @@ class RayBackend(Backend):
     async def forward(self, path: str, kind: str, doc: dict, prompt_tokens: int, max_tokens: int, request_id: str):
         """A client's OpenAI or Anthropic body, stamped with the clock's tag, to vLLM's own app on a
         replica the router picks (``EngineReplica.http``); its answer streams back as it is. Sent
-        again while no byte came back and the replica died or was unavailable."""
-        from ray.exceptions import ActorDiedError, ActorUnavailableError, RayActorError, RayTaskError
+        again while no byte came back and the replica (or its engine) died or was unavailable, till
+        ``RETRY_FOR_S``."""
+        from ray.exceptions import RayTaskError
         from starlette.responses import JSONResponse, StreamingResponse
 
         from justitia.server.forward import prompt_text
@@ -223,29 +282,35 @@ class RayBackend(Backend):
             self.in_flight -= 1
             self.book.finish(request_id, self.now())
 
+        deadline, wait, tries = self._deadline(), RETRY_S, 0
         try:
-            for attempt in range(RETRIES):
+            while True:
                 self.sent += 1
+                tries += 1
                 stream = self.handle.options(stream=True).http.remote(path, body, [("content-type", "application/json")],
                                                                       route=route)
                 try:
                     start = await stream.__anext__()
                     break
-                except (ActorDiedError, ActorUnavailableError, RayActorError) as exc:
+                except Exception as exc:  # noqa: BLE001  (a replica's death, or the engine's word)
                     stream.cancel()
+                    reason = self._failed_replica(exc)
+                    if reason is None:
+                        if not isinstance(exc, RayTaskError):
+                            raise
+                        end()
+                        return JSONResponse(error_doc(kind, 502, f"the replica failed the request: "
+                                                                 f"{str(exc).splitlines()[0][:300]}"), status_code=502)
+                    if time.monotonic() + wait > deadline:
+                        end()
+                        return JSONResponse(error_doc(kind, 503, f"no live replica could serve it in {RETRY_FOR_S:g} s "
+                                                                 f"({tries} tries); retry later."),
+                                            status_code=503, headers={"Retry-After": "5"})
                     self.retried += 1
                     log.warning(json.dumps({"event": "replica_failed", "request_id": request_id, "action": "send again",
-                                            "error": (str(exc).splitlines() or [type(exc).__name__])[0][:200]}))
-                    await asyncio.sleep(RETRY_S)
-                except RayTaskError as exc:
-                    stream.cancel()
-                    end()
-                    return JSONResponse(error_doc(kind, 502, f"the replica failed the request: "
-                                                             f"{str(exc).splitlines()[0][:300]}"), status_code=502)
-            else:
-                end()
-                return JSONResponse(error_doc(kind, 503, f"no replica could serve it after {RETRIES} tries; retry later."),
-                                    status_code=503, headers={"Retry-After": "5"})
+                                            "error": reason, "in_s": wait}))
+                    await asyncio.sleep(wait)
+                    wait = min(2 * wait, RETRY_MAX_S)
         except BaseException:
             end()
             raise
@@ -254,13 +319,12 @@ class RayBackend(Backend):
             try:
                 async for item in stream:
                     if isinstance(item, dict):  # the replica's last word: its id and measured M
-                        about = item.get("replica") or {}
-                        if about.get("pid") is not None:
-                            self.measured[about["pid"]] = about.get("capacity_per_s")
-                            self.served[about["pid"]] = self.served.get(about["pid"], 0) + 1
+                        self.heard(item.get("replica") or {})
                         continue
                     yield item
-            except (ActorDiedError, ActorUnavailableError, RayActorError):
+            except Exception as exc:  # noqa: BLE001
+                if self._failed_replica(exc) is None:
+                    raise
                 self.interrupted += 1  # the answer was under way: the client sees it cut short
                 log.warning(json.dumps({"event": "replica_failed_midway", "request_id": request_id}))
             finally:

@@ -210,9 +210,9 @@ class UpstreamBackend(Backend):
         return time.monotonic() - self.t0
 
     async def register(self, agent_id: str, agent_type: str, predicted_cost: float, weight: float = 1.0,
-                       tenant: str | None = None) -> float | None:
+                       tenant: str | None = None, resume_cost: float | None = None) -> float | None:
         """Register the agent in the front end's book; its tag."""
-        self.book.register(agent_id, agent_type, predicted_cost, self.now(), weight, tenant)
+        self.book.register(agent_id, agent_type, predicted_cost, self.now(), weight, tenant, resume_cost)
         return self.book.core.virtual_finish(agent_id)
 
     async def release(self, agent_id: str) -> None:

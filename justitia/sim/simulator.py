@@ -266,8 +266,11 @@ class Simulator:
         retag: bool = True,
         pricing: str = "first-stage",
     ):
-        """``measure_capacity``: the policy's clock starts at the engine's formula M and then follows
-        what the engine delivers (``core.CapacityMeter``); else it keeps the formula's. ``retag``: an
+        """``measure_capacity``: the policy's clock starts at the M it was made with (the engine's
+        formula M, as a rule) and then follows what the engine delivers (``core.CapacityMeter``:
+        the first window's rate replaces it); else it keeps it. The meter counts only steps that
+        started with a request waiting, never the time an idle engine waits for work (``meter``:
+        the last run's). ``retag``: an
         agent whose stages reveal more work than predicted moves back (``core.AgentScheduler``). ``pricing``:
         how an agent is priced on arrival (``AgentProcess``)."""
         self.config = config
@@ -279,16 +282,23 @@ class Simulator:
         self.measure_capacity = measure_capacity
         self.retag = retag
         self.pricing = pricing
+        self.meter: CapacityMeter | None = None
 
     def run(self, agents: list[Agent]) -> RunResult:
         """Simulate ``agents`` to completion and return per-agent results."""
         cfg = self.config
-        meter = (CapacityMeter(cfg.capacity_per_s(self.cost), self.cost, WINDOW_STEPS * cfg.nominal_iteration_s)
+        clock = self.policy.clock
+        start = clock.capacity if clock is not None else cfg.capacity_per_s(self.cost)
+        meter = (CapacityMeter(start, self.cost, WINDOW_STEPS * cfg.nominal_iteration_s)
                  if self.measure_capacity else None)
+        self.meter = meter
         core = AgentScheduler(self.policy, meter, self.retag)
-        result = EngineLoop(cfg, [core], self.predictor, self.cost, self.policy.name, event_skipping=self.event_skipping,
-                            on_agent_finish=self.on_agent_finish, pricing=self.pricing).run(agents)
+        loop = EngineLoop(cfg, [core], self.predictor, self.cost, self.policy.name, event_skipping=self.event_skipping,
+                          on_agent_finish=self.on_agent_finish, pricing=self.pricing)
+        result = loop.run(agents)
         result.capacity_schedule = core.capacity_schedule
+        for e in loop._engines:  # the meter's record covers the whole run (M itself moved only at arrivals)
+            e.report_service()
         return result
 
 

@@ -107,8 +107,6 @@ def start_engine(spec: EngineSpec, stat_loggers: list | None = None, plugin_env:
         options["scheduling_policy"] = "priority"
     if spec.scheduler in SCHEDULER_CLASSES:
         options["scheduler_cls"] = SCHEDULER_CLASSES[spec.scheduler]
-        # a step is charged (and logged) after it is scheduled, before the next one is
-        options["async_scheduling"] = False
     llm = AsyncLLM.from_engine_args(AsyncEngineArgs(**options), stat_loggers=stat_loggers)
     guard()  # the engine's processes die with this one, even by SIGKILL
     return llm, Path(model_dir)

@@ -34,17 +34,21 @@ NOTE: the policy lives in the core (``justitia.core.AgentScheduler``), as in the
 class only translates: vLLM's queue calls become core verbs, each step's scheduled tokens become
 charges, and every waiting and running request carries its policy key as ``priority``, so vLLM's
 own preemption rule (largest ``(priority, arrival_time)``) picks the lowest-priority victim.
-Pinned to vLLM 0.32: the scheduler internals it relies on are not a public interface.
+Read against vLLM 0.32 and 0.33 (``SUPPORTED_VLLM``; docs/vllm-versions.md): the scheduler
+internals it relies on are not a public interface, so any other version is refused at import.
 """
 
 from __future__ import annotations
 
 import hmac
 import time
+from collections import deque
 from typing import Iterable, Iterator
 
+import vllm
 from vllm.logger import init_logger
-from vllm.v1.core.sched.request_queue import RequestQueue
+from vllm.v1.core.sched.async_scheduler import AsyncScheduler
+from vllm.v1.core.sched.request_queue import PriorityRequestQueue, RequestQueue
 from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.engine.core import EngineCore
 from vllm.v1.request import Request
@@ -55,6 +59,20 @@ from justitia.core import (ENGINE_UTILITY, REGISTER, RELEASE, RESET, STATE, WIND
 from justitia.defaults import DOOR_KEY, policy_settings
 
 logger = init_logger("vllm.justitia")  # under "vllm": vLLM configures handlers for that tree only
+
+# The vLLM versions whose scheduler internals this module was read against (docs/vllm-versions.md);
+# on any other, importing it fails at once rather than misordering late.
+SUPPORTED_VLLM = ("0.32", "0.33")
+
+
+def check_version(version: str) -> None:
+    """Raise a ``RuntimeError`` naming the supported versions unless ``version`` is one of them."""
+    if ".".join(version.split("+")[0].split(".")[:2]) not in SUPPORTED_VLLM:
+        raise RuntimeError(f"justitia's scheduler plug-in supports vLLM {' and '.join(SUPPORTED_VLLM)} (its scheduler "
+                           f"internals are not a public interface); this is vLLM {version}. Install one of those.")
+
+
+check_version(vllm.__version__)
 
 
 def trusted(extra_args, client_prices: bool | None, door_token: str | None) -> bool:
@@ -125,14 +143,66 @@ class _CoreQueue(RequestQueue):
         return iter(list(self.requests.values()))
 
 
+class _HoldingQueue(PriorityRequestQueue):
+    """vLLM's second waiting queue, ``kv_holding_waiting``: requests that already hold KV blocks (a
+    streaming session's next chunk, a request skipped mid-prefill), which vLLM drains before
+    ``waiting`` so that they never wait behind a request that cannot be allocated. They keep that
+    rule; among themselves they are in policy order, and they are on the plug-in's books (charged,
+    released) like every other request."""
+
+    def __init__(self, plugin: "JustitiaScheduler"):
+        super().__init__()
+        self.plugin = plugin
+
+    def add_request(self, request: Request) -> None:
+        """A request holding KV blocks: stamped with its policy key (registered if new)."""
+        self.plugin._hold(request)
+        super().add_request(request)
+
+    def prepend_request(self, request: Request) -> None:
+        """Back after a skip; its key decides where."""
+        self.add_request(request)
+
+    def prepend_requests(self, requests: Iterable[Request]) -> None:
+        """Several back."""
+        for request in requests:
+            self.add_request(request)
+
+
+def _async_scheduling(args: tuple, kwargs: dict) -> bool:
+    """Whether the ``VllmConfig`` a scheduler is built with asks for async scheduling."""
+    config = kwargs.get("vllm_config", args[0] if args else None)
+    return bool(getattr(getattr(config, "scheduler_config", None), "async_scheduling", False))
+
+
+_ASYNC_VARIANTS: dict[type, type] = {}
+
+
 class StepLogScheduler(Scheduler):
     """vLLM's v1 scheduler, its decisions untouched, that writes the step log (the module's docstring).
 
     The hooks ``_before_step`` and ``_after_step`` are where a subclass works inside a step's timing
-    (``sched_us``); they do nothing here."""
+    (``sched_us``); they do nothing here.
+
+    Built with async scheduling on (vLLM's default on a GPU), the class makes itself a subclass of
+    vLLM's ``AsyncScheduler`` as well (``__new__``: ``AsyncStepLogScheduler``,
+    ``JustitiaAsyncScheduler``), so the step in flight is vLLM's to handle; a step is read when it is
+    scheduled, its tokens in flight counted (``core.step_delivered``'s ``ahead``), and written out
+    when its own output comes back, a later step already scheduled or not."""
+
+    def __new__(cls, *args, **kwargs):
+        if _async_scheduling(args, kwargs) and not issubclass(cls, AsyncScheduler):
+            variant = _ASYNC_VARIANTS.get(cls)
+            if variant is None:  # a subclass of ours: its async twin, made once
+                variant = _ASYNC_VARIANTS[cls] = type(cls.__name__ + "Async", (cls, AsyncScheduler),
+                                                      {"__module__": cls.__module__, "__doc__": cls.__doc__})
+            cls = variant
+        return super().__new__(cls)
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
+        # async scheduling: a sampling request's placeholders per step (core.step_delivered's ahead)
+        self._ahead = getattr(self, "num_sampled_tokens_per_step", 1) if isinstance(self, AsyncScheduler) else 0
         self._step_log = None
         self._open_step_log(None)
 
@@ -142,7 +212,7 @@ class StepLogScheduler(Scheduler):
             self._step_log.close()
         self._step_log = open(path, "a", buffering=1 << 16) if path else None
         self.t0 = time.monotonic()
-        self._last_step: tuple | None = None
+        self._steps: deque[tuple] = deque()  # (output, its line's fields) of steps scheduled, not yet back
         self._preemptions = self._arrived = self._finished = 0
 
     def _now(self) -> float:
@@ -193,25 +263,32 @@ class StepLogScheduler(Scheduler):
         output = super().schedule(*args, **kwargs)
         delivered = self._after_step(now_s, waiting, output)
         if self._step_log is not None:
-            _, _, kv, prefills, ctx = delivered or step_delivered(self.requests, output.num_scheduled_tokens)
-            scheduled = len(output.num_scheduled_tokens)
-            attention = prefill_attention(self.requests, output.num_scheduled_tokens) if prefills else 0
-            self._last_step = (now_s, output.total_num_scheduled_tokens, ctx, prefills, scheduled - prefills,
-                               waiting, kv, time.perf_counter() - t_sched, self._arrived, attention)
+            ahead, scheduled = self._ahead, output.num_scheduled_tokens
+            _, _, kv, prefills, ctx = delivered or step_delivered(self.requests, scheduled, ahead)
+            attention = prefill_attention(self.requests, scheduled, ahead) if prefills else 0
+            self._steps.append((output, (now_s, output.total_num_scheduled_tokens, ctx, prefills,
+                                         len(scheduled) - prefills, waiting, kv, time.perf_counter() - t_sched,
+                                         self._arrived, attention)))
             self._arrived = 0
         return output
 
-    def update_from_output(self, *args, **kwargs):
-        """vLLM's bookkeeping after a step; with a step log, the step is written out."""
+    def update_from_output(self, scheduler_output, *args, **kwargs):
+        """vLLM's bookkeeping after a step; with a step log, the step is written out (under async
+        scheduling, the step whose output this is: a later one may be scheduled already)."""
         started = time.perf_counter()
-        outputs = super().update_from_output(*args, **kwargs)
-        if self._step_log is not None and self._last_step is not None:
-            t, batched, ctx, prefills, decodes, waiting, delivered, sched_s, arrived, attention = self._last_step
+        outputs = super().update_from_output(scheduler_output, *args, **kwargs)
+        if self._step_log is not None:
+            while self._steps:
+                output, step = self._steps.popleft()
+                if output is scheduler_output:
+                    break
+            else:
+                return outputs
+            t, batched, ctx, prefills, decodes, waiting, delivered, sched_s, arrived, attention = step
             busy = int(self.has_unfinished_requests())
             sched_us = round(1e6 * (sched_s + time.perf_counter() - started))
             self._step_log.write(f"{t:.6f},{batched},{ctx},{prefills},{decodes},{busy},{self._preemptions},"
                                  f"{waiting},{delivered},{sched_us},{arrived},{self._finished},{attention}\n")
-            self._last_step = None
             self._preemptions = self._finished = 0
         return outputs
 
@@ -241,6 +318,7 @@ class JustitiaScheduler(StepLogScheduler):
             cost, self.kv_tokens, self.scheduler_config.max_num_batched_tokens, settings.iteration_s)
         self._reset(settings.policy, cost.name, capacity, settings.measure_capacity, None, settings.retag)
         self.waiting = _CoreQueue(self)
+        self.kv_holding_waiting = _HoldingQueue(self)
 
     def _reset(self, policy: str, cost: str, capacity: float, measure: bool, step_log: str | None,
                retag: bool = True) -> None:
@@ -249,7 +327,9 @@ class JustitiaScheduler(StepLogScheduler):
         self.book = AgentBook.for_policy(policy, capacity, cost, self.idle_release_s, logger, window, retag)
         self.core = self.book.core
         # what the policy needs from each step, read once (they are fixed for a policy)
-        self._rekey, self._charge, self._measure = self.core.keys_move, self.core.uses_service, self.core.measures_capacity
+        # charged every step if the policy reads service, or to retag agents charged beyond their price
+        self._charge = self.core.uses_service or self.core.retags_on_service
+        self._rekey, self._measure = self.core.keys_move, self.core.measures_capacity
         self._rekey = self._rekey or self.core.keys_shift  # tenants' keys move at their tenant's events
         self._timed = self.core.timed
         self._busy_step: tuple[float, Charge] | None = None  # the last step, if requests waited in it
@@ -261,8 +341,10 @@ class JustitiaScheduler(StepLogScheduler):
         args, now = call.args, self._now()
         if call.verb == REGISTER:
             agent_id = str(args["agent_id"])
+            resume = args.get("resume_cost")
             agent = self.book.register(agent_id, str(args.get("agent_type", "")), float(args["predicted_cost"]), now,
-                                       float(args.get("weight", 1.0)), args.get("tenant"))
+                                       float(args.get("weight", 1.0)), args.get("tenant"),
+                                       None if resume is None else float(resume))
             if agent is not None:
                 self._log_arrival(agent)
             return self.core.virtual_finish(agent_id)
@@ -303,6 +385,16 @@ class JustitiaScheduler(StepLogScheduler):
                 self._log_arrival(agent)
         request.priority = self.core.priority(info)
 
+    def _hold(self, request: Request) -> None:
+        """A request entering vLLM's ``kv_holding_waiting``: on the books (new: registered, but not in
+        the policy's waiting queue, since vLLM drains that queue first), its key stamped."""
+        info = self.book.infos.get(request.request_id)
+        if info is None:
+            self._queue(request)
+            self.core.dequeue(self.book.infos[request.request_id])
+        else:
+            request.priority = self.core.priority(info)
+
     def _log_arrival(self, agent: AgentInfo) -> None:
         if self.log_agents:
             logger.info("justitia: agent %s arrived: type=%r predicted_cost=%.6g virtual_finish=%s tenant=%s",
@@ -339,20 +431,43 @@ class JustitiaScheduler(StepLogScheduler):
                     request.priority = core.priority(info, key)
         if self._measure and self._busy_step is not None:  # the last step, in which requests waited, ended now
             started, delivered = self._busy_step
-            core.observe_service(now_s - started, delivered)
+            core.observe_service(now_s - started, delivered, 1)
             self._busy_step = None
+
+    def update_from_output(self, *args, **kwargs):
+        """vLLM's; an engine left with nothing to run is idle until its next step, which is no
+        step's time: the last busy step is not measured (the meter's own guard, and
+        ``lab.calibrate``, drop such gaps too)."""
+        outputs = super().update_from_output(*args, **kwargs)
+        if self._busy_step is not None and not self.has_unfinished_requests():
+            self._busy_step = None
+        return outputs
 
     def _after_step(self, now_s: float, waiting: int, output) -> tuple | None:
         """The service vLLM scheduled, charged; a step in which requests waited, kept to measure M."""
         if self._charge:
-            for info, p, d, kv in step_charges(self.requests, output.num_scheduled_tokens, self.book.infos).values():
-                self.core.charge(info, Charge(p, d, kv))
+            for info, p, d, kv in step_charges(self.requests, output.num_scheduled_tokens, self.book.infos,
+                                               self._ahead).values():
+                self.core.charge(info, Charge(p, d, kv), now_s)
         if self._measure and waiting > 0:
-            delivered = step_delivered(self.requests, output.num_scheduled_tokens)
+            delivered = step_delivered(self.requests, output.num_scheduled_tokens, self._ahead)
             p, d, kv, _, _ = delivered
             self._busy_step = (now_s, Charge(p, d, kv))
             return delivered
         return None
+
+
+class AsyncStepLogScheduler(StepLogScheduler, AsyncScheduler):
+    """``StepLogScheduler`` on vLLM's async path (chosen by ``StepLogScheduler`` itself)."""
+
+
+class JustitiaAsyncScheduler(JustitiaScheduler, AsyncScheduler):
+    """``JustitiaScheduler`` on vLLM's async path (chosen by ``JustitiaScheduler`` itself): vLLM
+    schedules the next step before the last one's tokens come back; the plug-in charges each step as
+    it is scheduled, its tokens in flight counted, so the charges are the sync path's."""
+
+
+_ASYNC_VARIANTS.update({StepLogScheduler: AsyncStepLogScheduler, JustitiaScheduler: JustitiaAsyncScheduler})
 
 
 def _engine_control(engine_core: EngineCore, call: dict):

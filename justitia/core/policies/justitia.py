@@ -31,7 +31,9 @@ class Justitia(Policy):
 
     def agent_arrived(self, agent: AgentInfo, now_s: float) -> None:
         """Stamp the agent with its virtual finish tag (in a tenant: its inner tag, and its root key)."""
-        tag = self.clock.arrive(agent.agent_id, agent.predicted_cost, now_s, agent.weight, agent.tenant)
+        # a resumed agent is stamped with the work GPS still owed it (its place before the restart)
+        owed = agent.predicted_cost if agent.resume_cost is None else agent.resume_cost
+        tag = self.clock.arrive(agent.agent_id, owed, now_s, agent.weight, agent.tenant)
         self._tags[agent.agent_id] = (tag, agent.seq)
         if agent.tenant is not None:
             self._groups.join(agent.agent_id, agent.tenant)

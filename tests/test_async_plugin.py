@@ -1,0 +1,161 @@
+"""The plug-in on vLLM's async path, at the scheduler level (issue 31): no engine, vLLM's own
+scheduler classes driven as its engine core drives them (``tests/vllm_scheduler.py``), the next
+step scheduled before the last one's output comes back."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+import pytest
+from vllm.v1.core.sched.async_scheduler import AsyncScheduler
+
+from justitia.core import REGISTER, RESET, ControlCall
+from justitia.vllm.plugin import JustitiaScheduler, StepLogScheduler, check_version
+from vllm_scheduler import Driver, make_scheduler, request
+
+SIZES = [(40, 5), (50, 6), (60, 7), (70, 8), (80, 9), (90, 10)]  # (prompt tokens, output tokens)
+
+
+def _run(policy: str, async_scheduling: bool, monkeypatch) -> tuple[dict, list[str], object]:
+    """Six requests of three agents under ``policy``: each agent's charges added up, the order they
+    were admitted in, and the scheduler."""
+    monkeypatch.setenv("JUSTITIA_POLICY", policy)
+    scheduler = make_scheduler(JustitiaScheduler, async_scheduling)
+    charged: dict[str, list[int]] = defaultdict(lambda: [0, 0, 0])
+    charge = scheduler.core.charge
+
+    def counting(info, service, *rest):
+        total = charged[info.agent_id]
+        total[0] += service.prefill_tokens
+        total[1] += service.decode_tokens
+        total[2] += service.kv_token_iters
+        charge(info, service, *rest)
+
+    scheduler.core.charge = counting
+    for i, (p, d) in enumerate(SIZES):
+        scheduler.add_request(request(f"r{i}", p, d, first_token=100 * i, agent_id=f"a{i % 3}"))
+    driver = Driver(scheduler, 2 if async_scheduling else 1)
+    driver.run()
+    return dict(charged), driver.admitted, scheduler
+
+
+def test_the_plugin_takes_vllms_async_path_when_async_scheduling_is_on():
+    """Built as vLLM builds it, each scheduler class is an ``AsyncScheduler`` exactly when async
+    scheduling is configured (vLLM's default on a GPU)."""
+    for cls in (JustitiaScheduler, StepLogScheduler):
+        assert isinstance(make_scheduler(cls, True), AsyncScheduler)
+        built = make_scheduler(cls, False)
+        assert isinstance(built, cls) and not isinstance(built, AsyncScheduler)
+
+
+def test_with_a_step_in_flight_each_agent_is_charged_exactly_its_kv_token_time(monkeypatch):
+    """One step ahead, every agent is charged its requests' prompts, outputs and KV token-time,
+    exactly as in step (a sampling step holds the tokens before it, ``sum_j (p + j)``; a partial
+    prefill chunk holds its tokens too), and the requests are admitted in the same order (las:
+    least attained service first)."""
+    expected: dict[str, list[int]] = defaultdict(lambda: [0, 0, 0])
+    for i, (p, d) in enumerate(SIZES):
+        total = expected[f"a{i % 3}"]
+        total[0] += p
+        total[1] += d
+        total[2] += sum(p + j for j in range(d))
+    charged_async, order_async, scheduler = _run("las", True, monkeypatch)
+    charged_sync, order_sync, _ = _run("las", False, monkeypatch)
+    assert isinstance(scheduler, AsyncScheduler)
+    assert charged_async == charged_sync
+    for agent, (p, d, kv) in expected.items():
+        assert charged_sync[agent][:2] == [p, d] and charged_sync[agent][2] >= kv
+    assert order_async == order_sync != sorted(order_sync)  # las reorders, the same way on both paths
+    assert not scheduler.book.infos and not scheduler.waiting  # every request released
+
+
+def test_one_step_ahead_the_plugin_serves_in_virtual_finish_order(monkeypatch):
+    """justitia on the async path: one request at a time; a large agent registered first and a small
+    one after it; while the first request runs, the small agent's request is admitted before the
+    large agent's second."""
+    monkeypatch.setenv("JUSTITIA_POLICY", "justitia")
+    scheduler = make_scheduler(JustitiaScheduler, True, max_num_seqs=1)
+    big = scheduler.control(ControlCall(REGISTER, {"agent_id": "big", "predicted_cost": 1e6}))
+    small = scheduler.control(ControlCall(REGISTER, {"agent_id": "small", "predicted_cost": 1e3}))
+    assert small < big
+    scheduler.add_request(request("big-1", 32, 4, agent_id="big"))
+    scheduler.add_request(request("big-2", 32, 4, first_token=300, agent_id="big"))
+    scheduler.add_request(request("small-1", 32, 4, first_token=600, agent_id="small"))
+    driver = Driver(scheduler, 2)
+    driver.run()
+    assert driver.admitted == ["small-1", "big-1", "big-2"]
+
+
+def test_the_step_log_on_the_async_path_writes_each_step_once_with_the_sync_paths_service(tmp_path, monkeypatch):
+    """Every step is logged once, when its own output comes back (a later step already scheduled),
+    and the KV token-time the log says was delivered is the sync path's."""
+    logs = {}
+    for async_scheduling in (False, True):
+        scheduler = make_scheduler(StepLogScheduler, async_scheduling)
+        path = tmp_path / f"steps-{async_scheduling}.csv"
+        assert scheduler.control(ControlCall(RESET, {"step_log": str(path)}))
+        for i, (p, d) in enumerate(SIZES):
+            scheduler.add_request(request(f"r{i}", p, d, first_token=100 * i))
+        driver = Driver(scheduler, 2 if async_scheduling else 1)
+        driver.run()
+        scheduler.shutdown()
+        rows = [line.split(",") for line in path.read_text().splitlines()]
+        assert len(rows) == driver.steps
+        logs[async_scheduling] = rows
+    delivered = {a: sum(int(r[8]) for r in rows) for a, rows in logs.items()}
+    tokens = {a: sum(int(r[1]) for r in rows) for a, rows in logs.items()}
+    assert delivered[True] == delivered[False] == sum(sum(p + j for j in range(d)) for p, d in SIZES)
+    assert tokens[True] == tokens[False]
+
+
+@pytest.mark.parametrize("async_scheduling", [False, True])
+def test_requests_in_vllms_kv_holding_queue_are_on_the_books_and_in_policy_order(async_scheduling, monkeypatch):
+    """vLLM drains ``kv_holding_waiting`` (requests that hold KV blocks) before ``waiting``: there
+    the plug-in's requests keep their policy keys and are charged and released like any other."""
+    monkeypatch.setenv("JUSTITIA_POLICY", "justitia")
+    scheduler = make_scheduler(JustitiaScheduler, async_scheduling, max_num_seqs=1)
+    scheduler.control(ControlCall(REGISTER, {"agent_id": "big", "predicted_cost": 1e6}))
+    scheduler.control(ControlCall(REGISTER, {"agent_id": "small", "predicted_cost": 1e3}))
+    held = [request("big-held", 32, 3, agent_id="big"), request("small-held", 32, 3, first_token=500, agent_id="small")]
+    for r in held:  # as vLLM's _enqueue_waiting_request puts a request that holds blocks
+        scheduler.requests[r.request_id] = r
+        scheduler.kv_holding_waiting.add_request(r)
+    assert all(isinstance(r.priority, tuple) and r.request_id in scheduler.book.infos for r in held)
+    scheduler.add_request(request("small-new", 32, 3, first_token=900, agent_id="small"))
+    driver = Driver(scheduler, 2 if async_scheduling else 1)
+    driver.run()
+    assert driver.admitted == ["small-held", "big-held", "small-new"]  # holders first, in tag order
+    assert not scheduler.book.infos and scheduler.core.open_requests("big") == 0
+
+
+def test_the_plugin_refuses_a_vllm_it_was_not_read_against():
+    """Any vLLM but the supported ones is a clear error naming them; a local build's suffix is fine."""
+    check_version("0.32.0")
+    check_version("0.32.0+cpu")
+    check_version("0.33.1")
+    with pytest.raises(RuntimeError, match=r"supports vLLM 0\.32 and 0\.33.*this is vLLM 0\.31\.2"):
+        check_version("0.31.2")
+    with pytest.raises(RuntimeError, match="0.40.0"):
+        check_version("0.40.0")
+
+
+@pytest.mark.parametrize("async_scheduling", [False, True])
+def test_an_agent_charged_beyond_its_price_loses_its_place_on_both_paths(async_scheduling, monkeypatch):
+    """Retagging on attained service in the plug-in: an agent priced at 10 whose requests claim 5
+    each, the first of which holds the KV cache for 100 tokens, is moved back while that request
+    runs; its second request then waits behind an honest agent priced at 2,000 that came later."""
+    monkeypatch.setenv("JUSTITIA_POLICY", "justitia")
+    order = {}
+    for retag in ("1", "0"):
+        monkeypatch.setenv("JUSTITIA_RETAG", retag)
+        scheduler = make_scheduler(JustitiaScheduler, async_scheduling, max_num_seqs=1)
+        scheduler.control(ControlCall(REGISTER, {"agent_id": "trojan", "predicted_cost": 10.0}))
+        scheduler.add_request(request("trojan-1", 32, 100, agent_id="trojan", request_cost=5.0))
+        scheduler.add_request(request("trojan-2", 32, 4, first_token=300, agent_id="trojan", request_cost=5.0))
+        scheduler.control(ControlCall(REGISTER, {"agent_id": "honest", "predicted_cost": 2000.0}))
+        scheduler.add_request(request("honest-1", 32, 4, first_token=600, agent_id="honest", request_cost=2000.0))
+        driver = Driver(scheduler, 2 if async_scheduling else 1)
+        driver.run()
+        order[retag] = driver.admitted
+    assert order["1"] == ["trojan-1", "honest-1", "trojan-2"]
+    assert order["0"] == ["trojan-1", "trojan-2", "honest-1"]  # the price alone would have kept its place
