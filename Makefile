@@ -4,7 +4,7 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: setup run test speed presets cpu engine noise-study overhead profile predictor-eval load load-upstream load-ray ray-affinity server-bench flags-bench abuse clean
+.PHONY: setup run test speed presets cpu engine noise-study overhead profile predictor-eval load load-upstream load-ray ray-affinity server-bench flags-bench throughput ray-kill abuse clean
 
 $(VENV)/.installed: pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
@@ -79,6 +79,14 @@ server-bench: setup
 # What Justitia costs on vLLM's own server: stock vllm serve, vllm serve + Justitia's flags, justitia serve.
 flags-bench: setup
 	$(BIN)/python scripts/bench_flags.py --out results/flags.json
+
+# The plug-in's throughput at saturation against stock vLLM's scheduler (both engines up, 12 paired bursts).
+throughput: setup
+	$(BIN)/python scripts/bench_throughput.py --paired --rounds 12 --requests 192 --out results/throughput-paired.json
+
+# One of two Ray replicas killed mid-run, three times: 11 of 11 agents done each time.
+ray-kill: setup
+	$(BIN)/python scripts/ray_kill.py --runs 3 --out results/ray-kill.json
 
 presets: setup
 	for p in main starvation noise ablation sustained sustained-near trojan; do $(BIN)/justitia bench --preset $$p --out results/$$p || exit 1; done

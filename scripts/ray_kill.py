@@ -3,7 +3,8 @@
     python scripts/ray_kill.py [--runs 3] [--out results/ray-kill.json]
 
 One server (two replicas of the tiny model, journal on). Each run submits an elephant (a 40-task map
-of 64 forced tokens each, then a reduce) and 10 mice (one task of 16 tokens), waits until the
+of 256 forced tokens each, then a reduce quoting the first map answer) and 10 mice (one task of 16
+tokens), waits until the
 replicas are answering the run's requests, then SIGKILLs the process of the replica that has answered
 most, and waits for all 11 agents. Between runs it waits until Ray's replacement replica answers.
 Reported per run: agents done (of 11), failed, the requests sent again and interrupted, and how long
@@ -29,8 +30,8 @@ from load_test import ray_split, start_server  # noqa: E402
 def agents() -> list[dict]:
     """The elephant, then ten mice."""
     elephant = {"type": "mrs", "stages": [
-        [{"prompt": f"Summarise part {i} of the annual report.", "max_tokens": 64, "ignore_eos": True} for i in range(40)],
-        [{"prompt": "Combine the summaries:\n{{prev}}", "max_tokens": 16, "ignore_eos": True}]]}
+        [{"prompt": f"Summarise part {i} of the annual report.", "max_tokens": 256, "ignore_eos": True} for i in range(40)],
+        [{"prompt": "Combine the summaries, starting from:\n{{prev[0]}}", "max_tokens": 16, "ignore_eos": True}]]}
     mice = [{"type": "qa", "stages": [[{"prompt": f"Question {i}: what is the capital?", "max_tokens": 16,
                                         "ignore_eos": True}]]} for i in range(10)]
     return [elephant, *mice]

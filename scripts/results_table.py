@@ -33,7 +33,7 @@ def markdown(doc: dict) -> str:
     j = doc["policies"].get("justitia")
     if j and "delay_bound_s" in j:
         lines.append("")
-        lines.append(f"Justitia delay bound `2c_max + C_max/M_min` = {j['delay_bound_s']:.1f} s; the largest `finish - GPS "
+        lines.append(f"Justitia delay bound `2c_max + C_max/M` (GPS at the M the engine delivered) = {j['delay_bound_s']:.1f} s; the largest `finish - GPS "
                      f"finish` was {j['max_delay_vs_gps_s']:.1f} s; {j['bound_violations']} of {len(j['agents'])} agents "
                      "over the bound.")
     return "\n".join(lines)

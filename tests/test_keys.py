@@ -142,6 +142,36 @@ def test_the_plug_in_can_ignore_client_prices():
     assert meta.without_prices() == RequestMeta("a", "t", None, None, True)
 
 
+@pytest.mark.parametrize("client_prices", [None, "0", "1"])
+def test_the_plug_ins_scheduler_prices_a_request_by_the_setting(client_prices, monkeypatch):
+    """The scheduler itself (vLLM's, built without an engine): in a server with a door token, a
+    request's ``agent_cost`` and ``tenant`` are read only with the token (by default), never (0), or
+    always (1); an agent not priced by its client is priced by its prompt and ``max_tokens``."""
+    from justitia.defaults import DOOR_KEY, ENV_CLIENT_PRICES, ENV_DOOR_TOKEN
+    from justitia.vllm.plugin import JustitiaScheduler
+    from vllm_scheduler import make_scheduler, request
+
+    monkeypatch.setenv(ENV_DOOR_TOKEN, "s3cret")
+    monkeypatch.setenv("JUSTITIA_POLICY", "justitia")
+    if client_prices is None:
+        monkeypatch.delenv(ENV_CLIENT_PRICES, raising=False)
+    else:
+        monkeypatch.setenv(ENV_CLIENT_PRICES, client_prices)
+    scheduler = make_scheduler(JustitiaScheduler, False)
+    claims = {"agent_cost": 1.0, "tenant": "vip"}
+    scheduler.add_request(request("r0", 32, 64, agent_id="plain", **claims))
+    scheduler.add_request(request("r1", 32, 64, first_token=500, agent_id="door", **claims, **{DOOR_KEY: "s3cret"}))
+    scheduler.add_request(request("r2", 32, 64, first_token=900, agent_id="guess", **claims, **{DOOR_KEY: "guess"}))
+    agents = scheduler.core._agents
+    read = {a: agents[a].predicted_cost == 1.0 and agents[a].tenant == "vip" for a in ("plain", "door", "guess")}
+    expected = {None: {"plain": False, "door": True, "guess": False},
+                "0": {"plain": False, "door": False, "guess": False},
+                "1": {"plain": True, "door": True, "guess": True}}[client_prices]
+    assert read == expected
+    for agent in (a for a, was_read in read.items() if not was_read):  # priced by prompt and max_tokens
+        assert agents[agent].predicted_cost >= 32 * 64 and agents[agent].tenant is None
+
+
 def test_the_plug_in_reads_prices_only_from_requests_the_door_checked(monkeypatch):
     """In vLLM's OpenAI server (which has a door token) the plug-in reads a request's prices, weight
     and tenant only if it carries the token; an engine in a program's own process (no token) trusts

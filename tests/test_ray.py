@@ -53,18 +53,28 @@ def ray_server(tmp_path_factory):
 
 
 def test_agents_run_on_two_ray_replicas_in_the_order_of_one_clock(ray_server):
+    """An elephant of 24 long tasks (more than both replicas' KV caches hold at once), then four
+    mice: the one clock tags the mice ahead of it, each replica's plug-in admits them before the
+    elephant's waiting tasks, and every mouse finishes before the elephant (in arrival order, they
+    would wait for its second wave)."""
     with httpx.Client(base_url=ray_server.url, timeout=60) as client:
         health = client.get("/health").json()
         assert health["status"] == "ok" and health["virtual_clock"] is True
-        ids = [client.post("/v1/agents", json=_agent(3, 24, f"a{i}")).json()["agent_id"] for i in range(6)]
-        docs = [wait_agent(client, a, timeout=300) for a in ids]
-        assert [d["status"] for d in docs] == ["done"] * 6, [d.get("error") for d in docs]
-        for d in docs:
-            assert all(t is not None and t["output_tokens"] == 24 for t in d["stages"][0])
+        before = sum(_answers(client).values())
+        ids = [client.post("/v1/agents", json=_agent(24, 384, "elephant")).json()["agent_id"]]
+        time.sleep(1.0)  # the elephant's first wave is running, the rest waits in the replicas
+        ids += [client.post("/v1/agents", json=_agent(1, 8, f"mouse{i}")).json()["agent_id"] for i in range(4)]
+        docs = [wait_agent(client, a, timeout=420) for a in ids]
+        assert [d["status"] for d in docs] == ["done"] * 5, [d.get("error") for d in docs]
+        for d, tokens in zip(docs, [384] + [8] * 4):
+            assert all(t is not None and t["output_tokens"] == tokens for t in d["stages"][0])
             assert d["stages"][1][0]["output_tokens"] == 8
             assert d["virtual_finish"] is not None and d["virtual_finish"] >= d["predicted_cost"]
+        elephant, mice = docs[0], docs[1:]
+        assert max(m["virtual_finish"] for m in mice) < elephant["virtual_finish"]
+        assert max(m["finish_s"] for m in mice) < elephant["finish_s"], [(d["agent_id"], d["finish_s"]) for d in docs]
         answers = _answers(client)
-        assert len(answers) == 2 and sum(answers.values()) == 6 * 4, answers  # both replicas served
+        assert len(answers) == 2 and sum(answers.values()) - before == 25 + 4 * 2, answers  # both replicas served
         # the one clock runs at the replicas' measured M together
         assert _metric(client, "justitia_clock_capacity") > 0
         assert _metric(client, "justitia_ray_replicas") == 2

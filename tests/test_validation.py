@@ -211,3 +211,25 @@ def test_max_tokens_with_ignore_eos_buys_no_early_tag_and_a_later_stage_that_can
         assert r.status_code == 400 and "'stages[1][0].prompt'" in r.json()["error"], r.text
         assert "before any placeholder" in r.json()["error"]
     assert len(backend.registered) == 2  # the refused agent never reached the engine
+
+
+def test_no_agent_is_priced_above_what_its_max_tokens_allow():
+    """A task's KV token-time is at most ``p*m + m^2/2`` (``m = max_tokens``): an agent of tasks that
+    can generate one token each is priced at most that, whatever the predictor says (the default's
+    price for this text is far above it)."""
+    from justitia.cli import _parser
+    from justitia.core import KV
+
+    default = _parser().parse_args(["serve"]).predictor
+    backend = RecordingBackend()
+    app = create_app(backend, WordTokenizer(), Settings(max_model_len=2048), make_predictor(default))
+    prompt = "Write a long essay on the history of the river, in full detail."
+    one_token = {"type": "mrs", "stages": [[{"prompt": prompt, "max_tokens": 1}] * 4]}
+    many = {"type": "mrs", "stages": [[{"prompt": prompt, "max_tokens": 512}] * 4]}
+    with TestClient(app) as client:
+        prices = []
+        for body in (one_token, many):
+            agent_id = client.post("/v1/agents", json=body).json()["agent_id"]
+            prices.append(client.get(f"/v1/agents/{agent_id}").json()["predicted_cost"])
+    p = len(prompt.split())  # WordTokenizer: a token per word
+    assert prices[0] <= 4 * KV.request_cost(p + 2, 1) < prices[1], prices  # (+2: a margin for the tokenizer's extras)

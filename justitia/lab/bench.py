@@ -97,9 +97,12 @@ def summarize(
     engine: str = "sim",
     replicas: int = 1,
 ) -> dict:
-    """Build the results document from finished runs. A justitia run's GPS reference runs at the
-    capacity its clock ran at (measured, or the formula's; a cluster's: its engines' together), and
-    its bound uses the smallest M."""
+    """Build the results document from finished runs. One yardstick for every run with a clock, and
+    for the tenants' report: GPS at the capacity the engine delivered, one M for the whole run (the
+    time-weighted mean of the M the first justitia run that measured it ran at, from its first
+    measurement on; a cluster's: its engines' together), the bound at that M; the formula's M when
+    no run measured it (``gps_reference`` says which). A run whose clock ran at another M (the
+    formula's) is judged against the same GPS, not against its own clock."""
     formula_m = replicas * config.capacity_per_s("kv")  # the whole engine's, or cluster's
     doc: dict = {
         "schema": RESULTS_SCHEMA,
@@ -111,13 +114,17 @@ def summarize(
         "fairness": {},
     }
     jcts = {label: {a.agent_id: a.jct_s for a in run.agents} for label, run in runs.items()}
+    measured = next((s.label for s in specs if s.policy.startswith("justitia") and runs[s.label].capacity_schedule
+                     and len(runs[s.label].capacity_schedule) > 1), None)
+    delivered = delivered_capacity(runs[measured].capacity_schedule, runs[measured].makespan_s) if measured else formula_m
+    gps_schedule = [(0.0, delivered)]
+    doc["gps_reference"] = {"capacity_from": measured or "formula", "capacity_per_s": delivered,
+                            "formula_capacity_per_s": formula_m, "delay_bound_s": None}
     tenanted = any(a.tenant is not None for a in agents)
-    if tenanted:  # every run's tenants are judged against hierarchical GPS at the (first) justitia run's M
-        ref = next((runs[s.label] for s in specs if s.policy == "justitia" and not s.per_agent), None)
-        ref_schedule = (ref.capacity_schedule if ref is not None else None) or [(0.0, formula_m)]
-        ref_gps = gps_finish_times(agents, formula_m, ref_schedule)
-        ref_bound = delay_bound_s(agents, config, min(m for _, m in ref_schedule))
-        doc["tenant_reference"] = {"capacity_from": ref.policy if ref is not None else "formula", "delay_bound_s": ref_bound}
+    if tenanted:  # every run's tenants are judged against hierarchical GPS at the same delivered M
+        ref_gps = gps_finish_times(agents, formula_m, gps_schedule)
+        ref_bound = delay_bound_s(agents, config, min(m for _, m in gps_schedule))
+        doc["tenant_reference"] = {"capacity_from": measured or "formula", "delay_bound_s": ref_bound}
     for spec in specs:
         run = runs[spec.label]
         entry = spec.to_json() | jct_stats([a.jct_s for a in run.agents])
@@ -133,8 +140,9 @@ def summarize(
         agent_docs = [a.to_json() for a in run.agents]
         if spec.policy.startswith("justitia"):  # policies with a clock
             schedule = run.capacity_schedule or [(0.0, formula_m)]
-            gps = gps_finish_times(spec.workload(agents), formula_m, schedule)
-            bound_s = delay_bound_s(agents, config, min(m for _, m in schedule))
+            gps = gps_finish_times(spec.workload(agents), formula_m, gps_schedule)  # the one yardstick
+            bound_s = delay_bound_s(agents, config, min(m for _, m in gps_schedule))
+            doc["gps_reference"]["delay_bound_s"] = bound_s
             late = 0
             for d in agent_docs:
                 d["gps_finish_s"] = gps[d["agent_id"]]
@@ -155,6 +163,19 @@ def summarize(
             if label != "vtc":
                 doc["fairness"][f"{label}_vs_vtc"] = fairness(jcts["vtc"], jcts[label])
     return doc
+
+
+def delivered_capacity(schedule, end_s: float) -> float:
+    """The M a measured clock ran at on average: its schedule's M weighted by how long each held,
+    from the first measurement (the second entry; the first is the starting guess) to ``end_s``."""
+    points = [(float(t), float(m)) for t, m in schedule[1:]]
+    if not points:
+        return float(schedule[0][1])
+    ends = [t for t, _ in points[1:]] + [max(end_s, points[-1][0])]
+    span = ends[-1] - points[0][0]
+    if span <= 0:
+        return points[-1][1]
+    return sum((end - t) * m for (t, m), end in zip(points, ends)) / span
 
 
 def check_labels(specs: list[RunSpec]) -> None:

@@ -130,7 +130,7 @@ def print_results(doc: dict, title: str = "", console: Console | None = None) ->
     j = doc["policies"].get("justitia")
     if j and "delay_bound_s" in j:
         console.print(
-            f"Justitia delay bound 2c_max + C_max/M_min = {j['delay_bound_s']:.1f} s; "
+            f"Justitia delay bound 2c_max + C_max/M (GPS at the M the engine delivered) = {j['delay_bound_s']:.1f} s; "
             f"largest finish - GPS finish = {j['max_delay_vs_gps_s']:.1f} s; "
             f"agents over the bound: {j['bound_violations']} of {len(j['agents'])}."
         )

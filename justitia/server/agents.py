@@ -242,15 +242,27 @@ class AgentManager:
 
     def _priced(self, agent_id: str, spec: AgentSpec, client: Client) -> tuple[AgentProcess, list[list[int]], float]:
         """``_process`` and its price (and how long the predictor took), in one trip to a worker
-        thread. The price is at least what the tasks that set ``ignore_eos`` will cost: they
-        generate exactly ``max_tokens``, whatever a predictor reads of their text."""
+        thread. The rule (docs/server.md, "prices"): a task's KV token-time is at most ``p*m + m^2/2``
+        for its prompt's ``p`` tokens and ``m = max_tokens`` (its bound), and exactly that with
+        ``ignore_eos``. The price is the predictor's, raised to what the ``ignore_eos`` tasks will
+        cost (whatever a predictor reads of their text) and never above the sum of every task's
+        bound (a prompt with placeholders, whose filled length is not known yet, at the longest the
+        context allows: ``max_model_len - m``). What the predictor misses below that, retagging on
+        attained service catches in the engine."""
         process, first = self._process(agent_id, spec, client)
         t0 = time.perf_counter()
         process.predict()
-        known = sum(KV.request_cost(task.prompt_tokens, task.output_tokens)
-                    for s, stage in enumerate(process.agent.stages) for i, task in enumerate(stage)
-                    if spec.stages[s][i].ignore_eos)
-        process.predicted_cost = max(process.predicted_cost, known)
+        known = ceiling = 0.0
+        for s, stage in enumerate(process.agent.stages):
+            for i, task in enumerate(stage):
+                given = spec.stages[s][i]
+                p = task.prompt_tokens
+                if PLACEHOLDER.search(given.prompt):
+                    p = max(p, self.settings.max_model_len - task.output_tokens)
+                ceiling += KV.request_cost(p, task.output_tokens)
+                if given.ignore_eos:
+                    known += KV.request_cost(task.prompt_tokens, task.output_tokens)
+        process.predicted_cost = min(max(process.predicted_cost, known), ceiling)
         return process, first, time.perf_counter() - t0
 
     async def submit(self, spec: AgentSpec, client: Client = ANONYMOUS,
