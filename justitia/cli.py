@@ -122,6 +122,9 @@ def _parser() -> argparse.ArgumentParser:
     sv.add_argument("--host", default="127.0.0.1")
     sv.add_argument("--port", type=int, default=8000)
     sv.add_argument("--kv-blocks", type=int, help="cap the KV cache at this many blocks (default: what memory allows)")
+    sv.add_argument("--calibration", type=Path, metavar="FILE",
+                    help="a `justitia calibrate` file of this engine: the clock's M starts at what it measured "
+                         "(default: the formula's guess until the first measured window, about 2 s of busy time)")
     sv.add_argument("--max-num-seqs", type=int, default=256)
     sv.add_argument("--max-model-len", type=int, default=2048)
     sv.add_argument("--max-tasks-per-agent", type=int, default=256)
@@ -480,9 +483,11 @@ def _cmd_serve(args) -> int:
         argv = vllm_command(args.model or "tiny", args.host, args.port, args.kv_blocks, args.max_num_seqs,
                             args.max_model_len, args.vllm_args)
         try:
-            return serve_vllm(argv, vllm_environment(args.policy, config), args.header_timeout)
+            return serve_vllm(argv, vllm_environment(args.policy, config, args.calibration), args.header_timeout)
         except KeyboardInterrupt:
             return 0
+    if args.calibration is not None and (args.upstream or args.ray):
+        raise ValueError("--calibration: for the engine justitia serve runs itself; replicas measure their own M.")
     if args.vllm_args and args.upstream:
         raise ValueError(f"{' '.join(args.vllm_args)}: with --upstream, give vLLM's options to the replicas.")
     try:

@@ -22,6 +22,7 @@ AGENT_IDLE_S = 60.0
 ENV_POLICY = "JUSTITIA_POLICY"  # fcfs|sjf|parrot|vtc|srjf|justitia|las (default justitia)
 ENV_COST = "JUSTITIA_COST"  # kv|compute (default kv)
 ENV_CAPACITY = "JUSTITIA_CAPACITY"  # the clock's M in cost units per second (default: from ITERATION_S)
+ENV_CALIBRATION = "JUSTITIA_CALIBRATION"  # a `justitia calibrate` file: the plug-in's clock starts at the M it measured
 ENV_ITERATION_S = "JUSTITIA_ITERATION_S"  # the nominal step time (default ITERATION_S)
 ENV_AGENT_IDLE_S = "JUSTITIA_AGENT_IDLE_S"  # default AGENT_IDLE_S
 ENV_LOG_AGENTS = "JUSTITIA_LOG_AGENTS"  # 1: one log line per agent arrival and release
@@ -50,7 +51,8 @@ class PolicySettings:
 
     policy: str = "justitia"
     cost: str = "kv"
-    capacity_per_s: float | None = None  # None: the engine's KV tokens / iteration_s
+    capacity_per_s: float | None = None  # None: a calibration's measured M, else the engine's KV tokens / iteration_s
+    calibration: str | None = None  # a `justitia calibrate` file to start the clock's M from
     iteration_s: float = ITERATION_S
     agent_idle_s: float = AGENT_IDLE_S
     log_agents: bool = False
@@ -83,7 +85,7 @@ def policy_settings(environ: Mapping[str, str] | None = None) -> PolicySettings:
 
     return PolicySettings(
         policy=env.get(ENV_POLICY, "justitia"), cost=env.get(ENV_COST, "kv"),
-        capacity_per_s=number(ENV_CAPACITY, None), iteration_s=number(ENV_ITERATION_S, ITERATION_S),
+        capacity_per_s=number(ENV_CAPACITY, None), calibration=env.get(ENV_CALIBRATION) or None, iteration_s=number(ENV_ITERATION_S, ITERATION_S),
         agent_idle_s=number(ENV_AGENT_IDLE_S, AGENT_IDLE_S, strict=False),
         log_agents=env.get(ENV_LOG_AGENTS) == "1", measure_capacity=env.get(ENV_MEASURE_CAPACITY, "1") != "0",
         retag=env.get(ENV_RETAG, "1") != "0", client_prices={"1": True, "0": False}.get(prices or "", None),

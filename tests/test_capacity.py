@@ -178,3 +178,25 @@ def test_a_calibration_file_gives_the_m_it_measured_only_to_an_engine_with_its_k
     assert calibrated_capacity(doc, kv_tokens=3200) is None  # another cache: the meter measures it
     assert calibrated_capacity(doc | {"fit": {"delivered_capacity_per_s": None}}) is None  # no request waited
     assert calibrated_capacity({"kv_blocks": 100, "block_size": 16}) is None
+
+
+def test_the_plug_in_starts_its_clock_from_a_calibration_of_its_own_kv_cache(tmp_path, monkeypatch):
+    """``JUSTITIA_CALIBRATION`` (``justitia serve --calibration``): the plug-in's clock starts at the M
+    the file measured when it was measured on this KV cache (64 blocks of 16; vLLM keeps one back),
+    and at the formula's guess otherwise; a file that cannot be read stops the engine, by name."""
+    import json
+
+    from justitia.vllm.plugin import JustitiaScheduler
+    from vllm_scheduler import make_scheduler
+
+    monkeypatch.setenv("JUSTITIA_POLICY", "justitia")
+    guess = make_scheduler(JustitiaScheduler, False).core.capacity_per_s
+    for blocks, expected in ((64, 4321.0), (128, guess)):
+        path = tmp_path / f"calibration-{blocks}.json"
+        path.write_text(json.dumps({"kv_blocks": blocks, "block_size": 16, "fit": {"delivered_capacity_per_s": 4321.0}}))
+        monkeypatch.setenv("JUSTITIA_CALIBRATION", str(path))
+        assert make_scheduler(JustitiaScheduler, False).core.capacity_per_s == expected
+    assert guess != 4321.0
+    monkeypatch.setenv("JUSTITIA_CALIBRATION", str(tmp_path / "missing.json"))
+    with pytest.raises(ValueError, match="JUSTITIA_CALIBRATION="):
+        make_scheduler(JustitiaScheduler, False)

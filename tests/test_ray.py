@@ -61,7 +61,9 @@ def test_agents_run_on_two_ray_replicas_in_the_order_of_one_clock(ray_server):
         health = client.get("/health").json()
         assert health["status"] == "ok" and health["virtual_clock"] is True
         before = sum(_answers(client).values())
-        ids = [client.post("/v1/agents", json=_agent(24, 384, "elephant")).json()["agent_id"]]
+        elephant = _agent(24, 384, "elephant")
+        elephant["stages"][1][0]["prompt"] = "Combine, starting from:\n{{prev[0]}}"  # all 24 answers would not fit
+        ids = [client.post("/v1/agents", json=elephant).json()["agent_id"]]
         time.sleep(1.0)  # the elephant's first wave is running, the rest waits in the replicas
         ids += [client.post("/v1/agents", json=_agent(1, 8, f"mouse{i}")).json()["agent_id"] for i in range(4)]
         docs = [wait_agent(client, a, timeout=420) for a in ids]

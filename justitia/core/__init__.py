@@ -3,7 +3,7 @@ engine drives them through. It imports no engine, server or harness; everything 
 only the names below (``docs/design.md``, "The core's contract")."""
 
 from justitia.core.book import AgentBook, int_priority
-from justitia.core.capacity import WINDOW_STEPS, CapacityMeter
+from justitia.core.capacity import WINDOW_STEPS, CapacityMeter, calibrated_capacity
 from justitia.core.clock import VirtualClock
 from justitia.core.cost import (COMPUTE, COST_MODELS, KV, NO_CHARGE, Charge, CostModel, attention_pairs, capacity_per_s,
                                 compute_tokens, cost_model, kv_token_iters, prefill_attention, step_charges,
@@ -15,7 +15,7 @@ from justitia.core.routing import ROUTER_NAMES, ReplicaLoad, Replicas, RouteRequ
 from justitia.core.scheduler import AgentScheduler
 
 __all__ = [
-    "AgentBook", "AgentInfo", "AgentScheduler", "CapacityMeter", "Charge", "ControlCall", "CostModel", "PolicyState", "RequestInfo",
+    "AgentBook", "AgentInfo", "AgentScheduler", "CapacityMeter", "calibrated_capacity", "Charge", "ControlCall", "CostModel", "PolicyState", "RequestInfo",
     "RequestMeta", "VirtualClock", "STATE", "COMPUTE", "COST_MODELS", "ENGINE_UTILITY", "KV", "META_KEYS", "PRICE_KEYS", "NO_CHARGE",
     "OPTION_NAMES", "POLICY_NAMES", "Policy", "REGISTER", "RELEASE", "RESET", "STATIC_POLICY_NAMES", "WINDOW_STEPS", "capacity_per_s", "compute_tokens",
     "attention_pairs", "cost_model", "int_priority", "kv_token_iters", "make_policy", "prefill_attention", "step_charges",

@@ -42,6 +42,8 @@ it is constant. ``schedule`` lists every (time, M) it took.
 
 from __future__ import annotations
 
+import math
+
 from justitia.core.cost import Charge, CostModel
 
 WINDOW_STEPS = 100  # a measurement covers this many nominal steps of busy time
@@ -117,3 +119,19 @@ class CapacityMeter:
         self.capacity_per_s = m
         self.schedule.append((now_s, m))
         return m
+
+
+def calibrated_capacity(doc: dict, kv_tokens: int | None = None) -> float | None:
+    """The clock's M a calibration measured (a ``justitia calibrate`` file's document), or None if
+    it measured none (no request waited) or, given ``kv_tokens``, it was measured on an engine with
+    another KV cache (M grows with the tokens a cache holds: it does not carry over; within one
+    block counts as the same, vLLM keeping one block back as its null block). The plug-in
+    starts its clock from it (``JUSTITIA_CALIBRATION``) rather than from the formula's guess."""
+    fit = doc.get("fit") or {}
+    measured = fit.get("delivered_capacity_per_s")
+    if not (isinstance(measured, (int, float)) and measured > 0 and math.isfinite(measured)):
+        return None
+    block = doc.get("block_size", 0)
+    if kv_tokens is not None and abs(doc.get("kv_blocks", 0) * block - kv_tokens) > block:
+        return None
+    return float(measured)

@@ -30,6 +30,7 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
+from justitia.core import calibrated_capacity  # noqa: F401  (read back where a clock starts)
 from justitia.sim.config import LatencyProfile
 
 
@@ -57,19 +58,6 @@ def delivered_capacity(runs: Iterable[Sequence[tuple[float, ...]]]) -> tuple[flo
                 service += row[8]
                 busy_s += rows[k + 1][0] - row[0]
     return (service / busy_s if busy_s > 0 else None), busy_s
-
-
-def calibrated_capacity(doc: dict, kv_tokens: int | None = None) -> float | None:
-    """The clock's M a calibration measured (a ``justitia calibrate`` file's document), or None if
-    it measured none (no request waited) or, given ``kv_tokens``, it was measured on an engine with
-    another KV cache (M grows with the tokens a cache holds: it does not carry over)."""
-    fit = doc.get("fit") or {}
-    measured = fit.get("delivered_capacity_per_s")
-    if not (isinstance(measured, (int, float)) and measured > 0 and np.isfinite(measured)):
-        return None
-    if kv_tokens is not None and doc.get("kv_blocks", 0) * doc.get("block_size", 0) != kv_tokens:
-        return None
-    return float(measured)
 
 
 def fit_profile(

@@ -58,16 +58,21 @@ def vllm_command(model: str, host: str, port: int, kv_blocks: int | None, max_nu
     return argv + passthrough
 
 
-def vllm_environment(policy: str, serve: dict) -> dict[str, str]:
+def vllm_environment(policy: str, serve: dict, calibration: Path | None = None) -> dict[str, str]:
     """What configures Justitia inside vLLM's server: the plugin allowed, the scheduler's policy,
-    the plugin's settings (``server.plugin.serve_config``)."""
-    from justitia.defaults import ENV_DOOR_TOKEN, ENV_POLICY
+    the plugin's settings (``server.plugin.serve_config``), and a calibration to start the clock's M
+    from (``JUSTITIA_CALIBRATION``)."""
+    from justitia.defaults import ENV_CALIBRATION, ENV_DOOR_TOKEN, ENV_POLICY
     from justitia.server.plugin import ENV_SERVE
     from justitia.vllm.engine import has_gpu
 
     plugins = [p for p in os.environ.get("VLLM_PLUGINS", "").split(",") if p]
     env = {"VLLM_PLUGINS": ",".join(dict.fromkeys(plugins + ["justitia"])), ENV_POLICY: policy,
            ENV_SERVE: json.dumps(serve)}
+    if calibration is not None:
+        if not calibration.is_file():
+            raise ValueError(f"--calibration: no file at {calibration}.")
+        env[ENV_CALIBRATION] = str(calibration.resolve())
     env.setdefault("HF_HUB_OFFLINE", os.environ.get("HF_HUB_OFFLINE", "1"))  # the model is a local directory
     env[ENV_DOOR_TOKEN] = os.environ.get(ENV_DOOR_TOKEN) or secrets.token_hex(16)  # justitia.vllm.general
     if "VLLM_CPU_KVCACHE_SPACE" not in os.environ and not has_gpu():

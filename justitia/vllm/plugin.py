@@ -41,6 +41,7 @@ internals it relies on are not a public interface, so any other version is refus
 from __future__ import annotations
 
 import hmac
+import json
 import time
 from collections import deque
 from typing import Iterable, Iterator
@@ -54,7 +55,8 @@ from vllm.v1.engine.core import EngineCore
 from vllm.v1.request import Request
 
 from justitia.core import (ENGINE_UTILITY, REGISTER, RELEASE, RESET, STATE, WINDOW_STEPS, AgentBook, AgentInfo,
-                           Charge, ControlCall, RequestMeta, capacity_per_s, cost_model, prefill_attention, step_charges,
+                           Charge, ControlCall, RequestMeta, calibrated_capacity, capacity_per_s, cost_model,
+                           prefill_attention, step_charges,
                            step_delivered)
 from justitia.defaults import DOOR_KEY, policy_settings
 
@@ -314,11 +316,27 @@ class JustitiaScheduler(StepLogScheduler):
         self.idle_release_s = settings.agent_idle_s
         self.iteration_s = settings.iteration_s
         cost = cost_model(settings.cost)
-        capacity = settings.capacity_per_s or capacity_per_s(
+        capacity = settings.capacity_per_s or self._calibrated(settings.calibration) or capacity_per_s(
             cost, self.kv_tokens, self.scheduler_config.max_num_batched_tokens, settings.iteration_s)
         self._reset(settings.policy, cost.name, capacity, settings.measure_capacity, None, settings.retag)
         self.waiting = _CoreQueue(self)
         self.kv_holding_waiting = _HoldingQueue(self)
+
+    def _calibrated(self, path: str | None) -> float | None:
+        """The M a ``justitia calibrate`` file measured on an engine with this KV cache (``JUSTITIA_CALIBRATION``),
+        or None (no file; or another cache: the formula's guess starts the clock, the meter measures it)."""
+        if not path:
+            return None
+        try:
+            with open(path) as f:
+                doc = json.load(f)
+        except (OSError, ValueError) as exc:
+            raise ValueError(f"JUSTITIA_CALIBRATION={path!r}: cannot read a calibration there ({exc}).") from None
+        measured = calibrated_capacity(doc, self.kv_tokens)
+        if measured is None:
+            logger.warning("justitia: %s measured no M for a KV cache of %d tokens; the clock starts from the "
+                           "formula's guess", path, self.kv_tokens)
+        return measured
 
     def _reset(self, policy: str, cost: str, capacity: float, measure: bool, step_log: str | None,
                retag: bool = True) -> None:
