@@ -114,7 +114,7 @@ def test_the_plugins_clock_follows_what_the_engine_delivers():
     schedule = doc["schedule"]
     start, delivered = schedule[0][1], doc["delivered_per_s"]
     assert len(schedule) >= 10 and doc["finished"] > 50, doc  # M moved while agents kept arriving
-    assert abs(start / delivered - 1) > 0.5  # the guess was far off
+    assert start / delivered > 3  # the guess (JUSTITIA_CAPACITY) was far off
     assert [t for t, _ in schedule] == sorted(t for t, _ in schedule)
     measured = schedule[1:]
     average = sum((b[0] - a[0]) * a[1] for a, b in zip(measured, measured[1:])) / (measured[-1][0] - measured[0][0])

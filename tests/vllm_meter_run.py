@@ -14,7 +14,8 @@ import time
 if __name__ == "__main__":
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     os.environ["JUSTITIA_POLICY"] = "justitia"
-    os.environ["JUSTITIA_ITERATION_S"] = "0.004"  # the formula's M from a 4 ms step; a window is 100 of them
+    os.environ["JUSTITIA_ITERATION_S"] = "0.004"  # a window is 100 steps of 4 ms (0.4 s of busy time)
+    os.environ["JUSTITIA_CAPACITY"] = "5e6"  # a guess far above what a CPU engine delivers (~0.05-0.7e6 here)
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "0-1")
     from vllm import LLM, SamplingParams
