@@ -4,7 +4,7 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: setup run test speed presets cpu engine noise-study overhead profile predictor-eval load load-upstream load-ray ray-affinity server-bench flags-bench throughput ray-kill abuse clean
+.PHONY: setup run test speed presets cpu engine noise-study overhead profile predictor-eval load load-upstream load-ray ray-affinity server-bench flags-bench throughput ray-kill abuse replay clean
 
 $(VENV)/.installed: pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
@@ -70,7 +70,7 @@ ray-affinity: setup
 
 # The abuse list against justitia serve (tiny model): every case a 4xx naming the field, or no effect on others.
 abuse: setup
-	$(BIN)/python scripts/abuse.py --out results/abuse.json
+	$(BIN)/python -m justitia.lab.abuse --out results/abuse.json
 
 # The server's cost per request against AsyncLLM.generate called directly.
 server-bench: setup
@@ -87,6 +87,10 @@ throughput: setup
 # One of two Ray replicas killed mid-run, three times: 11 of 11 agents done each time.
 ray-kill: setup
 	$(BIN)/python scripts/ray_kill.py --runs 3 --out results/ray-kill.json
+
+# vLLM's own scheduler with the plug-in, stepped on the simulator's clock, against the simulator (5-10 min).
+replay: setup
+	$(BIN)/python -m justitia.lab.replay --out results/replay.json
 
 presets: setup
 	for p in main starvation noise ablation sustained sustained-near trojan; do $(BIN)/justitia bench --preset $$p --out results/$$p || exit 1; done

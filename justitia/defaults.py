@@ -7,19 +7,23 @@ front end, which keeps the same policy state), with one clear error per bad valu
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping
 
+from justitia.core import AGENT_IDLE_S, is_positive_finite
+
 # Nominal seconds of a memory-saturated engine step, where no latency profile says otherwise: the
 # clock's M is the engine's KV tokens over this (core.cost.capacity_per_s).
 ITERATION_S = 0.02
-# An agent with no open request for this long is released even if it never said agent_done.
-AGENT_IDLE_S = 60.0
+# AGENT_IDLE_S (imported above): an agent with no open request for this long is released even if it
+# never said agent_done. The core holds the number (its AgentBook's default): it imports nothing outside it.
 
-ENV_POLICY = "JUSTITIA_POLICY"  # fcfs|sjf|parrot|vtc|srjf|justitia|las (default justitia)
+ENV_POLICY = "JUSTITIA_POLICY"  # fcfs|sjf|parrot|vtc|srjf|justitia|las, or justitia-eligible|justitia-chained|tagged
+# (default justitia)
 ENV_COST = "JUSTITIA_COST"  # kv|compute (default kv)
 ENV_CAPACITY = "JUSTITIA_CAPACITY"  # the clock's M in cost units per second (default: from ITERATION_S)
 ENV_CALIBRATION = "JUSTITIA_CALIBRATION"  # a `justitia calibrate` file: the plug-in's clock starts at the M it measured
@@ -38,11 +42,26 @@ ENV_CLIENT_PRICES = "JUSTITIA_CLIENT_PRICES"
 ENV_DOOR_TOKEN = "JUSTITIA_DOOR_TOKEN"
 DOOR_KEY = "justitia_door"  # the extra-args key that carries it
 ENV_CACHE = "JUSTITIA_CACHE"  # built models and trained predictors (default ~/.cache/justitia)
+ENV_STATE_DIR = "JUSTITIA_STATE_DIR"  # the server's journal (default ~/.local/state/justitia)
 
 
 def cache_dir() -> Path:
     """Where built models and trained predictors live: ``$JUSTITIA_CACHE`` or ``~/.cache/justitia``."""
     return Path(os.environ.get(ENV_CACHE, Path.home() / ".cache" / "justitia"))
+
+
+def state_dir() -> Path:
+    """Where ``justitia serve`` keeps its journal: ``$JUSTITIA_STATE_DIR`` (if set and not empty) or
+    ``~/.local/state/justitia``."""
+    return Path(os.environ.get(ENV_STATE_DIR) or Path.home() / ".local" / "state" / "justitia")
+
+
+@functools.cache
+def process_cpus() -> frozenset[int]:
+    """The cores this process may run on, as first asked (then kept): the lab pins its front end to
+    one of them once an engine has started, and lays out every later engine from these, not from the
+    pinned set. ``justitia.lab.runner`` asks when it is imported, before any engine has pinned it."""
+    return frozenset(os.sched_getaffinity(0))
 
 
 @dataclass(frozen=True)
@@ -66,7 +85,7 @@ def policy_settings(environ: Mapping[str, str] | None = None) -> PolicySettings:
     """Read ``JUSTITIA_*`` from ``environ`` (default ``os.environ``); a bad value raises ValueError."""
     env = os.environ if environ is None else environ
 
-    def number(name: str, default: float | None, least: float = 0.0, strict: bool = True) -> float | None:
+    def number(name: str, default: float | None, strict: bool = True) -> float | None:
         raw = env.get(name)
         if raw is None:
             return default
@@ -74,8 +93,8 @@ def policy_settings(environ: Mapping[str, str] | None = None) -> PolicySettings:
             value = float(raw)
         except ValueError:
             value = math.nan
-        if not (math.isfinite(value) and (value > least if strict else value >= least)):
-            raise ValueError(f"{name}={raw!r}: expected a finite number {'>' if strict else '>='} {least:g}.")
+        if not (is_positive_finite(value) if strict else math.isfinite(value) and value >= 0):
+            raise ValueError(f"{name}={raw!r}: expected a finite number {'>' if strict else '>='} 0.")
         return value
 
     prices = env.get(ENV_CLIENT_PRICES)

@@ -1,25 +1,26 @@
 """What Justitia costs on vLLM's own server: stock `vllm serve`, `vllm serve` with Justitia's flags,
 and `justitia serve`, side by side in one run (tiny model, this machine).
 
-    python scripts/bench_flags.py [--requests 1000] [--concurrency 32] [--sequential 100] [--tokens 16] [--rounds 5]
-                                  [--out results/flags.json]
+    python scripts/bench_flags.py [--rounds 20] [--requests 320] [--concurrency 32] [--sequential 30]
+                                  [--tokens 16] [--out results/flags.json]
 
-The three servers run the same engine settings (the tiny model, float32, eager, a 2,048-token
-context, 1 GiB of KV cache) and are all started first; then, in each round, each server in turn
-takes short chat requests (a one-sentence prompt, ``--tokens`` forced output tokens, ``max_tokens``
-set, as agent frameworks send): ``--sequential`` of them one at a time (the latency a request pays
-with nothing else in flight: what the door and the plug-in add to each), then ``--requests`` with
-``--concurrency`` in flight (saturation: throughput, and the latency of a request in a full queue).
-Only one server has traffic at a time (the others sit idle), and the order rotates each round, so
-that a slow spell of the machine falls on each in turn.
+The servers run the same engine settings (the tiny model, float32, eager, a 2,048-token context,
+1 GiB of KV cache) and are all started first. Then, in each round, each server in turn takes short
+chat requests (a one-sentence prompt, ``--tokens`` forced output tokens, ``max_tokens`` set, as
+agent frameworks send): ``--sequential`` of them one at a time (the latency a request pays with
+nothing else in flight: what the door and the plug-in add to each), then a burst of ``--requests``
+with ``--concurrency`` in flight (saturation). Only one server has traffic at a time (the others sit
+idle). The order rotates every round and is reversed every other round, so each server's burst is
+seconds from stock's and a slow spell of the machine falls on each in turn.
 
-Reported per server: requests per second at saturation (all rounds' requests over their time), the
-median and p99 latency there, and the median latency one at a time (all rounds pooled); each
-against stock vLLM as a ratio (throughput) or a difference (latency). Stock vLLM runs its defaults
-(FCFS); with Justitia's flags the plug-in orders the queue and the door checks each request. A
-fourth server, stock vLLM with ``--no-async-scheduling``, is on vLLM's CPU platform the same server
-as stock (the platform turns async scheduling off for every server): its ratio is the bench's own
-spread, an A/A comparison.
+The throughput figure is paired: each round's requests per second over stock's in the same round,
+and the median of those ratios (with their quartiles), as ``scripts/bench_throughput.py --paired``
+does for the plug-in alone. The machine's slow spells last longer than a round, so a ratio within a
+round moves far less than the rate itself. Latencies are pooled over rounds: the median and p99 at
+saturation, the median one at a time. Stock vLLM runs its defaults (FCFS); with Justitia's flags
+the plug-in orders the queue and the door checks each request. A fourth server, stock vLLM with
+``--no-async-scheduling``, is on vLLM's CPU platform the same server as stock (the platform turns
+async scheduling off for every server): its ratio is the bench's own spread, an A/A comparison.
 """
 
 from __future__ import annotations
@@ -35,8 +36,7 @@ from pathlib import Path
 
 import httpx
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from load_test import _free_port, start  # noqa: E402
+from justitia.lab.servers import free_port as _free_port, start
 
 PROMPT = "Summarize the quarterly report in one sentence."
 ENGINE = ["--max-model-len", "2048", "--enforce-eager", "--dtype", "float32", "--served-model-name", "tiny"]
@@ -81,11 +81,11 @@ def main() -> None:
     from justitia.vllm.models import resolve_model
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--requests", type=int, default=1000)
+    ap.add_argument("--requests", type=int, default=320)
     ap.add_argument("--concurrency", type=int, default=32)
-    ap.add_argument("--sequential", type=int, default=100)
+    ap.add_argument("--sequential", type=int, default=30)
     ap.add_argument("--tokens", type=int, default=16)
-    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--rounds", type=int, default=20)
     ap.add_argument("--out", type=Path, default=Path("results/flags.json"))
     args = ap.parse_args()
     logs = args.out.with_suffix("")
@@ -98,18 +98,19 @@ def main() -> None:
             print(f"started: {name} at {procs[name][1]}", flush=True)
         for name, (_, url) in procs.items():  # warm-up: first requests compile and allocate
             asyncio.run(load(url, 2 * args.concurrency, args.concurrency, args.tokens))
-        spent = {name: 0.0 for name in procs}
+        rate: dict[str, list[float]] = {name: [] for name in procs}
         lat: dict[str, list[float]] = {name: [] for name in procs}
         alone: dict[str, list[float]] = {name: [] for name in procs}
         names = list(procs)
         for r in range(args.rounds):
-            for name in names[r % len(names):] + names[:r % len(names)]:
+            order = names[r % len(names):] + names[:r % len(names)]
+            for name in (order if r % 2 == 0 else order[::-1]):
                 alone[name] += asyncio.run(load(procs[name][1], args.sequential, 1, args.tokens))[1]
                 seconds, each = asyncio.run(load(procs[name][1], args.requests, args.concurrency, args.tokens))
-                spent[name] += seconds
+                rate[name].append(args.requests / seconds)
                 lat[name] += each
-                print(f"round {r + 1}: {name}: {args.requests / seconds:.1f} requests/s, one at a time "
-                      f"{1000 * statistics.median(alone[name][-args.sequential:]):.1f} ms", flush=True)
+            print(f"round {r + 1}: " + "  ".join(f"{rate[n][-1] / rate[names[0]][-1]:.3f}" for n in names[1:])
+                  + f"  x stock ({rate[names[0]][-1]:.1f} requests/s)", flush=True)
     finally:
         for proc, _ in procs.values():
             proc.terminate()
@@ -121,21 +122,27 @@ def main() -> None:
     rows = {}
     for name in names:
         q = statistics.quantiles(lat[name], n=100)
-        rows[name] = {"requests_per_s": args.rounds * args.requests / spent[name],
+        ratios = [a / b for a, b in zip(rate[name], rate[names[0]])]
+        quartiles = statistics.quantiles(ratios, n=4) if len(ratios) > 1 else [ratios[0]] * 3
+        rows[name] = {"requests_per_s": statistics.median(rate[name]), "rounds_requests_per_s": rate[name],
+                      "throughput_vs_stock": statistics.median(ratios), "rounds_vs_stock": ratios,
+                      "quartiles_vs_stock": [quartiles[0], quartiles[2]],
                       "p50_ms": 1000 * statistics.median(lat[name]), "p99_ms": 1000 * q[98],
                       "alone_p50_ms": 1000 * statistics.median(alone[name])}
     stock = rows[names[0]]
     for row in rows.values():
-        row["throughput_vs_stock"] = row["requests_per_s"] / stock["requests_per_s"]
         row["p50_added_ms"] = row["p50_ms"] - stock["p50_ms"]
         row["alone_p50_added_ms"] = row["alone_p50_ms"] - stock["alone_p50_ms"]
     doc = {"command": "python scripts/bench_flags.py " + " ".join(sys.argv[1:]), "requests": args.requests,
            "concurrency": args.concurrency, "sequential": args.sequential, "tokens": args.tokens,
            "rounds": args.rounds, "servers": rows}
     args.out.write_text(json.dumps(doc, indent=1))
-    print(f"{'server':30} {'req/s':>6} {'x stock':>7} {'p50 ms':>7} {'+p50':>6} {'p99 ms':>7} {'alone p50':>9} {'+alone':>7}")
+    print(f"{'server':30} {'req/s':>6} {'x stock':>7} {'quartiles':>11} {'p50 ms':>7} {'+p50':>6} {'p99 ms':>7} "
+          f"{'alone p50':>9} {'+alone':>7}")
     for name, row in rows.items():
-        print(f"{name:30} {row['requests_per_s']:6.1f} {row['throughput_vs_stock']:7.3f} {row['p50_ms']:7.1f} "
+        lo, hi = row["quartiles_vs_stock"]
+        print(f"{name:30} {row['requests_per_s']:6.1f} {row['throughput_vs_stock']:7.3f} {lo:5.3f}-{hi:5.3f} "
+              f"{row['p50_ms']:7.1f} "
               f"{row['p50_added_ms']:6.1f} {row['p99_ms']:7.1f} {row['alone_p50_ms']:9.1f} "
               f"{row['alone_p50_added_ms']:7.2f}")
 

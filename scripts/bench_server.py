@@ -139,7 +139,7 @@ def main() -> int:
     args = ap.parse_args()
     result = {"requests": args.requests, "concurrency": args.concurrency, "tokens": args.tokens,
               "direct": asyncio.run(direct(args.requests, args.concurrency, args.tokens))}
-    from load_test import start_server  # scripts/ is on sys.path when this runs as a script
+    from justitia.lab.servers import start_server
 
     ray = ("--ray", "--replicas", str(args.ray)) if args.ray else ()
     proc, url = start_server("--predictor", "mean", *ray, quiet=True, journal=not args.no_journal)

@@ -19,18 +19,16 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import random
 import secrets
-import socket
-import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 from urllib.parse import urlparse
 
 import httpx
+
+from justitia.lab.servers import ray_split, replica_split, start_replica, start_server
 
 
 def agent_body(rng: random.Random, k: int, stages: tuple[int, int], tasks: tuple[int, int],
@@ -110,78 +108,12 @@ async def run(url: str, n: int, timeout_s: float, seed: int, stages=(4, 4), task
             "first_rejection": rejected[0] if rejected else None}
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def start(cmd: list[str], port: int, ready: str, quiet: bool = False, env: dict | None = None,
-          log: Path | None = None) -> tuple[subprocess.Popen, str]:
-    """Start ``cmd`` serving on loopback ``port`` (``env`` added to this environment; its output to
-    ``log``, or nowhere if ``quiet``); return it once ``ready`` answers (SystemExit if it never does)."""
-    out = open(log, "w") if log is not None else subprocess.DEVNULL if quiet else None
-    # vLLM's CPU backend otherwise reserves most of the machine's memory for each engine's KV cache
-    env = {"VLLM_CPU_KVCACHE_SPACE": "1"} | dict(os.environ) | (env or {})
-    proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT if log is not None else out, env=env)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.time() + 400
-    while proc.poll() is None and time.time() < deadline:
-        try:
-            if httpx.get(url + ready, timeout=5).status_code == 200:
-                return proc, url
-        except httpx.TransportError:
-            pass
-        time.sleep(0.5)
-    proc.kill()
-    raise SystemExit(f"{cmd[:4]} did not start")
-
-
 async def agents_in_flight(client: httpx.AsyncClient) -> int:
     """``justitia_agents_in_flight`` from the server's /metrics (vLLM's own, or a front end's)."""
     for line in (await client.get("/metrics")).text.splitlines():
         if line.startswith("justitia_agents_in_flight "):
             return int(float(line.split()[1]))
     raise RuntimeError("the server's /metrics has no justitia_agents_in_flight")
-
-
-def start_server(*args: str, quiet: bool = False, journal: bool = True) -> tuple[subprocess.Popen, str]:
-    """``justitia serve ARGS`` on a free loopback port, once it answers /health; with a fresh journal
-    (nothing to resume), or none."""
-    port = _free_port()
-    path = Path(tempfile.mkdtemp(prefix="justitia-load-")) / "journal.sqlite"
-    where = ["--journal", str(path)] if journal else ["--no-journal"]
-    return start([sys.executable, "-m", "justitia", "serve", "--port", str(port), *where, *args], port, "/health", quiet)
-
-
-def start_replica(model_dir: str, quiet: bool = True) -> tuple[subprocess.Popen, str]:
-    """A stock vLLM OpenAI server (priority policy, 1 GiB of KV cache, contexts up to 2,048 tokens, as
-    `justitia serve` starts its own engine) on a free loopback port."""
-    port = _free_port()
-    return start([sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model_dir, "--port", str(port),
-                  "--host", "127.0.0.1", "--scheduling-policy", "priority", "--enforce-eager", "--dtype", "float32",
-                  "--max-model-len", "2048"], port, "/v1/models", quiet)
-
-
-def replica_split(url: str) -> dict[str, dict[str, float]]:
-    """Requests the front end sent to each replica, and those that failed, from its /metrics."""
-    out: dict[str, dict[str, float]] = {}
-    for line in httpx.get(url + "/metrics", timeout=30).text.splitlines():
-        for name in ("requests", "failures"):
-            if line.startswith(f"justitia_replica_{name}_total{{"):
-                out.setdefault(line.split('"')[1], {})[name] = float(line.split()[-1])
-    return out
-
-
-def ray_split(url: str) -> dict[str, float]:
-    """Requests each Ray replica answered (by process id), and the retries, from the server's /metrics."""
-    out: dict[str, float] = {}
-    for line in httpx.get(url + "/metrics", timeout=30).text.splitlines():
-        if line.startswith("justitia_ray_replica_answers_total{"):
-            out["pid " + line.split('"')[1]] = float(line.split()[-1])
-        elif line.startswith(("justitia_ray_retries_total ", "justitia_ray_interrupted_total ")):
-            out[line.split()[0].removeprefix("justitia_ray_")] = float(line.split()[-1])
-    return out
 
 
 def main() -> int:

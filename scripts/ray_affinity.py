@@ -24,8 +24,7 @@ from pathlib import Path
 
 import httpx
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from load_test import start_server  # noqa: E402
+from justitia.lab.servers import start_server
 
 WORDS = ("river bridge council budget harbor school winter market railway station museum garden "
          "hospital factory library festival tower village airport forest").split()

@@ -17,14 +17,12 @@ import argparse
 import json
 import os
 import signal
-import sys
 import time
 from pathlib import Path
 
 import httpx
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from load_test import ray_split, start_server  # noqa: E402
+from justitia.lab.servers import ray_split, start_server
 
 
 def agents() -> list[dict]:

@@ -15,19 +15,19 @@ per tenant and per agent. See docs/design.md, "Tenants".
 from __future__ import annotations
 
 import argparse
-import sys
 from dataclasses import replace
-from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-from helpers import agent, engine  # noqa: E402  (the tests' small engine and agent builder)
+from justitia.core import COMPUTE, KV
+from justitia.core.policies import VTC, Justitia
+from justitia.predictors import make_predictor
+from justitia.sim import EngineConfig, LatencyProfile, Simulator
+from justitia.workload import Agent, Task
 
-from justitia.core import COMPUTE, KV  # noqa: E402
-from justitia.core.policies import VTC, Justitia  # noqa: E402
-from justitia.predictors import make_predictor  # noqa: E402
-from justitia.sim import Simulator  # noqa: E402
+# a small engine whose every iteration takes 10 ms
+ENGINE = EngineConfig(profile=LatencyProfile("const-10ms", 10.0, 0.0, 0.0, 0.0, 1.0, 64, "every iteration 10 ms"),
+                      kv_blocks=60, max_num_batched_tokens=512, max_num_seqs=64)
 
 
 def recording(base):
@@ -55,15 +55,15 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--load", type=float, default=0.75, help="each tenant's demand over the formula's M")
     args = ap.parse_args()
-    cfg = engine(blocks=60, budget=512)
+    cfg = ENGINE
     m = cfg.capacity_per_s(KV)
     rate = args.load * m / KV.request_cost(100, 60)
     rng = np.random.default_rng(0)
     agents = []
     for tenant, weight in (("A", 2.0), ("B", 1.0)):
         times = np.cumsum(rng.exponential(1 / rate, size=int(rate * 80)))
-        agents += [replace(agent(f"{tenant}{i:05d}", round(float(t), 4), [(100, 60)], type=tenant), weight=weight,
-                           tenant=tenant) for i, t in enumerate(times[times < 60])]
+        agents += [Agent(f"{tenant}{i:05d}", tenant, round(float(t), 4), ((Task(f"{tenant}{i:05d} task", 100, 60),),),
+                         weight=weight, tenant=tenant) for i, t in enumerate(times[times < 60])]
     agents.sort(key=lambda a: a.arrival_s)
     untenanted = [replace(a, tenant=None) for a in agents]
     for name, policy, workload in (("justitia (tenants)", recording(Justitia)(m), agents),

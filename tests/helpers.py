@@ -33,3 +33,21 @@ def random_agents(rng: np.random.Generator, n: int, max_stages: int = 3, max_tas
         ]
         out.append(agent(f"a{i:03d}", round(t, 3), *stages))
     return out
+
+
+def retained(obj, _seen: set | None = None) -> int:
+    """How many entries the containers reachable from ``obj``'s attributes hold, walked generically
+    through Justitia's objects (no private name read): what an object keeps per agent shows up
+    here, whatever it is called."""
+    seen = set() if _seen is None else _seen
+    if id(obj) in seen or isinstance(obj, (str, bytes, int, float, bool, type(None))):
+        return 0
+    seen.add(id(obj))
+    if isinstance(obj, dict):
+        return len(obj) + sum(retained(v, seen) for v in obj.values())
+    if isinstance(obj, (list, tuple, set, frozenset)):
+        return len(obj) + sum(retained(v, seen) for v in obj)
+    fields = getattr(obj, "__dict__", None)
+    if fields is None or isinstance(obj, type) or not type(obj).__module__.startswith("justitia"):
+        return 0  # only Justitia's own objects are walked (not a logger's registry, say)
+    return sum(retained(v, seen) for v in fields.values())

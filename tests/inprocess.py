@@ -95,9 +95,9 @@ class RecordingBackend(Backend):
             raise BackendError("the engine is busy")
         self.registered.append((agent_id, weight, tenant))
         self.book.register(agent_id, agent_type, predicted_cost, 0.0, weight, tenant, resume_cost)
-        return self.book.core.virtual_finish(agent_id)
+        return self.book.virtual_finish(agent_id)
 
-    async def release(self, agent_id):
+    async def retire(self, agent_id):
         self.book.release(agent_id, 0.0)
 
     async def state(self):

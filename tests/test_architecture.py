@@ -115,4 +115,82 @@ def test_the_rules_see_the_whole_package():
             "justitia.server.agents", "justitia.agent"} <= set(MODULES)
     assert "justitia.core.scheduler" in GRAPH["justitia.core.book"]
     assert "justitia.agent" in GRAPH["justitia.sim.simulator"]
-    assert "justitia.lab.presets" in GRAPH["justitia.cli"]  # a function-level import
+    assert any("justitia.lab.presets" in GRAPH[m] for m in MODULES if _in(m, ("justitia.cli",)))  # function-level
+
+
+# ------------------------------------------------------------------ the core's verbs, and no others
+REPO = ROOT.parent
+CORE_VERBS_DOC = REPO / "docs" / "design.md"
+
+
+def _documented_verbs() -> set[str]:
+    """The verbs the contract table in docs/design.md lists (its first column, before any bracket)."""
+    text = CORE_VERBS_DOC.read_text()
+    table = text[text.index("## The core's contract"):text.index("`AgentBook` (justitia/core/book.py)")]
+    verbs = set()
+    for line in table.splitlines():
+        if line.startswith("| `"):
+            for cell in line.split("|")[1].split("/"):
+                verbs.add(cell.strip().strip("`").split("(")[0])
+    return verbs
+
+
+def _public_members(cls) -> set[str]:
+    return {n for n in vars(cls) if not n.startswith("_")} - {"for_policy"}  # for_policy: a constructor
+
+
+def _sources_outside_the_core():
+    """Every Python file that drives the core: the product outside it, the scripts and the tests."""
+    for path in sorted([*ROOT.rglob("*.py"), *(REPO / "scripts").glob("*.py"), *(REPO / "tests").glob("*.py")]):
+        if "justitia/core/" not in path.as_posix():
+            yield path, ast.parse(path.read_text())
+
+
+def _core_expression(node: ast.AST) -> bool:
+    """Whether an expression names an ``AgentScheduler`` by this project's convention: ``core``,
+    ``c`` in the core's tests, ``x.core``, ``cores[i]``."""
+    if isinstance(node, ast.Name):
+        return node.id in ("core", "cores")
+    if isinstance(node, ast.Attribute):  # x.core, not the package justitia.core
+        return node.attr == "core" and not (isinstance(node.value, ast.Name) and node.value.id == "justitia")
+    if isinstance(node, ast.Subscript):
+        return _core_expression(node.value)
+    return False
+
+
+def test_the_core_has_exactly_the_verbs_its_contract_lists():
+    from justitia.core.scheduler import AgentScheduler
+
+    verbs = _public_members(AgentScheduler)
+    assert verbs == _documented_verbs()
+    assert len(verbs) <= 20  # a narrow contract (vLLM's RequestQueue has about ten)
+    doc = justitia.core.scheduler.__doc__
+    assert all(v in doc for v in verbs), [v for v in verbs if v not in doc]
+
+
+def test_engines_call_only_the_verbs_and_only_the_skipping_stepper_looks_ahead():
+    from justitia.core.scheduler import AgentScheduler
+
+    verbs = _public_members(AgentScheduler)
+    for path, tree in _sources_outside_the_core():
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Attribute) and _core_expression(node.value):
+                assert node.attr in verbs, f"{path}:{node.lineno} calls the core's '{node.attr}', not a verb"
+                if node.attr == "lookahead":
+                    assert "tests/" in path.as_posix() or path.name == "skipping.py", \
+                        f"{path}:{node.lineno} looks ahead: only the skipping stepper may"
+
+
+def test_no_private_name_of_the_core_is_read_outside_it():
+    private = set()
+    for path in (ROOT / "core").rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if (isinstance(node, ast.Attribute) and node.attr.startswith("_") and not node.attr.startswith("__")
+                    and isinstance(node.value, ast.Name) and node.value.id == "self"):
+                private.add(node.attr)
+    assert {"_policy", "_attained", "_infos", "_core"} <= private  # the walk sees the core's state
+    for path, tree in _sources_outside_the_core():
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Attribute) and node.attr in private and not (
+                    isinstance(node.value, ast.Name) and node.value.id in ("self", "cls")):
+                raise AssertionError(f"{path}:{node.lineno} reads '{node.attr}', a private name of the core")

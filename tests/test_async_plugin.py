@@ -11,6 +11,7 @@ from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 
 from justitia.core import REGISTER, RESET, ControlCall
 from justitia.vllm.plugin import JustitiaScheduler, StepLogScheduler, check_version
+from justitia.vllm.steplog import read_step_log
 from vllm_scheduler import Driver, make_scheduler, request
 
 SIZES = [(40, 5), (50, 6), (60, 7), (70, 8), (80, 9), (90, 10)]  # (prompt tokens, output tokens)
@@ -66,7 +67,7 @@ def test_with_a_step_in_flight_each_agent_is_charged_exactly_its_kv_token_time(m
     for agent, (p, d, kv) in expected.items():
         assert charged_sync[agent][:2] == [p, d] and charged_sync[agent][2] >= kv
     assert order_async == order_sync != sorted(order_sync)  # las reorders, the same way on both paths
-    assert not scheduler.book.infos and not scheduler.waiting  # every request released
+    assert scheduler.book.open_count == 0 and not scheduler.waiting  # every request released
 
 
 def test_one_step_ahead_the_plugin_serves_in_virtual_finish_order(monkeypatch):
@@ -99,11 +100,11 @@ def test_the_step_log_on_the_async_path_writes_each_step_once_with_the_sync_path
         driver = Driver(scheduler, 2 if async_scheduling else 1)
         driver.run()
         scheduler.shutdown()
-        rows = [line.split(",") for line in path.read_text().splitlines()]
+        rows = read_step_log(path)
         assert len(rows) == driver.steps
         logs[async_scheduling] = rows
-    delivered = {a: sum(int(r[8]) for r in rows) for a, rows in logs.items()}
-    tokens = {a: sum(int(r[1]) for r in rows) for a, rows in logs.items()}
+    delivered = {a: sum(r.delivered_kv for r in rows) for a, rows in logs.items()}
+    tokens = {a: sum(r.batched_tokens for r in rows) for a, rows in logs.items()}
     assert delivered[True] == delivered[False] == sum(sum(p + j for j in range(d)) for p, d in SIZES)
     assert tokens[True] == tokens[False]
 
@@ -120,12 +121,12 @@ def test_requests_in_vllms_kv_holding_queue_are_on_the_books_and_in_policy_order
     for r in held:  # as vLLM's _enqueue_waiting_request puts a request that holds blocks
         scheduler.requests[r.request_id] = r
         scheduler.kv_holding_waiting.add_request(r)
-    assert all(isinstance(r.priority, tuple) and r.request_id in scheduler.book.infos for r in held)
+    assert all(isinstance(r.priority, tuple) and scheduler.book.request(r.request_id) for r in held)
     scheduler.add_request(request("small-new", 32, 3, first_token=900, agent_id="small"))
     driver = Driver(scheduler, 2 if async_scheduling else 1)
     driver.run()
     assert driver.admitted == ["small-held", "big-held", "small-new"]  # holders first, in tag order
-    assert not scheduler.book.infos and scheduler.core.open_requests("big") == 0
+    assert scheduler.book.open_count == 0 and scheduler.core.agent("big").open_requests == 0
 
 
 def test_the_plugin_refuses_a_vllm_it_was_not_read_against():

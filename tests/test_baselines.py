@@ -3,7 +3,7 @@
 import pytest
 
 from helpers import agent, engine
-from justitia.core.policies import VTC, make_policy
+from justitia.core import AgentScheduler, make_policy
 from justitia.predictors import make_predictor
 from justitia.sim import Simulator
 
@@ -42,50 +42,26 @@ def test_first_come_first_served_blocks_mice_behind_an_elephant(policy):
     assert pampered["mouse"].jct_s < 0.1 * blocked["mouse"].jct_s
 
 
-class RecordingVTC(VTC):
-    """VTC that records the counter gap between two agents whenever both are backlogged."""
-
-    def __init__(self, a, b):
-        super().__init__()
-        self.pair = (a, b)
-        self.gaps = []
-        self.backlogged_now = set()
-
-    def charge(self, req, service):
-        super().charge(req, service)
-        a, b = self.pair
-        if a in self._attained and b in self._attained and self.backlogged_now >= {a, b}:
-            self.gaps.append(abs(self._attained[a] - self._attained[b]))
-
-
 def test_vtc_shares_evenly_at_every_moment(monkeypatch):
     cfg = engine(blocks=30, budget=512)
     agents = [agent("a", 0.0, [(100, 60)] * 40), agent("b", 0.0, [(100, 60)] * 40)]
-    pol = RecordingVTC("a", "b")
-    sim = Simulator(cfg, pol, make_predictor("oracle"))
-    track_backlog(monkeypatch, pol)  # who is backlogged, through the queue the simulator builds
+    gaps = []
+    charge = AgentScheduler.charge
+
+    def recording_charge(core, req, service, now_s=None):
+        """Each charge, the gap in service (VTC's unit, compute tokens) while both agents wait."""
+        charge(core, req, service, now_s)
+        a, b = core.agent("a"), core.agent("b")
+        if a and b and core.lookahead.is_backlogged("a") and core.lookahead.is_backlogged("b"):
+            gaps.append(abs(a.attained - b.attained))
+
+    monkeypatch.setattr(AgentScheduler, "charge", recording_charge)
+    sim = Simulator(cfg, "vtc", make_predictor("oracle"), cost="compute")
     res = {a.agent_id: a for a in sim.run(agents).agents}
+    monkeypatch.undo()
     one_request = 100 + 2 * 60
-    assert pol.gaps and max(pol.gaps) <= 2 * one_request
+    assert gaps and max(gaps) <= 2 * one_request
     # Even sharing all along: the two agents finish together; Justitia finishes one first.
     assert res["a"].finish_s == pytest.approx(res["b"].finish_s, rel=0.05)
     just = run(agents, "justitia", cfg)
     assert min(j.finish_s for j in just.values()) < 0.6 * max(j.finish_s for j in just.values())
-
-
-def track_backlog(monkeypatch, pol):
-    """Make ``pol.backlogged_now`` mirror the waiting queue's backlogged agents (undone after the test)."""
-    from justitia.core.queue import WaitingQueue
-
-    add, remove = WaitingQueue.add, WaitingQueue.remove
-
-    def tracked_add(self, req):
-        add(self, req)
-        pol.backlogged_now = set(self.agents())
-
-    def tracked_remove(self, req):
-        remove(self, req)
-        pol.backlogged_now = set(self.agents())
-
-    monkeypatch.setattr(WaitingQueue, "add", tracked_add)
-    monkeypatch.setattr(WaitingQueue, "remove", tracked_remove)

@@ -8,6 +8,7 @@ import pytest
 from justitia.lab.calibrate import delivered_capacity, fit_profile, step_durations
 from justitia.cli import main
 from justitia.sim.config import LatencyProfile, load_profile
+from justitia.vllm.steplog import StepRow
 from justitia.workload import Agent, Task, scale_tokens
 
 
@@ -18,7 +19,7 @@ def synthetic_steps(base_ms, per_tok_ms, per_ctx_ms, n=400, seed=0, idle_every=0
     for k in range(n):
         batched, ctx = int(rng.integers(1, 2048)), int(rng.integers(0, 20000))
         idle = idle_every and k % idle_every == idle_every - 1
-        rows.append((t, batched, ctx, 1, 3, 0 if idle else 1, 0))
+        rows.append(StepRow(t, batched, ctx, 1, 3, 0 if idle else 1, 0))
         t += (base_ms + per_tok_ms * batched + per_ctx_ms * ctx) / 1000 + (5.0 if idle else 0.0)
     return rows
 
@@ -69,21 +70,24 @@ def test_the_fit_recovers_the_coefficients_and_ignores_steps_before_an_idle_gap(
 
 def test_calibration_measures_m_over_the_steps_that_started_with_requests_waiting():
     # (t, batched, ctx, prefills, decodes, busy_after, preemptions, waiting_before, delivered_kv)
-    rows = [(0.00, 64, 0, 1, 0, 1, 0, 0, 0),  # nothing waited: not counted
-            (0.01, 8, 900, 0, 8, 1, 0, 3, 900),  # 900 delivered in 0.02 s while 3 waited
-            (0.03, 8, 1000, 0, 8, 0, 0, 2, 1000),  # an idle gap follows: no measurable duration
-            (0.50, 8, 500, 0, 8, 1, 0, 1, 500),  # 500 in 0.01 s
-            (0.51, 8, 500, 0, 8, 1, 0, 0, 500)]
-    per_s, busy_s = delivered_capacity([rows])
+    lines = [(0.00, 64, 0, 1, 0, 1, 0, 0, 0),  # nothing waited: not counted
+             (0.01, 8, 900, 0, 8, 1, 0, 3, 900),  # 900 delivered in 0.02 s while 3 waited
+             (0.03, 8, 1000, 0, 8, 0, 0, 2, 1000),  # an idle gap follows: no measurable duration
+             (0.50, 8, 500, 0, 8, 1, 0, 1, 500),  # 500 in 0.01 s
+             (0.51, 8, 500, 0, 8, 1, 0, 0, 500)]
+    per_s, busy_s = delivered_capacity([[StepRow(*line) for line in lines]])
     assert per_s == pytest.approx(1400 / 0.03) and busy_s == pytest.approx(0.03)
-    assert delivered_capacity([[r[:7] for r in rows]]) == (None, 0.0)  # an old step log has no such columns
+    old = [StepRow(*line[:7]) for line in lines]  # an old step log has no such columns
+    assert delivered_capacity([old]) == (None, 0.0)
     _, stats = fit_profile([synthetic_steps(7.5, 0.03, 0.0004)], "fit", 23, 128, "test")
     assert stats["delivered_capacity_per_s"] is None  # no request waited
 
 
 def test_a_coefficient_the_data_would_make_negative_is_dropped():
+    from dataclasses import replace
+
     rows = synthetic_steps(7.5, 0.03, 0.0, n=200)
-    rows = [(t, b, 0, p, d, busy, pre) for t, b, _c, p, d, busy, pre in rows]  # context never varies
+    rows = [replace(row, decode_context_tokens=0) for row in rows]  # context never varies
     profile, _ = fit_profile([rows], "fit", 23, 128, "test")
     assert profile.per_context_token_ms == 0.0 and profile.base_ms > 0 and profile.per_batched_token_ms > 0
 
@@ -182,7 +186,7 @@ def test_the_calibration_throws_runs_away_until_the_engine_is_warm(monkeypatch):
     from justitia.vllm.engine import EngineSpec
 
     def steps(ms):  # ten busy steps of ``ms`` each (the step log's first six columns)
-        return [(k * ms / 1000, 64, 0, 0, 1, 1) for k in range(11)]
+        return [StepRow(k * ms / 1000, 64, 0, 0, 1, 1) for k in range(11)]
 
     class FakeEngine:
         spec = EngineSpec(max_model_len=2048)
@@ -281,8 +285,9 @@ def test_the_front_end_fit_recovers_its_latencies_from_a_step_log_and_the_reques
     starts = np.arange(0.0, 2.5, 0.0103)  # steps of 10.3 ms
     joined = np.searchsorted(starts, ready)  # each request joins the first step starting after it is ready
     ends = joined + 3  # and finishes three steps later
-    rows = [(float(t), 64, 0, 1, 1, 1, 0, 0, 0, 0, int((joined == k).sum()), int((ends == k).sum()), 0)
-            for k, t in enumerate(starts)]
+    lines = [(float(t), 64, 0, 1, 1, 1, 0, 0, 0, 0, int((joined == k).sum()), int((ends == k).sum()), 0)
+             for k, t in enumerate(starts)]
+    rows = [StepRow(*line) for line in lines]
     # answered 2 ms after the end of its finishing step (the next step's start)
     requests = [(f"r{i}", float(s), float(starts[e + 1] + 0.002)) for i, (s, e) in enumerate(zip(sent, ends))]
     fit = fit_frontend([(rows, requests)])
@@ -290,7 +295,7 @@ def test_the_front_end_fit_recovers_its_latencies_from_a_step_log_and_the_reques
     assert fit["request_latency_ms"] == pytest.approx(15.0, abs=1.0)
     assert fit["answer_latency_ms"] == pytest.approx(2.0, abs=0.01)
     with pytest.raises(ValueError, match="step logs"):
-        fit_frontend([([row[:10] for row in rows], requests)])  # a log without the arrival columns
+        fit_frontend([([StepRow(*line[:10]) for line in lines], requests)])  # a log without the arrival columns
     # the latencies round-trip through a profile file; an older file's one latency meant both ways
     doc = LatencyProfile("p", 0.0, 2.0, 0.01, 0.0, 1.0, 23, "test", 128, request_latency_ms=12.5, answer_latency_ms=2.0,
                          frontend_ms_per_request=0.8, per_request_ms=0.1, per_arrival_ms=0.2).to_json()
@@ -314,7 +319,7 @@ def test_the_fit_finds_what_each_request_and_each_arrival_adds_to_a_step():
     for k in range(len(rows) - 1):  # a step lasts its terms, the next row's arrivals included
         b, c, n, a = rows[k][1], rows[k][2], rows[k][3] + rows[k][4], rows[k + 1][10]
         rows[k + 1][0] = rows[k][0] + (6.0 + 0.04 * b + 0.0002 * c + 0.12 * n + 0.25 * a) / 1000
-    profile, stats = fit_profile([[tuple(r) for r in rows]], "fit", 23, 128, "test")
+    profile, stats = fit_profile([[StepRow(*r) for r in rows]], "fit", 23, 128, "test")
     assert profile.per_request_ms == pytest.approx(0.12, rel=1e-6) and profile.per_arrival_ms == pytest.approx(0.25, rel=1e-6)
     assert profile.base_ms == pytest.approx(6.0, rel=1e-6) and stats["r2"] == pytest.approx(1.0)
     assert profile.iteration_s(100, 1000, 10, 2) == pytest.approx((6.0 + 4.0 + 0.2 + 1.2 + 0.5) / 1000)
@@ -325,16 +330,16 @@ def test_the_runner_gives_the_model_and_the_front_end_cores_of_their_own(monkeyp
     from justitia.vllm.engine import EngineSpec
 
     monkeypatch.delenv("VLLM_CPU_OMP_THREADS_BIND", raising=False)
-    monkeypatch.setattr(runner, "_PROCESS_CPUS", frozenset({0, 1}))
+    monkeypatch.setattr(runner, "process_cpus", lambda: frozenset({0, 1}))
     assert runner.core_layout(EngineSpec()) == ("1", {0})
-    monkeypatch.setattr(runner, "_PROCESS_CPUS", frozenset({2, 3, 5}))
+    monkeypatch.setattr(runner, "process_cpus", lambda: frozenset({2, 3, 5}))
     assert runner.core_layout(EngineSpec()) == ("3,5", {2})
     assert runner.core_layout(EngineSpec(cpu_threads="2-5")) == ("2-5", None)  # the caller's binding wins
     monkeypatch.setenv("VLLM_CPU_OMP_THREADS_BIND", "3,5")  # an earlier engine's, ours: still pinned
     assert runner.core_layout(EngineSpec()) == ("3,5", {2})
     monkeypatch.setenv("VLLM_CPU_OMP_THREADS_BIND", "nobind")  # the user's
     assert runner.core_layout(EngineSpec()) == ("nobind", None)
-    monkeypatch.setattr(runner, "_PROCESS_CPUS", frozenset({4}))
+    monkeypatch.setattr(runner, "process_cpus", lambda: frozenset({4}))
     assert runner.core_layout(EngineSpec()) == ("4", None)  # one core: nothing to split
 
 
@@ -452,3 +457,28 @@ def test_a_bench_document_loads_back_into_the_simulators_view_of_its_engine(tmp_
     doc, loaded, loaded_spec, config = load_bench(path)
     assert loaded == profile and loaded_spec == spec and doc["workload"]["seed"] == 0
     assert config == engine_config(profile, spec, 128)
+
+
+def test_the_step_log_reads_back_what_it_wrote_and_older_logs_with_their_missing_columns_none(tmp_path):
+    from dataclasses import fields
+
+    from justitia.vllm.steplog import COLUMNS, StepLogWriter, read_step_log
+
+    assert COLUMNS == tuple(f.name for f in fields(StepRow)) and COLUMNS[:2] == ("t_s", "batched_tokens")
+    row = StepRow(1.25, 300, 4096, 1, 7, 1, 0, 3, 2048, 412, 2, 1, 12345)
+    assert row.line() == "1.250000,300,4096,1,7,1,0,3,2048,412,2,1,12345\n"  # the format the lab has always read
+    path = tmp_path / "steps.csv"
+    writer = StepLogWriter(path)
+    writer.write(row)
+    writer.write(StepRow(0.5, 64, 0, 1, 0, 0))  # an old row writes only its columns
+    writer.close()
+    assert path.read_text() == row.line() + "0.500000,64,0,1,0,0,0\n"
+    back = read_step_log(path)
+    assert back[0] == row and back[1] == StepRow(0.5, 64, 0, 1, 0, 0, 0)
+    assert back[1].waiting_before is None and back[1].arrived_before is None  # an older log's missing columns
+    path.write_text(row.line() + "0.1,2,3\n")
+    with pytest.raises(ValueError, match=r"steps.csv:2: a step-log line has 6 to 13 columns, this one 3"):
+        read_step_log(path)
+    path.write_text("0.1,2,3,4,5,x\n")
+    with pytest.raises(ValueError, match=r"steps.csv:1: a step-log line is a number of seconds, then integers"):
+        read_step_log(path)

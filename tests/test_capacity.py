@@ -79,27 +79,27 @@ def test_a_tagging_front_end_measures_m_from_its_requests_round_trips():
     book.tag("r2", RequestMeta("b"), 60, 40, now_s=1.0)  # demand 200 > 150: some request must wait
     book.finish("r1", 2.0, 40)  # 60*40 + 40*40/2 = 3200 served in 1 busy second
     book.finish("r2", 2.5, 40)  # demand 100: the half second after r1 was not busy
-    assert book.core.capacity_per_s == 10_000.0  # M moves only at an agent's arrival
+    assert book.clock().capacity_per_s == 10_000.0  # M moves only at an agent's arrival
     book.tag("r3", RequestMeta("c"), 60, 40, now_s=3.0)
-    assert book.core.capacity_per_s == pytest.approx(3200)  # the first window replaces the starting M
-    assert book.core.capacity_schedule == [(0.0, 10_000.0), (3.0, pytest.approx(3200.0))]
+    assert book.clock().capacity_per_s == pytest.approx(3200)  # the first window replaces the starting M
+    assert book.clock().schedule == [(0.0, 10_000.0), (3.0, pytest.approx(3200.0))]
     idle = AgentBook.tagging("justitia", 10_000.0, measure_every_s=1.0, kv_tokens=10_000)
     for k in range(5):  # never more asked than the cache holds: nothing to measure
         idle.tag(f"r{k}", RequestMeta(f"a{k}"), 60, 40, now_s=float(k))
         idle.finish(f"r{k}", k + 0.9, 40)
-    assert idle.core.capacity_schedule == [(0.0, 10_000.0)]
-    assert AgentBook.tagging("justitia", 10_000.0).core.capacity_schedule is None  # no kv_tokens, no meter
+    assert idle.clock().schedule == [(0.0, 10_000.0)]
+    assert AgentBook.tagging("justitia", 10_000.0).clock().schedule is None  # no kv_tokens, no meter
 
 
 def test_only_a_policy_with_a_clock_is_measured_and_m_changes_only_at_arrivals():
     for name in ("fcfs", "vtc", "srjf"):
-        assert not AgentScheduler.for_policy(name, 100.0, KV, measure_every_s=1.0).measures_capacity
+        assert not AgentScheduler.for_policy(name, 100.0, KV, measure_every_s=1.0).traits.measures_capacity
     core = AgentScheduler.for_policy("justitia", 100.0, KV, measure_every_s=1.0)
-    assert core.measures_capacity and core.capacity_schedule == [(0.0, 100.0)]
+    assert core.traits.measures_capacity and core.clock().schedule == [(0.0, 100.0)]
     core.observe_service(1.0, Charge(kv_token_iters=50))
-    assert core.capacity_per_s == 100.0  # not until an agent arrives
+    assert core.clock().capacity_per_s == 100.0  # not until an agent arrives
     core.agent_arrived("a", "t", 10.0, 3.0)
-    assert core.capacity_per_s == pytest.approx(50.0) and core.capacity_schedule[-1] == (3.0, pytest.approx(50.0))
+    assert core.clock().capacity_per_s == pytest.approx(50.0) and core.clock().schedule[-1] == (3.0, pytest.approx(50.0))
 
 
 def _stream(rng, n, mean_gap_s):
@@ -190,12 +190,12 @@ def test_the_plug_in_starts_its_clock_from_a_calibration_of_its_own_kv_cache(tmp
     from vllm_scheduler import make_scheduler
 
     monkeypatch.setenv("JUSTITIA_POLICY", "justitia")
-    guess = make_scheduler(JustitiaScheduler, False).core.capacity_per_s
+    guess = make_scheduler(JustitiaScheduler, False).core.clock().capacity_per_s
     for blocks, expected in ((64, 4321.0), (128, guess)):
         path = tmp_path / f"calibration-{blocks}.json"
         path.write_text(json.dumps({"kv_blocks": blocks, "block_size": 16, "fit": {"delivered_capacity_per_s": 4321.0}}))
         monkeypatch.setenv("JUSTITIA_CALIBRATION", str(path))
-        assert make_scheduler(JustitiaScheduler, False).core.capacity_per_s == expected
+        assert make_scheduler(JustitiaScheduler, False).core.clock().capacity_per_s == expected
     assert guess != 4321.0
     monkeypatch.setenv("JUSTITIA_CALIBRATION", str(tmp_path / "missing.json"))
     with pytest.raises(ValueError, match="JUSTITIA_CALIBRATION="):

@@ -1,6 +1,7 @@
 """The command line: generate a workload, bench it, and the results schema."""
 
 import json
+import re
 
 import pytest
 
@@ -58,12 +59,23 @@ def test_bad_input_is_one_clear_sentence_and_nothing_runs(tmp_path, capsys):
     assert not out.exists()
 
 
-def test_compute_cost_switch_runs(tmp_path):
-    out = tmp_path / "c"
-    assert main(["bench", "--agents", "8", "--policies", "justitia", "--cost", "compute", "--out", str(out),
-                 "--no-plots", "--no-progress"]) == 0
-    doc = json.loads((out / "results.json").read_text())
-    assert doc["policies"]["justitia"]["cost"] == "compute"
+def test_the_cost_switch_prices_agents_in_its_cost_model(tmp_path):
+    from justitia.core import COMPUTE, KV
+    from justitia.workload import load_workload
+
+    wl = tmp_path / "w.jsonl"
+    assert main(["workload", "generate", "--agents", "8", "--seed", "2", "--out", str(wl)]) == 0
+    agents = load_workload(wl)
+    priced = {}
+    for model in (KV, COMPUTE):
+        out = tmp_path / model.name
+        assert main(["bench", "--workload", str(wl), "--policies", "justitia", "--cost", model.name, "--out", str(out),
+                     "--no-plots", "--no-progress"]) == 0
+        runs = json.loads((out / "results.json").read_text())["policies"]["justitia"]["agents"]
+        priced[model.name] = {r["agent_id"]: r["predicted_cost"] for r in runs}
+        # the oracle prices each agent at its true cost in the model asked for: p + 2d, or p*d + d^2/2
+        assert priced[model.name] == pytest.approx({a.agent_id: a.cost(model) for a in agents})
+    assert all(priced["compute"][a] < priced["kv"][a] for a in priced["kv"])
 
 
 @pytest.mark.parametrize("argv", [["bench", "--preset", "nope"], ["bench", "--engine", "gpu"]])
@@ -111,3 +123,51 @@ def test_the_sustained_presets_stream_small_agents_at_a_multiple_of_what_the_eng
         assert rate == pytest.approx(preset.workload_info["rate_per_s"], rel=0.1)
         assert [s.label for s in preset.specs] == ["fcfs", "sjf", "parrot", "vtc", "srjf", "justitia", "las",
                                                   "justitia@formula-M"]
+
+
+def test_a_preset_prints_its_own_summary_and_an_agent_name_alone_prints_none(tmp_path, capsys):
+    import justitia.lab.presets as presets
+    from justitia.workload import save_workload
+    from helpers import agent
+
+    wl = save_workload([agent("elephant", 0.0, [(400, 200)] * 6), agent("trojan-1", 0.5, [(50, 20)]),
+                        agent("mouse-1", 1.0, [(60, 30)] * 2)], tmp_path / "w.jsonl")
+    out = tmp_path / "out"
+    assert main(["bench", "--workload", str(wl), "--policies", "fcfs,justitia", "--out", str(out),
+                 "--no-plots", "--no-progress"]) == 0
+    printed = capsys.readouterr().out
+    assert "elephant finishes" not in printed and "trojans" not in printed  # no preset, no summary
+    doc = json.loads((out / "results.json").read_text())
+    lines = presets.elephant_summary(doc)
+    assert len(lines) == 3 and "elephant finishes" in lines[1] and "GPS finish" in lines[2]  # fcfs, justitia
+    jct = {a["agent_id"]: a["jct_s"] for a in doc["policies"]["fcfs"]["agents"]}
+    line = presets.trojan_summary(doc)[1]
+    honest, trojans = (float(x) for x in re.findall(r"(\d+\.\d) s", line))
+    assert line.split()[0] == "fcfs" and trojans == pytest.approx(jct["trojan-1"], abs=0.05)
+    assert honest == pytest.approx((jct["elephant"] + jct["mouse-1"]) / 2, abs=0.05)
+    assert presets.make_preset("starvation").summary is presets.elephant_summary
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--max-num-seqs", "0"], "--max-num-seqs must be >= 1, got 0."),
+    (["--key-rate", "inf"], "--key-rate must be a finite number >= 0, got inf."),
+    (["--header-timeout", "0"], "--header-timeout must be a finite number > 0, got 0.0."),
+    (["--journal", "j.sqlite", "--no-journal"], "--journal and --no-journal contradict each other."),
+    (["--ray", "--upstream", "http://127.0.0.1:9"], "--ray and --upstream contradict each other"),
+    (["--ray", "--replicas", "0"], "--replicas must be >= 1, got 0."),
+    (["--upstream", "http://127.0.0.1:9", "--enforce-eager"], "--enforce-eager: with --upstream, give vLLM's options"),
+    (["--upstream", "http://127.0.0.1:9", "--calibration", "c.json"], "--calibration: for the engine justitia serve runs"),
+])
+def test_serve_refuses_a_bad_setting_in_one_sentence_before_starting_anything(argv, message, capsys):
+    assert main(["serve", *argv]) == 2
+    assert f"justitia: error: {message}" in capsys.readouterr().err
+
+
+def test_serve_settings_check_themselves_when_made():
+    from justitia.server.main import ServeSettings
+
+    with pytest.raises(ValueError, match="--drain-s must be a finite number >= 0"):
+        ServeSettings(drain_s=float("nan"))
+    with pytest.raises(ValueError, match="--key-agents-in-flight must be >= 1"):
+        ServeSettings(key_agents_in_flight=0)
+    assert ServeSettings(no_journal=True).journal_path() is None

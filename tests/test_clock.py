@@ -106,7 +106,6 @@ def test_gps_finishes_in_tag_order_and_v_never_decreases(jobs):
 def test_many_events_are_cheap(monkeypatch):
     # O(log n) per event: each tag is pushed once and popped once, whatever the order of events.
     import heapq
-    import time
 
     import justitia.core.clock as clock_module
 
@@ -127,15 +126,12 @@ def test_many_events_are_cheap(monkeypatch):
     clock = VirtualClock(1000.0)
     rng = np.random.default_rng(0)
     t = 0.0
-    started = time.perf_counter()
     for i in range(20000):
         t += rng.exponential(0.01)
         clock.arrive(f"a{i}", float(rng.uniform(1, 100)), t)
         clock.virtual_time(t)
     assert len(clock.drain()) == 20000
-    assert ops == {"push": 20000, "pop": 20000}
-    # a quadratic clock would take minutes here; this one takes a fraction of a second
-    assert time.perf_counter() - started < 20
+    assert ops == {"push": 20000, "pop": 20000}  # each tag pushed once and popped once, not once per event
 
 
 def test_a_settled_agent_that_declared_a_huge_cost_stops_slowing_the_clock():

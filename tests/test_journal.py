@@ -15,7 +15,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from inprocess import RecordingBackend, WordTokenizer, settle
-from justitia.core import AgentBook, RequestMeta
+from justitia.core import AgentBook, AgentScheduler, RequestMeta
 from justitia.predictors import make_predictor
 from justitia.server.app import Settings, create_app
 from justitia.server.journal import Journal, JournalError, Record, resume_order
@@ -203,7 +203,7 @@ def test_a_first_try_the_journal_could_not_write_is_released_and_leaves_its_idem
     app.journal.accept = broken
     r = app.post("/v1/agents", json=TWO_STAGES, headers=auth(A) | {"Idempotency-Key": "k-unwritten"})
     assert r.status_code == 503 and r.headers["retry-after"]
-    assert app.backend.book.core.agent_count == 0  # registered, then released: the policy forgot it
+    assert app.backend.book.state(0.0).agents == 0  # registered, then released: the policy forgot it
     retry = app.post("/v1/agents", json=TWO_STAGES, headers=auth(A) | {"Idempotency-Key": "k-unwritten"})
     assert retry.status_code == 202, retry.text
     assert settle(app, retry.json()["agent_id"], A)["status"] == "done"
@@ -231,7 +231,8 @@ class OrderedBackend(RecordingBackend):
 
     def __init__(self):
         super().__init__()
-        self.book = AgentBook.for_policy("justitia", 1000.0)
+        self.core = AgentScheduler.for_policy("justitia", 1000.0)
+        self.book = AgentBook(self.core)
         self.served: list[str] = []
         self.held, self.busy, self.turn = True, False, None
 
@@ -250,8 +251,8 @@ class OrderedBackend(RecordingBackend):
         info, _ = self.book.arrive(request_id, meta, len(prompt["prompt_token_ids"]), params.max_tokens, 0.0)
         async with self._turn():
             self.turn.notify_all()
-            await self.turn.wait_for(lambda: not self.held and not self.busy and self.book.core.peek() is info)
-            self.book.core.dequeue(info)
+            await self.turn.wait_for(lambda: not self.held and not self.busy and self.core.peek() is info)
+            self.core.dequeue(info)
             self.busy = True
         self.served.append(meta.agent_id)
         self.book.finish(request_id, 0.0)
@@ -279,7 +280,7 @@ def crashed_journal(path, owner, agents):
 
 def waiting_for(app, requests):
     deadline = time.time() + 60
-    while app.backend.book.core.num_waiting < requests:
+    while app.backend.core.num_waiting < requests:
         assert time.time() < deadline
         time.sleep(0.01)
 

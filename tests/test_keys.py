@@ -162,7 +162,7 @@ def test_the_plug_ins_scheduler_prices_a_request_by_the_setting(client_prices, m
     scheduler.add_request(request("r0", 32, 64, agent_id="plain", **claims))
     scheduler.add_request(request("r1", 32, 64, first_token=500, agent_id="door", **claims, **{DOOR_KEY: "s3cret"}))
     scheduler.add_request(request("r2", 32, 64, first_token=900, agent_id="guess", **claims, **{DOOR_KEY: "guess"}))
-    agents = scheduler.core._agents
+    agents = {a: scheduler.core.agent(a).info for a in ("plain", "door", "guess")}
     read = {a: agents[a].predicted_cost == 1.0 and agents[a].tenant == "vip" for a in ("plain", "door", "guess")}
     expected = {None: {"plain": False, "door": True, "guess": False},
                 "0": {"plain": False, "door": False, "guess": False},

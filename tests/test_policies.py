@@ -103,14 +103,14 @@ def test_vtc_counts_input_once_and_output_twice_and_lifts_returning_agents():
     ry = core.request_arrived("y1", "y", 10, 1.0)
     core.dequeue(rx)  # x admitted: 100 prompt tokens, then 10 output tokens
     core.charge(rx, Charge(prefill_tokens=100, decode_tokens=10))
-    assert core.agent_key("x")[0] == 100 + 2 * 10
+    assert core.lookahead.agent_key("x")[0] == 100 + 2 * 10
     core.dequeue(ry)
     core.charge(ry, Charge(prefill_tokens=30))
     core.request_arrived("y2", "y", 10, 1.0)  # y backlogged again: nothing else waits, no lift
-    assert core.agent_key("y")[0] == 30
+    assert core.lookahead.agent_key("y")[0] == 30
     # z has been idle at 0; when it queues while y (30) waits, it is lifted to 30, not left at 0.
     core.request_arrived("z1", "z", 10, 1.0)
-    assert core.agent_key("z")[0] == 30
+    assert core.lookahead.agent_key("z")[0] == 30
     assert core.peek().agent_id == "y"  # tie at 30: earlier agent first
 
 
@@ -122,28 +122,13 @@ def test_moved_agents_names_the_agents_whose_keys_moved_and_no_others():
     core.dequeue(rx)
     core.dequeue(ry)
     core.moved_agents()  # a fresh start
-    before = {a: core.agent_key(a) for a in "xyz"}
+    before = {a: core.lookahead.agent_key(a) for a in "xyz"}
     core.charge(rx, Charge(prefill_tokens=100))
     core.request_arrived("z1", "z", 10, 1.0)  # z becomes backlogged: vtc lifts it
     moved = core.moved_agents()
     assert moved == {"x", "z"} and core.moved_agents() == set()
-    assert [a for a in "xyz" if core.agent_key(a) != before[a]] == ["x"]  # z's lift: to 0, nothing else waited
+    assert [a for a in "xyz" if core.lookahead.agent_key(a) != before[a]] == ["x"]  # z's lift: to 0, nothing else waited
     assert scheduler("justitia", capacity=100).moved_agents() == set()
-
-
-@pytest.mark.parametrize("policy", ["vtc", "las", "srjf", "justitia-eligible"])
-def test_a_request_keyed_from_its_agents_key_read_once_gets_the_same_key(policy):
-    """The plug-in reads a moved agent's key once for all its running requests."""
-    core = scheduler(policy, capacity=100) if policy == "justitia-eligible" else scheduler(policy)
-    for a, cost in (("x", 500.0), ("y", 50.0)):
-        core.agent_arrived(a, "t", cost, 0.0)
-    reqs = [core.request_arrived(f"{a}{i}", a, 10, 20.0, 0.0) for i in range(3) for a in "xy"]
-    for req in reqs[:4]:
-        core.dequeue(req)
-    core.charge(reqs[0], Charge(prefill_tokens=40, decode_tokens=3, kv_token_iters=150))
-    for req in reqs:
-        assert core.priority(req, core.agent_key(req.agent_id)) == core.priority(req)
-    assert len({core.priority(req) for req in reqs}) == len(reqs)  # the request's own order is in it
 
 
 def test_justitia_orders_by_finish_tag_not_arrival():
@@ -152,13 +137,13 @@ def test_justitia_orders_by_finish_tag_not_arrival():
     core.request_arrived("a1", "A", 10, 20.0)
     core.agent_arrived("B", "t", 30, 1.0)
     core.request_arrived("b1", "B", 10, 15.0)
-    assert core.virtual_finish("A") == 200 and core.virtual_finish("B") == pytest.approx(130)
+    assert core.agent("A").virtual_finish == 200 and core.agent("B").virtual_finish == pytest.approx(130)
     assert order(core) == ["b1", "a1"]
 
 
 def test_justitia_eligible_holds_back_an_agent_ahead_of_gps_until_v_catches_up():
     core = scheduler("justitia-eligible", capacity=100)
-    assert core.timed and core.keys_move
+    assert core.traits.timed and core.traits.keys_move
     core.agent_arrived("A", "t", 100, 0.0)  # tag 100
     core.agent_arrived("B", "t", 300, 0.0)  # tag 300: plain justitia serves A first, whatever A got
     a1 = core.request_arrived("a1", "A", 10, 50.0)
@@ -173,7 +158,7 @@ def test_justitia_eligible_holds_back_an_agent_ahead_of_gps_until_v_catches_up()
     core.advance(2.5)  # V = 125 > 120: A is eligible again and its smaller tag wins
     assert core.peek().request_id == "a2"
     plain = scheduler("justitia", capacity=100)
-    assert not plain.timed
+    assert not plain.traits.timed
 
 
 # x arrived first with a small agent cost but an expensive request, and has been served a lot;
@@ -183,7 +168,8 @@ LOWEST_PRIORITY = {"fcfs": "y1", "sjf": "x1", "parrot": "y1", "vtc": "x1", "srjf
 
 @pytest.mark.parametrize("name", POLICY_NAMES)
 def test_victim_is_the_lowest_priority_and_finished_agents_leave_no_state(name):
-    core = scheduler(name)
+    policy = make_policy(name, 100.0)
+    core = AgentScheduler(policy)
     core.agent_arrived("x", "t", 10, 0.0)
     core.agent_arrived("y", "t", 1000, 0.5)
     rx = core.request_arrived("x1", "x", 10, 50.0)
@@ -191,11 +177,13 @@ def test_victim_is_the_lowest_priority_and_finished_agents_leave_no_state(name):
     for req in (rx, ry):
         core.dequeue(req)  # both running
     core.charge(rx, Charge(prefill_tokens=500, decode_tokens=10, kv_token_iters=5000))
-    assert core.victim([rx, ry]).request_id == core.victim([ry, rx]).request_id == LOWEST_PRIORITY[name]
+    # the engine preempts the running request with the largest key
+    assert max([rx, ry], key=core.priority).request_id == max([ry, rx], key=core.priority).request_id \
+        == LOWEST_PRIORITY[name]
     core.request_arrived("x2", "x", 10, 1.0)
     core.agent_finished("x", 1.0)  # cancelled with a request still waiting
-    assert core.num_waiting == 0 and core.agent_count == 1 and not core.has_agent("x")
-    state = [v for v in vars(core._policy).values() if isinstance(v, dict)]
+    assert core.num_waiting == 0 and core.agent("y") is not None and core.agent("x") is None
+    state = [v for v in vars(policy).values() if isinstance(v, dict)]
     assert all("x" not in d for d in state)
 
 
@@ -233,11 +221,11 @@ def test_dynamic_queue_order_and_vtc_lift_match_the_plain_computation(name, seed
             others = {w.agent_id for w in waiting} - {a}
             lift = None
             if name == "vtc" and a not in {w.agent_id for w in waiting} and others:
-                lift = max(core.agent_key(a)[0], min(core.agent_key(o)[0] for o in others))
+                lift = max(core.lookahead.agent_key(a)[0], min(core.lookahead.agent_key(o)[0] for o in others))
             waiting.append(core.request_arrived(f"r{n}", a, 10, 1.0))
             n += 1
             if lift is not None:
-                assert core.agent_key(a)[0] == lift
+                assert core.lookahead.agent_key(a)[0] == lift
         elif op < 0.55 and waiting:  # the front request is admitted
             req = core.peek()
             core.dequeue(req)
@@ -253,9 +241,9 @@ def test_dynamic_queue_order_and_vtc_lift_match_the_plain_computation(name, seed
         if rng.random() < 0.7:
             continue  # not read at every change: stale heap entries pile up
         backlogged = {w.agent_id for w in waiting}
-        expected = sorted(backlogged, key=core.agent_key)
-        assert list(core.backlogged_agents()) == expected
-        assert core.best_agent() == (expected[0] if expected else None)
+        expected = sorted(backlogged, key=core.lookahead.agent_key)
+        assert list(core.lookahead.backlogged_agents()) == expected
+        assert core.lookahead.best_agent() == (expected[0] if expected else None)
         if waiting:
             assert core.peek() == min((w for w in waiting if w.agent_id == expected[0]), key=lambda w: w.seq)
 
@@ -278,40 +266,41 @@ def test_noisy_predictor_is_bounded_seeded_and_order_free():
 
 # ---------------------------------------------------------------- agents known from request metadata
 def test_agent_book_registers_on_first_request_and_releases_on_done_cancel_or_idle():
-    book = AgentBook.for_policy("justitia", 100.0, idle_release_s=5.0)
+    core = AgentScheduler.for_policy("justitia", 100.0)
+    book = AgentBook(core, idle_release_s=5.0)
     info, agent = book.arrive("r1", RequestMeta("a", agent_cost=50.0), 10, 4, now_s=0.0)
     assert agent is not None and agent.predicted_cost == 50.0 and info.predicted_cost == 10 * 4 + 8
     assert book.arrive("r2", RequestMeta("a", agent_done=True), 10, 4, now_s=0.0)[1] is None
     book.finish("r1", 1.0)
-    assert book.core.has_agent("a")  # r2 (the last stage) is still open
+    assert book.agent("a") is not None  # r2 (the last stage) is still open
     book.finish("r2", 2.0)
-    assert not book.core.has_agent("a") and not book.infos
+    assert book.agent("a") is None and book.open_count == 0
 
     # no agent_done: idle between stages, released by the sweep only after idle_release_s
     book.arrive("s1", RequestMeta("b"), 10, 4, now_s=3.0)
     book.finish("s1", 3.0)
-    assert book.sweep(7.9) == [] and book.core.has_agent("b")
+    assert book.sweep(7.9) == [] and book.agent("b") is not None
     book.arrive("s2", RequestMeta("b"), 10, 4, now_s=8.0)  # the next stage: no longer idle
     book.finish("s2", 8.0)
-    assert book.sweep(12.0) == [] and book.sweep(13.0) == ["b"] and not book.core.has_agent("b")
+    assert book.sweep(12.0) == [] and book.sweep(13.0) == ["b"] and book.agent("b") is None
 
     # cancel: released at once, its open request finishes later without error
     book.register("c", "t", 30.0, 14.0)
     book.arrive("c1", RequestMeta("c"), 10, 4, now_s=14.0)
     assert book.release("c", 14.5) and not book.release("c", 14.6)
-    assert book.finish("c1", 15.0) is not None and not book.core.has_agent("c")
+    assert book.finish("c1", 15.0) is not None and book.agent("c") is None
 
     # retire: an engine that still holds the agent's requests serves them first, then lets it go
     book.arrive("d1", RequestMeta("d"), 10, 4, now_s=15.0)
-    assert not book.retire("d", 15.5) and book.core.has_agent("d") and book.core.num_waiting == 1
+    assert not book.retire("d", 15.5) and book.agent("d") is not None and core.num_waiting == 1
     book.finish("d1", 16.0)
-    assert not book.core.has_agent("d") and book.retire("d", 16.5) is False
+    assert book.agent("d") is None and book.retire("d", 16.5) is False
 
     # a request without agent_id is an agent of its own, released when it finishes; bad costs are replaced
     info, agent = book.arrive("solo", RequestMeta.parse({"agent_cost": "nan"}, "solo"), 8, 2, now_s=16.0)
     assert agent.agent_id == "solo" and agent.predicted_cost == info.predicted_cost == 8 * 2 + 2
     book.finish("solo", 17.0)
-    assert not book.core.has_agent("solo") and book.core.num_waiting == 0
+    assert book.agent("solo") is None and core.num_waiting == 0
 
 
 def test_request_metadata_round_trips_and_bad_costs_are_logged_and_dropped(caplog):
@@ -327,9 +316,11 @@ def test_request_metadata_round_trips_and_bad_costs_are_logged_and_dropped(caplo
 
 
 def test_front_end_tagging_takes_only_policies_with_static_keys():
-    book = AgentBook.tagging("justitia", 100.0)
-    _, priority = book.tag("r1", RequestMeta("a", agent_cost=250.0), 10, 4, now_s=0.0)
-    assert priority == 250 and book.core.num_waiting == 0  # the engine queues it, not the book
+    core = AgentScheduler.for_policy("justitia", 100.0)
+    book = AgentBook(core)
+    info, priority = book.tag("r1", RequestMeta("a", agent_cost=250.0), 10, 4, now_s=0.0)
+    assert priority == 250 and core.num_waiting == 0  # the engine queues it, not the book
+    assert book.agent("a").open_requests == 1 and book.request("r1") is info
     for dynamic in ("vtc", "srjf", "las"):
         with pytest.raises(ValueError, match="front-end tagging supports only fcfs, sjf, parrot, justitia"):
             AgentBook.tagging(dynamic, 100.0)
@@ -395,6 +386,6 @@ def test_a_steps_sums_are_charge_step_tokens_added_up(rows):
                 for rid, n in scheduled.items() if Charge.step_tokens(
                     (r := requests[rid]).num_computed_tokens - n, n, r.num_tokens, r.num_output_tokens)[0])
     assert prefill_attention(requests, scheduled) == pairs
-    charged = step_charges(requests, scheduled, infos)
+    charged = step_charges(requests, scheduled, infos.get)
     assert {a: row[1:] for a, row in charged.items()} == per_agent
     assert all(row[0].agent_id == a for a, row in charged.items())

@@ -32,6 +32,32 @@ def _metric(client: httpx.Client, name: str) -> float:
     return float(m.group(1))
 
 
+def _wait_until(ready, timeout_s: float, failure: str) -> None:
+    deadline = time.time() + timeout_s
+    while not ready():
+        assert time.time() < deadline, f"{failure} within {timeout_s:.0f} s"
+        time.sleep(0.1)
+
+
+def _wait_agents(client: httpx.Client, ids: list[str], stall_s: float = 180) -> list[dict]:
+    """The agents' final documents, waiting as long as the replicas make progress: it fails once no
+    replica has answered a request for ``stall_s`` while some agent is unfinished (how long the whole
+    run takes depends on this machine's speed; a stall does not)."""
+    docs: dict[str, dict] = {}
+    answered, last = _answers(client), time.time()
+    while True:
+        for a in ids:
+            if a not in docs and (doc := client.get(f"/v1/agents/{a}").json())["status"] in ("done", "failed", "cancelled"):
+                docs[a] = doc
+        if len(docs) == len(ids):
+            return [docs[a] for a in ids]
+        if (now := _answers(client)) != answered:
+            answered, last = now, time.time()
+        assert time.time() - last < stall_s, (f"no replica answered for {stall_s:.0f} s; unfinished: "
+                                              f"{[a for a in ids if a not in docs]}, answers: {answered}")
+        time.sleep(0.2)
+
+
 def _agent(n_tasks: int, tokens: int, tag: str) -> dict:
     first = [{"prompt": f"{tag}: part {i} of the report.", "max_tokens": tokens, "ignore_eos": True}
              for i in range(n_tasks)]
@@ -64,9 +90,11 @@ def test_agents_run_on_two_ray_replicas_in_the_order_of_one_clock(ray_server):
         elephant = _agent(24, 384, "elephant")
         elephant["stages"][1][0]["prompt"] = "Combine, starting from:\n{{prev[0]}}"  # all 24 answers would not fit
         ids = [client.post("/v1/agents", json=elephant).json()["agent_id"]]
-        time.sleep(1.0)  # the elephant's first wave is running, the rest waits in the replicas
+        # the mice come once all 24 of the elephant's first-stage requests are with the replicas
+        _wait_until(lambda: _metric(client, "justitia_engine_requests_unfinished") >= 24, 120,
+                   "the elephant's 24 requests never were all in flight")
         ids += [client.post("/v1/agents", json=_agent(1, 8, f"mouse{i}")).json()["agent_id"] for i in range(4)]
-        docs = [wait_agent(client, a, timeout=420) for a in ids]
+        docs = _wait_agents(client, ids)
         assert [d["status"] for d in docs] == ["done"] * 5, [d.get("error") for d in docs]
         for d, tokens in zip(docs, [384] + [8] * 4):
             assert all(t is not None and t["output_tokens"] == tokens for t in d["stages"][0])
@@ -109,11 +137,11 @@ def test_a_replica_killed_mid_run_is_restarted_and_no_agent_is_lost(ray_server):
         before = _answers(client)
         victim = max(before, key=before.get)
         ids = [client.post("/v1/agents", json=_agent(4, 384, f"k{i}")).json()["agent_id"] for i in range(8)]
-        deadline = time.time() + 120
-        while sum(_answers(client).values()) == sum(before.values()) and time.time() < deadline:
-            time.sleep(0.1)  # kill once the replicas are answering this batch: requests are in flight
+        # kill once the replicas are answering this batch: requests are in flight
+        _wait_until(lambda: sum(_answers(client).values()) > sum(before.values()), 120,
+                   "the replicas answered none of the batch")
         os.kill(victim, signal.SIGKILL)
-        docs = [wait_agent(client, a, timeout=420) for a in ids]
+        docs = _wait_agents(client, ids)
         assert [d["status"] for d in docs] == ["done"] * 8, [d.get("error") for d in docs]
         for d in docs:
             assert all(t is not None and t["output_tokens"] == 384 for t in d["stages"][0])

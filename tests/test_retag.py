@@ -22,12 +22,12 @@ def test_an_agent_that_reveals_more_work_moves_back_to_v_now_plus_what_remains()
     c.agent_arrived("T", "t", 10.0, 0.0)  # priced at 10: its tag is 10
     c.agent_arrived("H", "t", 100.0, 0.0)
     first = c.request_arrived("T/0", "T", 1, 10.0, 0.0)
-    assert c.virtual_finish("T") == pytest.approx(10.0)
+    assert c.agent("T").virtual_finish == pytest.approx(10.0)
     c.dequeue(first)
     c.request_finished(first)
     # at 0.1 s (V = 5: two agents share 100/s) the second stage reveals 190 more
     second = c.request_arrived("T/1", "T", 1, 190.0, 0.1)
-    assert c.virtual_finish("T") == pytest.approx(5.0 + 190.0)  # max(10, V + remaining)
+    assert c.agent("T").virtual_finish == pytest.approx(5.0 + 190.0)  # max(10, V + remaining)
     h = c.request_arrived("H/0", "H", 1, 100.0, 0.1)
     assert c.peek() is h and c.priority(h) < c.priority(second)  # the honest agent goes first now
 
@@ -37,7 +37,7 @@ def test_without_retagging_the_first_tag_stays():
     c.agent_arrived("T", "t", 10.0, 0.0)
     c.request_arrived("T/0", "T", 1, 10.0, 0.0)
     c.request_arrived("T/1", "T", 1, 190.0, 0.1)
-    assert c.virtual_finish("T") == pytest.approx(10.0)
+    assert c.agent("T").virtual_finish == pytest.approx(10.0)
 
 
 def test_work_within_the_prediction_never_moves_a_tag():
@@ -45,7 +45,7 @@ def test_work_within_the_prediction_never_moves_a_tag():
     c.agent_arrived("A", "t", 100.0, 0.0)
     for i in range(4):  # 4 x 25 = the predicted 100 exactly
         c.request_arrived(f"A/{i}", "A", 1, 25.0, 0.1 * i)
-    assert c.virtual_finish("A") == pytest.approx(100.0)
+    assert c.agent("A").virtual_finish == pytest.approx(100.0)
 
 
 def test_a_tag_only_moves_back():
@@ -56,7 +56,7 @@ def test_a_tag_only_moves_back():
     c.dequeue(r)
     c.request_finished(r)  # 90 done
     c.request_arrived("A/1", "A", 1, 20.0, 0.2)  # 110 revealed, but V(0.2) + 20 = 30 is below its 100
-    assert c.virtual_finish("A") == pytest.approx(100.0)
+    assert c.agent("A").virtual_finish == pytest.approx(100.0)
 
 
 def test_an_agent_gps_had_finished_counts_again_when_it_reveals_more():
@@ -64,12 +64,12 @@ def test_an_agent_gps_had_finished_counts_again_when_it_reveals_more():
     c.agent_arrived("A", "t", 10.0, 0.0)
     r = c.request_arrived("A/0", "A", 1, 10.0, 0.0)
     c.dequeue(r)
-    assert c.gps_active == 1 and c.virtual_time(0.5) == pytest.approx(10.0) and c.gps_active == 0
+    assert c.clock().active == 1 and c.clock(0.5).virtual_time == pytest.approx(10.0) and c.clock().active == 0
     c.request_finished(r)
     c.request_arrived("A/1", "A", 1, 50.0, 0.5)  # V stopped at 10 when GPS finished A
-    assert c.virtual_finish("A") == pytest.approx(60.0) and c.gps_active == 1  # V + 50
+    assert c.agent("A").virtual_finish == pytest.approx(60.0) and c.clock().active == 1  # V + 50
     c.agent_arrived("B", "t", 50.0, 0.5)
-    assert c.virtual_time(0.6) == pytest.approx(10.0 + 0.1 * 100 / 2)  # two agents share the clock again
+    assert c.clock(0.6).virtual_time == pytest.approx(10.0 + 0.1 * 100 / 2)  # two agents share the clock again
 
 
 def test_srjf_does_not_keep_an_underpriced_agent_first_for_good():
@@ -134,10 +134,10 @@ def test_an_agent_charged_beyond_its_price_moves_back_whatever_its_requests_said
     assert c.peek() is waiting  # T's 10 is ahead of H's 110
     for step in range(30):  # 30 steps of 10 KV token-time each, at 0.2 s
         c.charge(running, Charge(0, 1, 10), 0.2)
-    v = c.virtual_time(0.2)
+    v = c.clock(0.2).virtual_time
     from justitia.core.scheduler import RETAG_STEP
     # V(now) + attained - price, as of the last retag (one per RETAG_STEP of growth)
-    assert c.virtual_finish("T") >= v + 300.0 / RETAG_STEP - 10.0
+    assert c.agent("T").virtual_finish >= v + 300.0 / RETAG_STEP - 10.0
     assert c.peek() is honest and c.priority(honest) < c.priority(waiting)
 
 
@@ -150,17 +150,18 @@ def test_charges_without_a_time_or_within_the_price_never_retag():
         r = c.request_arrived("T/0", "T", 1, 5.0, 0.0)
         c.dequeue(r)
         c.charge(r, Charge(0, 1, total), now)
-        assert c.virtual_finish("T") == pytest.approx(10.0)
+        assert c.agent("T").virtual_finish == pytest.approx(10.0)
 
 
 def test_retagging_on_attained_service_is_geometric():
     """One revise per ``RETAG_STEP`` growth of attained service, not one per step."""
     from justitia.core.scheduler import RETAG_STEP
 
-    c = core()
+    policy = make_policy("justitia", 100.0)
     revisions = []
-    revise = c._policy.revise
-    c._policy.revise = lambda *a: (revisions.append(a[1]), revise(*a))
+    revise = policy.revise
+    policy.revise = lambda *a: (revisions.append(a[1]), revise(*a))
+    c = AgentScheduler(policy)
     c.agent_arrived("T", "t", 10.0, 0.0)
     r = c.request_arrived("T/0", "T", 1, 10.0, 0.0)
     c.dequeue(r)
@@ -176,12 +177,12 @@ def test_a_resumed_agent_is_stamped_with_what_gps_still_owed_it_and_keeps_its_wh
     c = core()
     c.agent_arrived("R", "t", 100.0, 0.0, resume_cost=20.0)
     c.agent_arrived("N", "t", 100.0, 0.0)  # a newcomer of the same cost
-    assert c.virtual_finish("R") == pytest.approx(20.0) and c.virtual_finish("N") == pytest.approx(100.0)
+    assert c.agent("R").virtual_finish == pytest.approx(20.0) and c.agent("N").virtual_finish == pytest.approx(100.0)
     r = [c.request_arrived(f"R/{i}", "R", 1, 50.0, 0.0) for i in range(2)]  # 100 revealed: its whole cost
     n = c.request_arrived("N/0", "N", 1, 100.0, 0.0)
-    assert c.virtual_finish("R") == pytest.approx(20.0)  # not retagged
+    assert c.agent("R").virtual_finish == pytest.approx(20.0)  # not retagged
     assert c.peek() is r[0] and c.priority(r[1]) < c.priority(n)
     with pytest.raises(ValueError, match="resume_cost"):
         c.agent_arrived("X", "t", 100.0, 0.0, resume_cost=float("nan"))
     c.agent_arrived("Y", "t", 100.0, 0.0, resume_cost=500.0)  # never more than its cost
-    assert c.virtual_finish("Y") <= c.virtual_time(0.0) + 100.0 + 1e-9
+    assert c.agent("Y").virtual_finish <= c.clock(0.0).virtual_time + 100.0 + 1e-9

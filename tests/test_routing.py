@@ -80,22 +80,23 @@ def test_unknown_router_names_are_refused():
 def test_an_engine_behind_one_clock_serves_its_requests_in_the_tags_the_front_end_stamped():
     # the front end: justitia's clock stamps agents; two engines each run `tagged`
     front = AgentBook.tagging("justitia", 100.0)
-    engines = [AgentBook.for_policy("tagged", 100.0, measure_every_s=1.0) for _ in range(2)]
+    cores = [AgentScheduler.for_policy("tagged", 100.0, measure_every_s=1.0) for _ in range(2)]
+    engines = [AgentBook(core) for core in cores]
     for name, cost in (("big", 5000.0), ("small", 50.0), ("mid", 500.0)):
         front.register(name, "t", cost, 0.0)
     for i, name in enumerate(("big", "small", "mid") * 2):
         info, _ = front.tag(f"{name}/{i}", RequestMeta(name), 10, 10, 0.0)
-        tag = front.core.priority(info)[0]
+        tag = front.stamp(info)[0]
         engines[i % 2].arrive(f"{name}/{i}", RequestMeta(name, agent_tag=tag), 10, 10, 0.0)
     orders = []
-    for book in engines:
+    for core in cores:
         order = []
-        while (head := book.core.peek()) is not None:
-            book.core.dequeue(head)
+        while (head := core.peek()) is not None:
+            core.dequeue(head)
             order.append(head.agent_id)
         orders.append(order)
     assert orders == [["small", "mid", "big"]] * 2  # every engine serves in the one clock's order
-    assert engines[0].core.measures_capacity and engines[0].core.capacity_per_s == 100.0
+    assert cores[0].traits.measures_capacity and cores[0].clock().capacity_per_s == 100.0
 
 
 def test_a_tagged_engine_puts_untagged_requests_last_and_only_a_trusted_sender_may_tag():

@@ -13,15 +13,13 @@ import httpx
 import pytest
 
 from justitia.core import AgentBook
+from justitia.lab import abuse
 from justitia.predictors import make_predictor
 from justitia.server.agents import AgentManager, Settings
 from justitia.server.backend import Backend, BackendError
 from justitia.server.metrics import prometheus_text
 from justitia.server.schema import AgentSpec, SpecError, check_agent, render
 from servers import Server, free_port, metric, metric_sum, sigkill, wait_agent
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
-import abuse  # noqa: E402  (scripts/abuse.py: the abuse list)
 
 
 # ------------------------------------------------------------------------- placeholders (no server)
@@ -59,9 +57,9 @@ class ClocklessBackend(Backend):
 
     async def register(self, agent_id, agent_type, predicted_cost, weight=1.0, tenant=None, resume_cost=None):
         self.book.register(agent_id, agent_type, predicted_cost, 0.0, weight, tenant, resume_cost)
-        return self.book.core.virtual_finish(agent_id)
+        return self.book.virtual_finish(agent_id)
 
-    async def release(self, agent_id):
+    async def retire(self, agent_id):
         self.book.release(agent_id, 0.0)
 
     async def state(self):
@@ -115,7 +113,7 @@ def test_an_agent_submitted_whole_is_priced_on_every_stage_so_a_cheap_first_stag
     run = asyncio.run(submit())
     one = 4 * 8 + 8 * 8 / 2  # what the first stage's request costs, at its max_tokens
     assert run.process.predicted_cost == pytest.approx(20 * one)  # not the predictor's 1 x
-    assert backend.book.core.virtual_finish(run.agent_id) == pytest.approx(20 * one)
+    assert backend.book.virtual_finish(run.agent_id) == pytest.approx(20 * one)
 
 
 # ---------------------------------------------------------------------------- a crash mid-run
@@ -281,14 +279,16 @@ def test_connections_whose_headers_never_finish_are_closed(server):
     for _ in range(20):  # half-requests: uvicorn alone would hold each connection forever
         sock = socket.create_connection((host, int(port)))
         sock.sendall(b"POST /v1/agents HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n")
-        sock.settimeout(30)
         slow.append(sock)
     assert server.get("/health").status_code == 200  # the server serves meanwhile
-    started = time.time()
-    for sock in slow:  # closed by the server (--header-timeout 2): recv sees the end of the stream
-        assert sock.recv(1024) == b""
+    deadline = time.time() + 60  # a bound on waiting, far past the 2 s the server allows
+    for k, sock in enumerate(slow):  # closed by the server (--header-timeout 2): recv sees the end of the stream
+        sock.settimeout(max(deadline - time.time(), 0.1))
+        try:
+            assert sock.recv(1024) == b""
+        except TimeoutError:
+            pytest.fail(f"half-request {k} still open after 60 s: the server never closed it")
         sock.close()
-    assert time.time() - started < 25
     with socket.create_connection((host, int(port))) as sock:  # a whole request on a raw socket is served
         sock.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
         sock.settimeout(30)
@@ -318,9 +318,28 @@ def test_openai_endpoints_join_agents_by_vllm_xargs_or_header(server):
         client.completions.create(model="tiny", prompt="word " * 1500, max_tokens=8)
 
 
+def wait_engine_idle(server, what: str, timeout_s: float = 120) -> None:
+    """Until the engine holds no request; fails naming ``what`` if it still does after ``timeout_s``."""
+    deadline = time.time() + timeout_s
+    while metric(server, "justitia_engine_requests_unfinished") != 0:
+        assert time.time() < deadline, f"{what} after {timeout_s:.0f} s"
+        time.sleep(0.1)
+
+
+def generated_tokens(server) -> float:
+    """Tokens the engine has generated so far (vLLM's own counter)."""
+    return metric_sum(server, "vllm:generation_tokens_total")
+
+
+# Whether a request a client left was aborted is judged by what the engine generated for it (vLLM's
+# own count): with ignore_eos, a request that ran on produced all its tokens, however fast or busy
+# this machine is.
+
+
 def test_a_client_that_leaves_a_stream_has_its_request_aborted(server):
     body = {"prompt": "Tell me everything.", "max_tokens": 1000, "stream": True, "temperature": 0, "ignore_eos": True}
-    started = time.time()
+    wait_engine_idle(server, "earlier tests' requests are still in the engine")
+    before = generated_tokens(server)
     with server.stream("POST", "/v1/completions", json=body) as r:
         assert r.status_code == 200
         chunks = []
@@ -330,13 +349,9 @@ def test_a_client_that_leaves_a_stream_has_its_request_aborted(server):
             if len(chunks) == 20:
                 break
         assert chunks[0]["object"] == "text_completion"
-    # the other 980 tokens would take at least (980 / 20) times as long as the first 20 did (prefill
-    # included): the request must leave the engine well before, however busy this machine is
-    rest_s = (time.time() - started) * 980 / 20
-    deadline = time.time() + rest_s / 2
-    while metric(server, "justitia_engine_requests_unfinished") != 0:
-        assert time.time() < deadline, f"the abandoned stream's request is still in the engine after {rest_s / 2:.1f} s"
-        time.sleep(0.1)
+    wait_engine_idle(server, "the abandoned stream's request is still in the engine")
+    # it left at the stream's next write: with a fraction of its 1,000 tokens, not all of them
+    assert 20 <= generated_tokens(server) - before < 500, generated_tokens(server) - before
     # a stream read to the end closes with [DONE]
     with server.stream("POST", "/v1/completions", json=body | {"max_tokens": 3}) as r:
         lines = [line for line in r.iter_lines() if line.startswith("data: ")]
@@ -344,19 +359,21 @@ def test_a_client_that_leaves_a_stream_has_its_request_aborted(server):
 
 
 def test_a_client_that_leaves_a_plain_completion_has_its_request_aborted(server):
-    body = {"prompt": "Tell me everything.", "temperature": 0, "ignore_eos": True}
-    started = time.time()  # how long 50 tokens take here, to give up well before 1,000 could finish
-    assert server.post("/v1/completions", json=body | {"max_tokens": 50}).status_code == 200
-    fifty_s = time.time() - started
-    started = time.time()
-    with pytest.raises(httpx.ReadTimeout):  # the client gives up after ~1/10 of the answer and leaves
-        server.post("/v1/completions", json=body | {"max_tokens": 1000}, timeout=httpx.Timeout(30, read=2 * fifty_s))
-    gave_up_s = time.time() - started
-    # the request must leave the engine soon after the client did, well before its 1,000 tokens
-    deadline = time.time() + 2 * gave_up_s + 1.0  # (the server looks for a gone client every 0.5 s)
-    while metric(server, "justitia_engine_requests_unfinished") != 0:
-        assert time.time() < deadline, "the abandoned completion is still in the engine"
-        time.sleep(0.1)
+    body = json.dumps({"prompt": "Tell me everything.", "max_tokens": 1000, "temperature": 0,
+                       "ignore_eos": True}).encode()
+    wait_engine_idle(server, "earlier tests' requests are still in the engine")
+    before = generated_tokens(server)
+    host, port = server.server.url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port))) as sock:  # a client that leaves once its request runs
+        sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                     + f"Authorization: Bearer {KEY}\r\nContent-Length: {len(body)}\r\n\r\n".encode() + body)
+        deadline = time.time() + 120
+        while generated_tokens(server) - before < 20:
+            assert time.time() < deadline, "the engine generated no tokens for the completion in 120 s"
+            time.sleep(0.02)
+    wait_engine_idle(server, "the abandoned completion is still in the engine")
+    # the server looks for a gone client every 0.5 s: the request left without its 1,000 tokens
+    assert generated_tokens(server) - before < 1000, generated_tokens(server) - before
 
 
 def test_metrics_in_prometheus_format(server):

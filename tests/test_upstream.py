@@ -91,7 +91,7 @@ def test_each_request_carries_its_agents_tag_as_priority_and_the_agent_is_releas
         assert m["priority"] < e["priority"] and e["priority"] == pytest.approx(5e5, rel=1e-3)
         assert e["prompt"] == [1, 2, 3] and e["model"] == "m" and not e["stream"] and m["stream"]  # final only: one answer
         assert e["vllm_xargs"]["agent_id"] == "E"
-        assert not engine.book.core.has_agent("E") and not engine.book.infos  # agent_done: released
+        assert engine.book.agent("E") is None and engine.book.open_count == 0  # agent_done: released
         await a.replica.client.aclose()
 
     asyncio.run(main())
@@ -109,14 +109,14 @@ def test_requests_go_to_the_replica_with_the_least_load_per_kv_token():
             await asyncio.sleep(0.01)
         # equal requests: the replica with three times the KV cache takes three times as many
         assert (len(small.bodies), len(big.bodies)) == (2, 6)
-        assert engine.book.core.open_requests("A") == 8
+        assert engine.book.agent("A").open_requests == 8
         small.gate.set()
         big.gate.set()
         await asyncio.gather(*calls)
         assert small.replica.in_flight == big.replica.in_flight == 0 and small.replica.load == big.replica.load == 0
-        assert engine.book.core.has_agent("A")  # no agent_done: kept (until idle) for its next stage
-        await engine.release("A")
-        assert not engine.book.core.has_agent("A")
+        assert engine.book.agent("A") is not None  # no agent_done: kept (until idle) for its next stage
+        await engine.retire("A")
+        assert engine.book.agent("A") is None
 
     asyncio.run(main())
 
@@ -134,7 +134,7 @@ def test_an_unreachable_replica_is_skipped_and_a_refusal_fails_the_request_with_
         engine = UpstreamEngine([bad.replica], "justitia", capacity_per_s=1e6)
         with pytest.raises(UpstreamError, match="answered 400: the prompt is too long"):
             await collect(engine, 2, {"agent_id": "X", "agent_done": True}, "x/0")
-        assert not engine.book.core.has_agent("X") and not engine.book.infos
+        assert engine.book.agent("X") is None and engine.book.open_count == 0
 
     asyncio.run(main())
 

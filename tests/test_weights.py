@@ -72,7 +72,7 @@ def test_weights_travel_in_workload_files_and_request_metadata(tmp_path, caplog)
     assert "agent_weight=0 is not a finite number > 0" in caplog.text
     book = AgentBook.for_policy("justitia", 100.0)
     book.arrive("r1", meta, 10, 10, now_s=0.0)
-    assert book.core.virtual_finish("a") == pytest.approx((10 * 10 + 50) / 2)  # C / w: the request's estimate
+    assert book.virtual_finish("a") == pytest.approx((10 * 10 + 50) / 2)  # C / w: the request's estimate
 
 
 # ------------------------------------------------------------------------------------ tenants
@@ -186,4 +186,4 @@ def test_tenants_travel_in_workload_files_and_request_metadata(tmp_path, caplog)
     book = AgentBook.for_policy("justitia", 100.0)
     book.arrive("r1", RequestMeta("a", tenant="acme"), 10, 10, now_s=0.0)
     book.arrive("r2", RequestMeta("b", tenant="acme"), 10, 10, now_s=0.0)
-    assert book.core.virtual_finish("b") == pytest.approx(2 * (10 * 10 + 50))  # behind a in acme's flow
+    assert book.virtual_finish("b") == pytest.approx(2 * (10 * 10 + 50))  # behind a in acme's flow

@@ -8,7 +8,7 @@ import re
 import numpy as np
 import pytest
 
-from justitia.workload import workflows
+from justitia.workload import parameters, workflows
 from justitia.core.cost import kv_token_iters
 from justitia.workload.workflows import (
     SIZE_CLASSES,
@@ -82,13 +82,18 @@ def test_generate_agents_ids_arrivals_and_types():
     assert all(a.meta["size"] in SIZE_CLASSES for a in agents)
 
 
-def test_size_mix_is_near_72_26_2():
+def test_size_mix_follows_the_parameter_file():
     agents = generate_agents([0.0] * 3000, np.random.default_rng(2), types=["kqa", "fv"])
     sizes = [a.meta["size"] for a in agents]
     share = {s: sizes.count(s) / len(sizes) for s in SIZE_CLASSES}
-    assert abs(share["small"] - 0.72) < 0.03
-    assert abs(share["medium"] - 0.26) < 0.03
-    assert abs(share["large"] - 0.02) < 0.01
+    mix = PARAMS["size_mix"]
+    assert set(mix) == set(SIZE_CLASSES) and mix["small"] > mix["medium"] > mix["large"] > 0
+    for size in SIZE_CLASSES:
+        assert abs(share[size] - mix[size]) < 0.03
+    # given explicitly, the same mix draws the same agents
+    again = generate_agents([0.0] * 3000, np.random.default_rng(2), types=["kqa", "fv"],
+                            size_probs=[mix[s] for s in SIZE_CLASSES])
+    assert [a.meta["size"] for a in again] == sizes
 
 
 def test_types_are_drawn_uniformly():
@@ -222,17 +227,22 @@ def test_round_trip_through_workload_file(tmp_path):
 
 
 def test_bad_parameter_file_names_file_and_field(tmp_path, monkeypatch):
-    doc = json.loads(workflows.PARAMS_PATH.read_text(encoding="utf-8"))
+    doc = json.loads(parameters.PARAMS_PATH.read_text(encoding="utf-8"))
     doc["workflows"]["cc"]["stages"][1]["output_tokens"]["max"] = -1
     bad = tmp_path / "workflows.json"
     bad.write_text(json.dumps(doc), encoding="utf-8")
-    monkeypatch.setattr(workflows, "PARAMS_PATH", bad)
+    monkeypatch.setattr(parameters, "PARAMS_PATH", bad)
     with pytest.raises(WorkloadError, match=r"workflows\.json: field 'workflows\.cc\.stages\[1\]\.output_tokens\.max'"):
         load_workflow_params()
     doc["workflows"]["cc"]["stages"][1]["output_tokens"]["max"] = 700
     doc["workflows"]["cc"]["stages"][0]["instruction"] = "Review {file_name}."
     bad.write_text(json.dumps(doc), encoding="utf-8")
     with pytest.raises(WorkloadError, match=r"stages\[0\]\.instruction.*\{file_name\}"):
+        load_workflow_params()
+    doc["workflows"]["cc"]["stages"][0]["instruction"] = "Review {topic}."
+    doc["size_mix"]["large"] = 0.5
+    bad.write_text(json.dumps(doc), encoding="utf-8")
+    with pytest.raises(WorkloadError, match=r"field 'size_mix' must be .*summing to 1"):
         load_workflow_params()
     bad.write_text('{"max_context_tokens": 4096,\n oops}', encoding="utf-8")
     with pytest.raises(WorkloadError, match=r"workflows\.json:2: not valid JSON"):

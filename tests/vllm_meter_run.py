@@ -46,7 +46,7 @@ if __name__ == "__main__":
                 sampled[out.request_id] = len(out.outputs[0].token_ids)
             last = time.monotonic()
     delivered = sum(sum(200 + j for j in range(n)) for n in sampled.values())
-    print("RESULT " + json.dumps({"agents": k, "schedule": sched.core.capacity_schedule,
+    print("RESULT " + json.dumps({"agents": k, "schedule": sched.core.clock().schedule,
                                   "delivered_per_s": delivered / (last - first),
                                   "finished": sum(n == 60 for n in sampled.values()),
                                   "state": sched.book.state(time.monotonic() - sched.t0).to_json()}))

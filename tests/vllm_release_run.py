@@ -29,6 +29,9 @@ if __name__ == "__main__":
               num_gpu_blocks_override=16, max_model_len=1024, max_num_seqs=4, enforce_eager=True, dtype="float32")
     engine = llm.llm_engine
     sched = engine.engine_core.engine_core.scheduler
+    from helpers import retained  # tests/ is this script's directory
+
+    fresh = {"core": retained(sched.core), "book": retained(sched.book)}
 
     def add(rid, tokens, meta):
         params = SamplingParams(max_tokens=tokens, ignore_eos=True, extra_args=meta)
@@ -46,15 +49,14 @@ if __name__ == "__main__":
         steps += 1
         if steps == 5:
             engine.abort_request([f"aborted-{i}" for i in range(3)])
-    after_run = {"infos": len(sched.book.infos), "waiting": len(sched.waiting),
-                 "agents": {a: sched.core.has_agent(a) for a in ("aborted", "quiet", "plain")}}
+    after_run = {"infos": sched.book.open_count, "waiting": len(sched.waiting),
+                 "agents": {a: sched.core.agent(a) is not None for a in ("aborted", "quiet", "plain")}}
     time.sleep(0.6)
     add("later", 4, None)  # the next schedule() sweeps idle agents
     while engine.has_unfinished_requests():
         finished |= {o.request_id for o in engine.step() if o.finished}
-    after_idle = {"infos": len(sched.book.infos), "waiting": len(sched.waiting),
-                  "agents": {a: sched.core.has_agent(a) for a in ("aborted", "quiet", "plain", "later")},
-                  "core_agents": len(sched.core._agents), "core_open": len(sched.core._open),
-                  "policy_state": {k: len(v) for k, v in vars(sched.core._policy).items() if isinstance(v, (dict, set, list))},
-                  "idle_since": len(sched.book.idle_since), "agent_done": len(sched.book.agent_done)}
-    print("RESULT " + json.dumps({"finished": sorted(finished), "after_run": after_run, "after_idle": after_idle}))
+    after_idle = {"infos": sched.book.open_count, "waiting": len(sched.waiting),
+                  "agents": {a: sched.core.agent(a) is not None for a in ("aborted", "quiet", "plain", "later")},
+                  "held": {"core": retained(sched.core), "book": retained(sched.book)}}
+    print("RESULT " + json.dumps({"finished": sorted(finished), "after_run": after_run, "after_idle": after_idle,
+                                  "fresh": fresh}))

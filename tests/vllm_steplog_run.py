@@ -11,6 +11,7 @@ base that decides nothing schedules step for step as vLLM does.
 
 import json
 import os
+from dataclasses import asdict
 import tempfile
 
 if __name__ == "__main__":
@@ -24,9 +25,9 @@ if __name__ == "__main__":
     from vllm.v1.core.sched.scheduler import Scheduler
 
     from justitia.core import RESET, ControlCall
-    from justitia.lab.runner import read_step_log
     from justitia.vllm.models import tiny_model
     from justitia.vllm.plugin import StepLogScheduler
+    from justitia.vllm.steplog import read_step_log
 
     def recording(cls):
         """``cls`` under a subclass that keeps every step's scheduled tokens and preemptions."""
@@ -70,7 +71,7 @@ if __name__ == "__main__":
     os.close(fd)
     stock, stock_finished = run(Scheduler, None)
     logged, logged_finished = run(StepLogScheduler, path)
-    rows = read_step_log(path)
+    rows = [asdict(row) for row in read_step_log(path)]
     os.unlink(path)
     print("RESULT " + json.dumps({"stock": stock, "logged": logged, "stock_finished": stock_finished,
                                   "logged_finished": logged_finished, "step_log": rows, "burst": burst}))

@@ -23,21 +23,26 @@ import logging
 from justitia.core.cost import KV, NO_CHARGE, Charge, CostModel, cost_model, kv_token_iters
 from justitia.core.policies import STATIC_POLICY_NAMES, AgentInfo, RequestInfo, make_policy
 from justitia.core.protocol import PolicyState, RequestMeta
-from justitia.core.scheduler import AgentScheduler
+from justitia.core.scheduler import AgentScheduler, ClockReading, Standing
+
+# An agent with no open request for this long is released even if it never said agent_done (the
+# default everywhere: justitia.defaults re-exports it, and JUSTITIA_AGENT_IDLE_S overrides it).
+AGENT_IDLE_S = 60.0
 
 
 class AgentBook:
     """Registers agents from request metadata and releases them when they are done or idle."""
 
-    def __init__(self, core: AgentScheduler, cost: str | CostModel = KV, idle_release_s: float = 60.0,
+    def __init__(self, core: AgentScheduler, cost: str | CostModel = KV, idle_release_s: float = AGENT_IDLE_S,
                  log: logging.Logger | None = None):
-        self.core = core
+        self._core = core
         self.cost = cost_model(cost)
         self.idle_release_s = idle_release_s
         self.log = log or logging.getLogger("justitia")
-        self.infos: dict[str, RequestInfo] = {}  # open requests
-        self.agent_done: set[str] = set()  # agents whose last stage has arrived
-        self.idle_since: dict[str, float] = {}  # agents with no open request, since when
+        self._infos: dict[str, RequestInfo] = {}  # open requests
+        self._agent_done: set[str] = set()  # agents whose last stage has arrived
+        self._known: set[str] = set()  # agents registered and not released (holding policy state)
+        self._idle_since: dict[str, float] = {}  # agents with no open request, since when
         self._next_sweep_s = 0.0
         self.kv_tokens: int | None = None  # a tagging front end measuring M: the engine's KV cache
         self._demand: dict[str, int] = {}  # open requests -> prompt + max_tokens
@@ -46,7 +51,7 @@ class AgentBook:
 
     @classmethod
     def for_policy(cls, policy: str, capacity_per_s: float, cost: str | CostModel = KV,
-                   idle_release_s: float = 60.0, log: logging.Logger | None = None,
+                   idle_release_s: float = AGENT_IDLE_S, log: logging.Logger | None = None,
                    measure_every_s: float | None = None, retag: bool = True) -> "AgentBook":
         """A book over a fresh core running ``policy`` (its clock's M measured every
         ``measure_every_s`` busy seconds, if given; ``retag``: see ``AgentScheduler``)."""
@@ -54,7 +59,7 @@ class AgentBook:
                    idle_release_s, log)
 
     @classmethod
-    def tagging(cls, policy: str, capacity_per_s: float, cost: str | CostModel = KV, idle_release_s: float = 60.0,
+    def tagging(cls, policy: str, capacity_per_s: float, cost: str | CostModel = KV, idle_release_s: float = AGENT_IDLE_S,
                 log: logging.Logger | None = None, retag: bool = True, measure_every_s: float | None = None,
                 kv_tokens: int | None = None) -> "AgentBook":
         """A book for front-end tagging (``tag``): only policies whose keys are fixed on arrival qualify
@@ -66,7 +71,7 @@ class AgentBook:
                              f"front-end tagging supports only {', '.join(STATIC_POLICY_NAMES)}.")
         measure = measure_every_s if kv_tokens else None
         book = cls.for_policy(policy, capacity_per_s, cost, idle_release_s, log, measure, retag)
-        if book.core.measures_capacity:
+        if book._core.traits.measures_capacity:
             book.kv_tokens = int(kv_tokens)
         return book
 
@@ -75,45 +80,79 @@ class AgentBook:
                  weight: float = 1.0, tenant: str | None = None, resume_cost: float | None = None) -> AgentInfo | None:
         """Register an agent ahead of its requests (``resume_cost``: a resumed one, ``agent_arrived``);
         its info if it is new, None if it is known."""
-        if self.core.has_agent(agent_id):
+        if self._core.agent(agent_id) is not None:
             return None
-        return self.core.agent_arrived(agent_id, agent_type, predicted_cost, now_s, weight, tenant, resume_cost)
+        info = self._core.agent_arrived(agent_id, agent_type, predicted_cost, now_s, weight, tenant, resume_cost)
+        self._known.add(agent_id)
+        return info
 
     def release(self, agent_id: str, now_s: float) -> bool:
         """Release the agent's policy state now (a no-op if it is not known); True if it was."""
-        self.agent_done.discard(agent_id)
-        self.idle_since.pop(agent_id, None)
-        if not self.core.has_agent(agent_id):
+        self._agent_done.discard(agent_id)
+        self._idle_since.pop(agent_id, None)
+        self._known.discard(agent_id)
+        if self._core.agent(agent_id) is None:
             return False
-        self.core.agent_finished(agent_id, now_s)
+        self._core.agent_finished(agent_id, now_s)
         return True
 
     def retire(self, agent_id: str, now_s: float) -> bool:
         """Release the agent as soon as none of its requests is open: now (True), or when its last
         open one finishes (an engine must keep serving the requests it still holds)."""
-        if self.core.open_requests(agent_id) == 0:
+        standing = self._core.agent(agent_id)
+        if standing is None or standing.open_requests == 0:
             return self.release(agent_id, now_s)
-        self.agent_done.add(agent_id)
+        self._agent_done.add(agent_id)
         return False
 
     def sweep(self, now_s: float) -> list[str]:
         """Release the agents idle for ``idle_release_s`` (checked at most once a second)."""
-        if not self.idle_since or now_s < self._next_sweep_s:
+        if not self._idle_since or now_s < self._next_sweep_s:
             return []
         self._next_sweep_s = now_s + 1.0
-        stale = [a for a, since in self.idle_since.items() if now_s - since >= self.idle_release_s]
+        stale = [a for a, since in self._idle_since.items() if now_s - since >= self.idle_release_s]
         for agent_id in stale:
             self.release(agent_id, now_s)
         return stale
 
+    def agent(self, agent_id: str) -> Standing | None:
+        """The agent's standing in the core (``AgentScheduler.agent``), or None if it is not known."""
+        return self._core.agent(agent_id)
+
+    def virtual_finish(self, agent_id: str) -> float | None:
+        """The agent's GPS virtual finish tag, or None (no clock, or an agent not known)."""
+        standing = self._core.agent(agent_id)
+        return None if standing is None else standing.virtual_finish
+
+    def clock(self, now_s: float | None = None) -> ClockReading:
+        """The core's clock (``AgentScheduler.clock``)."""
+        return self._core.clock(now_s)
+
+    def set_capacity(self, capacity_per_s: float, now_s: float) -> None:
+        """The clock's M, measured elsewhere (a front end's engines'), from ``now_s``."""
+        self._core.set_capacity(capacity_per_s, now_s)
+
     def state(self, now_s: float) -> PolicyState:
         """The policy's state now: its agents and, under justitia, its clock."""
-        core = self.core
-        schedule = core.capacity_schedule
-        return PolicyState(core.policy_name, core.agent_count, core.virtual_time(now_s), core.gps_active,
-                           core.capacity_per_s, None if schedule is None else [[t, m] for t, m in schedule])
+        clock = self._core.clock(now_s)
+        return PolicyState(self._core.traits.policy_name, len(self._known), clock.virtual_time, clock.active,
+                           clock.capacity_per_s, None if clock.schedule is None else [[t, m] for t, m in clock.schedule])
 
     # ---------------------------------------------------------------------------- requests
+    def request(self, request_id: str) -> RequestInfo | None:
+        """An open request's info (arrived, not finished), or None."""
+        return self._infos.get(request_id)
+
+    @property
+    def open_count(self) -> int:
+        """Requests arrived and not finished."""
+        return len(self._infos)
+
+    def stamp(self, info: RequestInfo) -> tuple[float, float | None]:
+        """What a front end stamps on a tagged request for engines that run ``tagged``
+        (``AgentScheduler.stamp``)."""
+        return self._core.stamp(info)
+
     def arrive(self, request_id: str, meta: RequestMeta, prompt_tokens: int, max_tokens: int,
                now_s: float) -> tuple[RequestInfo, AgentInfo | None]:
         """Queue a new request; returns its info and its agent's if the request brought a new one."""
@@ -123,12 +162,12 @@ class AgentBook:
             request_cost = self.cost.request_cost(prompt_tokens, max_tokens)
         agent_cost = request_cost if meta.agent_cost is None else meta.agent_cost
         new = self.register(agent_id, meta.agent_type, agent_cost, now_s, meta.agent_weight or 1.0, meta.tenant)
-        self.idle_since.pop(agent_id, None)
+        self._idle_since.pop(agent_id, None)
         if meta.agent_done or meta.agent_id is None:  # an unnamed request is an agent of its own
-            self.agent_done.add(agent_id)
-        info = self.core.request_arrived(request_id, agent_id, prompt_tokens, request_cost, now_s, meta.agent_tag,
+            self._agent_done.add(agent_id)
+        info = self._core.request_arrived(request_id, agent_id, prompt_tokens, request_cost, now_s, meta.agent_tag,
                                          meta.agent_rank)
-        self.infos[request_id] = info
+        self._infos[request_id] = info
         return info, new
 
     def tag(self, request_id: str, meta: RequestMeta, prompt_tokens: int, max_tokens: int,
@@ -139,38 +178,38 @@ class AgentBook:
         if self.kv_tokens is not None:
             self._look(now_s)
         info, _ = self.arrive(request_id, meta, prompt_tokens, max_tokens, now_s)
-        self.core.dequeue(info)  # the engine queues it; this book only tags it
+        self._core.dequeue(info)  # the engine queues it; this book only tags it
         if self.kv_tokens is not None:
             self._demand[request_id] = prompt_tokens + max_tokens
             self._demand_sum += prompt_tokens + max_tokens
-        return info, int_priority(self.core.priority(info))
+        return info, int_priority(self._core.priority(info))
 
     def _look(self, now_s: float, served: Charge = NO_CHARGE) -> None:
         """A tagging front end's view of the engine up to ``now_s``: busy time while the open
         requests' demand exceeded the cache, and ``served`` if a request finished in it."""
         busy = self._demand_sum > self.kv_tokens
         if busy:
-            self.core.observe_service(max(0.0, now_s - self._seen_s), served)
+            self._core.observe_service(max(0.0, now_s - self._seen_s), served)
         self._seen_s = max(self._seen_s, now_s)
 
     def finish(self, request_id: str, now_s: float, output_tokens: int | None = None) -> RequestInfo | None:
         """A request finished (having produced ``output_tokens``) or was aborted; its agent is
         released if that was its last."""
         if self.kv_tokens is not None and request_id in self._demand:
-            prompt = self.infos[request_id].prompt_tokens if request_id in self.infos else 0
+            prompt = self._infos[request_id].prompt_tokens if request_id in self._infos else 0
             served = NO_CHARGE if not output_tokens else Charge(
                 prompt, output_tokens, round(kv_token_iters(prompt, output_tokens)))
             self._look(now_s, served)
             self._demand_sum -= self._demand.pop(request_id)
-        info = self.infos.pop(request_id, None)
-        if info is None or not self.core.has_agent(info.agent_id):
+        info = self._infos.pop(request_id, None)
+        if info is None or self._core.agent(info.agent_id) is None:
             return info
-        self.core.request_finished(info)
-        if self.core.open_requests(info.agent_id) == 0:
-            if info.agent_id in self.agent_done:
+        self._core.request_finished(info)
+        if self._core.agent(info.agent_id).open_requests == 0:
+            if info.agent_id in self._agent_done:
                 self.release(info.agent_id, now_s)
             else:
-                self.idle_since[info.agent_id] = now_s
+                self._idle_since[info.agent_id] = now_s
         return info
 
 

@@ -42,9 +42,8 @@ it is constant. ``schedule`` lists every (time, M) it took.
 
 from __future__ import annotations
 
-import math
-
 from justitia.core.cost import Charge, CostModel
+from justitia.core.validate import is_positive_finite
 
 WINDOW_STEPS = 100  # a measurement covers this many nominal steps of busy time
 WEIGHT = 0.5  # how far a window's rate moves M (the first window's: all the way)
@@ -129,7 +128,7 @@ def calibrated_capacity(doc: dict, kv_tokens: int | None = None) -> float | None
     starts its clock from it (``JUSTITIA_CALIBRATION``) rather than from the formula's guess."""
     fit = doc.get("fit") or {}
     measured = fit.get("delivered_capacity_per_s")
-    if not (isinstance(measured, (int, float)) and measured > 0 and math.isfinite(measured)):
+    if not is_positive_finite(measured):
         return None
     block = doc.get("block_size", 0)
     if kv_tokens is not None and abs(doc.get("kv_blocks", 0) * block - kv_tokens) > block:

@@ -43,6 +43,15 @@ from dataclasses import dataclass
 import heapq
 import math
 
+from justitia.core.validate import is_positive_finite, positive_finite
+
+
+def _capacity(capacity: float) -> float:
+    """``capacity`` as a float if it is a finite number > 0, else ValueError (the clock's own wording)."""
+    if not is_positive_finite(capacity):
+        raise ValueError(f"capacity must be a positive finite number, got {capacity}.")
+    return float(capacity)
+
 
 class _OrderedSums:
     """Keys in order, each with a value, and the sum of the values up to a key: a sorted list cut
@@ -226,9 +235,7 @@ class VirtualClock:
         """``chained``: a tenant serves its agents in arrival order, not inner-tag order (the rule
         before hierarchical GPS, where a tenant was one flow whose agents queued as its packets:
         ``S = max(V(a), the tenant's last tag)``; kept to compare against)."""
-        if not (capacity > 0 and math.isfinite(capacity)):
-            raise ValueError(f"capacity must be a positive finite number, got {capacity}.")
-        self.capacity = float(capacity)
+        self.capacity = _capacity(capacity)
         self.chained = chained
         self._arrivals = 0
         self.record = record  # keep every GPS finish time (off for long-running servers)
@@ -320,10 +327,9 @@ class VirtualClock:
     def set_capacity(self, capacity: float, now_s: float) -> None:
         """From ``now_s`` on, the engine delivers ``capacity`` cost units per second (V up to ``now_s``
         moved at the old rate)."""
-        if not (capacity > 0 and math.isfinite(capacity)):
-            raise ValueError(f"capacity must be a positive finite number, got {capacity}.")
+        capacity = _capacity(capacity)
         self._advance(now_s)
-        self.capacity = float(capacity)
+        self.capacity = capacity
 
     # ------------------------------------------------------------------------------ tenants
     def _inner(self, tenant: str) -> "VirtualClock":
@@ -456,8 +462,7 @@ class VirtualClock:
         its newest agent's); return its tag: its flat tag, or its root key now (``root_key``)."""
         if not (cost >= 0 and math.isfinite(cost)):
             raise ValueError(f"agent '{agent_id}': cost must be a finite number >= 0, got {cost}.")
-        if not (weight > 0 and math.isfinite(weight)):
-            raise ValueError(f"agent '{agent_id}': weight must be a finite number > 0, got {weight}.")
+        positive_finite(weight, f"agent '{agent_id}': weight")
         self._advance(now_s)
         if tenant is not None:
             return self._arrive_in(agent_id, cost, weight, tenant, weight if tenant_weight is None else tenant_weight)
@@ -472,8 +477,7 @@ class VirtualClock:
         return tag
 
     def _arrive_in(self, agent_id: str, cost: float, weight: float, tenant: str, tenant_weight: float) -> float:
-        if not (tenant_weight > 0 and math.isfinite(tenant_weight)):
-            raise ValueError(f"tenant '{tenant}': weight must be a finite number > 0, got {tenant_weight}.")
+        positive_finite(tenant_weight, f"tenant '{tenant}': weight")
         state = self._tenants.get(tenant)
         if state is None:
             state = self._tenants[tenant] = _Tenant(VirtualClock(float(tenant_weight), record=self.record),

@@ -12,9 +12,10 @@ delivers the whole cache, ``kv_tokens``. ``COMPUTE``: VTC's weighted compute tok
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
+
+from justitia.core.validate import positive_finite
 
 
 @dataclass(frozen=True)
@@ -79,13 +80,13 @@ def step_delivered(requests: Mapping[str, Any], scheduled: Mapping[str, int], ah
     return p, d, kv + ctx, prefills, ctx
 
 
-def step_charges(requests: Mapping[str, Any], scheduled: Mapping[str, int], infos: Mapping[str, Any],
+def step_charges(requests: Mapping[str, Any], scheduled: Mapping[str, int], info_of: Callable[[str], Any],
                  ahead: int = 0) -> dict[str, list]:
-    """One step's service per agent (``step_delivered``'s arguments, and the requests' infos, which
-    name their agents), ``agent_id -> [a request's info, prefill, decode, kv]``: ``Charge.step_tokens``
-    of its scheduled requests added up, so that each agent is charged once."""
+    """One step's service per agent (``step_delivered``'s arguments, and ``info_of``, a request id's
+    info or None, which names its agent), ``agent_id -> [a request's info, prefill, decode, kv]``:
+    ``Charge.step_tokens`` of its scheduled requests added up, so that each agent is charged once."""
     per_agent: dict[str, list] = {}
-    get_info, get_request = infos.get, requests.get
+    get_info, get_request = info_of, requests.get
     for request_id, n in scheduled.items():
         info = get_info(request_id)
         request = get_request(request_id)
@@ -213,6 +214,5 @@ def capacity_per_s(cost: CostModel, kv_tokens: int, max_num_batched_tokens: int,
 
     ``iteration_s`` is the nominal latency of a memory-saturated step (a fitted or named latency
     profile's, or ``defaults.ITERATION_S``)."""
-    if not (iteration_s > 0 and math.isfinite(iteration_s)):
-        raise ValueError(f"the nominal iteration time must be a finite number of seconds > 0, got {iteration_s}.")
+    positive_finite(iteration_s, "the nominal iteration time (seconds)")
     return cost.per_iteration(kv_tokens, max_num_batched_tokens) / iteration_s

@@ -118,8 +118,8 @@ def _cost(value: Any, key: str, request_id: str, log: logging.Logger | None, pos
 
 # ------------------------------------------------------------------------------ control calls
 ENGINE_UTILITY = "justitia_control"  # the method the plug-in adds to vLLM's EngineCore
-REGISTER, RELEASE, STATE, RESET = "register", "release", "state", "reset"
-VERBS = (REGISTER, RELEASE, STATE, RESET)
+REGISTER, RETIRE, STATE, RESET = "register", "retire", "state", "reset"
+VERBS = (REGISTER, RETIRE, STATE, RESET)
 
 
 @dataclass(frozen=True)

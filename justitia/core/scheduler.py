@@ -2,37 +2,74 @@
 
 NOTE: engines (the simulator, the vLLM plug-in, front ends that tag requests) call the verbs
 below and nothing else; the policy and its waiting queue are private. The scheduler decides the
-order and who is preempted first; the engine decides what fits, and reports what it admitted,
-served and finished. It knows nothing about KV blocks or iterations.
+order; the engine decides what fits, and reports what it admitted, served and finished. It knows
+nothing about KV blocks or iterations. The verbs, and nothing more (``tests/test_architecture.py``):
 
-    agents     agent_arrived, agent_finished, has_agent, agent_count, open_requests
+    agents     agent_arrived, agent_finished, agent (an agent's standing: its info, open requests,
+               attained service and virtual finish; None once it has finished)
     requests   request_arrived (queued), requeue (preempted), dequeue (taken out to run),
                request_finished (finished or aborted), charge (service scheduled)
-    order      peek, num_waiting, is_waiting, priority, victim, stamp (a front end's tag for engines)
-    needs      keys_move, keys_rise, uses_service, reads_service_on_backlog, measures_capacity,
-               keys_shift, pools_service, moved_agents (whose keys moved since the last call: an
-               engine re-keys only theirs)
-    clock      virtual_time, virtual_finish, gps_active, capacity_per_s (None under a policy without
-               a clock); observe_service (what the engine delivered while backlogged: the clock's M
-               follows it), capacity_schedule; set_capacity (M measured elsewhere: a cluster's
-               front end sets the sum of its engines')
-    look-ahead is_backlogged, agent_key(agent, extra), peek(extra), best_agent, agent_head,
-               backlogged_agents (smallest key first): for engines that skip steps and must know
-               the order a few steps ahead
+    order      advance (before a step), peek, num_waiting, priority (vLLM's ``priority``; the
+               request to preempt first is the one with the largest), stamp (a front end's tag
+               for engines that run ``tagged``), moved_agents (whose keys moved since the last call:
+               an engine re-keys only theirs)
+    clock      clock (V(now), N_t, M and every M it ran at), observe_service (what the engine
+               delivered while backlogged: M follows it), set_capacity (M measured elsewhere: a
+               cluster's front end sets the sum of its engines')
+    traits     what the policy needs from an engine, fixed for its life (``Traits``), and its name
+
+An engine that skips steps must know the order a few steps ahead: it reads ``lookahead`` (a
+``LookAhead``), a view that only such an engine uses.
 """
 
 from __future__ import annotations
 
 import math
-from typing import Iterable, Mapping
+from typing import Iterable, Mapping, NamedTuple
 
 from justitia.core.capacity import CapacityMeter
 from justitia.core.cost import KV, NO_CHARGE, Charge, CostModel, cost_model
 from justitia.core.policies import make_policy
 from justitia.core.policies.base import AgentInfo, Policy, RequestInfo
 from justitia.core.queue import WaitingQueue
+from justitia.core.validate import positive_finite
 
 RETAG_STEP = 1.25  # after a retag on attained service, the next one waits for this much more of it
+
+
+class Traits(NamedTuple):
+    """What a policy needs from the engine that drives it; fixed for the policy's life."""
+
+    policy_name: str
+    keys_move: bool  # keys change as service is charged (vtc, srjf, las): stamped keys are refreshed every step
+    keys_shift: bool  # keys move at events other than the agent's own service (justitia and vtc with
+    # tenants: a tenant's arrival, settle or service): stamped keys of ``moved_agents`` are refreshed every step
+    pools_service: bool  # a tenant's agents share one service counter (vtc): an engine that charges
+    # lazily, agent by agent, must charge every step when agents name tenants
+    uses_service: bool  # the policy reads the service charged to it (engines may skip charging if not)
+    retags_on_service: bool  # the core retags agents charged beyond their price (``charge`` with
+    # ``now_s``): an engine that can charge every step as it schedules it does so under any policy
+    measures_capacity: bool  # the clock's M follows what the engine delivers (``observe_service``)
+    timed: bool  # keys also move with time (justitia-eligible): ``advance`` before each step, no skipping
+
+
+class Standing(NamedTuple):
+    """An agent as the core knows it now."""
+
+    info: AgentInfo
+    open_requests: int  # requests arrived and not finished
+    attained: float  # service charged to it, in the core's cost unit
+    virtual_finish: float | None  # its GPS virtual finish tag (None under a policy without a clock)
+
+
+class ClockReading(NamedTuple):
+    """The GPS clock as of a reading (every field None under a policy without a clock, except M
+    under ``tagged``, which measures it for a front end's clock)."""
+
+    virtual_time: float | None  # V(now), when read with a time
+    active: int | None  # agents the clock counts as active (N_t) as of its last reading
+    capacity_per_s: float | None  # M, in cost units per second
+    schedule: list[tuple[float, float]] | None  # every (time, M) the clock ran at, when M is measured
 
 
 class AgentScheduler:
@@ -58,6 +95,10 @@ class AgentScheduler:
         self._request_seq = 0
         self._moved: set[str] = set()  # dynamic policies: agents whose keys may have moved (moved_agents)
         self._shifts = policy.groups
+        self._traits = Traits(policy.name, policy.dynamic, policy.groups, policy.pools,
+                              type(policy).charge is not Policy.charge,
+                              retag and type(policy).revise is not Policy.revise, self._meter is not None, policy.timed)
+        self._lookahead = LookAhead(self._policy, self._waiting)
 
     @classmethod
     def for_policy(cls, name: str, capacity_per_s: float | None = None, cost: str | CostModel = KV,
@@ -69,11 +110,6 @@ class AgentScheduler:
         return cls(make_policy(name, capacity_per_s, cost), meter, retag, cost)
 
     # ------------------------------------------------------------------------------ agents
-    @property
-    def policy_name(self) -> str:
-        """The policy's name."""
-        return self._policy.name
-
     def agent_arrived(self, agent_id: str, agent_type: str, predicted_cost: float, now_s: float,
                       weight: float = 1.0, tenant: str | None = None, resume_cost: float | None = None) -> AgentInfo:
         """Register an agent with its predicted total cost, its weight (its share under weighted
@@ -84,8 +120,7 @@ class AgentScheduler:
         settling read it)."""
         if agent_id in self._agents:
             raise ValueError(f"agent '{agent_id}' has already arrived.")
-        if not (weight > 0 and math.isfinite(weight)):
-            raise ValueError(f"agent '{agent_id}': weight must be a finite number > 0, got {weight}.")
+        positive_finite(weight, f"agent '{agent_id}': weight")
         if self._meter is not None and (m := self._meter.update(now_s)) is not None:
             self._policy.set_capacity(m, now_s)
         if tenant is not None and not (isinstance(tenant, str) and tenant):
@@ -116,18 +151,14 @@ class AgentScheduler:
         self._moved.discard(agent_id)
         self._policy.agent_finished(agent_id, now_s)
 
-    def has_agent(self, agent_id: str) -> bool:
-        """Whether the agent has arrived and not finished."""
-        return agent_id in self._agents
-
-    @property
-    def agent_count(self) -> int:
-        """Agents that have arrived and not finished (holding policy state)."""
-        return len(self._agents)
-
-    def open_requests(self, agent_id: str) -> int:
-        """The agent's requests that have arrived and not finished."""
-        return self._open.get(agent_id, 0)
+    def agent(self, agent_id: str) -> Standing | None:
+        """The agent's standing, or None if it has not arrived or has finished."""
+        info = self._agents.get(agent_id)
+        if info is None:
+            return None
+        attained = self._attained.get(agent_id)
+        return Standing(info, self._open[agent_id], attained[0] if attained else 0.0,
+                        self._policy.virtual_finish(agent_id))
 
     # ---------------------------------------------------------------------------- requests
     def request_arrived(self, request_id: str, agent_id: str, prompt_tokens: int, predicted_cost: float,
@@ -183,13 +214,13 @@ class AgentScheduler:
         (attained - price) / w)``), and again each time that grows by ``RETAG_STEP``."""
         self._policy.charge(req, service)
         agent_id = req.agent_id
-        if now_s is not None and self._retag:
+        info = self._agents.get(agent_id)
+        if info is not None:
             attained = self._attained.get(agent_id)
-            info = self._agents.get(agent_id)
-            if info is not None:
-                if attained is None:
-                    attained = self._attained[agent_id] = [0.0, info.predicted_cost * (1 + 1e-9)]
-                attained[0] += self._cost.service(service)
+            if attained is None:
+                attained = self._attained[agent_id] = [0.0, info.predicted_cost * (1 + 1e-9)]
+            attained[0] += self._cost.service(service)
+            if now_s is not None and self._retag:
                 if attained[0] > attained[1]:
                     self._policy.revise(agent_id, attained[0], attained[0] - info.predicted_cost, now_s)
                     attained[1] = max(attained[0] * RETAG_STEP, attained[0] + 1.0)
@@ -203,56 +234,32 @@ class AgentScheduler:
             self._moved.add(agent_id)
 
     # ------------------------------------------------------------------------------- order
-    @property
-    def timed(self) -> bool:
-        """Whether keys also move with time (justitia-eligible): an engine calls ``advance`` before
-        each step, and cannot skip steps."""
-        return self._policy.timed
-
     def advance(self, now_s: float) -> None:
-        """The engine is about to take a step at ``now_s``: keys that moved with time are refreshed."""
+        """The engine is about to take a step at ``now_s``: keys that moved with time are refreshed
+        (a no-op unless ``traits.timed``)."""
         if self._policy.timed:
             for agent_id in self._policy.advance(now_s):
                 self._waiting.touch(agent_id)
 
-    def peek(self, extra: Mapping[str, Charge] | None = None) -> RequestInfo | None:
-        """The request to admit next, or None; with ``extra``, as if those agents had been
-        charged that much more (a dynamic policy's look-ahead; nothing is charged)."""
-        return self._waiting.peek(extra)
+    def peek(self) -> RequestInfo | None:
+        """The request to admit next, or None."""
+        return self._waiting.peek()
 
     @property
     def num_waiting(self) -> int:
         """Requests waiting for admission."""
         return len(self._waiting)
 
-    def is_waiting(self, req: RequestInfo) -> bool:
-        """Whether the request is in the waiting queue."""
-        return req in self._waiting
-
-    def priority(self, req: RequestInfo, agent_key: tuple | None = None) -> tuple:
-        """The request's key now; smaller is served first (vLLM's ``priority``). Under a dynamic
-        policy, ``agent_key`` (``agent_key(req.agent_id)`` now) saves reading the agent's key again
-        for each of its requests."""
-        if agent_key is None:
-            return self._policy.key(req)
-        return self._policy.key_in_agent(agent_key, req)
+    def priority(self, req: RequestInfo) -> tuple:
+        """The request's key now; smaller is served first (vLLM's ``priority``), and of running
+        requests the one with the largest is preempted first."""
+        return self._policy.key(req)
 
     def stamp(self, req: RequestInfo) -> tuple[float, float | None]:
         """What a front end stamps on the request for engines that run ``tagged`` (``agent_tag``,
         ``agent_rank``): its key's head, and its agent's place among its tenant's agents (None: no
         tenant, or a policy without tenants)."""
         return self._policy.stamp(req)
-
-    def victim(self, running: Iterable[RequestInfo]) -> RequestInfo:
-        """The running request to preempt first: the one with the lowest priority."""
-        return max(running, key=self._policy.key)
-
-    # ------------------------------------------------------------------- what the policy needs
-    @property
-    def keys_move(self) -> bool:
-        """Whether keys change as service is charged (vtc, srjf, las): an engine that stamps keys
-        on requests must refresh them every step."""
-        return self._policy.dynamic
 
     def moved_agents(self) -> set[str]:
         """The agents whose keys may have moved since the last call (charged, revised or lifted; or
@@ -265,80 +272,20 @@ class AgentScheduler:
                 moved |= shifted
         return moved
 
-    @property
-    def keys_shift(self) -> bool:
-        """Whether keys may move at events other than an agent's own service (justitia and vtc with
-        tenants: a tenant's arrival, settle or service moves its agents' keys): an engine that stamps
-        keys on running requests re-keys ``moved_agents`` every step."""
-        return self._shifts
-
-    @property
-    def pools_service(self) -> bool:
-        """Whether agents of one tenant share a service counter (vtc): an engine that charges lazily,
-        agent by agent, must charge every step when agents name tenants."""
-        return self._policy.pools
-
-    @property
-    def keys_rise(self) -> bool:
-        """Whether keys only grow as service is charged (vtc, las): an engine that charges lazily
-        knows each key as charged so far is a lower bound, and need only charge agents at the front."""
-        return self._policy.rising
-
-    @property
-    def retags_on_service(self) -> bool:
-        """Whether the core retags agents charged beyond their price (``charge`` with ``now_s``): an
-        engine that can charge every step as it schedules it does so even under a policy that does
-        not read service otherwise (justitia)."""
-        return self._retag and type(self._policy).revise is not Policy.revise
-
-    @property
-    def uses_service(self) -> bool:
-        """Whether the policy reads the service charged to it (engines may skip charging if not)."""
-        return type(self._policy).charge is not Policy.charge
-
-    @property
-    def reads_service_on_backlog(self) -> bool:
-        """Whether queueing a request of an agent with none waiting reads service counters (VTC's
-        lift rule: its own, and the front backlogged agent's): an engine that charges lazily must
-        charge before such a request arrives."""
-        return self.uses_service and type(self._policy).backlogged is not Policy.backlogged
-
     # ------------------------------------------------------------------------------- clock
-    def virtual_time(self, now_s: float) -> float | None:
-        """The GPS virtual time V(now), or None under a policy without a clock."""
-        clock = self._policy.clock
-        return None if clock is None else clock.virtual_time(now_s)
-
-    def virtual_finish(self, agent_id: str) -> float | None:
-        """The agent's GPS virtual finish tag, or None (no clock, or an agent not known)."""
-        return self._policy.virtual_finish(agent_id)
-
-    @property
-    def gps_active(self) -> int | None:
-        """Agents the GPS clock counts as active (N_t) as of its last reading, or None."""
-        clock = self._policy.clock
-        return None if clock is None else clock.active
-
-    @property
-    def capacity_per_s(self) -> float | None:
-        """The clock's M, in cost units per second (under ``tagged``: the M this engine measured, for
-        the front end's clock), or None under a policy without a clock."""
-        clock = self._policy.clock
+    def clock(self, now_s: float | None = None) -> ClockReading:
+        """The clock now: V(``now_s``) if a time is given, N_t, M and every M it ran at."""
+        clock, meter = self._policy.clock, self._meter
         if clock is None:
-            return self._meter.capacity_per_s if self._meter is not None else None
-        return clock.capacity
+            return ClockReading(None, None, meter.capacity_per_s if meter is not None else None,
+                                None if meter is None else list(meter.schedule))
+        return ClockReading(None if now_s is None else clock.virtual_time(now_s), clock.active, clock.capacity,
+                            None if meter is None else list(meter.schedule))
 
     def set_capacity(self, capacity_per_s: float, now_s: float) -> None:
         """The clock's M, measured elsewhere (a cluster's front end: the sum of its engines'); the
         clock runs at it from ``now_s``."""
-        if not (capacity_per_s > 0 and math.isfinite(capacity_per_s)):
-            raise ValueError(f"capacity must be a finite number > 0, got {capacity_per_s}.")
-        self._policy.set_capacity(float(capacity_per_s), now_s)
-
-    @property
-    def measures_capacity(self) -> bool:
-        """Whether the clock's M follows what the engine delivers (engines then report it)."""
-        return self._meter is not None
+        self._policy.set_capacity(positive_finite(capacity_per_s, "capacity"), now_s)
 
     def observe_service(self, busy_s: float, service: Charge, steps: int | None = None) -> None:
         """The engine was backlogged (some request waiting) for ``busy_s`` seconds, in ``steps``
@@ -348,15 +295,45 @@ class AgentScheduler:
         if self._meter is not None:
             self._meter.observe(busy_s, service, steps)
 
+    # ------------------------------------------------------------------------------ traits
     @property
-    def capacity_schedule(self) -> list[tuple[float, float]] | None:
-        """Every (time, M) the clock ran at, when M is measured; None otherwise."""
-        return None if self._meter is None else list(self._meter.schedule)
+    def traits(self) -> Traits:
+        """What the policy needs from the engine (fixed for its life), and its name."""
+        return self._traits
 
-    # ---------------------------------------------------------------------------- look-ahead
+    @property
+    def lookahead(self) -> "LookAhead":
+        """The order a few steps ahead, for an engine that skips steps (nothing else reads it)."""
+        return self._lookahead
+
+
+class LookAhead:
+    """The waiting queue's order ahead of the next step, read by the simulator's skipping stepper
+    (``sim.skipping``), which must know which requests would be admitted over several steps without
+    taking them. It reads; it changes nothing."""
+
+    def __init__(self, policy: Policy, waiting: WaitingQueue):
+        self._policy = policy
+        self._waiting = waiting
+        self.keys_rise = policy.rising  # keys only grow as service is charged (vtc, las): a key as
+        # charged so far is a lower bound, and only agents at the front need charging
+        # queueing a request of an agent with none waiting reads service counters (VTC's lift rule:
+        # its own, and the front backlogged agent's): charge before such a request arrives
+        self.reads_service_on_backlog = (type(policy).charge is not Policy.charge
+                                         and type(policy).backlogged is not Policy.backlogged)
+
+    def is_waiting(self, req: RequestInfo) -> bool:
+        """Whether the request is in the waiting queue."""
+        return req in self._waiting
+
     def is_backlogged(self, agent_id: str) -> bool:
         """Whether the agent has a waiting request."""
         return self._waiting.is_backlogged(agent_id)
+
+    def peek(self, extra: Mapping[str, Charge] | None = None) -> RequestInfo | None:
+        """The request to admit next as if the agents in ``extra`` had been charged that much more
+        (a dynamic policy's look-ahead; nothing is charged)."""
+        return self._waiting.peek(extra)
 
     def agent_key(self, agent_id: str, extra: Charge = NO_CHARGE) -> tuple:
         """A dynamic policy's key for an agent, as if it had been charged ``extra`` more."""

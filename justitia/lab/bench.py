@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Callable
 
 from justitia.agent import PRICINGS, AgentResult, RunResult
-from justitia.core import ROUTER_NAMES, make_policy
+from justitia.core import ROUTER_NAMES, has_clock
 from justitia.lab.metrics import delay_bound_s, fairness, gps_finish_times, jct_stats
 from justitia.lab.progress import progress_bar
 from justitia.lab.tenants import tenant_report
@@ -81,8 +81,7 @@ def simulate(
         return Cluster(config, spec.policy, predictor, spec.cost, replicas, spec.router or "least-load",
                        spec.cluster_clock or "global", event_skipping, on_agent_finish,
                        measure_capacity=spec.capacity == "measured", retag=spec.retag, pricing=spec.pricing).run(agents)
-    policy = make_policy(spec.policy, config.capacity_per_s(spec.cost), spec.cost)
-    sim = Simulator(config, policy, predictor, spec.cost, event_skipping, on_agent_finish,
+    sim = Simulator(config, spec.policy, predictor, spec.cost, event_skipping, on_agent_finish,
                     measure_capacity=spec.capacity == "measured", retag=spec.retag,
                     pricing=spec.pricing)
     return sim.run(agents)
@@ -114,7 +113,7 @@ def summarize(
         "fairness": {},
     }
     jcts = {label: {a.agent_id: a.jct_s for a in run.agents} for label, run in runs.items()}
-    measured = next((s.label for s in specs if s.policy.startswith("justitia") and runs[s.label].capacity_schedule
+    measured = next((s.label for s in specs if has_clock(s.policy) and runs[s.label].capacity_schedule
                      and len(runs[s.label].capacity_schedule) > 1), None)
     delivered = delivered_capacity(runs[measured].capacity_schedule, runs[measured].makespan_s) if measured else formula_m
     gps_schedule = [(0.0, delivered)]
@@ -138,7 +137,7 @@ def summarize(
         if replicas > 1:
             entry |= {"router": run.router, "cluster_clock": run.clock, "requests_per_replica": run.requests_per_replica}
         agent_docs = [a.to_json() for a in run.agents]
-        if spec.policy.startswith("justitia"):  # policies with a clock
+        if has_clock(spec.policy):  # policies with a clock
             schedule = run.capacity_schedule or [(0.0, formula_m)]
             gps = gps_finish_times(spec.workload(agents), formula_m, gps_schedule)  # the one yardstick
             bound_s = delay_bound_s(agents, config, min(m for _, m in gps_schedule))

@@ -1,11 +1,12 @@
 """Fit a simulator latency profile to the steps a real engine took.
 
-The plug-in's step log has one row per engine step: when it was scheduled, the tokens it computed
-(``batched_tokens``), the KV tokens its decoding requests attend to (``decode_context_tokens``) and
-whether the next step followed at once. A step's duration is the time to the next step's start, so
-it includes everything the engine does per step (scheduling, the forward pass, sampling, output
-processing), which is what the simulator's iteration time stands for. Only steps followed at once
-count; a step before an idle gap has no measurable duration.
+The plug-in's step log (``justitia.vllm.steplog``; docs/formats.md) has one row per engine step:
+when it was scheduled, the tokens it computed (``batched_tokens``), the KV tokens its decoding
+requests attend to (``decode_context_tokens``) and whether the next step followed at once. A
+step's duration is the time to the next step's start, so it includes everything the engine does
+per step (scheduling, the forward pass, sampling, output processing), which is what the
+simulator's iteration time stands for. Only steps followed at once count; a step before an idle
+gap has no measurable duration.
 
 The same run measures the clock's M: the KV token-time the engine delivered (held by the requests
 that sampled a token) over the duration of the steps that started with requests waiting and were
@@ -32,36 +33,42 @@ import numpy as np
 
 from justitia.core import calibrated_capacity  # noqa: F401  (read back where a clock starts)
 from justitia.sim.config import LatencyProfile
+from justitia.vllm.steplog import StepRow
 
 
-def step_durations(rows: Sequence[tuple[float, ...]]) -> np.ndarray:
+def _followed_at_once(rows: Sequence[StepRow]):
+    """(step, the next step's start s, the new requests taken in before it) of every step with tokens
+    that the next followed at once (``arrived_before`` of the next row; 0 in a log without that column)."""
+    for row, nxt in zip(rows, rows[1:]):
+        if row.busy_after and row.batched_tokens > 0:
+            yield row, nxt.t_s, nxt.arrived_before or 0
+
+
+def step_durations(rows: Sequence[StepRow]) -> np.ndarray:
     """(batched_tokens, decode_context_tokens, requests, arrivals, duration_ms) of every step followed
     at once: its batch's requests (prefilling and decoding), and the new requests the engine took in
-    before the next one (``arrived_before`` of the next row; 0 in a log without that column)."""
-    out = []
-    for k in range(len(rows) - 1):
-        t, batched, ctx, prefills, decodes, busy = rows[k][:6]
-        if busy and batched > 0:
-            arrivals = rows[k + 1][10] if len(rows[k + 1]) > 10 else 0
-            out.append((batched, ctx, prefills + decodes, arrivals, (rows[k + 1][0] - t) * 1000.0))
+    before the next one."""
+    out = [(row.batched_tokens, row.decode_context_tokens, row.prefill_reqs + row.decode_reqs, arrivals,
+            (end - row.t_s) * 1000.0) for row, end, arrivals in _followed_at_once(rows)]
     return np.asarray(out, dtype=float).reshape(-1, 5)
 
 
-def delivered_capacity(runs: Iterable[Sequence[tuple[float, ...]]]) -> tuple[float | None, float]:
+def delivered_capacity(runs: Iterable[Sequence[StepRow]]) -> tuple[float | None, float]:
     """(KV token-iterations per second delivered while requests waited, or None if they never did;
-    the seconds of such steps) over the steps of one or more runs."""
+    the seconds of such steps) over the steps of one or more runs (none in a log without the
+    ``waiting_before`` and ``delivered_kv`` columns)."""
     service, busy_s = 0, 0.0
     for rows in runs:
-        for k in range(len(rows) - 1):
-            row = rows[k]
-            if len(row) >= 9 and row[7] > 0 and row[5]:  # requests waited, and the next step followed at once
-                service += row[8]
-                busy_s += rows[k + 1][0] - row[0]
+        for row, nxt in zip(rows, rows[1:]):
+            # requests waited, and the next step followed at once
+            if row.delivered_kv is not None and row.waiting_before > 0 and row.busy_after:
+                service += row.delivered_kv
+                busy_s += nxt.t_s - row.t_s
     return (service / busy_s if busy_s > 0 else None), busy_s
 
 
 def fit_profile(
-    runs: Iterable[Sequence[tuple[float, ...]]],
+    runs: Iterable[Sequence[StepRow]],
     name: str,
     kv_blocks: int,
     block_size: int,
@@ -105,7 +112,7 @@ def fit_profile(
     return profile, stats
 
 
-def fit_frontend(runs: Iterable[tuple[Sequence[tuple[float, ...]], Sequence[tuple[str, float, float]]]]) -> dict:
+def fit_frontend(runs: Iterable[tuple[Sequence[StepRow], Sequence[tuple[str, float, float]]]]) -> dict:
     """The front end's latencies (``LatencyProfile.frontend_ms``) measured on runs: each a step log
     (``arrived_before`` and ``finished`` columns) and the requests as the agents saw them (``EngineRun.requests``:
     id, sent, answered, seconds into the run; the step log's clock starts up to a millisecond
@@ -119,11 +126,11 @@ def fit_frontend(runs: Iterable[tuple[Sequence[tuple[float, ...]], Sequence[tupl
     the agent's answer. Returns the three fields, and the fit's mean absolute error in ms."""
     sends, joins, ends, answers, starts = [], [], [], [], []
     for rows, requests in runs:
-        if not requests or len(rows) < 2 or len(rows[0]) < 12:
+        if not requests or len(rows) < 2 or rows[0].finished is None:  # (an older log: no arrivals, no finishes)
             continue
-        t = np.array([r[0] for r in rows])
-        joined = np.repeat(t, [r[10] for r in rows])  # each request: the start of the step it joined
-        ended = np.repeat(np.append(t[1:], t[-1]), [r[11] for r in rows])  # each finish: its step's end
+        t = np.array([r.t_s for r in rows])
+        joined = np.repeat(t, [r.arrived_before for r in rows])  # each request: the start of the step it joined
+        ended = np.repeat(np.append(t[1:], t[-1]), [r.finished for r in rows])  # each finish: its step's end
         sent = np.sort([x[1] for x in requests])
         answered = np.sort([x[2] for x in requests])
         n, m = min(len(sent), len(joined)), min(len(answered), len(ended))
@@ -190,7 +197,7 @@ def fit_speed(agents, config, engine_mean_jct_s: float, seed: int = 0, iteration
     return _solve_increasing(mean_jct, engine_mean_jct_s, *SPEED_RANGE, iterations, geometric=True)
 
 
-def run_speed(profile: LatencyProfile, rows: Sequence[tuple[float, ...]]) -> float | None:
+def run_speed(profile: LatencyProfile, rows: Sequence[StepRow]) -> float | None:
     """A run's steps' measured time over the time ``profile`` gives them (the plug-in's step log);
     None without a measurable step. A diagnostic: it reads the run it describes."""
     steps = timed_steps(profile, rows)
@@ -200,19 +207,16 @@ def run_speed(profile: LatencyProfile, rows: Sequence[tuple[float, ...]]) -> flo
     return float(steps[:, 1].sum() / predicted) if predicted > 0 else None
 
 
-def timed_steps(profile: LatencyProfile, rows: Sequence[tuple[float, ...]]) -> np.ndarray:
+def timed_steps(profile: LatencyProfile, rows: Sequence[StepRow]) -> np.ndarray:
     """(start s, measured s, the time ``profile`` gives it) of every step followed at once (the
     plug-in's step log, ``step_durations``' steps)."""
-    out = []
-    for k in range(len(rows) - 1):
-        t, batched, ctx, prefills, decodes, busy = rows[k][:6]
-        if busy and batched > 0:
-            arrivals = rows[k + 1][10] if len(rows[k + 1]) > 10 else 0
-            out.append((t, rows[k + 1][0] - t, profile.iteration_s(batched, ctx, prefills + decodes, arrivals)))
+    out = [(row.t_s, end - row.t_s, profile.iteration_s(row.batched_tokens, row.decode_context_tokens,
+                                                         row.prefill_reqs + row.decode_reqs, arrivals))
+           for row, end, arrivals in _followed_at_once(rows)]
     return np.asarray(out, dtype=float).reshape(-1, 3)
 
 
-def probe_speed(profile: LatencyProfile, rows: Sequence[tuple[float, ...]]) -> float | None:
+def probe_speed(profile: LatencyProfile, rows: Sequence[StepRow]) -> float | None:
     """A speed probe read from its step log: ``run_speed`` of the probe's steps, kept within
     ``SPEED_RANGE``; None without a step log (stock vLLM logs none)."""
     speed = run_speed(profile, rows)

@@ -1,9 +1,12 @@
-"""Workload construction and the paper's experiments as named presets."""
+"""The paper's experiments as named presets: their workloads, the runs to compare, and what to print
+beside the results. The workloads are built from ``justitia.workload`` (``build_workload``, its
+arrival times and generators)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 
@@ -11,47 +14,14 @@ from justitia.core import POLICY_NAMES
 from justitia.lab.bench import RunSpec
 from justitia.sim import EngineConfig
 from justitia.sim.config import load_profile
-from justitia.workload import Agent, Task, load_workload, scale_tokens
-from justitia.workload.arrivals import MOONCAKE_ARRIVALS, synthetic_arrivals, trace_arrivals
-from justitia.workload.workflows import generate_agent, generate_agents
+from justitia.workload import Agent, Task, build_workload, load_workload, scale_tokens
+from justitia.workload.arrivals import MOONCAKE_ARRIVALS, arrival_times
+from justitia.workload.workflows import generate_agent
 
 # The ablation replays the held-out 30 % of the committed profile three times.
 # Density 2 as in the paper's predictor ablation.
 ABLATION_TEST_FRAC, ABLATION_COPIES, ABLATION_DENSITY = 0.3, 3, 2.0
 SIM_DEFAULT_PROFILE = "llama7b-a100-40gb"
-
-# Mean agent arrival rate of the first 300 requests of the Mooncake conversation trace (300 in
-# 102 s): the synthetic default, so that a machine without the trace sees a comparable load.
-DEFAULT_RATE_PER_S = 300 / 102
-
-
-def build_workload(
-    n_agents: int,
-    seed: int,
-    trace: str | Path | None = None,
-    density: float = 1.0,
-    rate_per_s: float = DEFAULT_RATE_PER_S,
-    cv: float = 1.0,
-) -> tuple[list[Agent], dict]:
-    """Agents of the nine workflows with trace or synthetic arrivals, and a description of them."""
-    if n_agents < 1:
-        raise ValueError(f"--agents must be >= 1, got {n_agents}.")
-    if density <= 0:
-        raise ValueError(f"--density must be > 0, got {density}.")
-    rng = np.random.default_rng(seed)
-    arrivals, info = arrival_times(n_agents, rng, trace, density, rate_per_s, cv)
-    agents = generate_agents(arrivals, rng)
-    return agents, info | {"agents": n_agents, "seed": seed}
-
-
-def arrival_times(n: int, rng: np.random.Generator, trace: str | Path | None = None, density: float = 1.0,
-                  rate_per_s: float = DEFAULT_RATE_PER_S, cv: float = 1.0) -> tuple[list[float], dict]:
-    """``n`` arrival times from the trace (or synthetic ones), and a description of them."""
-    if trace is not None:
-        name = "mooncake_conversation" if Path(trace) == MOONCAKE_ARRIVALS else str(trace)  # the shipped one: no path
-        return trace_arrivals(trace, n, density), {"arrivals": "trace", "trace": name, "density": density}
-    return (synthetic_arrivals(n, rng, rate_per_s * density, cv),
-            {"arrivals": "synthetic", "rate_per_s": rate_per_s, "cv": cv, "density": density})
 
 
 def profile_workload(seed: int, trace: str | Path | None, density: float, copies: int = ABLATION_COPIES,
@@ -92,6 +62,7 @@ class Preset:
     tagging: bool = False  # vllm: also justitia by front-end tagging on stock vLLM
     speed_probes: bool = False  # vllm: the calibration agents run again around every run (run_bench_vllm)
     replicas: int = 1  # sim: engines in the cluster (sim.Cluster when > 1)
+    summary: Callable[[dict], list[str]] | None = None  # lines printed after the results table, from results.json
 
 
 def _all_policies(predictor: str = "oracle", formula: bool = False) -> list[RunSpec]:
@@ -149,6 +120,22 @@ def stream_mouse(rng: np.random.Generator, agent_id: str, arrival_s: float) -> A
     return Agent(agent_id, "fv", arrival_s, (tasks,))
 
 
+def elephant_summary(doc: dict) -> list[str]:
+    """Per policy, when the elephant finished and the small agents' mean JCT (with its GPS finish and
+    the bound where the policy has them)."""
+    last_arrival = max(a["arrival_s"] for a in next(iter(doc["policies"].values()))["agents"])
+    lines = [f"the elephant and the small agents per policy (small agents keep arriving until t={last_arrival:.0f} s):"]
+    for label, entry in doc["policies"].items():
+        e = next(a for a in entry["agents"] if a["agent_id"] == "elephant")
+        mice = [a["jct_s"] for a in entry["agents"] if a["agent_id"] != "elephant"]
+        extra = ""
+        if "gps_finish_s" in e:
+            extra = f"  (GPS finish {e['gps_finish_s']:.1f} s, bound {entry['delay_bound_s']:.1f} s)"
+        lines.append(f"  {label:<10} elephant finishes {e['finish_s']:8.1f} s, small agents' mean JCT "
+                     f"{sum(mice) / len(mice):7.1f} s{extra}")
+    return lines
+
+
 def saturated_rate(config, seed: int, n: int = 600) -> float:
     """Small agents per second the engine serves when it has nothing else to do: ``n`` of them at
     once, under fcfs, divided by the time they take."""
@@ -189,6 +176,18 @@ def trojan_workload(seed: int) -> tuple[list[Agent], dict, list[Agent]]:
         agents[j] = Agent(TROJAN_PREFIX + a.agent_id, a.type, a.arrival_s, (a.stages[0], a.stages[0] * TROJAN_COPIES),
                           a.meta)
     return agents, info | {"trojans": len(picks), "trojan_first_stage_share": 1 / (1 + TROJAN_COPIES)}, train
+
+
+def trojan_summary(doc: dict) -> list[str]:
+    """Per run, the mean JCT of the honest agents and of the trojans."""
+    lines = [f"honest agents and trojans (first stage 1/{1 + TROJAN_COPIES} of their cost) per run, mean JCT:"]
+    for label, entry in doc["policies"].items():
+        groups = {True: [], False: []}
+        for a in entry["agents"]:
+            groups[a["agent_id"].startswith(TROJAN_PREFIX)].append(a["jct_s"])
+        lines.append(f"  {label:<26} honest {sum(groups[False]) / len(groups[False]):7.1f} s   "
+                     f"trojans {sum(groups[True]) / len(groups[True]):7.1f} s")
+    return lines
 
 
 # The tenants presets (hierarchical GPS). ``tenants``: main's agents spread over three tenants of
@@ -262,12 +261,14 @@ def make_preset(name: str, seed: int = 0) -> Preset:
         info = {"arrivals": "elephant at 0 s, small agents 1/s", "agents": len(agents), "seed": seed}
         specs = [RunSpec(p, p) for p in ("fcfs", "vtc", "srjf", "justitia", "las")]
         specs.append(RunSpec(FORMULA_LABEL, "justitia", capacity="formula"))
-        return Preset(name, "one large mrs elephant among small agents arriving at 1/s", agents, info, specs)
+        return Preset(name, "one large mrs elephant among small agents arriving at 1/s", agents, info, specs,
+                      summary=elephant_summary)
     if name in SUSTAINED_LOADS:
         load = SUSTAINED_LOADS[name]
         agents, info = sustained_workload(seed, load, EngineConfig(profile=load_profile(SIM_DEFAULT_PROFILE)))
         return Preset(name, f"an elephant, then small agents at {load:g}x the engine's saturated rate for "
-                      f"{SUSTAINED_S / 60:.0f} minutes, all seven policies", agents, info, _all_policies(formula=True))
+                      f"{SUSTAINED_S / 60:.0f} minutes, all seven policies", agents, info, _all_policies(formula=True),
+                      summary=elephant_summary)
     if name == "tenants":
         agents, info = tenants_workload(seed, EngineConfig(profile=load_profile(SIM_DEFAULT_PROFILE)))
         return Preset(name, "main's agents in three tenants weighted 1, 1 and 2, and a fourth tenant streaming small "
@@ -275,7 +276,8 @@ def make_preset(name: str, seed: int = 0) -> Preset:
     if name == "elephant-stream":
         agents, info = elephant_stream_workload(seed)
         return Preset(name, f"an elephant in one tenant, small agents at {ELEPHANT_STREAM_RATE:g}/s for "
-                      f"{ELEPHANT_STREAM_S / 60:.0f} minutes in another", agents, info, tenant_specs())
+                      f"{ELEPHANT_STREAM_S / 60:.0f} minutes in another", agents, info, tenant_specs(),
+                      summary=elephant_summary)
     if name == "noise":
         agents, info = build_workload(300, seed, trace, 1.0)
         specs = [RunSpec("vtc", "vtc")] + [
@@ -327,7 +329,7 @@ def make_preset(name: str, seed: int = 0) -> Preset:
                  RunSpec("srjf@mlp", "srjf", mlp), RunSpec("srjf@mlp/no-retag", "srjf", mlp, retag=False)]
         return Preset(name, f"{TROJAN_FRAC:.0%} of the ablation's agents are trojans (first stage 1/"
                       f"{1 + TROJAN_COPIES} of their cost): the paper's predictor, retagging on and off",
-                      agents, info, specs, sim_options={"kv_blocks": blocks})
+                      agents, info, specs, sim_options={"kv_blocks": blocks}, summary=trojan_summary)
     if name == "cpu":
         # Sized for a 2-core CPU running the tiny model: ~1 agent/s (a third of the trace's density),
         # token lengths / 8, and a 24-block KV cache (3,072 tokens) that a few agents fill. Each

@@ -36,16 +36,11 @@ from typing import Callable
 from justitia.agent import AgentProcess, AgentResult, Answer, Call, RunResult, drive
 from justitia.core import RESET, STATE, WINDOW_STEPS, AgentBook, ControlCall, PolicyState, cost_model
 from justitia.core import capacity_per_s as default_capacity  # run() takes a capacity_per_s of its own
-from justitia.defaults import ITERATION_S
+from justitia.defaults import ITERATION_S, process_cpus
 from justitia.predictors import make_predictor
 from justitia.vllm.engine import EngineSpec, RunningEngine, control
+from justitia.vllm.steplog import StepRow, read_step_log
 from justitia.workload import Agent
-
-STEP_LOG_COLUMNS = ("t_s", "batched_tokens", "decode_context_tokens", "prefill_reqs", "decode_reqs", "busy_after",
-                    "preemptions", "waiting_before", "delivered_kv", "sched_us", "arrived_before", "finished",
-                    "prefill_attention")
-# delivered_kv: KV held by sampling requests; sched_us: time in the scheduler (vLLM's and the plug-in's);
-# arrived_before: new requests taken in since the previous step; prefill_attention: core.prefill_attention
 
 
 class VllmEngine(RunningEngine):
@@ -206,7 +201,7 @@ class VllmEngine(RunningEngine):
             state = PolicyState.from_json(await control(self.llm, ControlCall(STATE)))
             schedule = [tuple(x) for x in state.capacity_schedule] if state.capacity_schedule else None
         else:  # the front end's clock
-            schedule = frontend.core.capacity_schedule
+            schedule = frontend.clock().schedule
         if self.logged:  # a reset that closes (and flushes) the step log
             await self._reset("fcfs", "kv", capacity, None, False)
         steps = read_step_log(step_log)
@@ -214,7 +209,7 @@ class VllmEngine(RunningEngine):
             os.unlink(step_log)
         order = {a.agent_id: k for k, a in enumerate(agents)}
         results.sort(key=lambda r: order[r.agent_id])
-        preemptions = sum(row[6] for row in steps)
+        preemptions = sum(row.preemptions for row in steps)
         run = RunResult(policy, results, max(r.finish_s for r in results), len(steps), len(steps), preemptions, wall,
                         schedule)
         return EngineRun(run, steps, max(lags) if lags else 0.0, requests)
@@ -227,7 +222,7 @@ class VllmEngine(RunningEngine):
             raise RuntimeError("the plug-in refused to reset (its policy state, its step log): the engine is not idle.")
 
 
-_PROCESS_CPUS = frozenset(os.sched_getaffinity(0))  # this process's cores before any engine pinned it
+process_cpus()  # read now, before any engine pins this process (then kept)
 
 
 def core_layout(spec: EngineSpec) -> tuple[str, set[int] | None]:
@@ -239,7 +234,7 @@ def core_layout(spec: EngineSpec) -> tuple[str, set[int] | None]:
     differ by 12-36 %, and splitting them made runs faster and within 1-11 % of each other
     (scripts/noise_study.py, docs/results.md). vLLM's scheduler process keeps every core. A binding
     in the spec or the environment wins, and nothing is pinned."""
-    cpus = sorted(_PROCESS_CPUS)
+    cpus = sorted(process_cpus())
     if len(cpus) < 2:
         return ",".join(map(str, cpus)), None
     threads = ",".join(map(str, cpus[1:]))
@@ -264,16 +259,6 @@ class EngineRun:
     each request's (id, sent, answered) in seconds into the run, as its agent saw them."""
 
     result: RunResult
-    steps: list[tuple[float, ...]]
+    steps: list[StepRow]  # the step log's rows (empty: an engine that logs none)
     max_arrival_lag_s: float
     requests: list[tuple[str, float, float]] = field(default_factory=list)
-
-
-def read_step_log(path: str | Path) -> list[tuple[float, ...]]:
-    """The plug-in's (or its step-log base's) step log as tuples of ``STEP_LOG_COLUMNS``."""
-    rows = []
-    for line in Path(path).read_text().splitlines():
-        if line:
-            t, *rest = line.split(",")
-            rows.append((float(t), *(int(x) for x in rest)))
-    return rows

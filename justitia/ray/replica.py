@@ -19,10 +19,20 @@ from __future__ import annotations
 
 import asyncio
 import os
+from dataclasses import dataclass
 
-from justitia.core import RELEASE, STATE, ControlCall
+from justitia.core import RETIRE, STATE, ControlCall
 from justitia.server.backend import Completion, Output
-from justitia.server.limits import replay
+from justitia.server.wire import replay
+
+
+@dataclass
+class ReplicaOutput(Output):
+    """An answer so far, as a replica sends it to the ingress: on its last output, which replica
+    answered and the M it measured (``RayBackend.heard``)."""
+
+    replica: dict | None = None
+
 
 REFRESH_S = 1.0
 
@@ -72,7 +82,7 @@ class EngineReplica:
 
     async def generate(self, prompt_token_ids: list[int], params, request_id: str, route: dict):
         """Serve one request (``route``: what the router reads: its predicted cost and prefix);
-        yields ``Output``s. Cancelling the call aborts the request in vLLM."""
+        yields ``ReplicaOutput``s. Cancelling the call aborts the request in vLLM."""
         from vllm.inputs import TokensPrompt
 
         if self._refresher is None or self._refresher.done():
@@ -82,7 +92,8 @@ class EngineReplica:
             async for out in self.llm.generate(TokensPrompt(prompt_token_ids=prompt_token_ids), params, request_id):
                 c = out.outputs[0]
                 about = self._about() if out.finished else None
-                yield Output(request_id, [Completion(c.text, list(c.token_ids), c.finish_reason)], out.finished, about)
+                yield ReplicaOutput(request_id, [Completion(c.text, list(c.token_ids), c.finish_reason)], out.finished,
+                                    about)
         except Exception:
             self._check_engine()  # the engine died under the request: say so, for the ingress to send it again
             raise
@@ -183,11 +194,11 @@ class EngineReplica:
 
         return await control(self.llm, ControlCall(STATE))
 
-    async def release(self, agent_id: str) -> bool:
-        """Drop an agent's state in the plug-in (a cancelled or failed agent)."""
+    async def retire(self, agent_id: str) -> bool:
+        """Retire an agent in the plug-in (a cancelled or failed agent; ``AgentBook.retire``)."""
         from justitia.vllm.engine import control
 
-        return bool(await control(self.llm, ControlCall(RELEASE, {"agent_id": agent_id})))
+        return bool(await control(self.llm, ControlCall(RETIRE, {"agent_id": agent_id})))
 
     def check_health(self) -> None:
         """Ray Serve's health check: a replica whose engine core died is restarted."""

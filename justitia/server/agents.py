@@ -350,7 +350,7 @@ class AgentManager:
     async def _unaccept(self, agent_id: str) -> None:
         """Undo a registration whose journal entry failed (or was cancelled, perhaps once written)."""
         try:
-            await self.backend.release(agent_id)
+            await self.backend.retire(agent_id)
         except Exception as exc:  # noqa: BLE001  (the policy's idle timeout still releases it)
             log.warning(json.dumps({"event": "release_failed", "agent_id": agent_id, "error": str(exc)}))
         try:
@@ -498,7 +498,7 @@ class AgentManager:
                 log.warning(json.dumps({"event": "journal_failed", "agent_id": run.agent_id, "error": str(exc)}))
         if run.status != "done":  # its agent_done requests may never have run: release it now
             try:
-                await self.backend.release(run.agent_id)
+                await self.backend.retire(run.agent_id)
             except Exception as exc:  # noqa: BLE001  (the policy's idle timeout still releases it)
                 log.warning(json.dumps({"event": "release_failed", "agent_id": run.agent_id, "error": str(exc)}))
         self.finished[run.status] += 1

@@ -64,7 +64,6 @@ class Output:
     request_id: str
     outputs: list[Completion]
     finished: bool
-    replica: dict | None = None  # on a Ray replica's last output: its id and measured M (``RayBackend``)
 
 
 class Backend(ABC):
@@ -89,8 +88,10 @@ class Backend(ABC):
         (``AgentScheduler.agent_arrived``)."""
 
     @abstractmethod
-    async def release(self, agent_id: str) -> None:
-        """Drop a cancelled or failed agent's policy state now."""
+    async def retire(self, agent_id: str) -> None:
+        """A cancelled or failed agent leaves the policy as soon as the engine holds none of its
+        requests (``AgentBook.retire``, wherever the book is kept: at once if none is held; else
+        when the last, aborted, has left). A done agent needs no call: its last requests say so."""
 
     @abstractmethod
     async def state(self) -> PolicyState:
@@ -106,7 +107,7 @@ class Backend(ABC):
         ``prompt_tokens`` and ``max_tokens`` price it. A backend that cannot: 501."""
         from starlette.responses import JSONResponse
 
-        from justitia.server.limits import error_doc
+        from justitia.server.wire import error_doc
 
         return JSONResponse(error_doc(kind, 501, f"'{path}' is not served by this backend ({type(self).__name__}); "
                                                  "see docs/server.md."), status_code=501)

@@ -16,26 +16,8 @@ from argparse import Namespace
 
 from fastapi import FastAPI, Request
 
-PROMPT_FIELDS = ("messages", "prompt", "input", "system", "instructions", "tools")
+from justitia.server.wire import prompt_text
 
-
-def _strings(value, out: list[str]) -> None:
-    if isinstance(value, str):
-        out.append(value)
-    elif isinstance(value, dict):
-        for v in value.values():
-            _strings(v, out)
-    elif isinstance(value, list):
-        for v in value:
-            _strings(v, out)
-
-
-def prompt_text(doc: dict) -> str:
-    """The text a request's prompt is made of (its template's tokens left out)."""
-    out: list[str] = []
-    for name in PROMPT_FIELDS:
-        _strings(doc.get(name), out)
-    return "\n".join(out)
 
 
 def output_budget(doc: dict, prompt_tokens: int, max_model_len: int) -> int:

@@ -30,11 +30,12 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import sqlite3
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from justitia.defaults import state_dir
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS agents (
@@ -59,8 +60,7 @@ class JournalError(RuntimeError):
 
 def default_path(host: str, port: int) -> Path:
     """Where ``justitia serve`` journals unless told otherwise."""
-    base = Path(os.environ.get("JUSTITIA_STATE_DIR") or Path.home() / ".local" / "state" / "justitia")
-    return base / f"serve-{host}-{port}.sqlite"
+    return state_dir() / f"serve-{host}-{port}.sqlite"
 
 
 @dataclass

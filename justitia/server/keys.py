@@ -39,6 +39,8 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
+from justitia.core import is_positive_finite
+
 OPEN_OWNER = "open"
 
 
@@ -115,7 +117,7 @@ class KeyRing:
                     w = float(weight)
                 except ValueError:
                     w = math.nan
-                if not (math.isfinite(w) and w > 0):
+                if not is_positive_finite(w):
                     raise KeyFileError(f"{where}: the weight must be a finite number > 0, got '{weight}'.")
                 if key in entries:
                     raise KeyFileError(f"{where}: this key is listed twice.")

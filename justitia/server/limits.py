@@ -17,6 +17,8 @@ import time
 
 from starlette.exceptions import HTTPException
 
+from justitia.server.wire import error_doc
+
 
 class BodyTooLarge(HTTPException):
     """Raised from the request's ``receive`` once its body passes the limit. An HTTPException, so
@@ -35,17 +37,6 @@ def body_too_large(request, exc: BodyTooLarge):
 
 INFERENCE_PATHS = {"/v1/chat/completions": "chat", "/v1/completions": "completions", "/v1/responses": "responses",
                    "/v1/messages": "messages", "/v1/chat/completions/batch": "chat", "/inference/v1/generate": "generate"}
-def error_doc(kind: str, status: int, message: str, param: str | None = None) -> dict:
-    """An error in the endpoint's own shape: Anthropic's for /v1/messages, OpenAI's elsewhere."""
-    if kind == "messages":
-        kinds = {401: "authentication_error", 429: "rate_limit_error", 501: "api_error", 503: "overloaded_error"}
-        return {"type": "error", "error": {"type": kinds.get(status, "invalid_request_error"), "message": message}}
-    kinds = {400: "invalid_request_error", 401: "authentication_error", 429: "rate_limit_exceeded",
-             501: "not_implemented", 503: "overloaded"}
-    return {"error": {"message": message, "type": kinds.get(status, "invalid_request_error"), "param": param,
-                      "code": status}}
-
-
 async def answer(send, status: int, doc: dict, headers: list | None = None) -> None:
     body = json.dumps(doc).encode()
     await send({"type": "http.response.start", "status": status,
@@ -136,34 +127,6 @@ class BodyLimit:
         except BodyTooLarge:  # raised where no handler answered it
             if not started:
                 await self._refuse(send, f"more than {self.limit}")
-
-
-def once(fn):
-    """``fn`` that runs on its first call only (a count released on whichever way a request ends)."""
-    done = False
-
-    def call() -> None:
-        nonlocal done
-        if not done:
-            done = True
-            fn()
-
-    return call
-
-
-def replay(body: bytes, after):
-    """An ASGI ``receive`` that gives ``body``, read already, then whatever ``after()`` gives (the
-    client's own next message, its disconnect)."""
-    given = False
-
-    async def receive():
-        nonlocal given
-        if not given:
-            given = True
-            return {"type": "http.request", "body": body, "more_body": False}
-        return await after()
-
-    return receive
 
 
 class RateLimit:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from justitia.core import REGISTER, RELEASE, STATE, ControlCall, PolicyState
+from justitia.core import REGISTER, RETIRE, STATE, ControlCall, PolicyState
 from justitia.defaults import DOOR_KEY, ENV_DOOR_TOKEN
 from justitia.server.backend import Backend
 from justitia.vllm.engine import control
@@ -44,9 +44,9 @@ class EngineBackend(Backend):
                 "tenant": tenant, "resume_cost": resume_cost}
         return await control(self.llm, ControlCall(REGISTER, args))
 
-    async def release(self, agent_id: str) -> None:
-        """Release the agent in the plug-in."""
-        await control(self.llm, ControlCall(RELEASE, {"agent_id": agent_id}))
+    async def retire(self, agent_id: str) -> None:
+        """Retire the agent in the plug-in (``AgentBook.retire``: once vLLM holds none of its requests)."""
+        await control(self.llm, ControlCall(RETIRE, {"agent_id": agent_id}))
 
     async def state(self) -> PolicyState:
         """The plug-in's policy, read in the engine process."""

@@ -1,6 +1,6 @@
-"""``justitia serve``: vLLM's own server with Justitia's scheduler and endpoint plugin (``vllm_command``,
-``serve_vllm``), or a front end over several engines (``--upstream``, ``--ray``: ``serve``), in one
-process."""
+"""``justitia serve``: its settings (``ServeSettings``, checked when made), and ``run``, which starts
+vLLM's own server with Justitia's scheduler and endpoint plugin (``vllm_command``, ``serve_vllm``), or
+a front end over several engines (``--upstream``, ``--ray``: ``serve``), in one process."""
 
 from __future__ import annotations
 
@@ -10,11 +10,131 @@ import json
 import logging
 import os
 import secrets
+import math
 import signal
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from justitia.core import POLICY_NAMES
 from justitia.predictors import make_predictor
+
+
+@dataclass
+class ServeSettings:
+    """What ``justitia serve`` runs: one field per option, named as the option (``--max-num-seqs``:
+    ``max_num_seqs``; the repeatable ``--api-key``: ``api_key``; ``--api-keys FILE``: ``api_keys``;
+    ``--header-timeout`` and ``--upstream-timeout`` in seconds), and ``vllm_args``, vLLM's own options
+    passed through; ``ray``, the replicas' ``RaySpec`` (``justitia.ray``: its options check themselves) or
+    None. Checked when made: a bad value raises ValueError naming its option."""
+
+    model: str | None = None  # tiny, smollm2 or a model directory (None: tiny; upstream: the replicas' model)
+    policy: str = "justitia"
+    predictor: str = "mlp"
+    host: str = "127.0.0.1"
+    port: int = 8000
+    kv_blocks: int | None = None  # None: what memory allows
+    calibration: Path | None = None  # a `justitia calibrate` file: the clock's M starts at what it measured
+    max_num_seqs: int = 256
+    max_model_len: int = 2048
+    max_tasks_per_agent: int = 256
+    max_agents_in_flight: int = 2048
+    max_body_bytes: int = 1_000_000
+    api_key: list[str] | None = None  # client keys (tenant 'default', weight 1)
+    api_keys: Path | None = None  # a file of client keys (server.keys)
+    key_agents_in_flight: int | None = None  # None: max_agents_in_flight
+    key_requests_in_flight: int = 256
+    key_rate: float = 0.0  # per second per key; 0: no limit
+    key_burst: int = 0  # 0: one second's worth
+    max_requests_in_flight: int = 1024
+    max_streams_per_agent: int = 8
+    finished_mib: int = 64
+    finished_hours: float = 24.0
+    journal: Path | None = None  # None: the default file (journal.default_path), unless no_journal
+    no_journal: bool = False
+    upstream_timeout: float = 600.0
+    header_timeout: float = 10.0
+    drain_s: float = 30.0
+    upstream: list[str] | None = None  # stock vLLM servers to front
+    upstream_kv_tokens: int | None = None  # None: read from each replica's /metrics
+    ray: object = None  # a RaySpec: engine replicas on Ray Serve behind one clock here
+    vllm_args: list[str] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        for name in ("max_num_seqs", "max_model_len", "max_tasks_per_agent", "max_agents_in_flight", "max_body_bytes",
+                     "key_requests_in_flight", "max_requests_in_flight", "max_streams_per_agent", "finished_mib"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}.")
+        if self.key_agents_in_flight is not None and self.key_agents_in_flight < 1:
+            raise ValueError(f"--key-agents-in-flight must be >= 1, got {self.key_agents_in_flight}.")
+        for name in ("key_rate", "key_burst", "finished_hours"):
+            value = getattr(self, name)
+            if not (value >= 0 and value < math.inf):
+                raise ValueError(f"--{name.replace('_', '-')} must be a finite number >= 0, got {value}.")
+        if self.upstream_kv_tokens is not None and self.upstream_kv_tokens < 1:
+            raise ValueError(f"--upstream-kv-tokens must be >= 1, got {self.upstream_kv_tokens}.")
+        if self.no_journal and self.journal:
+            raise ValueError("--journal and --no-journal contradict each other.")
+        if not (self.drain_s >= 0 and self.drain_s < math.inf):
+            raise ValueError(f"--drain-s must be a finite number >= 0, got {self.drain_s}.")
+        for name in ("header_timeout", "upstream_timeout"):
+            value = getattr(self, name)
+            if not (value > 0 and value < math.inf):
+                raise ValueError(f"--{name.replace('_', '-')} must be a finite number > 0, got {value}.")
+        if self.ray is not None and self.upstream:
+            raise ValueError("--ray and --upstream contradict each other: replicas run on Ray, or upstream.")
+        if self.calibration is not None and (self.upstream or self.ray is not None):
+            raise ValueError("--calibration: for the engine justitia serve runs itself; replicas measure their own M.")
+        if self.vllm_args and self.upstream:
+            raise ValueError(f"{' '.join(self.vllm_args)}: with --upstream, give vLLM's options to the replicas.")
+
+    def limits(self) -> dict:
+        """The per-key limits and what finished agents are kept: fields of the server's ``Settings``."""
+        return {"key_agents_in_flight": self.key_agents_in_flight,
+                "key_requests_in_flight": self.key_requests_in_flight, "key_rate": self.key_rate,
+                "key_burst": self.key_burst,
+                "max_requests_in_flight": self.max_requests_in_flight,
+                "max_streams_per_agent": self.max_streams_per_agent, "finished_bytes": self.finished_mib << 20,
+                "finished_s": self.finished_hours * 3600}
+
+    def journal_path(self) -> Path | None:
+        """The journal's file: None with ``no_journal``, else ``journal`` or the default one of this host and port."""
+        if self.no_journal:
+            return None
+        from justitia.server.journal import default_path
+
+        return self.journal or default_path(self.host, self.port)
+
+
+def run(settings: ServeSettings) -> int:
+    """Run ``justitia serve`` until it stops; returns its exit status. Without ``upstream`` or ``ray``:
+    vLLM's own server with Justitia's scheduler and endpoint plugin (``serve_vllm``); with them, the
+    front end over those replicas (``serve``)."""
+    if not settings.upstream and settings.ray is None:
+        from justitia.server.keys import KeyRing
+
+        make_predictor(settings.predictor)  # fail before minutes of start-up
+        KeyRing.load(settings.api_key, settings.api_keys)
+        if settings.policy not in POLICY_NAMES:
+            raise ValueError(f"--policy: unknown policy '{settings.policy}'; expected one of: "
+                             f"{', '.join(POLICY_NAMES)}.")
+        path = settings.journal_path()
+        config = {"predictor": settings.predictor, "api_keys": settings.api_key or [],
+                  "api_keys_file": None if settings.api_keys is None else str(settings.api_keys),
+                  "journal": None if path is None else str(path),
+                  "limits": settings.limits() | {"max_tasks_per_agent": settings.max_tasks_per_agent,
+                                                 "max_agents_in_flight": settings.max_agents_in_flight,
+                                                 "max_body_bytes": settings.max_body_bytes}}
+        argv = vllm_command(settings.model or "tiny", settings.host, settings.port, settings.kv_blocks,
+                            settings.max_num_seqs, settings.max_model_len, settings.vllm_args)
+        try:
+            return serve_vllm(argv, vllm_environment(settings.policy, config, settings.calibration),
+                              settings.header_timeout)
+        except KeyboardInterrupt:
+            return 0
+    try:
+        return asyncio.run(serve(settings))
+    except KeyboardInterrupt:
+        return 0
 
 
 def _uvicorn_server():
@@ -107,48 +227,40 @@ def serve_vllm(argv: list[str], env: dict[str, str], header_timeout_s: float = 1
     return 0
 
 
-async def serve(model: str | None = None, policy: str = "justitia", predictor: str = "mlp", host: str = "127.0.0.1",
-                port: int = 8000, kv_blocks: int | None = None, max_num_seqs: int = 256, max_model_len: int = 2048,
-                max_tasks_per_agent: int = 256, max_agents_in_flight: int = 2048, max_body_bytes: int = 1_000_000,
-                upstream: list[str] | None = None, upstream_kv_tokens: int | None = None,
-                ready: asyncio.Event | None = None, api_keys: list[str] | None = None,
-                api_keys_file: Path | None = None, limits: dict | None = None,
-                journal: Path | None | bool = True, drain_s: float = 30.0, upstream_timeout_s: float = 600.0,
-                header_timeout_s: float = 10.0, ray=None, vllm_args: list[str] | None = None) -> int:
+async def serve(settings: ServeSettings, ready: asyncio.Event | None = None) -> int:
     """Run the server until it is stopped (Ctrl-C or SIGTERM).
 
-    With ``upstream``: the front end of stock vLLM servers (``model``, if given, names the tokenizer;
-    by default the replicas' model directory). With ``ray`` (a ``RaySpec``): engine replicas on
-    Ray Serve behind one clock here (``RayBackend``). ``api_keys`` / ``api_keys_file``: the clients
-    allowed (``server.keys``); none: the server is open, and says so. ``limits``: other
-    ``Settings`` fields (per-key limits, what finished agents are kept). ``journal``: a file,
-    True (the default file, ``journal.default_path``) or False (none). SIGTERM or Ctrl-C stops
+    With ``settings.upstream``: the front end of stock vLLM servers (``model``, if given, names the
+    tokenizer; by default the replicas' model directory). With ``settings.ray``: engine replicas on
+    Ray Serve behind one clock here (``RayBackend``). ``api_key`` / ``api_keys``: the clients
+    allowed (``server.keys``); none: the server is open, and says so. SIGTERM or Ctrl-C stops
     taking agents and waits up to ``drain_s`` for those in flight (the journal resumes the rest at
-    the next start). Returns the exit status: 1 if the engine died (a supervisor restarts it).
+    the next start). ``ready`` is set once it listens. Returns the exit status: 1 if the engine died
+    (a supervisor restarts it).
     """
+    policy, host, port, drain_s = settings.policy, settings.host, settings.port, settings.drain_s
     if policy not in POLICY_NAMES:
         raise ValueError(f"--policy: unknown policy '{policy}'; expected one of: {', '.join(POLICY_NAMES)}.")
-    pred = make_predictor(predictor)  # before the engine: a bad predictor (or key file) fails fast
+    pred = make_predictor(settings.predictor)  # before the engine: a bad predictor (or key file) fails fast
     from justitia.server.keys import KeyRing
 
-    keys = KeyRing.load(api_keys, api_keys_file)
-    from justitia.server.journal import Journal, default_path
+    keys = KeyRing.load(settings.api_key, settings.api_keys)
+    from justitia.server.journal import Journal
 
-    if journal is True:
-        journal = default_path(host, port)
-    book = Journal(journal) if journal else None  # before the engine: a bad path fails fast
+    path = settings.journal_path()
+    book = Journal(path) if path else None  # before the engine: a bad path fails fast
     import uvicorn
     from transformers import AutoTokenizer
 
     from justitia.server.app import Settings, create_app
 
-    backend = await _backend(model, policy, kv_blocks, max_num_seqs, max_model_len, upstream, upstream_kv_tokens,
-                             upstream_timeout_s, ray, vllm_args)
+    backend = await _backend(settings)
     try:
-        settings = Settings(model=backend.model, policy=policy, max_model_len=backend.max_model_len,
-                            max_tasks_per_agent=max_tasks_per_agent, max_agents_in_flight=max_agents_in_flight,
-                            max_body_bytes=max_body_bytes, **(limits or {}))
-        app = create_app(backend, AutoTokenizer.from_pretrained(str(backend.tokenizer_dir)), settings, pred, keys,
+        app_settings = Settings(model=backend.model, policy=policy, max_model_len=backend.max_model_len,
+                                max_tasks_per_agent=settings.max_tasks_per_agent,
+                                max_agents_in_flight=settings.max_agents_in_flight,
+                                max_body_bytes=settings.max_body_bytes, **settings.limits())
+        app = create_app(backend, AutoTokenizer.from_pretrained(str(backend.tokenizer_dir)), app_settings, pred, keys,
                          book)
         manager = app.state.manager
         log = logging.getLogger("justitia.server")  # one JSON object a line, on stderr
@@ -163,7 +275,8 @@ async def serve(model: str | None = None, policy: str = "justitia", predictor: s
         from justitia.server.limits import http_with_header_timeout
 
         server = _uvicorn_server()(uvicorn.Config(app, host=host, port=port, log_level="warning",
-                                                  timeout_keep_alive=75, http=http_with_header_timeout(header_timeout_s)))
+                                                  timeout_keep_alive=75,
+                                                  http=http_with_header_timeout(settings.header_timeout)))
         loop = asyncio.get_running_loop()
         status = 0
 
@@ -202,8 +315,9 @@ async def serve(model: str | None = None, policy: str = "justitia", predictor: s
         while not server.started and not task.done():
             await asyncio.sleep(0.05)
         if server.started:
-            where = (f"{len(upstream)} upstream vLLM server(s)" if upstream else
-                     f"{ray.replicas} Ray Serve replica(s) of {backend.model}" if ray else backend.model)
+            ray = settings.ray
+            where = (f"{len(settings.upstream)} upstream vLLM server(s)" if settings.upstream else
+                     f"{ray.replicas} Ray Serve replica(s) of {backend.model}" if ray is not None else backend.model)
             print(f"justitia serve: {where} ({backend.kv_tokens:,} KV tokens) with policy {policy} on "
                   f"http://{host}:{port} (API docs at /docs)", flush=True)
             print(f"justitia serve: {len(keys)} API key(s)" if not keys.open else
@@ -224,20 +338,20 @@ async def serve(model: str | None = None, policy: str = "justitia", predictor: s
             book.close()
 
 
-async def _backend(model, policy, kv_blocks, max_num_seqs, max_model_len, upstream, upstream_kv_tokens,
-                   upstream_timeout_s=600.0, ray=None, vllm_args=None):
+async def _backend(settings: ServeSettings):
     """The engines the front end talks to: the upstream replicas, or replicas on Ray."""
-    if ray is not None:
+    if settings.ray is not None:
         from justitia.server.ray_backend import RayBackend
 
-        return await RayBackend.start(local_spec(model or "tiny", kv_blocks, max_num_seqs, max_model_len), policy, ray,
-                                      vllm_args)
-    if upstream:
+        spec = local_spec(settings.model or "tiny", settings.kv_blocks, settings.max_num_seqs, settings.max_model_len)
+        return await RayBackend.start(spec, settings.policy, settings.ray, settings.vllm_args)
+    if settings.upstream:
         from justitia.server.upstream import UpstreamBackend
         from justitia.vllm.models import resolve_model
 
-        return await UpstreamBackend.connect(upstream, policy, upstream_kv_tokens,
-                                             resolve_model(model) if model is not None else None, upstream_timeout_s)
+        model = resolve_model(settings.model) if settings.model is not None else None
+        return await UpstreamBackend.connect(settings.upstream, settings.policy, settings.upstream_kv_tokens, model,
+                                             settings.upstream_timeout)
     raise ValueError("justitia serve runs vLLM's own server when it has neither --upstream nor --ray (serve_vllm).")
 
 

@@ -28,13 +28,13 @@ import json
 import logging
 import threading
 import time
-from dataclasses import replace
 from pathlib import Path
 
-from justitia.core import KV, STATIC_POLICY_NAMES, AgentBook, PolicyState, RequestMeta, capacity_per_s
+from justitia.core import KV, STATIC_POLICY_NAMES, capacity_per_s
 from justitia.defaults import policy_settings
 from justitia.ray.replica import EngineDead
-from justitia.server.backend import DEADLINE, Backend, BackendError, BackendInterrupted, metric_lines
+from justitia.server.backend import DEADLINE, BackendError, BackendInterrupted, Output, metric_lines
+from justitia.server.tagging import TaggingBackend
 
 log = logging.getLogger("justitia.server")
 RETRY_S = 1.0  # the first wait before sending again (Ray learns of a dead replica meanwhile)
@@ -50,7 +50,7 @@ def check_policy(policy: str) -> None:
                          f"of several engines cannot see; --ray supports {', '.join(STATIC_POLICY_NAMES)}.")
 
 
-class RayBackend(Backend):
+class RayBackend(TaggingBackend):
     """The cluster's one clock over Ray Serve engine replicas."""
 
     def __init__(self, handle, info: dict, replicas: int, policy: str, capacity: float, idle_release_s: float,
@@ -65,7 +65,7 @@ class RayBackend(Backend):
         self.max_model_len = int(info["max_model_len"])
         self.replicas = replicas
         self.local = local
-        self.book = AgentBook.tagging(policy, capacity, KV, idle_release_s, log, retag)
+        self._start_clock(policy, capacity, idle_release_s, retag)
         self.formula_capacity_per_s = capacity
         self.measured: dict[int, float | None] = {}  # live replica pid -> its last reported M
         self.served: dict[int, int] = {}  # replica pid -> requests it answered
@@ -73,7 +73,6 @@ class RayBackend(Backend):
         self.dead = 0  # replicas that died and whose replacement has not answered yet
         self.in_flight = 0
         self.sent = self.retried = self.interrupted = 0
-        self.t0 = time.monotonic()
 
     @classmethod
     async def start(cls, spec, policy: str, ray_spec, vllm_argv: list[str] | None = None) -> "RayBackend":
@@ -102,15 +101,12 @@ class RayBackend(Backend):
         """The replicas' KV caches together, in tokens."""
         return self.replica_kv_tokens * self.replicas
 
-    def now(self) -> float:
-        return time.monotonic() - self.t0
-
     def capacity(self) -> float:
         """The cluster's M: the live replicas' measured M, their mean x the number of live replicas
         (those deployed, less those that died and are not replaced yet)."""
         known = [m for m in self.measured.values() if m]
         if not known:
-            return self.book.core.capacity_per_s or self.formula_capacity_per_s
+            return self.book.clock().capacity_per_s or self.formula_capacity_per_s
         return sum(known) / len(known) * max(1, self.replicas - self.dead)
 
     def heard(self, about: dict) -> None:
@@ -158,28 +154,11 @@ class RayBackend(Backend):
         deadline = DEADLINE.get()
         return deadline if deadline is not None else time.monotonic() + RETRY_FOR_S
 
-    async def register(self, agent_id: str, agent_type: str, predicted_cost: float, weight: float = 1.0,
-                       tenant: str | None = None, resume_cost: float | None = None) -> float | None:
-        """Register the agent with the one clock (at the M the replicas measured); its tag."""
-        now = self.now()
-        self._follow_capacity(agent_id, now)
-        self.book.register(agent_id, agent_type, predicted_cost, now, weight, tenant, resume_cost)
-        return self.book.core.virtual_finish(agent_id)
-
-    def _follow_capacity(self, agent_id: str, now: float) -> None:
+    def _arriving(self, agent_id: str, now: float) -> None:
         """An agent is about to arrive: the clock moves to the M the replicas measured."""
-        core = self.book.core
-        if self.measured and core.capacity_per_s is not None and not core.has_agent(agent_id):
-            core.set_capacity(self.capacity(), now)
-
-    async def release(self, agent_id: str) -> None:
-        """Drop the agent from the clock now (its requests are aborted; each replica's plug-in forgets
-        it once none of its requests is left there, after its idle timeout)."""
-        self.book.release(agent_id, self.now())
-
-    async def state(self) -> PolicyState:
-        """The ingress's policy, which orders every replica."""
-        return self.book.state(self.now())
+        book = self.book
+        if self.measured and book.clock().capacity_per_s is not None and book.agent(agent_id) is None:
+            book.set_capacity(self.capacity(), now)
 
     def unfinished(self) -> int:
         """Requests sent to the replicas and not finished."""
@@ -191,19 +170,6 @@ class RayBackend(Backend):
             return None
         return hashlib.blake2b(json.dumps(ids[: self.block_size]).encode(), digest_size=8).hexdigest()
 
-    def _stamp(self, request_id: str, xargs: dict, prompt_tokens: int, max_tokens: int):
-        """Tag a request with the one clock (its metadata in ``xargs``, which gets the clock's tag and
-        the agent's rank in its tenant); its info, to ``book.finish`` when it ends."""
-        now = self.now()
-        self.book.sweep(now)
-        meta = RequestMeta.parse(xargs, request_id, log)
-        self._follow_capacity(meta.agent_id or request_id, now)  # an agent known only by its requests
-        info, _ = self.book.tag(request_id, meta, prompt_tokens, max_tokens, now)
-        xargs["agent_tag"], rank = self.book.core.stamp(info)
-        if rank is not None:
-            xargs["agent_rank"] = rank
-        return info
-
     async def generate(self, prompt, params, request_id: str):
         """Stamp the request with the clock's tag and send it through the router; sent again while
         no token came back, till its deadline."""
@@ -211,7 +177,7 @@ class RayBackend(Backend):
 
         ids = list(prompt["prompt_token_ids"])
         xargs = dict(params.extra_args or {})
-        info = self._stamp(request_id, xargs, len(ids), params.max_tokens or 16)
+        info = self.tag(request_id, xargs, len(ids), params.max_tokens or 16, stamp=True)[0]
         sent = params.clone()
         sent.extra_args = xargs
         route = {"cost": info.predicted_cost, "prefix": self.prefix(ids)}
@@ -227,9 +193,9 @@ class RayBackend(Backend):
                     async for out in stream:
                         streamed = True
                         produced += len(out.outputs[0].token_ids)
-                        if out.replica is not None:
+                        if out.replica is not None:  # a ReplicaOutput's last: which replica, its M
                             self.heard(out.replica)
-                        yield replace(out, request_id=request_id)
+                        yield Output(request_id, out.outputs, out.finished)
                     return
                 except Exception as exc:  # noqa: BLE001  (sorted below: a replica's death, or the engine's word)
                     reason = self._failed_replica(exc)
@@ -253,7 +219,7 @@ class RayBackend(Backend):
                     stream.cancel()  # a closed generator (a cancelled request) aborts it in the replica
         finally:
             self.in_flight -= 1
-            self.book.finish(request_id, self.now(), produced)
+            self.finish(request_id, produced)
 
     async def forward(self, path: str, kind: str, doc: dict, prompt_tokens: int, max_tokens: int, request_id: str):
         """A client's OpenAI or Anthropic body, stamped with the clock's tag, to vLLM's own app on a
@@ -263,13 +229,12 @@ class RayBackend(Backend):
         from ray.exceptions import RayTaskError
         from starlette.responses import JSONResponse, StreamingResponse
 
-        from justitia.server.forward import prompt_text
-        from justitia.server.limits import error_doc, once
+        from justitia.server.wire import error_doc, once, prompt_text
 
         outer, name = ("sampling_params", "extra_args") if kind == "generate" else (None, "vllm_xargs")
         holder = doc[outer] if outer else doc
         xargs = dict(holder.get(name) or {})
-        info = self._stamp(request_id, xargs, prompt_tokens, max_tokens)
+        info = self.tag(request_id, xargs, prompt_tokens, max_tokens, stamp=True)[0]
         holder[name] = xargs
         body = json.dumps(doc, ensure_ascii=False).encode()
         text = prompt_text(doc)
@@ -280,7 +245,7 @@ class RayBackend(Backend):
         @once
         def end() -> None:
             self.in_flight -= 1
-            self.book.finish(request_id, self.now())
+            self.finish(request_id)
 
         deadline, wait, tries = self._deadline(), RETRY_S, 0
         try:

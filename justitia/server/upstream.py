@@ -29,16 +29,16 @@ import asyncio
 import json
 import logging
 import re
-import time
 from dataclasses import dataclass, field
 
 from pathlib import Path
 
 import httpx
 
-from justitia.core import KV, WINDOW_STEPS, AgentBook, PolicyState, ReplicaLoad, Replicas, RequestMeta, RouteRequest, capacity_per_s
+from justitia.core import KV, WINDOW_STEPS, ReplicaLoad, Replicas, RouteRequest, capacity_per_s
 from justitia.defaults import policy_settings
-from justitia.server.backend import Backend, BackendError, BackendInterrupted, Completion, Output, metric_lines
+from justitia.server.backend import BackendError, BackendInterrupted, Completion, Output, metric_lines
+from justitia.server.tagging import TaggingBackend
 
 log = logging.getLogger("justitia.server")
 _INFO = re.compile(r'^vllm:cache_config_info\{(.*)\}', re.M)
@@ -152,7 +152,7 @@ async def probe_replica(url: str, kv_tokens: int | None = None, timeout_s: float
         raise
 
 
-class UpstreamBackend(Backend):
+class UpstreamBackend(TaggingBackend):
     """One front-end policy over stock vLLM replicas."""
 
     def __init__(self, replicas: list[Replica], policy: str, capacity: float, idle_release_s: float,
@@ -170,8 +170,7 @@ class UpstreamBackend(Backend):
         self.tokenizer_dir = tokenizer_dir
         settings = policy_settings()
         window = WINDOW_STEPS * settings.iteration_s if settings.measure_capacity else None
-        self.book = AgentBook.tagging(policy, capacity, KV, idle_release_s, log, settings.retag, window, self.kv_tokens)
-        self.t0 = time.monotonic()
+        self._start_clock(policy, capacity, idle_release_s, settings.retag, window, self.kv_tokens)
         self._prober: asyncio.Task | None = None
 
     @classmethod
@@ -206,23 +205,6 @@ class UpstreamBackend(Backend):
     def max_model_len(self) -> int:
         return min(r.max_model_len for r in self.replicas)
 
-    def now(self) -> float:
-        return time.monotonic() - self.t0
-
-    async def register(self, agent_id: str, agent_type: str, predicted_cost: float, weight: float = 1.0,
-                       tenant: str | None = None, resume_cost: float | None = None) -> float | None:
-        """Register the agent in the front end's book; its tag."""
-        self.book.register(agent_id, agent_type, predicted_cost, self.now(), weight, tenant, resume_cost)
-        return self.book.core.virtual_finish(agent_id)
-
-    async def release(self, agent_id: str) -> None:
-        """Drop the agent's policy state now (a cancelled or failed agent)."""
-        self.book.release(agent_id, self.now())
-
-    async def state(self) -> PolicyState:
-        """The front end's policy, which orders every replica."""
-        return self.book.state(self.now())
-
     def unfinished(self) -> int:
         """Requests sent to the replicas and not finished."""
         return sum(r.in_flight for r in self.replicas)
@@ -233,10 +215,7 @@ class UpstreamBackend(Backend):
 
         ids = list(prompt["prompt_token_ids"])
         xargs = dict(params.extra_args or {})
-        now = self.now()
-        self.book.sweep(now)
-        info, priority = self.book.tag(request_id, RequestMeta.parse(xargs, request_id, log), len(ids),
-                                       params.max_tokens or 16, now)
+        info, priority = self.tag(request_id, xargs, len(ids), params.max_tokens or 16)
         try:
             delta = params.output_kind == RequestOutputKind.DELTA
             body = {"prompt": ids, "max_tokens": params.max_tokens, "temperature": params.temperature,
@@ -277,7 +256,7 @@ class UpstreamBackend(Backend):
                 finally:
                     self.routes.done(request_id)
         finally:
-            self.book.finish(request_id, self.now(), produced)
+            self.finish(request_id, produced)
 
     async def forward(self, path: str, kind: str, doc: dict, prompt_tokens: int, max_tokens: int, request_id: str):
         """Send a client's OpenAI or Anthropic body, unchanged, to the least-loaded replica's same
@@ -286,18 +265,15 @@ class UpstreamBackend(Backend):
         replica while nothing came back (a refused connection, a 5xx)."""
         from starlette.responses import JSONResponse, StreamingResponse
 
-        from justitia.server.limits import error_doc, once
+        from justitia.server.wire import error_doc, once
 
         xargs = (doc.get("sampling_params") or {}).get("extra_args") if kind == "generate" else doc.get("vllm_xargs")
-        now = self.now()
-        self.book.sweep(now)
-        info, priority = self.book.tag(request_id, RequestMeta.parse(xargs, request_id, log), prompt_tokens,
-                                       max_tokens, now)
+        info, priority = self.tag(request_id, xargs, prompt_tokens, max_tokens)
         route = RouteRequest(request_id, info.predicted_cost)
         headers = {"X-Vllm-Priority": str(priority), "Accept-Encoding": "identity"}
         tried: set[str] = set()
         self._start_prober()
-        end = once(lambda: self.book.finish(request_id, self.now()))
+        end = once(lambda: self.finish(request_id))
 
         try:
             while True:

@@ -28,7 +28,7 @@ from typing import Callable, Sequence
 
 from justitia.agent import AgentResult, Call, RunResult
 from justitia.core import (ROUTER_NAMES, WINDOW_STEPS, AgentBook, AgentScheduler, CapacityMeter, CostModel,
-                           cost_model, make_policy)
+                           cost_model, keeps_front_clock, make_policy)
 from justitia.predictors import Predictor
 from justitia.sim.config import EngineConfig
 from justitia.sim.simulator import EngineLoop
@@ -57,7 +57,7 @@ class GlobalClock:
         self.core = core
         self.book = AgentBook(core)
         self.meters = meters
-        self.schedule: list[tuple[float, float]] = [(0.0, core.capacity_per_s)]  # every (t_s, M) it ran at
+        self.schedule: list[tuple[float, float]] = [(0.0, core.clock().capacity_per_s)]  # every (t_s, M) it ran at
 
     def arrived(self, agent: Agent, predicted_cost: float, now_s: float, engines: Sequence[PlainRun]) -> None:
         """Read what every engine delivered, move M to their sum, then stamp the agent."""
@@ -66,7 +66,7 @@ class GlobalClock:
                 e.report_service()
                 meter.update(now_s)
             total = sum(m.capacity_per_s for m in self.meters)
-            if total != self.core.capacity_per_s:
+            if total != self.core.clock().capacity_per_s:
                 self.core.set_capacity(total, now_s)
                 self.schedule.append((now_s, total))
         self.book.register(agent.agent_id, agent.type, predicted_cost, now_s, agent.weight, agent.tenant)
@@ -118,7 +118,7 @@ class Cluster:
         make_policy(policy, config.capacity_per_s(self.cost), self.cost)  # an unknown name fails here
         self.config, self.policy, self.predictor = config, policy, predictor
         self.replicas, self.router = replicas, router
-        self.clock = "global" if policy == "justitia" and clock == "global" else "replica"
+        self.clock = "global" if keeps_front_clock(policy) and clock == "global" else "replica"
         self.event_skipping, self.on_agent_finish = event_skipping, on_agent_finish
         self.measure_capacity, self.retag, self.pricing = measure_capacity, retag, pricing
 
@@ -140,8 +140,8 @@ class Cluster:
         result = loop.run(agents)
         if front is not None:
             schedule = front.schedule
-        elif cores[0].gps_active is not None:  # a clock on every engine: the cluster's M is their sum
-            schedule = total_schedule([c.capacity_schedule or [(0.0, m)] for c in cores])
+        elif cores[0].clock().active is not None:  # a clock on every engine: the cluster's M is their sum
+            schedule = total_schedule([c.clock().schedule or [(0.0, m)] for c in cores])
         else:
             schedule = None
         return ClusterResult(**vars(result) | {"capacity_schedule": schedule}, replicas=n, router=self.router,

@@ -12,10 +12,11 @@ from typing import Any, Callable, Protocol, Sequence
 
 from justitia.agent import AgentProcess, AgentResult, Answer, Call, RunResult
 from justitia.core import (WINDOW_STEPS, kv_token_iters, AgentScheduler, CapacityMeter, CostModel, Policy, ReplicaLoad, Replicas,
-                           RouteRequest, cost_model)
+                           RouteRequest, cost_model, make_policy)
 from justitia.predictors import Predictor
 from justitia.sim.config import PS_PER_S, EngineConfig
-from justitia.sim.stepping import PlainRun, SimRequest, SkippingRun
+from justitia.sim.skipping import SkippingRun
+from justitia.sim.stepping import PlainRun, SimRequest
 from justitia.workload import Agent
 
 
@@ -94,7 +95,8 @@ class EngineLoop:
         cfg = self.config
         tenants = any(a.tenant is not None for a in agents)
         # every step: timed keys, and counters a tenant's agents share (charged as they are served)
-        self._engines = [(SkippingRun if self.event_skipping and not core.timed and not (tenants and core.pools_service)
+        self._engines = [(SkippingRun if self.event_skipping and not core.traits.timed
+                          and not (tenants and core.traits.pools_service)
                           else PlainRun)(cfg, core, lambda r, i=i: self._reported(i, r)) for i, core in enumerate(self.cores)]
         engines = self._engines
         self.book = Replicas([ReplicaLoad(str(i), cfg.kv_tokens) for i in range(len(engines))], self.router)
@@ -257,7 +259,7 @@ class Simulator:
     def __init__(
         self,
         config: EngineConfig,
-        policy: Policy,
+        policy: str | Policy,
         predictor: Predictor,
         cost: str | CostModel = "kv",
         event_skipping: bool = True,
@@ -272,11 +274,12 @@ class Simulator:
         started with a request waiting, never the time an idle engine waits for work (``meter``:
         the last run's). ``retag``: an
         agent whose stages reveal more work than predicted moves back (``core.AgentScheduler``). ``pricing``:
-        how an agent is priced on arrival (``AgentProcess``)."""
+        how an agent is priced on arrival (``AgentProcess``). ``policy``: a name, built by
+        ``core.make_policy`` at the engine's formula M (as ``Cluster``'s is), or a policy object."""
         self.config = config
-        self.policy = policy
         self.predictor = predictor
         self.cost = cost_model(cost)
+        self.policy = make_policy(policy, config.capacity_per_s(self.cost), self.cost) if isinstance(policy, str) else policy
         self.event_skipping = event_skipping
         self.on_agent_finish = on_agent_finish
         self.measure_capacity = measure_capacity
@@ -292,11 +295,11 @@ class Simulator:
         meter = (CapacityMeter(start, self.cost, WINDOW_STEPS * cfg.nominal_iteration_s)
                  if self.measure_capacity else None)
         self.meter = meter
-        core = AgentScheduler(self.policy, meter, self.retag)
+        core = AgentScheduler(self.policy, meter, self.retag, self.cost)
         loop = EngineLoop(cfg, [core], self.predictor, self.cost, self.policy.name, event_skipping=self.event_skipping,
                           on_agent_finish=self.on_agent_finish, pricing=self.pricing)
         result = loop.run(agents)
-        result.capacity_schedule = core.capacity_schedule
+        result.capacity_schedule = core.clock().schedule
         for e in loop._engines:  # the meter's record covers the whole run (M itself moved only at arrivals)
             e.report_service()
         return result

@@ -4,10 +4,15 @@
 Use it as ``LLM(..., scheduler_cls=JustitiaScheduler, scheduling_policy="priority")`` or
 ``--scheduler-cls justitia.vllm.plugin.JustitiaScheduler --scheduling-policy priority``.
 Configuration comes from the environment (vLLM starts the scheduler in its own process;
-``justitia.defaults`` lists the variables): ``JUSTITIA_POLICY`` (default justitia),
-``JUSTITIA_COST`` (kv|compute), ``JUSTITIA_CAPACITY`` (the clock's M in cost units per second;
-default: what the KV cache, or the token budget for compute, delivers per ``JUSTITIA_ITERATION_S``),
-``JUSTITIA_AGENT_IDLE_S`` and ``JUSTITIA_LOG_AGENTS``.
+``justitia.defaults`` lists the variables and their defaults; ``policy_settings`` reads them):
+``JUSTITIA_POLICY`` (default justitia), ``JUSTITIA_COST`` (kv|compute), ``JUSTITIA_CAPACITY`` (the
+clock's M in cost units per second; default: the M of ``JUSTITIA_CALIBRATION``, a ``justitia
+calibrate`` file for this KV cache, else what the KV cache, or the token budget for compute,
+delivers per ``JUSTITIA_ITERATION_S``), ``JUSTITIA_MEASURE_CAPACITY`` (0: keep that M rather than
+measure it), ``JUSTITIA_AGENT_IDLE_S`` (an agent with no open request is released after this),
+``JUSTITIA_RETAG`` (0: an agent keeps its first tag), ``JUSTITIA_LOG_AGENTS`` (1: log agents'
+arrivals and releases), ``JUSTITIA_CLIENT_PRICES`` (whether requests' prices, weights and tenants
+are read) and ``JUSTITIA_DOOR_TOKEN`` (the secret of the door that checked them).
 
 Per-request metadata comes from ``SamplingParams.extra_args`` (``vllm_xargs`` on the OpenAI
 server), read by ``core.protocol.RequestMeta``; missing costs are estimated from the prompt and
@@ -18,13 +23,7 @@ through vLLM's utility channel (``AsyncLLM.engine_core.call_utility_async``, whi
 cannot reach): ``register`` an agent and read its virtual finish tag, ``release`` one, read the policy's
 ``state`` (its clock included), or ``reset`` an idle engine's policy state (the bench reuses one engine for every
 policy). ``reset`` may open a step log (``StepLogScheduler`` takes ``reset`` alone, for that): one CSV line per engine step,
-``t_s,batched_tokens,decode_context_tokens,prefill_reqs,decode_reqs,busy_after,preemptions,
-waiting_before,delivered_kv,sched_us,arrived_before,finished,prefill_attention`` (``busy_after`` = 1 when
-the next step follows at once; the calibration fits only those; ``sched_us``: microseconds in this
-scheduler's ``schedule`` and ``update_from_output``, vLLM's share included; ``arrived_before``: new
-requests the engine took in since the previous step; ``finished``: requests that ended in the step;
-``prefill_attention``: the prefill chunks' attention pairs, ``n * (offset + (n + 1) / 2)`` rounded down,
-added up).
+a ``justitia.vllm.steplog.StepRow`` (its fields and units: that module, and docs/formats.md).
 
 ``StepLogScheduler`` decides nothing: every method it overrides counts or times, then calls vLLM's
 (front-end tagging runs on it, so that their steps are logged as the plug-in's are; tests check
@@ -54,11 +53,11 @@ from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.engine.core import EngineCore
 from vllm.v1.request import Request
 
-from justitia.core import (ENGINE_UTILITY, REGISTER, RELEASE, RESET, STATE, WINDOW_STEPS, AgentBook, AgentInfo,
-                           Charge, ControlCall, RequestMeta, calibrated_capacity, capacity_per_s, cost_model,
-                           prefill_attention, step_charges,
-                           step_delivered)
+from justitia.core import (ENGINE_UTILITY, REGISTER, RESET, RETIRE, STATE, WINDOW_STEPS, AgentBook, AgentInfo,
+                           AgentScheduler, Charge, ControlCall, RequestMeta, calibrated_capacity, capacity_per_s,
+                           cost_model, prefill_attention, step_charges, step_delivered)
 from justitia.defaults import DOOR_KEY, policy_settings
+from justitia.vllm.steplog import StepLogWriter, StepRow
 
 logger = init_logger("vllm.justitia")  # under "vllm": vLLM configures handlers for that tree only
 
@@ -126,7 +125,7 @@ class _CoreQueue(RequestQueue):
 
     def remove_request(self, request: Request) -> None:
         """Take a request out (admitted or aborted)."""
-        self.plugin.core.dequeue(self.plugin.book.infos[request.request_id])
+        self.plugin.core.dequeue(self.plugin.book.request(request.request_id))
         del self.requests[request.request_id]
 
     def remove_requests(self, requests: Iterable[Request]) -> None:
@@ -212,7 +211,7 @@ class StepLogScheduler(Scheduler):
         """Close the step log (flushing it) and open ``path``'s (None: none); restart the step clock."""
         if self._step_log is not None:
             self._step_log.close()
-        self._step_log = open(path, "a", buffering=1 << 16) if path else None
+        self._step_log = StepLogWriter(path) if path else None
         self.t0 = time.monotonic()
         self._steps: deque[tuple] = deque()  # (output, its line's fields) of steps scheduled, not yet back
         self._preemptions = self._arrived = self._finished = 0
@@ -289,8 +288,8 @@ class StepLogScheduler(Scheduler):
             t, batched, ctx, prefills, decodes, waiting, delivered, sched_s, arrived, attention = step
             busy = int(self.has_unfinished_requests())
             sched_us = round(1e6 * (sched_s + time.perf_counter() - started))
-            self._step_log.write(f"{t:.6f},{batched},{ctx},{prefills},{decodes},{busy},{self._preemptions},"
-                                 f"{waiting},{delivered},{sched_us},{arrived},{self._finished},{attention}\n")
+            self._step_log.write(StepRow(t, batched, ctx, prefills, decodes, busy, self._preemptions, waiting,
+                                         delivered, sched_us, arrived, self._finished, attention))
             self._preemptions = self._finished = 0
         return outputs
 
@@ -342,14 +341,15 @@ class JustitiaScheduler(StepLogScheduler):
                retag: bool = True) -> None:
         """Fresh policy state and clock (at start-up, or on a ``reset`` of an idle engine)."""
         window = WINDOW_STEPS * self.iteration_s if measure else None
-        self.book = AgentBook.for_policy(policy, capacity, cost, self.idle_release_s, logger, window, retag)
-        self.core = self.book.core
+        self.core = AgentScheduler.for_policy(policy, capacity, cost, window, retag)
+        self.book = AgentBook(self.core, cost, self.idle_release_s, logger)
         # what the policy needs from each step, read once (they are fixed for a policy)
+        traits = self.core.traits
         # charged every step if the policy reads service, or to retag agents charged beyond their price
-        self._charge = self.core.uses_service or self.core.retags_on_service
-        self._rekey, self._measure = self.core.keys_move, self.core.measures_capacity
-        self._rekey = self._rekey or self.core.keys_shift  # tenants' keys move at their tenant's events
-        self._timed = self.core.timed
+        self._charge = traits.uses_service or traits.retags_on_service
+        self._rekey, self._measure = traits.keys_move, traits.measures_capacity
+        self._rekey = self._rekey or traits.keys_shift  # tenants' keys move at their tenant's events
+        self._timed = traits.timed
         self._busy_step: tuple[float, Charge] | None = None  # the last step, if requests waited in it
         self._open_step_log(step_log)  # the policy's clock starts with the step log's
 
@@ -365,8 +365,8 @@ class JustitiaScheduler(StepLogScheduler):
                                        None if resume is None else float(resume))
             if agent is not None:
                 self._log_arrival(agent)
-            return self.core.virtual_finish(agent_id)
-        if call.verb == RELEASE:
+            return self.book.virtual_finish(agent_id)
+        if call.verb == RETIRE:
             agent_id = str(args["agent_id"])
             released = self.book.retire(agent_id, now)  # requests still in vLLM's queues are served first
             if released and self.log_agents:
@@ -375,7 +375,7 @@ class JustitiaScheduler(StepLogScheduler):
         if call.verb == STATE:
             return self.book.state(now).to_json()
         if call.verb == RESET:
-            if self.requests or self.book.infos:
+            if self.requests or self.book.open_count:
                 logger.warning("justitia: reset refused: the engine is not idle")
                 return False
             self._reset(str(args.get("policy", "justitia")), str(args.get("cost", "kv")),
@@ -387,7 +387,7 @@ class JustitiaScheduler(StepLogScheduler):
     # ------------------------------------------------------------------------------ requests
     def _queue(self, request: Request) -> None:
         """Register a request with the core (first time) or requeue it, and stamp its key."""
-        info = self.book.infos.get(request.request_id)
+        info = self.book.request(request.request_id)
         if info is not None:
             self.core.requeue(info)
         else:
@@ -406,10 +406,10 @@ class JustitiaScheduler(StepLogScheduler):
     def _hold(self, request: Request) -> None:
         """A request entering vLLM's ``kv_holding_waiting``: on the books (new: registered, but not in
         the policy's waiting queue, since vLLM drains that queue first), its key stamped."""
-        info = self.book.infos.get(request.request_id)
+        info = self.book.request(request.request_id)
         if info is None:
             self._queue(request)
-            self.core.dequeue(self.book.infos[request.request_id])
+            self.core.dequeue(self.book.request(request.request_id))
         else:
             request.priority = self.core.priority(info)
 
@@ -417,15 +417,15 @@ class JustitiaScheduler(StepLogScheduler):
         if self.log_agents:
             logger.info("justitia: agent %s arrived: type=%r predicted_cost=%.6g virtual_finish=%s tenant=%s",
                         agent.agent_id, agent.agent_type, agent.predicted_cost,
-                        self.core.virtual_finish(agent.agent_id), agent.tenant)
+                        self.book.virtual_finish(agent.agent_id), agent.tenant)
 
     def _free_request(self, request: Request, *args, **kwargs):
         """A finished or aborted request releases its policy state (and its agent's, when done)."""
-        if request.request_id in self.book.infos:
+        if self.book.request(request.request_id) is not None:
             if request.request_id in self.waiting.requests:
                 self.waiting.remove_request(request)
             info = self.book.finish(request.request_id, self._now())
-            if self.log_agents and not self.core.has_agent(info.agent_id):
+            if self.log_agents and self.core.agent(info.agent_id) is None:
                 logger.info("justitia: agent %s released", info.agent_id)
         return super()._free_request(request, *args, **kwargs)
 
@@ -435,18 +435,14 @@ class JustitiaScheduler(StepLogScheduler):
         for agent_id in self.book.sweep(now_s):
             if self.log_agents:
                 logger.info("justitia: agent %s released (idle)", agent_id)
-        core, infos = self.core, self.book.infos
+        core, info_of = self.core, self.book.request
         if self._timed:
             core.advance(now_s)  # keys that move with time (justitia-eligible)
         if self._rekey and (moved := core.moved_agents()):  # keys moved with service, or with their tenant
-            keys: dict[str, tuple] = {}  # each moved agent's key, read once
             for request in self.running:
-                info = infos.get(request.request_id)
-                if info is not None and (agent_id := info.agent_id) in moved:
-                    key = keys.get(agent_id)
-                    if key is None:
-                        key = keys[agent_id] = core.agent_key(agent_id)
-                    request.priority = core.priority(info, key)
+                info = info_of(request.request_id)
+                if info is not None and info.agent_id in moved:
+                    request.priority = core.priority(info)
         if self._measure and self._busy_step is not None:  # the last step, in which requests waited, ended now
             started, delivered = self._busy_step
             core.observe_service(now_s - started, delivered, 1)
@@ -464,7 +460,7 @@ class JustitiaScheduler(StepLogScheduler):
     def _after_step(self, now_s: float, waiting: int, output) -> tuple | None:
         """The service vLLM scheduled, charged; a step in which requests waited, kept to measure M."""
         if self._charge:
-            for info, p, d, kv in step_charges(self.requests, output.num_scheduled_tokens, self.book.infos,
+            for info, p, d, kv in step_charges(self.requests, output.num_scheduled_tokens, self.book.request,
                                                self._ahead).values():
                 self.core.charge(info, Charge(p, d, kv), now_s)
         if self._measure and waiting > 0:

@@ -19,6 +19,10 @@ from justitia.workload.agents import WorkloadError, read_jsonl
 
 MOONCAKE_ARRIVALS: Path = Path(__file__).parents[1] / "data" / "mooncake_conversation_arrivals.jsonl.gz"
 
+# Mean agent arrival rate of the first 300 requests of the Mooncake conversation trace (300 in
+# 102 s): the synthetic default, so that a machine without the trace sees a comparable load.
+DEFAULT_RATE_PER_S = 300 / 102
+
 
 def trace_arrivals(path: str | Path, n: int, density: float = 1.0) -> list[float]:
     """Arrival times in seconds of the first ``n`` trace records, the first at 0, divided by ``density``."""
@@ -67,3 +71,13 @@ def synthetic_arrivals(n: int, rng: np.random.Generator, rate_per_s: float, cv: 
     shape = 1.0 / (cv * cv)
     gaps_s = rng.gamma(shape, 1.0 / (rate_per_s * shape), size=n - 1)
     return [0.0] + np.cumsum(gaps_s).tolist()
+
+
+def arrival_times(n: int, rng: np.random.Generator, trace: str | Path | None = None, density: float = 1.0,
+                  rate_per_s: float = DEFAULT_RATE_PER_S, cv: float = 1.0) -> tuple[list[float], dict]:
+    """``n`` arrival times from the trace (or synthetic ones), and a description of them."""
+    if trace is not None:
+        name = "mooncake_conversation" if Path(trace) == MOONCAKE_ARRIVALS else str(trace)  # the shipped one: no path
+        return trace_arrivals(trace, n, density), {"arrivals": "trace", "trace": name, "density": density}
+    return (synthetic_arrivals(n, rng, rate_per_s * density, cv),
+            {"arrivals": "synthetic", "rate_per_s": rate_per_s, "cv": cv, "density": density})

@@ -17,6 +17,18 @@ STATIC_POLICY_NAMES = tuple(n for n in POLICY_NAMES if n not in ("vtc", "srjf", 
 OPTION_NAMES = ("justitia-eligible", "justitia-chained", "tagged")  # options beside the paper's seven (not run unless named);
 # justitia-chained: a tenant's agents in arrival order (the tenants rule before hierarchical GPS);
 # tagged: an engine behind a front end that keeps the clock (its requests carry their tags)
+CLOCK_POLICY_NAMES = ("justitia", "justitia-eligible", "justitia-chained")  # those that keep a GPS clock
+
+
+def has_clock(name: str) -> bool:
+    """Whether the policy called ``name`` keeps a GPS clock (its runs are judged against GPS)."""
+    return name in CLOCK_POLICY_NAMES
+
+
+def keeps_front_clock(name: str) -> bool:
+    """Whether a cluster may run the policy as one clock in front of its engines, which then run
+    ``tagged``: justitia's plain clock (the front end builds it with ``make_policy("justitia")``)."""
+    return name == "justitia"
 
 
 def make_policy(name: str, capacity_per_s: float | None = None, cost: str | CostModel = KV) -> Policy:
@@ -26,7 +38,7 @@ def make_policy(name: str, capacity_per_s: float | None = None, cost: str | Cost
     (VTC always counts compute tokens, as the VTC paper does).
     """
     cost = cost_model(cost)
-    if name in ("justitia", "justitia-eligible", "justitia-chained"):
+    if name in CLOCK_POLICY_NAMES:
         if capacity_per_s is None:
             raise ValueError(f"policy '{name}' needs capacity_per_s for its virtual clock.")
         if name == "justitia-eligible":
@@ -40,5 +52,6 @@ def make_policy(name: str, capacity_per_s: float | None = None, cost: str | Cost
     return classes[name]()
 
 
-__all__ = ["AgentInfo", "Policy", "RequestInfo", "POLICY_NAMES", "STATIC_POLICY_NAMES", "OPTION_NAMES", "make_policy",
+__all__ = ["AgentInfo", "Policy", "RequestInfo", "POLICY_NAMES", "STATIC_POLICY_NAMES", "OPTION_NAMES", "CLOCK_POLICY_NAMES",
+           "has_clock", "keeps_front_clock", "make_policy",
            "FCFS", "SJF", "Parrot", "VTC", "SRJF", "Justitia", "LAS", "EligibleJustitia", "Tagged"]

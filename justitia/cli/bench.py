@@ -1,0 +1,154 @@
+"""``justitia bench``: run policies over a workload (generated, a file, or a preset's) on the simulator
+or on real vLLM, and report JCT and fairness."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from justitia.cli.common import add_engine_args, add_workload_args, engine_spec, in_tenant, workload_from_args
+
+
+def add_parser(sub) -> None:
+    from justitia.core import POLICY_NAMES, ROUTER_NAMES
+    from justitia.lab.presets import PRESET_NAMES
+    from justitia.predictors import SPEC_HELP
+    from justitia.sim import CLOCKS
+    from justitia.sim.config import PROFILES
+
+    b = sub.add_parser("bench", help="run policies over a workload and report JCT and fairness")
+    b.add_argument("--engine", choices=["sim", "vllm"], help="engine to run on (default sim; the cpu preset: vllm)")
+    b.add_argument("--preset", choices=PRESET_NAMES, help="one of the paper's experiments, or cpu and engine (real vLLM)")
+    b.add_argument("--workload", type=Path, help="JSONL workload file (instead of generating one)")
+    add_workload_args(b)
+    b.add_argument("--scale", type=float, default=1.0, help="divide every token length by this (small engines)")
+    b.add_argument("--policies", default=",".join(POLICY_NAMES),
+                   help="comma-separated policies (also: justitia-eligible, an option for the tail; docs/design.md)")
+    b.add_argument("--predictor", default="oracle", help=f"{SPEC_HELP} (default oracle)")
+    b.add_argument("--cost", choices=["kv", "compute"], default="kv", help="cost model (default kv)")
+    b.add_argument("--capacity", choices=["measured", "formula"], default="measured",
+                   help="the clock's M: measured from what the engine delivers (default), or the formula's "
+                        "(KV tokens / nominal step, the paper's rule)")
+    b.add_argument("--no-retag", action="store_true",
+                   help="keep each agent's first tag even when its stages reveal more work than predicted")
+    b.add_argument("--pricing", choices=["first-stage", "all-stages"], default="first-stage",
+                   help="price an agent on arrival from its first stage (the predictor's, default) or at least "
+                        "the sum of every stage's predicted requests (an agent submitted whole)")
+    b.add_argument("--latency", help=f"simulator latency profile: {', '.join(sorted(PROFILES))} (sim default) "
+                   "or a file from 'justitia calibrate' (vllm default: calibrate first)")
+    add_engine_args(b)
+    b.add_argument("--replicas", type=int,
+                   help="sim: simulate a cluster of this many engines behind one router (default 1; the cluster "
+                        "presets set their own)")
+    b.add_argument("--router", choices=ROUTER_NAMES,
+                   help="sim, --replicas > 1: least-load (default), affinity or round-robin (docs/design.md, Clusters)")
+    b.add_argument("--cluster-clock", choices=CLOCKS,
+                   help="sim, --replicas > 1: justitia's clock, one in front of every engine (global, default) or "
+                        "one per engine (replica); other policies keep their state per engine")
+    b.add_argument("--tagging", action="store_true", help="vllm: also run justitia by front-end tagging on stock vLLM")
+    b.add_argument("--calibration-agents", type=int, default=20, help="vllm: agents in the calibration run (default 20)")
+    b.add_argument("--repeats", type=int, help="vllm: runs per policy, JCTs averaged per agent (default 1; cpu preset 2)")
+    b.add_argument("--speed-probes", action="store_true",
+                   help="vllm: run the calibration agents again before and after every run and simulate each run "
+                        "at the engine's mean speed over the two (the engine preset does)")
+    b.add_argument("--out", type=Path, default=Path("results/bench"), help="output directory")
+    b.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
+    b.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+
+
+def run(args) -> int:
+    from justitia.core import OPTION_NAMES, POLICY_NAMES
+    from justitia.lab.bench import RunSpec, run_bench, write_results
+    from justitia.lab.presets import make_preset
+    from justitia.lab.report import print_results
+    from justitia.predictors import make_predictor
+    from justitia.workload import load_workload, scale_tokens
+
+    title = ""
+    preset = None
+    if args.preset:
+        preset = make_preset(args.preset, args.seed)
+        agents, info = in_tenant(args, preset.agents, preset.workload_info)
+        specs = preset.specs
+        title = f"preset '{preset.name}': {preset.description}"
+        for note in preset.notes:
+            print(f"note: {note}", file=sys.stderr)
+        if args.workload:
+            raise ValueError("--preset builds its own workload; drop --workload.")
+        if args.router or args.cluster_clock or args.replicas not in (None, preset.replicas):
+            raise ValueError(f"preset '{preset.name}' sets its own replicas, routers and clocks; "
+                             "drop --replicas, --router and --cluster-clock.")
+    else:
+        if args.workload:
+            agents = load_workload(args.workload)
+            agents, info = in_tenant(args, agents, {"arrivals": "file", "file": str(args.workload), "agents": len(agents)})
+        else:
+            agents, info = workload_from_args(args)
+        if args.scale != 1:
+            agents = scale_tokens(agents, args.scale)
+            info |= {"token_scale": args.scale}
+        names = [p.strip() for p in args.policies.split(",") if p.strip()]
+        unknown = [p for p in names if p not in POLICY_NAMES + OPTION_NAMES]
+        if unknown or not names:
+            raise ValueError(f"--policies: unknown policy '{(unknown or [''])[0]}'; expected some of: "
+                             f"{', '.join(POLICY_NAMES + OPTION_NAMES)}.")
+        make_predictor(args.predictor)  # validate before running anything
+        specs = [RunSpec(p, p, args.predictor, args.cost, args.capacity, not args.no_retag, args.pricing, args.router,
+                         args.cluster_clock) for p in names]
+    engine = args.engine or (preset.engine if preset else "sim")
+    replicas = preset.replicas if preset else (1 if args.replicas is None else args.replicas)
+    if replicas < 1:
+        raise ValueError(f"--replicas must be >= 1, got {replicas}.")
+    if replicas > 1 and engine == "vllm":
+        raise ValueError("--replicas simulates a cluster; the vLLM bench runs one engine (use --engine sim).")
+    if engine == "vllm":
+        doc = _bench_vllm(args, agents, specs, info, preset)
+    else:
+        doc = run_bench(agents, specs, _sim_config(args, preset.sim_options if preset else {}), info, args.seed,
+                        progress=not args.no_progress, replicas=replicas)
+    if args.preset:
+        doc["preset"] = args.preset
+        if preset.notes:
+            doc["notes"] = preset.notes
+    path = write_results(doc, args.out, plots=not args.no_plots)
+    print_results(doc, title)
+    if preset is not None and preset.summary is not None:
+        print("\n".join(preset.summary(doc)))
+    print(f"results: {path}")
+    return 0
+
+
+def _sim_config(args, preset_options: dict | None = None):
+    """The simulated engine: command-line flags, then the preset's settings, then defaults."""
+    from justitia.lab.presets import SIM_DEFAULT_PROFILE
+    from justitia.sim import EngineConfig
+    from justitia.sim.config import load_profile
+
+    options = {"kv_blocks": None, "max_num_batched_tokens": 2048, "max_num_seqs": 256} | (preset_options or {})
+    for name in list(options):
+        if getattr(args, name, None) is not None:
+            options[name] = getattr(args, name)
+    return EngineConfig(profile=load_profile(args.latency or SIM_DEFAULT_PROFILE), **options)
+
+
+def _bench_vllm(args, agents, specs, info, preset) -> dict:
+    from justitia.lab.presets import CPU_DENSITY
+    from justitia.lab.vllm_bench import run_bench_vllm
+    from justitia.sim.config import load_profile
+    from justitia.workload import build_workload, scale_tokens
+
+    spec = engine_spec(args, preset.engine_options if preset else None)
+    profile = load_profile(args.latency) if args.latency else None
+    calibration = preset.calibration_agents if preset else []
+    if profile is None and not calibration:
+        calibration, _ = build_workload(args.calibration_agents, args.seed + 1, args.trace, CPU_DENSITY)
+        calibration = scale_tokens(calibration, args.scale)
+    tagging = args.tagging or (preset is not None and preset.tagging)
+    repeats = args.repeats or (preset.repeats if preset else 1)
+    probes = args.speed_probes or (preset is not None and preset.speed_probes)
+    if probes and not calibration:
+        raise ValueError("--speed-probes runs the calibration agents again: it cannot go with --latency.")
+    return run_bench_vllm(agents, specs, spec, info, args.seed, not args.no_progress, profile, calibration, tagging,
+                          repeats, probes)
+
+
