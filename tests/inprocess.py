@@ -10,7 +10,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 from justitia.core import AgentBook, RequestMeta
-from justitia.server.backend import Backend, BackendError, BackendInterrupted
+from justitia.backends.base import Backend, BackendError, BackendInterrupted
 
 
 def settle(client, agent_id: str, key: str | None = None) -> dict:

@@ -10,7 +10,11 @@ import justitia.core
 
 ROOT = Path(__file__).resolve().parents[1] / "justitia"
 PRODUCT = ("justitia.core", "justitia.workload", "justitia.predictors", "justitia.agent", "justitia.defaults",
-           "justitia.sim", "justitia.vllm", "justitia.server", "justitia.ray")
+           "justitia.sim", "justitia.vllm", "justitia.backends", "justitia.server")
+# The house's floors, lowest first: a module imports only from its own floor or below (design.md).
+LAYERS = (("justitia.core",), ("justitia.defaults", "justitia.workload", "justitia.predictors"), ("justitia.agent",),
+          ("justitia.sim", "justitia.vllm", "justitia.backends"), ("justitia.server",), ("justitia.lab",),
+          ("justitia.cli", "justitia.__main__"))
 ENGINES = {"vllm", "fastapi", "uvicorn", "httpx", "ray", "torch", "transformers", "matplotlib", "rich", "sklearn",
            "pydantic", "starlette"}
 
@@ -95,6 +99,28 @@ def test_no_product_module_imports_the_lab_or_the_command_line():
         if _in(name, PRODUCT):
             bad = [t for t in GRAPH[name] if _in(t, ("justitia.lab", "justitia.cli"))]
             assert not bad, f"{name} imports {bad}: the product must not depend on the lab"
+
+
+def _floor(name: str) -> int:
+    for k, packages in enumerate(LAYERS):
+        if _in(name, packages):
+            return k
+    raise AssertionError(f"{name} is on no floor of LAYERS: place it")
+
+
+def test_every_import_goes_down_the_floors():
+    for name in MODULES:
+        if name == "justitia":
+            continue
+        for target in GRAPH[name]:
+            assert _floor(target) <= _floor(name), f"{name} (floor {_floor(name)}) imports {target} (floor {_floor(target)})"
+
+
+def test_the_floors_hold_the_arrows_they_guard():
+    # a rule that sees no arrow cannot fail: these cross floors downwards and must stay visible
+    assert "justitia.backends.base" in GRAPH["justitia.server.agents"]
+    assert "justitia.backends.base" in GRAPH["justitia.backends.ray.replica"]
+    assert not any(_in(t, ("justitia.server",)) for m in MODULES if _in(m, ("justitia.backends",)) for t in GRAPH[m])
 
 
 def test_outside_the_core_only_its_public_names_are_used():

@@ -258,7 +258,8 @@ def test_the_engine_preset_is_the_papers_comparison_on_dense_arrivals_that_fit_t
 
     preset = make_preset("engine")
     assert preset.engine == "vllm" and preset.tagging and preset.repeats >= 3
-    assert [s.label for s in preset.specs] == ["fcfs", "vtc", "srjf", "justitia", "las"]
+    assert all(s.label == s.policy for s in preset.specs)  # every policy as itself, none with options
+    assert {"fcfs", "vtc", "justitia", "las"} <= {s.policy for s in preset.specs}  # the paper's comparison
     agents = preset.agents
     assert len(agents) >= 100 and len({a.type for a in agents}) == 9
     assert max(a.arrival_s for a in agents) < 10  # dense: queueing, not arrivals, sets JCT

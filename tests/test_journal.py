@@ -288,7 +288,7 @@ def waiting_for(app, requests):
 def test_a_resumed_agent_keeps_its_place_before_agents_that_arrive_after_the_restart(start, tmp_path):
     probe = start(tmp_path / "probe.sqlite", open_server=True)
     small = {"type": "small", "stages": [[{"prompt": "one", "max_tokens": 2}]]}
-    cost, small_cost = (probe.manager._priced("probe", AgentSpec.model_validate(spec), ANONYMOUS)[0].predicted_cost
+    cost, small_cost = (probe.manager.pricer.priced("probe", AgentSpec.model_validate(spec), ANONYMOUS)[0].predicted_cost
                         for spec in (TWO_STAGES, small))
     assert small_cost < cost
     # run 3 stopped with V at least 100 + cost - small_cost / 2 (a finished agent's reading): A, stamped

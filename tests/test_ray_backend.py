@@ -11,11 +11,10 @@ import pytest
 
 pytest.importorskip("ray")
 from ray.exceptions import ActorDiedError, RayTaskError  # noqa: E402
-from vllm import SamplingParams  # noqa: E402
 
-from justitia.ray.replica import EngineDead, ReplicaOutput  # noqa: E402
-from justitia.server.backend import DEADLINE, BackendError, BackendInterrupted, Completion  # noqa: E402
-from justitia.server.ray_backend import RayBackend  # noqa: E402
+from justitia.backends.ray.replica import EngineDead, ReplicaOutput  # noqa: E402
+from justitia.backends.base import DEADLINE, BackendError, BackendInterrupted, Completion, Sampling  # noqa: E402
+from justitia.backends.ray.backend import RayBackend  # noqa: E402
 
 
 class FakeHandle:
@@ -74,7 +73,7 @@ def _backend(script, replicas=2):
 
 
 async def _run(backend, agent_id="a", ids=(1, 2, 3, 4, 5, 6), done=True):
-    params = SamplingParams(max_tokens=3, extra_args={"agent_id": agent_id, "agent_done": done})
+    params = Sampling(max_tokens=3, extra_args={"agent_id": agent_id, "agent_done": done})
     return [o async for o in backend.generate({"prompt_token_ids": list(ids)}, params, "req-1")]
 
 
@@ -99,7 +98,7 @@ def test_the_clock_runs_at_the_replicas_measured_m_from_the_next_arrival():
 
 
 def test_a_replica_that_dies_before_any_token_is_tried_again_and_after_one_fails_retryably(monkeypatch):
-    monkeypatch.setattr("justitia.server.ray_backend.RETRY_S", 0.0)
+    monkeypatch.setattr("justitia.backends.ray.backend.RETRY_S", 0.0)
     backend = _backend(["dies", "ok"])
     outs = asyncio.run(_run(backend))
     assert outs[-1].finished and backend.retried == 1 and len(backend.handle.calls) == 2
@@ -113,8 +112,8 @@ def test_a_replica_that_dies_before_any_token_is_tried_again_and_after_one_fails
 
 def test_a_request_is_sent_again_till_its_agents_deadline_and_then_fails(monkeypatch):
     """Sends stop at the deadline the agent API sets (``DEADLINE``): not before, not after."""
-    monkeypatch.setattr("justitia.server.ray_backend.RETRY_S", 0.01)
-    monkeypatch.setattr("justitia.server.ray_backend.RETRY_MAX_S", 0.01)
+    monkeypatch.setattr("justitia.backends.ray.backend.RETRY_S", 0.01)
+    monkeypatch.setattr("justitia.backends.ray.backend.RETRY_MAX_S", 0.01)
     backend = _backend(["dies"] * 10_000)
 
     deadline = time.monotonic() + 0.3
@@ -136,7 +135,7 @@ def test_a_request_is_sent_again_till_its_agents_deadline_and_then_fails(monkeyp
 def test_an_engine_core_that_dies_in_a_live_replica_is_retried_and_its_replica_leaves_m(monkeypatch):
     """``EngineDead`` from a replica (its engine core died; the replica lives on until Ray's health
     check replaces it) is sent again, and the cluster's M drops that replica until a new one answers."""
-    monkeypatch.setattr("justitia.server.ray_backend.RETRY_S", 0.0)
+    monkeypatch.setattr("justitia.backends.ray.backend.RETRY_S", 0.0)
     backend = _backend(["ok:11", "ok:12", "engine-dead:12", "ok:11", "ok:13"])
     asyncio.run(_run(backend, "a"))
     asyncio.run(_run(backend, "b"))
@@ -150,7 +149,7 @@ def test_an_engine_core_that_dies_in_a_live_replica_is_retried_and_its_replica_l
 
 def test_a_dead_replica_named_by_rays_error_leaves_m(monkeypatch):
     """Ray's ``ActorDiedError`` names the dead actor: that replica's M leaves the cluster's."""
-    monkeypatch.setattr("justitia.server.ray_backend.RETRY_S", 0.0)
+    monkeypatch.setattr("justitia.backends.ray.backend.RETRY_S", 0.0)
     backend = _backend(["ok:11", "ok:12", "dies:actor-12", "ok:11"])
     for agent in "abc":
         asyncio.run(_run(backend, agent))

@@ -1,4 +1,4 @@
-"""The Ray front end's replica choice (justitia.ray.router.JustitiaRouter), driven as Ray Serve drives
+"""The Ray front end's replica choice (justitia.backends.ray.router.JustitiaRouter), driven as Ray Serve drives
 it (choose_replicas, on_request_routed, on_request_completed, on_replica_actor_died) with Ray's own
 ids and requests and stand-in replicas: no Ray cluster, no engine."""
 
@@ -15,7 +15,7 @@ from ray.serve._private.common import DeploymentHandleSource, DeploymentID, Requ
 from ray.serve.request_router import PendingRequest, ReplicaID  # noqa: E402
 
 from justitia.core.routing import AFFINITY_SLACK_ITERS  # noqa: E402
-from justitia.ray.router import JustitiaRouter  # noqa: E402
+from justitia.backends.ray.router import JustitiaRouter  # noqa: E402
 
 DEPLOYMENT = DeploymentID(name="EngineReplica", app_name="justitia")
 KV_TOKENS = 1000  # the deployment's kv_tokens (request_router_kwargs), until a replica reports its own

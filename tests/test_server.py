@@ -16,7 +16,7 @@ from justitia.core import AgentBook
 from justitia.lab import abuse
 from justitia.predictors import make_predictor
 from justitia.server.agents import AgentManager, Settings
-from justitia.server.backend import Backend, BackendError
+from justitia.backends.base import Backend, BackendError
 from justitia.server.metrics import prometheus_text
 from justitia.server.schema import AgentSpec, SpecError, check_agent, render
 from servers import Server, free_port, metric, metric_sum, sigkill, wait_agent

@@ -9,11 +9,10 @@ from pathlib import Path
 
 import httpx
 import pytest
-from vllm import SamplingParams
 from vllm.inputs import TokensPrompt
-from vllm.sampling_params import RequestOutputKind
 
-from justitia.server.upstream import Replica, UpstreamBackend, UpstreamError
+from justitia.backends.base import Sampling
+from justitia.backends.upstream import Replica, UpstreamBackend, UpstreamError
 from servers import Server, free_port, metric, wait_agent
 
 
@@ -66,9 +65,8 @@ class FakeReplica:
         return httpx.Response(200, text=text, headers={"content-type": "text/event-stream"})
 
 
-def params(n: int, meta: dict, delta: bool = False) -> SamplingParams:
-    kind = RequestOutputKind.DELTA if delta else RequestOutputKind.FINAL_ONLY
-    return SamplingParams(max_tokens=n, extra_args=meta, output_kind=kind)
+def params(n: int, meta: dict, delta: bool = False) -> Sampling:
+    return Sampling(max_tokens=n, extra_args=meta, stream=delta)
 
 
 async def collect(engine, n, meta, rid, delta=False):
@@ -155,7 +153,7 @@ def test_a_request_that_fails_before_any_token_is_retried_on_the_next_replica():
 
 
 def test_a_replica_that_keeps_failing_is_left_out_until_a_probe_finds_it_healthy(monkeypatch):
-    import justitia.server.upstream as upstream
+    import justitia.backends.upstream as upstream
 
     monkeypatch.setattr(upstream, "PROBE_S", 0.05)
 
@@ -183,7 +181,7 @@ def test_a_replica_that_keeps_failing_is_left_out_until_a_probe_finds_it_healthy
 
 
 def test_a_stream_cut_midway_fails_with_a_retryable_error():
-    from justitia.server.backend import BackendInterrupted
+    from justitia.backends.base import BackendInterrupted
 
     async def main():
         cut, spare = FakeReplica("cut", 5000), FakeReplica("spare", 1000)

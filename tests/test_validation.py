@@ -14,7 +14,7 @@ from inprocess import RecordingBackend, WordTokenizer
 from justitia.predictors import make_predictor
 from justitia.server.agents import MAX_METRIC_TYPES
 from justitia.server.app import Settings, create_app
-from justitia.server.backend import Backend
+from justitia.backends.base import Backend
 from justitia.server.schema import AgentSpec
 
 

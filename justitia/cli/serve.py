@@ -10,7 +10,7 @@ from pathlib import Path
 
 def add_parser(sub) -> None:
     from justitia.predictors import SPEC_HELP
-    from justitia.ray.deployment import RaySpec as R  # the defaults
+    from justitia.backends.ray.deployment import RaySpec as R  # the defaults
     from justitia.server.main import ServeSettings as D
 
     sv = sub.add_parser("serve", allow_abbrev=False,
@@ -90,7 +90,7 @@ def run(args) -> int:
 
     ray = None
     if args.ray:
-        from justitia.ray.deployment import RaySpec
+        from justitia.backends.ray.deployment import RaySpec
 
         ray = RaySpec(args.replicas, args.ray_address, args.router, args.ray_replica_cpus, args.ray_replica_gpus)
     given = {f.name: getattr(args, f.name) for f in fields(ServeSettings) if f.name != "ray"}

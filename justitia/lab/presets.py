@@ -244,121 +244,145 @@ def elephant_stream_workload(seed: int, rate_per_s: float = ELEPHANT_STREAM_RATE
 
 def make_preset(name: str, seed: int = 0) -> Preset:
     """Build the preset called ``name``: main, starvation, noise, ablation, sustained, trojan, the
-    clusters (simulator), cpu or engine (vLLM)."""
-    trace = MOONCAKE_ARRIVALS
-    if name == "main":
-        agents, info = build_workload(300, seed, trace, 1.0)
-        specs = _all_policies(formula=True) + [RunSpec("justitia-eligible", "justitia-eligible")]  # an option for the tail
-        return Preset(name, "300 agents of nine workflows at 1x density, all seven policies", agents, info, specs)
-    if name in CLUSTER_PRESETS:
-        replicas, n = CLUSTER_PRESETS[name]
-        agents, info = build_workload(n, seed, trace, float(replicas))
-        return Preset(name, f"{n:,} agents of nine workflows at {replicas}x density on {replicas} engines: Justitia "
-                      "with one clock or one per engine, least-load or round-robin; VTC, SRJF", agents, info,
-                      cluster_specs(), replicas=replicas)
-    if name == "starvation":
-        agents = starvation_workload(seed)
-        info = {"arrivals": "elephant at 0 s, small agents 1/s", "agents": len(agents), "seed": seed}
-        specs = [RunSpec(p, p) for p in ("fcfs", "vtc", "srjf", "justitia", "las")]
-        specs.append(RunSpec(FORMULA_LABEL, "justitia", capacity="formula"))
-        return Preset(name, "one large mrs elephant among small agents arriving at 1/s", agents, info, specs,
-                      summary=elephant_summary)
-    if name in SUSTAINED_LOADS:
-        load = SUSTAINED_LOADS[name]
-        agents, info = sustained_workload(seed, load, EngineConfig(profile=load_profile(SIM_DEFAULT_PROFILE)))
-        return Preset(name, f"an elephant, then small agents at {load:g}x the engine's saturated rate for "
-                      f"{SUSTAINED_S / 60:.0f} minutes, all seven policies", agents, info, _all_policies(formula=True),
-                      summary=elephant_summary)
-    if name == "tenants":
-        agents, info = tenants_workload(seed, EngineConfig(profile=load_profile(SIM_DEFAULT_PROFILE)))
-        return Preset(name, "main's agents in three tenants weighted 1, 1 and 2, and a fourth tenant streaming small "
-                      f"agents at {STREAM_LOAD:g}x the engine's saturated rate for {STREAM_S:.0f} s", agents, info, tenant_specs())
-    if name == "elephant-stream":
-        agents, info = elephant_stream_workload(seed)
-        return Preset(name, f"an elephant in one tenant, small agents at {ELEPHANT_STREAM_RATE:g}/s for "
-                      f"{ELEPHANT_STREAM_S / 60:.0f} minutes in another", agents, info, tenant_specs(),
-                      summary=elephant_summary)
-    if name == "noise":
-        agents, info = build_workload(300, seed, trace, 1.0)
-        specs = [RunSpec("vtc", "vtc")] + [
-            RunSpec("justitia" if lam == 1 else f"justitia@noisy:{lam:g}", "justitia", f"noisy:{lam:g}")
-            for lam in (1, 1.5, 2, 3)
-        ]
-        # and without retagging: each request's prediction is off by its own factor, so an agent's
-        # requests can add up to more than its own prediction, which then moves it back
-        specs += [RunSpec(f"justitia@noisy:{lam:g}/no-retag", "justitia", f"noisy:{lam:g}", retag=False)
-                  for lam in (1.5, 3)]
-        return Preset(name, "Justitia with predictions off by up to a factor lambda, retagging on and off",
-                      agents, info, specs)
-    if name == "ablation":
-        # Agents profiled on a real LM (their true output lengths), so that learned predictors meet
-        # the outputs they were trained to predict. Predictors train on the rest of the profile.
-        from justitia.predictors.committed import lm_available, trained_predictors
-        from justitia.predictors.registry import KINDS
+    clusters (simulator), cpu or engine (vLLM); each is built by its function in ``PRESETS``."""
+    build = PRESETS.get(name)
+    if build is None:
+        raise ValueError(f"unknown preset '{name}'; expected one of: {', '.join(PRESET_NAMES)}.")
+    return build(name, seed)
 
-        agents, info, train = profile_workload(seed, trace, ABLATION_DENSITY)
-        # The profile's agents are the generators' lengths / scale, so the engine is the paper's
-        # with its KV cache / scale too: the same memory pressure, in miniature.
-        scale = float(agents[0].meta.get("scale", 1.0))
-        blocks = round(load_profile(SIM_DEFAULT_PROFILE).kv_blocks / scale)
-        info |= {"kv_blocks": blocks, "profile_scale": scale}
-        names = tuple(k for k in KINDS if k != "lm" or lm_available())
-        specs = [RunSpec("vtc", "vtc"), RunSpec("justitia", "justitia"),
-                 RunSpec("justitia/C", "justitia", cost="compute")]
-        trained = trained_predictors(train, seed, names)
-        specs += [RunSpec(f"justitia@{n}", "justitia", spec) for n, spec in trained.items()]
-        specs.append(RunSpec("justitia@mlp/no-retag", "justitia", trained["mlp"], retag=False))  # what retagging costs
-        notes = [] if "lm" in names else [f"lm predictor skipped: {_lm_missing()}"]
-        return Preset(name, f"cost model (Justitia/C) and predictor ablation on real-LM (SmolLM2) agents, "
-                      f"{ABLATION_DENSITY:g}x density, KV cache / {scale:g}", agents, info, specs, notes,
-                      sim_options={"kv_blocks": blocks})
-    if name == "trojan":
-        # Trojans fool any predictor that reads the first stage (the OpenAI path sees no more); the
-        # oracle, like an agent submitted whole, prices every stage. Retagging moves a trojan back
-        # when its second stage arrives.
-        from justitia.predictors.committed import trained_predictors
 
-        agents, info, train = trojan_workload(seed)
-        scale = float(agents[0].meta.get("scale", 1.0))
-        blocks = round(load_profile(SIM_DEFAULT_PROFILE).kv_blocks / scale)
-        info |= {"kv_blocks": blocks, "profile_scale": scale}
-        mlp = trained_predictors(train, seed, ("mlp",))["mlp"]
-        specs = [RunSpec("vtc", "vtc"), RunSpec("justitia", "justitia"),
-                 RunSpec("justitia@mlp", "justitia", mlp), RunSpec("justitia@mlp/no-retag", "justitia", mlp, retag=False),
-                 RunSpec("justitia@mlp/all-stages", "justitia", mlp, pricing="all-stages"),
-                 RunSpec("srjf@mlp", "srjf", mlp), RunSpec("srjf@mlp/no-retag", "srjf", mlp, retag=False)]
-        return Preset(name, f"{TROJAN_FRAC:.0%} of the ablation's agents are trojans (first stage 1/"
-                      f"{1 + TROJAN_COPIES} of their cost): the paper's predictor, retagging on and off",
-                      agents, info, specs, sim_options={"kv_blocks": blocks}, summary=trojan_summary)
-    if name == "cpu":
-        # Sized for a 2-core CPU running the tiny model: ~1 agent/s (a third of the trace's density),
-        # token lengths / 8, and a 24-block KV cache (3,072 tokens) that a few agents fill. Each
-        # policy runs twice (JCTs averaged per agent): single runs here vary by tens of percent.
-        agents, info = build_workload(CPU_AGENTS, seed, trace, CPU_DENSITY)
-        agents = scale_tokens(agents, CPU_SCALE)
-        calib, _ = build_workload(CPU_CALIBRATION_AGENTS, seed + 1, trace, CPU_DENSITY)
-        info |= {"token_scale": CPU_SCALE}
-        return Preset(name, f"{CPU_AGENTS} agents on real vLLM (tiny model, CPU), all seven policies + front-end tagging",
-                      agents, info, _all_policies(), engine="vllm",
-                      engine_options={"model": "tiny", "kv_blocks": 24, "max_num_seqs": 64, "max_num_batched_tokens": 2048},
-                      calibration_agents=scale_tokens(calib, CPU_SCALE), repeats=CPU_REPEATS, tagging=True)
-    if name == "engine":
-        # Sized so that requests wait for the KV cache for most of each run and queueing dominates
-        # JCT on a 2-core CPU running the tiny model: 100 agents arriving in about 6 s (6x the
-        # trace's density), lengths / 8, that take the engine the better part of a minute. The
-        # paper's comparison, three interleaved repeats. The calibration agents (another seed)
-        # arrive as densely, so that the fit sees the engine as loaded as the runs do.
-        agents, info = build_workload(ENGINE_AGENTS, seed, trace, ENGINE_DENSITY)
-        agents = scale_tokens(agents, CPU_SCALE)
-        calib, _ = build_workload(ENGINE_CALIBRATION_AGENTS, seed + 1, trace, ENGINE_DENSITY)
-        info |= {"token_scale": CPU_SCALE}
-        specs = [RunSpec(p, p) for p in ENGINE_POLICIES]
-        return Preset(name, f"{ENGINE_AGENTS} agents arriving densely on real vLLM (tiny model, CPU): "
-                      f"{', '.join(ENGINE_POLICIES)} + front-end tagging, {ENGINE_REPEATS} interleaved repeats",
-                      agents, info, specs, engine="vllm", engine_options=dict(ENGINE_OPTIONS),
-                      calibration_agents=scale_tokens(calib, CPU_SCALE), repeats=ENGINE_REPEATS, tagging=True,
-                      speed_probes=True)
-    raise ValueError(f"unknown preset '{name}'; expected one of: {', '.join(PRESET_NAMES)}.")
+def _main(name: str, seed: int) -> Preset:
+    agents, info = build_workload(300, seed, MOONCAKE_ARRIVALS, 1.0)
+    specs = _all_policies(formula=True) + [RunSpec("justitia-eligible", "justitia-eligible")]  # an option for the tail
+    return Preset(name, "300 agents of nine workflows at 1x density, all seven policies", agents, info, specs)
+
+
+def _cluster(name: str, seed: int) -> Preset:
+    replicas, n = CLUSTER_PRESETS[name]
+    agents, info = build_workload(n, seed, MOONCAKE_ARRIVALS, float(replicas))
+    return Preset(name, f"{n:,} agents of nine workflows at {replicas}x density on {replicas} engines: Justitia "
+                  "with one clock or one per engine, least-load or round-robin; VTC, SRJF", agents, info,
+                  cluster_specs(), replicas=replicas)
+
+
+def _starvation(name: str, seed: int) -> Preset:
+    agents = starvation_workload(seed)
+    info = {"arrivals": "elephant at 0 s, small agents 1/s", "agents": len(agents), "seed": seed}
+    specs = [RunSpec(p, p) for p in ("fcfs", "vtc", "srjf", "justitia", "las")]
+    specs.append(RunSpec(FORMULA_LABEL, "justitia", capacity="formula"))
+    return Preset(name, "one large mrs elephant among small agents arriving at 1/s", agents, info, specs,
+                  summary=elephant_summary)
+
+
+def _sustained(name: str, seed: int) -> Preset:
+    load = SUSTAINED_LOADS[name]
+    agents, info = sustained_workload(seed, load, EngineConfig(profile=load_profile(SIM_DEFAULT_PROFILE)))
+    return Preset(name, f"an elephant, then small agents at {load:g}x the engine's saturated rate for "
+                  f"{SUSTAINED_S / 60:.0f} minutes, all seven policies", agents, info, _all_policies(formula=True),
+                  summary=elephant_summary)
+
+
+def _tenants(name: str, seed: int) -> Preset:
+    agents, info = tenants_workload(seed, EngineConfig(profile=load_profile(SIM_DEFAULT_PROFILE)))
+    return Preset(name, "main's agents in three tenants weighted 1, 1 and 2, and a fourth tenant streaming small "
+                  f"agents at {STREAM_LOAD:g}x the engine's saturated rate for {STREAM_S:.0f} s", agents, info, tenant_specs())
+
+
+def _elephant_stream(name: str, seed: int) -> Preset:
+    agents, info = elephant_stream_workload(seed)
+    return Preset(name, f"an elephant in one tenant, small agents at {ELEPHANT_STREAM_RATE:g}/s for "
+                  f"{ELEPHANT_STREAM_S / 60:.0f} minutes in another", agents, info, tenant_specs(),
+                  summary=elephant_summary)
+
+
+def _noise(name: str, seed: int) -> Preset:
+    agents, info = build_workload(300, seed, MOONCAKE_ARRIVALS, 1.0)
+    specs = [RunSpec("vtc", "vtc")] + [
+        RunSpec("justitia" if lam == 1 else f"justitia@noisy:{lam:g}", "justitia", f"noisy:{lam:g}")
+        for lam in (1, 1.5, 2, 3)
+    ]
+    # and without retagging: each request's prediction is off by its own factor, so an agent's
+    # requests can add up to more than its own prediction, which then moves it back
+    specs += [RunSpec(f"justitia@noisy:{lam:g}/no-retag", "justitia", f"noisy:{lam:g}", retag=False)
+              for lam in (1.5, 3)]
+    return Preset(name, "Justitia with predictions off by up to a factor lambda, retagging on and off",
+                  agents, info, specs)
+
+
+def _ablation(name: str, seed: int) -> Preset:
+    # Agents profiled on a real LM (their true output lengths), so that learned predictors meet
+    # the outputs they were trained to predict. Predictors train on the rest of the profile.
+    from justitia.predictors.committed import lm_available, trained_predictors
+    from justitia.predictors.registry import KINDS
+
+    agents, info, train = profile_workload(seed, MOONCAKE_ARRIVALS, ABLATION_DENSITY)
+    # The profile's agents are the generators' lengths / scale, so the engine is the paper's
+    # with its KV cache / scale too: the same memory pressure, in miniature.
+    scale = float(agents[0].meta.get("scale", 1.0))
+    blocks = round(load_profile(SIM_DEFAULT_PROFILE).kv_blocks / scale)
+    info |= {"kv_blocks": blocks, "profile_scale": scale}
+    names = tuple(k for k in KINDS if k != "lm" or lm_available())
+    specs = [RunSpec("vtc", "vtc"), RunSpec("justitia", "justitia"),
+             RunSpec("justitia/C", "justitia", cost="compute")]
+    trained = trained_predictors(train, seed, names)
+    specs += [RunSpec(f"justitia@{n}", "justitia", spec) for n, spec in trained.items()]
+    specs.append(RunSpec("justitia@mlp/no-retag", "justitia", trained["mlp"], retag=False))  # what retagging costs
+    notes = [] if "lm" in names else [f"lm predictor skipped: {_lm_missing()}"]
+    return Preset(name, f"cost model (Justitia/C) and predictor ablation on real-LM (SmolLM2) agents, "
+                  f"{ABLATION_DENSITY:g}x density, KV cache / {scale:g}", agents, info, specs, notes,
+                  sim_options={"kv_blocks": blocks})
+
+
+def _trojan(name: str, seed: int) -> Preset:
+    # Trojans fool any predictor that reads the first stage (the OpenAI path sees no more); the
+    # oracle, like an agent submitted whole, prices every stage. Retagging moves a trojan back
+    # when its second stage arrives.
+    from justitia.predictors.committed import trained_predictors
+
+    agents, info, train = trojan_workload(seed)
+    scale = float(agents[0].meta.get("scale", 1.0))
+    blocks = round(load_profile(SIM_DEFAULT_PROFILE).kv_blocks / scale)
+    info |= {"kv_blocks": blocks, "profile_scale": scale}
+    mlp = trained_predictors(train, seed, ("mlp",))["mlp"]
+    specs = [RunSpec("vtc", "vtc"), RunSpec("justitia", "justitia"),
+             RunSpec("justitia@mlp", "justitia", mlp), RunSpec("justitia@mlp/no-retag", "justitia", mlp, retag=False),
+             RunSpec("justitia@mlp/all-stages", "justitia", mlp, pricing="all-stages"),
+             RunSpec("srjf@mlp", "srjf", mlp), RunSpec("srjf@mlp/no-retag", "srjf", mlp, retag=False)]
+    return Preset(name, f"{TROJAN_FRAC:.0%} of the ablation's agents are trojans (first stage 1/"
+                  f"{1 + TROJAN_COPIES} of their cost): the paper's predictor, retagging on and off",
+                  agents, info, specs, sim_options={"kv_blocks": blocks}, summary=trojan_summary)
+
+
+def _cpu(name: str, seed: int) -> Preset:
+    # Sized for a 2-core CPU running the tiny model: ~1 agent/s (a third of the MOONCAKE_ARRIVALS's density),
+    # token lengths / 8, and a 24-block KV cache (3,072 tokens) that a few agents fill. Each
+    # policy runs twice (JCTs averaged per agent): single runs here vary by tens of percent.
+    agents, info = build_workload(CPU_AGENTS, seed, MOONCAKE_ARRIVALS, CPU_DENSITY)
+    agents = scale_tokens(agents, CPU_SCALE)
+    calib, _ = build_workload(CPU_CALIBRATION_AGENTS, seed + 1, MOONCAKE_ARRIVALS, CPU_DENSITY)
+    info |= {"token_scale": CPU_SCALE}
+    return Preset(name, f"{CPU_AGENTS} agents on real vLLM (tiny model, CPU), all seven policies + front-end tagging",
+                  agents, info, _all_policies(), engine="vllm",
+                  engine_options={"model": "tiny", "kv_blocks": 24, "max_num_seqs": 64, "max_num_batched_tokens": 2048},
+                  calibration_agents=scale_tokens(calib, CPU_SCALE), repeats=CPU_REPEATS, tagging=True)
+
+
+def _engine(name: str, seed: int) -> Preset:
+    # Sized so that requests wait for the KV cache for most of each run and queueing dominates
+    # JCT on a 2-core CPU running the tiny model: 100 agents arriving in about 6 s (6x the
+    # MOONCAKE_ARRIVALS's density), lengths / 8, that take the engine the better part of a minute. The
+    # paper's comparison, three interleaved repeats. The calibration agents (another seed)
+    # arrive as densely, so that the fit sees the engine as loaded as the runs do.
+    agents, info = build_workload(ENGINE_AGENTS, seed, MOONCAKE_ARRIVALS, ENGINE_DENSITY)
+    agents = scale_tokens(agents, CPU_SCALE)
+    calib, _ = build_workload(ENGINE_CALIBRATION_AGENTS, seed + 1, MOONCAKE_ARRIVALS, ENGINE_DENSITY)
+    info |= {"token_scale": CPU_SCALE}
+    specs = [RunSpec(p, p) for p in ENGINE_POLICIES]
+    return Preset(name, f"{ENGINE_AGENTS} agents arriving densely on real vLLM (tiny model, CPU): "
+                  f"{', '.join(ENGINE_POLICIES)} + front-end tagging, {ENGINE_REPEATS} interleaved repeats",
+                  agents, info, specs, engine="vllm", engine_options=dict(ENGINE_OPTIONS),
+                  calibration_agents=scale_tokens(calib, CPU_SCALE), repeats=ENGINE_REPEATS, tagging=True,
+                  speed_probes=True)
 
 
 def _lm_missing() -> str:
@@ -374,3 +398,16 @@ ENGINE_OPTIONS = {"model": "tiny", "kv_blocks": 24, "max_num_seqs": 64, "max_num
 PRESET_NAMES = ("main", "starvation", "noise", "ablation", "sustained", "sustained-near", "trojan", "tenants",
                 "elephant-stream", *CLUSTER_PRESETS,
                 "cpu", "engine")
+PRESETS = {  # name -> the function that builds it
+    "main": _main,
+    **{n: _cluster for n in CLUSTER_PRESETS},
+    "starvation": _starvation,
+    **{n: _sustained for n in SUSTAINED_LOADS},
+    "tenants": _tenants,
+    "elephant-stream": _elephant_stream,
+    "noise": _noise,
+    "ablation": _ablation,
+    "trojan": _trojan,
+    "cpu": _cpu,
+    "engine": _engine,
+}

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -232,53 +232,73 @@ def run_bench_vllm(
         doc["calibration"] = calibration
     doc["comparisons"] = comparisons(tries, seed)
 
+    for spec in all_specs:
+        _judge_against_simulator(doc["policies"][spec.label], spec, agents, config, seed, _Observed(
+            tries[spec.label], walls[spec.label], probes.get(spec.label), probe_steps.get(spec.label), probe_agents))
+    return doc
+
+
+@dataclass
+class _Observed:
+    """What one label's runs on the engine left: each repeat's run, their wall time, and the speed
+    probes around each repeat (mean JCTs, step logs; None without probes)."""
+
+    tries: list
+    wall_s: float
+    probes: list[tuple[float, float]] | None
+    probe_steps: list[tuple[list, list]] | None
+    probe_agents: list[Agent]
+
+
+def _judge_against_simulator(entry: dict, spec: RunSpec, agents: list[Agent], config, seed: int, seen: _Observed) -> None:
+    """The simulator's prediction of one label's mean JCT written into its results ``entry``, at the
+    calibration's profile and at the speeds the probes (or the run's own steps) found, with errors."""
+    probe_agents = seen.probe_agents
+
     def sim_mean_jct(spec: RunSpec, scale: float = 1.0) -> float:
         cfg = config if scale == 1.0 else replace(config, profile=replace(config.profile, scale=scale))
         sim = simulate(agents, spec, cfg, seed)
         return sum(a.jct_s for a in sim.agents) / len(sim.agents)
 
-    for spec in all_specs:
-        entry = doc["policies"][spec.label]
-        sim_mean = entry["sim_mean_jct_s_one_profile"] = sim_mean_jct(spec)  # the calibration's profile alone
-        if spec.label in probes:  # each repeat predicted at the mean speed of the probes around it
-            by_jct = [float(np.mean([fit_speed(probe_agents, config, jct, seed) for jct in pair]))
-                      for pair in probes[spec.label]]
-            read = [[probe_speed(config.profile, steps) for steps in pair] for pair in probe_steps[spec.label]]
-            by_steps = [float(np.mean(pair)) if None not in pair else None for pair in read]
-            entry["probe_mean_jct_s_per_repeat"] = [list(pair) for pair in probes[spec.label]]
-            entry["probe_jct_scale_per_repeat"] = by_jct
-            at_jct = float(np.mean([sim_mean_jct(spec, s) for s in by_jct]))
-            entry["sim_error_probe_jct"] = at_jct / entry["mean_jct_s"] - 1
-            # the probes' steps, where the engine logs them (the plug-in, and stock vLLM under its
-            # step-log base), read its speed over hundreds of steps rather than from one mean JCT;
-            # on an engine without a step log, the JCT it is
-            logged = all(by_steps)
-            entry["speed_probe"] = "steps" if logged else "jct"
-            entry["speed_scale_per_repeat"] = by_steps if logged else by_jct
-            if logged:
-                entry["probe_step_scale_per_repeat"] = by_steps
-                entry["probe_step_scale_before_after_per_repeat"] = read
-                before = float(np.mean([sim_mean_jct(spec, pair[0]) for pair in read]))
-                entry["sim_error_probe_before"] = before / entry["mean_jct_s"] - 1  # the single probe's
-            sim_mean = float(np.mean([sim_mean_jct(spec, s) for s in by_steps])) if logged else at_jct
-        entry["mode"] = "tagging" if spec.label == TAGGING_LABEL else "plugin"
-        entry["run_wall_s"] = walls[spec.label]
-        entry["max_arrival_lag_s"] = max(run.max_arrival_lag_s for run in tries[spec.label])
-        entry["mean_jct_s_per_repeat"] = [sum(a.jct_s for a in run.result.agents) / len(agents) for run in tries[spec.label]]
-        if all(run.steps for run in tries[spec.label]):  # how long requests waited for the engine (its step log)
-            waited = [delivered_capacity([run.steps])[1] / run.result.makespan_s for run in tries[spec.label]]
-            entry["backlogged_share"] = sum(waited) / len(waited)
-            # a diagnostic, not a prediction: the simulator at each repeat's own speed (its steps'
-            # measured time over the profile's), which leaves the order as the only difference
-            speeds = [run_speed(config.profile, run.steps) for run in tries[spec.label]]
-            if all(speeds):
-                entry["run_speed_per_repeat"] = speeds
-                at_speed = float(np.mean([sim_mean_jct(spec, s) for s in speeds]))
-                entry["sim_error_at_run_speed"] = at_speed / entry["mean_jct_s"] - 1
-        entry["sim_mean_jct_s"] = sim_mean
-        entry["sim_error"] = sim_mean / entry["mean_jct_s"] - 1
-        entry["sim_error_one_profile"] = entry["sim_mean_jct_s_one_profile"] / entry["mean_jct_s"] - 1
-    return doc
+    sim_mean = entry["sim_mean_jct_s_one_profile"] = sim_mean_jct(spec)  # the calibration's profile alone
+    if seen.probes is not None:  # each repeat predicted at the mean speed of the probes around it
+        by_jct = [float(np.mean([fit_speed(probe_agents, config, jct, seed) for jct in pair]))
+                  for pair in seen.probes]
+        read = [[probe_speed(config.profile, steps) for steps in pair] for pair in seen.probe_steps]
+        by_steps = [float(np.mean(pair)) if None not in pair else None for pair in read]
+        entry["probe_mean_jct_s_per_repeat"] = [list(pair) for pair in seen.probes]
+        entry["probe_jct_scale_per_repeat"] = by_jct
+        at_jct = float(np.mean([sim_mean_jct(spec, s) for s in by_jct]))
+        entry["sim_error_probe_jct"] = at_jct / entry["mean_jct_s"] - 1
+        # the probes' steps, where the engine logs them (the plug-in, and stock vLLM under its
+        # step-log base), read its speed over hundreds of steps rather than from one mean JCT;
+        # on an engine without a step log, the JCT it is
+        logged = all(by_steps)
+        entry["speed_probe"] = "steps" if logged else "jct"
+        entry["speed_scale_per_repeat"] = by_steps if logged else by_jct
+        if logged:
+            entry["probe_step_scale_per_repeat"] = by_steps
+            entry["probe_step_scale_before_after_per_repeat"] = read
+            before = float(np.mean([sim_mean_jct(spec, pair[0]) for pair in read]))
+            entry["sim_error_probe_before"] = before / entry["mean_jct_s"] - 1  # the single probe's
+        sim_mean = float(np.mean([sim_mean_jct(spec, s) for s in by_steps])) if logged else at_jct
+    entry["mode"] = "tagging" if spec.label == TAGGING_LABEL else "plugin"
+    entry["run_wall_s"] = seen.wall_s
+    entry["max_arrival_lag_s"] = max(run.max_arrival_lag_s for run in seen.tries)
+    entry["mean_jct_s_per_repeat"] = [sum(a.jct_s for a in run.result.agents) / len(agents) for run in seen.tries]
+    if all(run.steps for run in seen.tries):  # how long requests waited for the engine (its step log)
+        waited = [delivered_capacity([run.steps])[1] / run.result.makespan_s for run in seen.tries]
+        entry["backlogged_share"] = sum(waited) / len(waited)
+        # a diagnostic, not a prediction: the simulator at each repeat's own speed (its steps'
+        # measured time over the profile's), which leaves the order as the only difference
+        speeds = [run_speed(config.profile, run.steps) for run in seen.tries]
+        if all(speeds):
+            entry["run_speed_per_repeat"] = speeds
+            at_speed = float(np.mean([sim_mean_jct(spec, s) for s in speeds]))
+            entry["sim_error_at_run_speed"] = at_speed / entry["mean_jct_s"] - 1
+    entry["sim_mean_jct_s"] = sim_mean
+    entry["sim_error"] = sim_mean / entry["mean_jct_s"] - 1
+    entry["sim_error_one_profile"] = entry["sim_mean_jct_s_one_profile"] / entry["mean_jct_s"] - 1
 
 
 # Justitia against the baselines the paper sets it against, through the plug-in and by tagging.

@@ -10,94 +10,29 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import functools
 import json
 import logging
 import math
 import time
 import uuid
-from dataclasses import dataclass, field
 
 from justitia.agent import AgentProcess, Answer, Call, drive
-from justitia.core import KV
 from justitia.predictors import Predictor
-from justitia.server.backend import Backend, BackendInterrupted
+from justitia.backends.base import Backend, BackendInterrupted, Sampling
 from justitia.server.door import Sessions
-from justitia.server.journal import Journal, Record, resume_order
+from justitia.server.journal import Journal, Record
 from justitia.server.keys import ANONYMOUS, Client
 from justitia.server.limits import RateLimit
-from justitia.server.schema import PLACEHOLDER, AgentSpec, SpecError, check_agent, render
-from justitia.vllm.models import chat_ids
-from justitia.workload import Agent, Task
+from justitia.server.pricing import Pricer
+from justitia.server.runs import TERMINAL, AgentRun, Settings  # noqa: F401  (Settings: the server's, imported from here)
+from justitia.server.schema import AgentSpec, SpecError, check_agent
 
 log = logging.getLogger("justitia.server")
-TERMINAL = ("done", "failed", "cancelled")
 JCT_BUCKETS = (0.1, 0.25, 0.5, 1, 2.5, 5, 10, 25, 50, 100, 250, 500, float("inf"))
 V_READ_EVERY_S = 1.0  # the clock's V, journaled with each agent, is read at most this often
 MAX_METRIC_TYPES = 64  # agent types with series of their own in /metrics; the rest are counted as "other"
 
 
-@dataclass
-class Settings:
-    """Limits and identity of one server."""
-
-    model: str = "tiny"
-    policy: str = "justitia"
-    max_model_len: int = 2048
-    max_tasks_per_agent: int = 256
-    max_agents_in_flight: int = 2048
-    max_body_bytes: int = 1_000_000
-    finished_bytes: int = 64 << 20  # finished agents' documents kept for GET, oldest dropped first (then 410)
-    finished_s: float = 24 * 3600.0  # and for at most this long
-    chars_per_context_token: int = 16  # a rendered prompt longer than this x max_model_len is refused untokenized
-    chat: bool = True  # wrap agent prompts in the model's chat template when it has one
-    key_agents_in_flight: int | None = None  # per key (None: max_agents_in_flight)
-    key_requests_in_flight: int = 256  # OpenAI requests per key
-    key_rate: float = 0.0  # requests (agents and completions) per second per key; 0: no rate limit
-    key_burst: int = 0  # the rate limit's burst (0: one second's worth, at least 1)
-    max_requests_in_flight: int = 1024  # OpenAI requests in all (beyond: 503)
-    max_streams_per_agent: int = 8  # open event streams of one agent
-
-    @property
-    def max_prompt_chars(self) -> int:
-        return self.chars_per_context_token * self.max_model_len
-
-
-@dataclass
-class AgentRun:
-    """One submitted agent: what it asked, where it is, what it produced."""
-
-    agent_id: str
-    spec: AgentSpec
-    process: AgentProcess
-    arrival_s: float
-    virtual_finish: float | None
-    owner: str = ANONYMOUS.owner  # the key that submitted it (its owner id, not the key)
-    status: str = "queued"
-    error: str | None = None
-    finish_s: float | None = None
-    outputs: list[list[dict | None]] = field(default_factory=list)
-    events: list[dict] = field(default_factory=list)
-    changed: asyncio.Event = field(default_factory=asyncio.Event)
-    task: asyncio.Task | None = None
-    streams: int = 0  # open event streams
-    client: Client = ANONYMOUS  # who submitted it (owner, tenant, weight)
-    cancelled_by_client: bool = False  # (a task cancelled otherwise is the server stopping)
-    first_ids: dict[int, list[int]] = field(default_factory=dict)  # the first stage's prompts, tokenized at submission
-
-    def emit(self, kind: str, **data) -> None:
-        self.events.append({"event": kind, "agent_id": self.agent_id, "t_s": round(time.monotonic(), 6)} | data)
-        self.changed.set()
-        self.changed = asyncio.Event()
-
-    def doc(self) -> dict:
-        jct = None if self.finish_s is None else self.finish_s - self.arrival_s
-        return {
-            "agent_id": self.agent_id, "type": self.spec.type, "status": self.status, "error": self.error,
-            "arrival_s": self.arrival_s, "finish_s": self.finish_s, "jct_s": jct,
-            "predicted_cost": self.process.predicted_cost, "virtual_finish": self.virtual_finish,
-            "stages": self.outputs,
-        }
 
 
 class AgentManager:
@@ -117,6 +52,7 @@ class AgentManager:
         self.jct: dict[str, list[int]] = {}  # type -> counts per JCT_BUCKETS (cumulative at export)
         self.jct_sum: dict[str, float] = {}
         self.predict_s, self.predictions = 0.0, 0
+        self.pricer = Pricer(tokenizer, settings, predictor)  # tokenizing and prices
         self.requests: dict[str, int] = {"agents": 0, "chat": 0, "completions": 0, "responses": 0, "messages": 0}
         self.tasks_in_flight = 0
         self.ended: collections.deque[tuple[str, float, int]] = collections.deque()  # (id, when, bytes), oldest first
@@ -142,35 +78,6 @@ class AgentManager:
 
     def owner_in_flight(self, owner: str) -> int:
         return self.owner_agents.get(owner, 0) + self.admitting.get(owner, 0)
-
-    def ids_of(self, prompt: str) -> list[int]:
-        """A prompt's token ids, in the model's chat template when it has one (and ``settings.chat``)."""
-        tok = self.tokenizer
-        if self.settings.chat and tok.chat_template:
-            return chat_ids(tok, [{"role": "user", "content": prompt}])
-        return tok.encode(prompt)
-
-    async def predicted(self, predict) -> float:
-        """Run ``predict()`` (a predictor's agent cost) off the event loop (a predictor can take
-        milliseconds), its latency kept for /metrics."""
-        t0 = time.perf_counter()
-        value = float(await asyncio.to_thread(predict))
-        self.predict_s += time.perf_counter() - t0
-        self.predictions += 1
-        return value
-
-    def _ids_checked(self, prompt: str) -> list[int]:
-        """``ids_of``, refused untokenized if the prompt is longer than any prompt that could fit the context."""
-        if len(prompt) > self.settings.max_prompt_chars:
-            raise SpecError(f"the prompt has {len(prompt)} characters, more than this server's limit of "
-                            f"{self.settings.max_prompt_chars}.")
-        return self.ids_of(prompt)
-
-    async def encode(self, prompt: str) -> list[int]:
-        """``_ids_checked`` off the event loop (tokenizing a long prompt takes time)."""
-        if len(prompt) > self.settings.max_prompt_chars:  # no trip to a thread for that
-            return self._ids_checked(prompt)
-        return await asyncio.to_thread(self._ids_checked, prompt)
 
     def count_request(self, endpoint: str) -> None:
         self.requests[endpoint] += 1
@@ -205,66 +112,6 @@ class AgentManager:
             self._background.add(task)
             task.add_done_callback(self._background.discard)
 
-    def _process(self, agent_id: str, spec: AgentSpec, client: Client) -> tuple[AgentProcess, list[list[int]]]:
-        """The agent's process, with what the predictor sees at arrival: the first stage's prompts
-        and lengths (later stages' prompts still hold their placeholders; their lengths are not known
-        yet); and the first stage's token ids, which its tasks then send as they are. Tokenizes: run
-        it off the event loop."""
-        first = []
-        for i, t in enumerate(spec.stages[0]):
-            try:
-                first.append(self._ids_checked(t.prompt))
-            except SpecError as exc:
-                raise SpecError(f"field 'stages[0][{i}].prompt': {exc}") from None
-            if len(first[i]) + t.max_tokens > self.settings.max_model_len:
-                raise SpecError(f"field 'stages[0][{i}].prompt': {len(first[i])} prompt tokens + max_tokens "
-                                f"{t.max_tokens} exceed the model's context of {self.settings.max_model_len} tokens.")
-        later = {}  # a later stage's own text (placeholders left out), tokenized: a floor on its prompt
-        for s, stage in enumerate(spec.stages[1:], 1):
-            for i, t in enumerate(stage):
-                own = PLACEHOLDER.sub("", t.prompt)
-                try:
-                    later[s, i] = len(self._ids_checked(own))
-                except SpecError as exc:
-                    raise SpecError(f"field 'stages[{s}][{i}].prompt': {exc}") from None
-                if later[s, i] + t.max_tokens > self.settings.max_model_len:
-                    raise SpecError(f"field 'stages[{s}][{i}].prompt': its own text is {later[s, i]} tokens, with "
-                                    f"max_tokens {t.max_tokens} more than the model's context of "
-                                    f"{self.settings.max_model_len} tokens before any placeholder is filled.")
-        view = Agent(agent_id, spec.type, 0.0, tuple(
-            tuple(Task(t.prompt, len(first[i]) if s == 0 else max(later[s, i], len(t.prompt) // 4), t.max_tokens)
-                  for i, t in enumerate(stage)) for s, stage in enumerate(spec.stages)),
-            weight=client.weight, tenant=client.tenant)
-        # submitted whole: priced on every stage, so that a cheap first stage cannot hide heavy later ones
-        process = AgentProcess(view, self.predictor, KV, tasks=spec.stages, pricing="all-stages",
-                               render=functools.partial(render, limit=self.settings.max_prompt_chars))
-        return process, first
-
-    def _priced(self, agent_id: str, spec: AgentSpec, client: Client) -> tuple[AgentProcess, list[list[int]], float]:
-        """``_process`` and its price (and how long the predictor took), in one trip to a worker
-        thread. The rule (docs/server.md, "prices"): a task's KV token-time is at most ``p*m + m^2/2``
-        for its prompt's ``p`` tokens and ``m = max_tokens`` (its bound), and exactly that with
-        ``ignore_eos``. The price is the predictor's, raised to what the ``ignore_eos`` tasks will
-        cost (whatever a predictor reads of their text) and never above the sum of every task's
-        bound (a prompt with placeholders, whose filled length is not known yet, at the longest the
-        context allows: ``max_model_len - m``). What the predictor misses below that, retagging on
-        attained service catches in the engine."""
-        process, first = self._process(agent_id, spec, client)
-        t0 = time.perf_counter()
-        process.predict()
-        known = ceiling = 0.0
-        for s, stage in enumerate(process.agent.stages):
-            for i, task in enumerate(stage):
-                given = spec.stages[s][i]
-                p = task.prompt_tokens
-                if PLACEHOLDER.search(given.prompt):
-                    p = max(p, self.settings.max_model_len - task.output_tokens)
-                ceiling += KV.request_cost(p, task.output_tokens)
-                if given.ignore_eos:
-                    known += KV.request_cost(task.prompt_tokens, task.output_tokens)
-        process.predicted_cost = min(max(process.predicted_cost, known), ceiling)
-        return process, first, time.perf_counter() - t0
-
     async def submit(self, spec: AgentSpec, client: Client = ANONYMOUS,
                      idempotency_key: str | None = None) -> AgentRun:
         """Check, predict, journal, register and start one agent for ``client`` (its owner, in its
@@ -293,7 +140,7 @@ class AgentManager:
     async def _accept(self, spec: AgentSpec, client: Client, idempotency_key: str | None) -> AgentRun:
         check_agent(spec, self.settings.max_tasks_per_agent, self.settings.max_model_len - 1)
         agent_id = f"agent-{uuid.uuid4().hex[:12]}"
-        process, first, predict_s = await asyncio.to_thread(self._priced, agent_id, spec, client)
+        process, first, predict_s = await asyncio.to_thread(self.pricer.priced, agent_id, spec, client)
         predicted = process.predicted_cost
         self.predict_s += predict_s
         self.predictions += 1
@@ -370,84 +217,26 @@ class AgentManager:
         return self.t_start + (now_s - self.t_start_s)
 
     async def recover(self) -> tuple[int, int]:
-        """Reload the journal at start-up: finished agents answer as before, unfinished ones run
-        again from their first stage not fully answered, same id and owner, registered again in
-        their old tags' order with what GPS still owed them (``journal.resume_order``): before
-        every agent that arrives from now on with their cost and weight. (finished, resumed)."""
-        if self.journal is None:
-            return 0, 0
-        finished = 0
-        records = self.journal.load()
-        waiting = {}  # unfinished: agent id -> its run and the answers kept
-        for rec in records:
-            spec = AgentSpec.model_validate(rec.spec)
-            client = Client(rec.owner, rec.tenant, rec.weight)
-            try:
-                process, _ = await asyncio.to_thread(self._process, rec.agent_id, spec, client)
-            except SpecError:  # the server now runs a model with a shorter context: fail it, with why
-                process = AgentProcess(Agent(rec.agent_id, spec.type, 0.0, ((Task("", 1, 1),),)), self.predictor, KV)
-                rec.status, rec.error = "failed", rec.error or "the restarted server cannot fit its first stage."
-            process.predicted_cost = rec.predicted_cost
-            arrival = rec.arrival_wall - self.wall(0.0)
-            run = AgentRun(rec.agent_id, spec, process, arrival, None, rec.owner,
-                           outputs=[[rec.outputs.get((s, i)) for i in range(len(stage))]
-                                    for s, stage in enumerate(spec.stages)])
-            run.client = client
-            if rec.idempotency_key is not None:
-                done = asyncio.get_running_loop().create_future()
-                done.set_result(run)
-                self.idempotent[(rec.owner, rec.idempotency_key)] = done
-            if rec.status in TERMINAL:
-                run.status, run.error = rec.status, rec.error
-                run.finish_s = (rec.finish_wall or rec.arrival_wall) - self.wall(0.0)
-                self.agents[run.agent_id] = run
-                self.finished[run.status] += 1
-                run.emit(run.status, **({"error": run.error} if run.error else {}))
-                self._keep(run)
-                finished += 1
-                continue
-            answered = []
-            for stage in run.outputs:  # the stages answered in full, then one answered in part (if any)
-                answered.append([None if d is None else Answer(d["output"], d["prompt_tokens"], d["output_tokens"],
-                                                               d["finish_reason"]) for d in stage])
-                if any(doc is None for doc in stage):
-                    break
-            for s in range(len(answered), len(run.outputs)):  # later stages: nothing kept (none can have run)
-                run.outputs[s] = [None] * len(run.outputs[s])
-            waiting[rec.agent_id] = run, answered
-        for rec, owed in resume_order(records):  # in their old order, each registered before the next
-            run, answered = waiting[rec.agent_id]
-            v = await self._register(run, owed)
-            try:  # its stamps in this run's clock, for a later restart
-                await self.journal.stamped(run.agent_id, run.virtual_finish, v)
-            except Exception as exc:  # noqa: BLE001  (its old stamps stay: a later restart places it by them)
-                log.warning(json.dumps({"event": "journal_failed", "agent_id": run.agent_id, "error": str(exc)}))
-            part = bool(answered) and None in answered[-1]
-            self._launch(run, answered, resumed_after_stage=len(answered) - 1 - part, resume_cost=owed,
-                         tasks_kept=sum(d is not None for stage in run.outputs for d in stage))
-        log.info(json.dumps({"event": "journal_recovered", "journal": str(self.journal.path),
-                             "finished": finished, "resumed": len(waiting)}))
-        return finished, len(waiting)
+        """Reload the journal at start-up (``recovery.recover``): (finished, resumed)."""
+        from justitia.server.recovery import recover
+
+        return await recover(self)
 
     async def _serve(self, run: AgentRun, call: Call) -> Answer:
         """One task of an agent on the backend."""
-        from vllm import SamplingParams
-        from vllm.sampling_params import RequestOutputKind
-
         task = call.task
         ids = run.first_ids.pop(call.index, None) if call.stage == 0 else None  # tokenized at submission
         try:
             if ids is None or call.prompt != run.spec.stages[0][call.index].prompt:
-                ids = await self.encode(call.prompt)
+                ids = await self.pricer.encode(call.prompt)
         except SpecError as exc:
             raise SpecError(f"stage {call.stage} task {call.index}: {exc}") from None
         if len(ids) + task.max_tokens > self.settings.max_model_len:
             raise SpecError(f"stage {call.stage} task {call.index}: {len(ids)} prompt tokens (after placeholders) + "
                             f"max_tokens {task.max_tokens} exceed the model's context of "
                             f"{self.settings.max_model_len} tokens.")
-        params = SamplingParams(max_tokens=task.max_tokens, temperature=task.temperature, top_p=task.top_p,
-                                seed=task.seed, stop=task.stop, ignore_eos=task.ignore_eos,
-                                extra_args=call.meta.to_extra_args(), output_kind=RequestOutputKind.FINAL_ONLY)
+        params = Sampling(task.max_tokens, task.temperature, task.top_p, task.seed, task.stop, task.ignore_eos,
+                          call.meta.to_extra_args())
         final = None
         self.tasks_in_flight += 1
         try:

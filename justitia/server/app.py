@@ -16,7 +16,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 
 from justitia.predictors import Predictor
 from justitia.server.agents import TERMINAL, AgentManager, Settings
-from justitia.server.backend import Backend, BackendError
+from justitia.backends.base import Backend, BackendError
 from justitia.server.door import Door
 from justitia.server.forward import add_forwarding_routes
 from justitia.server.journal import Journal, JournalError

@@ -36,7 +36,7 @@ from justitia.defaults import DOOR_KEY, ENV_DOOR_TOKEN
 from justitia.server.identity import Identity, IdentityError, identify
 from justitia.server.keys import ANONYMOUS
 from justitia.server.limits import INFERENCE_PATHS, answer, retry_after
-from justitia.server.wire import error_doc, once, replay
+from justitia.backends.wire import error_doc, once, replay
 from justitia.server.schema import TYPE_PATTERN
 
 # where a body carries vLLM's extra args: ``vllm_xargs``, except on vLLM's token-in generate endpoint

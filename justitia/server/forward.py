@@ -16,7 +16,7 @@ from argparse import Namespace
 
 from fastapi import FastAPI, Request
 
-from justitia.server.wire import prompt_text
+from justitia.backends.wire import prompt_text
 
 
 

@@ -17,7 +17,7 @@ import time
 
 from starlette.exceptions import HTTPException
 
-from justitia.server.wire import error_doc
+from justitia.backends.wire import error_doc
 
 
 class BodyTooLarge(HTTPException):

@@ -15,7 +15,7 @@ import signal
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from justitia.core import POLICY_NAMES
+from justitia.core import POLICY_NAMES, positive_finite
 from justitia.predictors import make_predictor
 
 
@@ -24,7 +24,7 @@ class ServeSettings:
     """What ``justitia serve`` runs: one field per option, named as the option (``--max-num-seqs``:
     ``max_num_seqs``; the repeatable ``--api-key``: ``api_key``; ``--api-keys FILE``: ``api_keys``;
     ``--header-timeout`` and ``--upstream-timeout`` in seconds), and ``vllm_args``, vLLM's own options
-    passed through; ``ray``, the replicas' ``RaySpec`` (``justitia.ray``: its options check themselves) or
+    passed through; ``ray``, the replicas' ``RaySpec`` (``justitia.backends.ray``: its options check themselves) or
     None. Checked when made: a bad value raises ValueError naming its option."""
 
     model: str | None = None  # tiny, smollm2 or a model directory (None: tiny; upstream: the replicas' model)
@@ -77,9 +77,7 @@ class ServeSettings:
         if not (self.drain_s >= 0 and self.drain_s < math.inf):
             raise ValueError(f"--drain-s must be a finite number >= 0, got {self.drain_s}.")
         for name in ("header_timeout", "upstream_timeout"):
-            value = getattr(self, name)
-            if not (value > 0 and value < math.inf):
-                raise ValueError(f"--{name.replace('_', '-')} must be a finite number > 0, got {value}.")
+            positive_finite(getattr(self, name), f"--{name.replace('_', '-')}")
         if self.ray is not None and self.upstream:
             raise ValueError("--ray and --upstream contradict each other: replicas run on Ray, or upstream.")
         if self.calibration is not None and (self.upstream or self.ray is not None):
@@ -341,12 +339,12 @@ async def serve(settings: ServeSettings, ready: asyncio.Event | None = None) -> 
 async def _backend(settings: ServeSettings):
     """The engines the front end talks to: the upstream replicas, or replicas on Ray."""
     if settings.ray is not None:
-        from justitia.server.ray_backend import RayBackend
+        from justitia.backends.ray.backend import RayBackend
 
         spec = local_spec(settings.model or "tiny", settings.kv_blocks, settings.max_num_seqs, settings.max_model_len)
         return await RayBackend.start(spec, settings.policy, settings.ray, settings.vllm_args)
     if settings.upstream:
-        from justitia.server.upstream import UpstreamBackend
+        from justitia.backends.upstream import UpstreamBackend
         from justitia.vllm.models import resolve_model
 
         model = resolve_model(settings.model) if settings.model is not None else None

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from justitia.core import PolicyState
 from justitia.server.agents import JCT_BUCKETS, AgentManager
-from justitia.server.backend import metric_lines as _metric
+from justitia.backends.base import metric_lines as _metric
 
 
 def prometheus_text(manager: AgentManager, state: PolicyState) -> str:

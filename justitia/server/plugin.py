@@ -86,7 +86,7 @@ class JustitiaPlugin:
 
         from justitia.server.agents import AgentManager
         from justitia.server.journal import Journal
-        from justitia.server.local import EngineBackend
+        from justitia.backends.local import EngineBackend
         from justitia.server.metrics import register_collector
 
         from justitia.vllm.reaper import guard

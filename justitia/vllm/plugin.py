@@ -35,6 +35,12 @@ charges, and every waiting and running request carries its policy key as ``prior
 own preemption rule (largest ``(priority, arrival_time)``) picks the lowest-priority victim.
 Read against vLLM 0.32 and 0.33 (``SUPPORTED_VLLM``; docs/vllm-versions.md): the scheduler
 internals it relies on are not a public interface, so any other version is refused at import.
+
+Why one module of about 500 lines: vLLM loads the scheduler by its dotted path
+(``--scheduler-cls justitia.vllm.plugin.JustitiaScheduler``) and picks the async variant inside it;
+the classes, their two queues, the version guard and the control utility that importing this module
+installs on vLLM's ``EngineCore`` are one unit that vLLM sees as one name, and every part of it
+reads the same vLLM internals. The step log's format lives apart (``steplog``).
 """
 
 from __future__ import annotations

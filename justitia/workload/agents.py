@@ -18,7 +18,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Iterable, Iterator
 
-from justitia.core import CostModel
+from justitia.core import CostModel, is_positive_finite
 
 
 class WorkloadError(ValueError):
@@ -129,7 +129,7 @@ def agent_from_json(doc: object, where: str) -> Agent:
     if not isinstance(meta, dict):
         raise WorkloadError(f"{where}: field 'meta' must be an object.")
     weight = doc.get("weight", 1.0)
-    if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not (math.isfinite(weight) and weight > 0):
+    if isinstance(weight, bool) or not is_positive_finite(weight):
         raise WorkloadError(f"{where}: field 'weight' must be a finite number > 0, got {json.dumps(weight)[:60]}.")
     tenant = doc.get("tenant")
     if "tenant" in doc and not (isinstance(tenant, str) and 1 <= len(tenant) <= 128):
@@ -205,7 +205,7 @@ def scale_tokens(agents: Iterable[Agent], factor: float) -> list[Agent]:
 
     For engines far smaller than the paper's (a 2-core CPU): the same agent shapes, shorter texts.
     """
-    if not (factor > 0 and math.isfinite(factor)):
+    if not is_positive_finite(factor):
         raise ValueError(f"--scale must be a number > 0, got {factor}.")
     if factor == 1:
         return list(agents)

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
+from justitia.core import is_positive_finite
 from justitia.workload.agents import WorkloadError, read_jsonl
 
 MOONCAKE_ARRIVALS: Path = Path(__file__).parents[1] / "data" / "mooncake_conversation_arrivals.jsonl.gz"
@@ -28,7 +29,7 @@ def trace_arrivals(path: str | Path, n: int, density: float = 1.0) -> list[float
     """Arrival times in seconds of the first ``n`` trace records, the first at 0, divided by ``density``."""
     if isinstance(n, bool) or not isinstance(n, int) or n < 1:
         raise ValueError(f"n must be an integer >= 1, got {n!r}.")
-    if isinstance(density, bool) or not isinstance(density, (int, float)) or not math.isfinite(density) or density <= 0:
+    if isinstance(density, bool) or not is_positive_finite(density):
         raise ValueError(f"density must be a finite number > 0, got {density!r}.")
     path = Path(path)
     if not path.is_file():
@@ -64,9 +65,9 @@ def synthetic_arrivals(n: int, rng: np.random.Generator, rate_per_s: float, cv: 
     """``n`` arrival times in seconds, the first at 0, with gamma gaps of mean ``1/rate_per_s`` and CV ``cv``."""
     if isinstance(n, bool) or not isinstance(n, int) or n < 1:
         raise ValueError(f"n must be an integer >= 1, got {n!r}.")
-    if not (isinstance(rate_per_s, (int, float)) and math.isfinite(rate_per_s) and rate_per_s > 0):
+    if not is_positive_finite(rate_per_s):
         raise ValueError(f"rate_per_s must be a finite number > 0, got {rate_per_s!r}.")
-    if not (isinstance(cv, (int, float)) and math.isfinite(cv) and cv > 0):
+    if not is_positive_finite(cv):
         raise ValueError(f"cv must be a finite number > 0, got {cv!r}.")
     shape = 1.0 / (cv * cv)
     gaps_s = rng.gamma(shape, 1.0 / (rate_per_s * shape), size=n - 1)

@@ -18,6 +18,7 @@ from typing import Sequence
 
 import numpy as np
 
+from justitia.core import is_positive_finite
 from justitia.workload.agents import Agent
 from justitia.workload.arrivals import DEFAULT_RATE_PER_S, arrival_times
 from justitia.workload.parameters import SIZE_CLASSES, WORKFLOW_TYPES, dist_max, for_size, load_workflow_params
@@ -44,7 +45,7 @@ def _check_names(workflow: str, size: str) -> None:
 
 def _start(workflow: str, size: str, rng: np.random.Generator, scale: float) -> tuple[Ctx, dict]:
     _check_names(workflow, size)
-    if not (scale > 0 and math.isfinite(scale)):
+    if not is_positive_finite(scale):
         raise ValueError(f"scale must be a number > 0, got {scale}.")
     params, banks = _compiled()
     wf = params["workflows"][workflow]

@@ -12,7 +12,7 @@ the first time it is asked, with ``vllm_argv``: vLLM's serving options, such as 
 streams its answer back: first ``{"status", "headers"}``, then the body's bytes, then
 ``{"replica": ...}`` (its id and measured M). The ingress's door has checked the body already.
 
-The class is plain Python; ``justitia.ray.deployment`` wraps it with ``serve.deployment``.
+The class is plain Python; ``justitia.backends.ray.deployment`` wraps it with ``serve.deployment``.
 """
 
 from __future__ import annotations
@@ -22,8 +22,8 @@ import os
 from dataclasses import dataclass
 
 from justitia.core import RETIRE, STATE, ControlCall
-from justitia.server.backend import Completion, Output
-from justitia.server.wire import replay
+from justitia.backends.base import Completion, Output, Sampling
+from justitia.backends.wire import replay
 
 
 @dataclass
@@ -80,16 +80,19 @@ class EngineReplica:
         """The replica's model, tokenizer directory, KV cache (tokens), context and process id."""
         return self.info
 
-    async def generate(self, prompt_token_ids: list[int], params, request_id: str, route: dict):
+    async def generate(self, prompt_token_ids: list[int], params: Sampling, request_id: str, route: dict):
         """Serve one request (``route``: what the router reads: its predicted cost and prefix);
         yields ``ReplicaOutput``s. Cancelling the call aborts the request in vLLM."""
         from vllm.inputs import TokensPrompt
+
+        from justitia.backends.local import vllm_params
 
         if self._refresher is None or self._refresher.done():
             self._refresher = asyncio.get_running_loop().create_task(self._refresh())
         self._check_engine()
         try:
-            async for out in self.llm.generate(TokensPrompt(prompt_token_ids=prompt_token_ids), params, request_id):
+            prompt = TokensPrompt(prompt_token_ids=prompt_token_ids)
+            async for out in self.llm.generate(prompt, vllm_params(params), request_id):
                 c = out.outputs[0]
                 about = self._about() if out.finished else None
                 yield ReplicaOutput(request_id, [Completion(c.text, list(c.token_ids), c.finish_reason)], out.finished,

@@ -57,8 +57,8 @@ def deploy(ray_spec: RaySpec, engine_spec: dict, plugin_env: dict, vllm_argv: li
     from ray import serve
     from ray.serve.config import RequestRouterConfig
 
-    from justitia.ray.replica import EngineReplica
-    from justitia.ray.router import JustitiaRouter
+    from justitia.backends.ray.replica import EngineReplica
+    from justitia.backends.ray.router import JustitiaRouter
 
     start_ray(ray_spec.address)
     serve.start(http_options={"location": "NoServer"})

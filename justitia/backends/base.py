@@ -2,13 +2,15 @@
 
 ``EngineBackend`` (``local.py``): the engine client of vLLM's own server (``AsyncLLM`` with the plug-in).
 ``UpstreamBackend`` (``upstream.py``): stock vLLM OpenAI servers, ordered by front-end tagging.
-``RayBackend`` (``ray_backend.py``): engine replicas with the plug-in on Ray Serve, one clock here.
+``RayBackend`` (``ray/backend.py``): engine replicas with the plug-in on Ray Serve, one clock here.
+The last two share ``tagging.TaggingBackend``, the one clock kept in front of several engines.
 The agent API talks to ``Backend`` only; so do a front end's inference endpoints (``forward``).
+The backends sit below the server (``tests/test_architecture.py``): nothing here imports it.
 
-``generate`` has ``AsyncLLM.generate``'s shape: a token-id prompt, vLLM ``SamplingParams``
-(``extra_args`` carrying the request's ``RequestMeta``) and a request id; it yields outputs with
-``.outputs[0].text``, ``.token_ids`` and ``.finish_reason`` (vLLM's ``RequestOutput``, or
-``Output`` below). Closing the generator early aborts the request. A request the backend cannot
+``generate`` has ``AsyncLLM.generate``'s shape in the contract's own types: a token-id prompt, a
+``Sampling`` (``extra_args`` carrying the request's ``RequestMeta``) and a request id; it yields
+``Output``s (``.outputs[0].text``, ``.token_ids``, ``.finish_reason``). No vLLM type crosses it: a
+backend that runs vLLM converts (``local.vllm_params``). Closing the generator early aborts the request. A request the backend cannot
 serve raises ``BackendError`` with the reason. A backend that can send a request again when its
 engine dies (``RayBackend``) does so until ``DEADLINE`` (set by the agent API to the agent's own
 deadline, for the task it serves).
@@ -21,7 +23,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from contextvars import ContextVar
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import AsyncIterator
 
@@ -46,6 +48,21 @@ class BackendError(RuntimeError):
 class BackendInterrupted(BackendError):
     """The engine failed a request after it had begun to answer (a replica lost midway); sending the
     request again may succeed."""
+
+
+@dataclass
+class Sampling:
+    """How one request is sampled: what the agent API takes for a task (docs/server.md), bounded as
+    vLLM bounds it; ``extra_args``, the request's ``RequestMeta`` (``to_extra_args``)."""
+
+    max_tokens: int
+    temperature: float = 1.0
+    top_p: float = 1.0
+    seed: int | None = None
+    stop: str | list[str] | None = None
+    ignore_eos: bool = False
+    extra_args: dict = field(default_factory=dict)
+    stream: bool = False  # yield each new piece as it comes; else only the finished answer
 
 
 @dataclass
@@ -76,7 +93,7 @@ class Backend(ABC):
     policy: str
 
     @abstractmethod
-    def generate(self, prompt: dict, params, request_id: str) -> AsyncIterator:
+    def generate(self, prompt: dict, params: Sampling, request_id: str) -> AsyncIterator[Output]:
         """Serve one request (``prompt``: ``{"prompt_token_ids": [...]}``); see the module's docstring."""
 
     @abstractmethod
@@ -107,7 +124,7 @@ class Backend(ABC):
         ``prompt_tokens`` and ``max_tokens`` price it. A backend that cannot: 501."""
         from starlette.responses import JSONResponse
 
-        from justitia.server.wire import error_doc
+        from justitia.backends.wire import error_doc
 
         return JSONResponse(error_doc(kind, 501, f"'{path}' is not served by this backend ({type(self).__name__}); "
                                                  "see docs/server.md."), status_code=501)

@@ -19,7 +19,7 @@ import logging
 import time
 
 from justitia.core import KV, AgentBook, PolicyState, RequestInfo, RequestMeta
-from justitia.server.backend import Backend
+from justitia.backends.base import Backend
 
 log = logging.getLogger("justitia.server")
 

@@ -37,8 +37,8 @@ import httpx
 
 from justitia.core import KV, WINDOW_STEPS, ReplicaLoad, Replicas, RouteRequest, capacity_per_s
 from justitia.defaults import policy_settings
-from justitia.server.backend import BackendError, BackendInterrupted, Completion, Output, metric_lines
-from justitia.server.tagging import TaggingBackend
+from justitia.backends.base import BackendError, BackendInterrupted, Completion, Output, Sampling, metric_lines
+from justitia.backends.tagging import TaggingBackend
 
 log = logging.getLogger("justitia.server")
 _INFO = re.compile(r'^vllm:cache_config_info\{(.*)\}', re.M)
@@ -209,19 +209,17 @@ class UpstreamBackend(TaggingBackend):
         """Requests sent to the replicas and not finished."""
         return sum(r.in_flight for r in self.replicas)
 
-    async def generate(self, prompt, params, request_id: str):
+    async def generate(self, prompt, params: Sampling, request_id: str):
         """Send one request to the least-loaded replica with its policy key as ``priority``."""
-        from vllm.sampling_params import RequestOutputKind
-
         ids = list(prompt["prompt_token_ids"])
         xargs = dict(params.extra_args or {})
         info, priority = self.tag(request_id, xargs, len(ids), params.max_tokens or 16)
         try:
-            delta = params.output_kind == RequestOutputKind.DELTA
+            delta = params.stream
             body = {"prompt": ids, "max_tokens": params.max_tokens, "temperature": params.temperature,
                     "top_p": params.top_p, "seed": params.seed, "stop": params.stop or None,
-                    "ignore_eos": params.ignore_eos, "presence_penalty": params.presence_penalty,
-                    "frequency_penalty": params.frequency_penalty, "priority": priority,
+                    "ignore_eos": params.ignore_eos, "presence_penalty": 0.0,
+                    "frequency_penalty": 0.0, "priority": priority,
                     "stream": delta, "return_token_ids": True,
                     "vllm_xargs": {k: v for k, v in xargs.items() if isinstance(v, (str, int, float))}}
             tried: set[str] = set()
@@ -265,7 +263,7 @@ class UpstreamBackend(TaggingBackend):
         replica while nothing came back (a refused connection, a 5xx)."""
         from starlette.responses import JSONResponse, StreamingResponse
 
-        from justitia.server.wire import error_doc, once
+        from justitia.backends.wire import error_doc, once
 
         xargs = (doc.get("sampling_params") or {}).get("extra_args") if kind == "generate" else doc.get("vllm_xargs")
         info, priority = self.tag(request_id, xargs, prompt_tokens, max_tokens)

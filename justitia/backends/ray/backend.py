@@ -4,11 +4,11 @@ The server (the ingress) keeps the cluster's one clock: a tagging ``AgentBook`` 
 (justitia, or another static policy), as ``--upstream`` does. Every request carries its key's lead,
 the agent's virtual finish tag under justitia, as ``RequestMeta.agent_tag`` to whichever replica
 serves it; each replica's plug-in runs the ``tagged`` policy and orders its queue by those tags
-(``justitia.ray.replica``). The clock's M is the sum of the replicas' measured M: each replica's
+(``justitia.backends.ray.replica``). The clock's M is the sum of the replicas' measured M: each replica's
 last answer to a request reports its plug-in's meter, and M = their mean x the number of replicas
 (a replica that has answered nothing yet counts at the mean), applied at the next agent's arrival.
 
-Requests go through a deployment handle; ``JustitiaRouter`` (``justitia.ray.router``) picks the
+Requests go through a deployment handle; ``JustitiaRouter`` (``justitia.backends.ray.router``) picks the
 replica with the least outstanding predicted KV token-time per KV token, or (``--router
 affinity``) the replica that served the prompt's first block lately. Faults: a request whose
 replica dies or is unavailable, or whose replica's engine core died (``EngineDead``; the replica's
@@ -28,13 +28,14 @@ import json
 import logging
 import threading
 import time
+from dataclasses import replace
 from pathlib import Path
 
 from justitia.core import KV, STATIC_POLICY_NAMES, capacity_per_s
 from justitia.defaults import policy_settings
-from justitia.ray.replica import EngineDead
-from justitia.server.backend import DEADLINE, BackendError, BackendInterrupted, Output, metric_lines
-from justitia.server.tagging import TaggingBackend
+from justitia.backends.ray.replica import EngineDead
+from justitia.backends.base import DEADLINE, BackendError, BackendInterrupted, Output, Sampling, metric_lines
+from justitia.backends.tagging import TaggingBackend
 
 log = logging.getLogger("justitia.server")
 RETRY_S = 1.0  # the first wait before sending again (Ray learns of a dead replica meanwhile)
@@ -78,7 +79,7 @@ class RayBackend(TaggingBackend):
     async def start(cls, spec, policy: str, ray_spec, vllm_argv: list[str] | None = None) -> "RayBackend":
         """Start (or join) Ray, deploy ``ray_spec.replicas`` engines of ``spec`` (an ``EngineSpec``),
         each serving vLLM's own app with ``vllm_argv`` (vLLM's serving options)."""
-        from justitia.ray.deployment import deploy, shutdown
+        from justitia.backends.ray.deployment import deploy, shutdown
         from justitia.vllm.engine import plugin_environment
 
         check_policy(policy)  # before minutes of start-up
@@ -170,7 +171,7 @@ class RayBackend(TaggingBackend):
             return None
         return hashlib.blake2b(json.dumps(ids[: self.block_size]).encode(), digest_size=8).hexdigest()
 
-    async def generate(self, prompt, params, request_id: str):
+    async def generate(self, prompt, params: Sampling, request_id: str):
         """Stamp the request with the clock's tag and send it through the router; sent again while
         no token came back, till its deadline."""
         from ray.exceptions import RayTaskError
@@ -178,8 +179,7 @@ class RayBackend(TaggingBackend):
         ids = list(prompt["prompt_token_ids"])
         xargs = dict(params.extra_args or {})
         info = self.tag(request_id, xargs, len(ids), params.max_tokens or 16, stamp=True)[0]
-        sent = params.clone()
-        sent.extra_args = xargs
+        sent = replace(params, extra_args=xargs)
         route = {"cost": info.predicted_cost, "prefix": self.prefix(ids)}
         produced = 0
         deadline, wait, attempt = self._deadline(), RETRY_S, 0
@@ -229,7 +229,7 @@ class RayBackend(TaggingBackend):
         from ray.exceptions import RayTaskError
         from starlette.responses import JSONResponse, StreamingResponse
 
-        from justitia.server.wire import error_doc, once, prompt_text
+        from justitia.backends.wire import error_doc, once, prompt_text
 
         outer, name = ("sampling_params", "extra_args") if kind == "generate" else (None, "vllm_xargs")
         holder = doc[outer] if outer else doc
@@ -327,7 +327,7 @@ class RayBackend(TaggingBackend):
 
     async def aclose(self) -> None:
         """Delete the deployment (and stop a local Ray), waiting at most ``SHUTDOWN_S``."""
-        from justitia.ray.deployment import shutdown
+        from justitia.backends.ray.deployment import shutdown
 
         done = asyncio.get_running_loop().create_future()
 

@@ -10,11 +10,12 @@ on their own; their requests carry the identity the door wrote into ``vllm_xargs
 from __future__ import annotations
 
 import os
+from dataclasses import replace
 from pathlib import Path
 
 from justitia.core import REGISTER, RETIRE, STATE, ControlCall, PolicyState
 from justitia.defaults import DOOR_KEY, ENV_DOOR_TOKEN
-from justitia.server.backend import Backend
+from justitia.backends.base import Backend, Completion, Output, Sampling
 from justitia.vllm.engine import control
 
 
@@ -27,15 +28,17 @@ class EngineBackend(Backend):
         self.kv_tokens = (config.cache_config.num_gpu_blocks or 1) * config.cache_config.block_size
         self.max_model_len = config.model_config.max_model_len
 
-    def generate(self, prompt: dict, params, request_id: str):
+    async def generate(self, prompt: dict, params: Sampling, request_id: str):
         """``AsyncLLM.generate``: closing it early aborts the request in vLLM. The agent's metadata
         carries the door's token: the server priced it (``justitia.vllm.general``)."""
         from vllm.inputs import TokensPrompt
 
         token = os.environ.get(ENV_DOOR_TOKEN)
         if token:
-            params.extra_args = dict(params.extra_args or {}, **{DOOR_KEY: token})
-        return self.llm.generate(TokensPrompt(prompt_token_ids=prompt["prompt_token_ids"]), params, request_id)
+            params = replace(params, extra_args=dict(params.extra_args or {}, **{DOOR_KEY: token}))
+        prompt = TokensPrompt(prompt_token_ids=prompt["prompt_token_ids"])
+        async for out in self.llm.generate(prompt, vllm_params(params), request_id):
+            yield output_of(out)
 
     async def register(self, agent_id: str, agent_type: str, predicted_cost: float, weight: float = 1.0,
                        tenant: str | None = None, resume_cost: float | None = None) -> float | None:
@@ -59,3 +62,20 @@ class EngineBackend(Backend):
     def unfinished(self) -> int:
         """Requests in AsyncLLM's output processor (every endpoint's)."""
         return int(self.llm.output_processor.get_num_unfinished_requests())
+
+
+def vllm_params(params: Sampling):
+    """The contract's ``Sampling`` as vLLM's ``SamplingParams`` (for an engine this process runs)."""
+    from vllm import SamplingParams
+    from vllm.sampling_params import RequestOutputKind
+
+    kind = RequestOutputKind.DELTA if params.stream else RequestOutputKind.FINAL_ONLY
+    return SamplingParams(max_tokens=params.max_tokens, temperature=params.temperature, top_p=params.top_p,
+                          seed=params.seed, stop=params.stop, ignore_eos=params.ignore_eos,
+                          extra_args=dict(params.extra_args or {}), output_kind=kind)
+
+
+def output_of(out) -> Output:
+    """vLLM's ``RequestOutput`` as the contract's ``Output`` (its first choice)."""
+    c = out.outputs[0]
+    return Output(out.request_id, [Completion(c.text, list(c.token_ids), c.finish_reason)], out.finished)

@@ -1,0 +1,10 @@
+"""The engines behind the server, below it: the interface (``base``: ``Backend``, its own output
+types and errors, no vLLM type and no Ray field in it), the one clock that tags requests in front of
+several engines (``tagging``), and the backends themselves: ``local`` (the engine of vLLM's own
+server, with the plug-in), ``upstream`` (stock vLLM servers) and ``ray`` (replicas on Ray Serve).
+``wire`` holds what a backend and the server both write (errors, a prompt's text)."""
+
+from justitia.backends.base import (DEADLINE, Backend, BackendError, BackendInterrupted, Completion, Output, Sampling,
+                                    metric_lines)
+
+__all__ = ["DEADLINE", "Backend", "BackendError", "BackendInterrupted", "Completion", "Output", "Sampling", "metric_lines"]
