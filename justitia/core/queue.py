@@ -158,7 +158,7 @@ class WaitingQueue:
         g = self._agent_group.get(agent_id)
         if g is not None:
             self._gdirty.add(g)
-        else:
+        elif agent_id in self._by_agent:  # one not backlogged is filed at its key when it next is
             self._dirty.add(agent_id)
 
     def _file(self, agent_id: str) -> None:
@@ -292,3 +292,6 @@ class WaitingQueue:
             self._agent_key.pop(req.agent_id, None)
             self._agent_group.pop(req.agent_id, None)
         self._token.pop(req.request_id, None)
+        if not self._live:  # nothing waits: every entry left in the heaps is stale, dropped now (an idle
+            # engine then holds nothing of the agents it served)
+            self._heap, self._agents, self._dirty, self._groots = [], [], set(), []
