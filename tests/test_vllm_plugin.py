@@ -158,13 +158,13 @@ def test_a_tagging_run_on_the_step_log_base_logs_its_steps(policies, policy):
 
 
 def test_make_overheads_bench_runs_and_counts_the_plugins_own_code(tmp_path):
-    """scripts/bench_overhead.py (make overhead) on a small burst: it instruments the plug-in's
+    """justitia.lab.bench_overhead (make overhead) on a small burst: it instruments the plug-in's
     methods wherever they live (its step-log base included), attributes time to the plug-in's code
     for every plug-in run and none for stock vLLM's scheduler. No timing is asserted: the figures
     are the bench's, quoted in docs/results.md."""
     out = tmp_path / "overhead.json"
     env = dict(os.environ, PYTHONPATH=str(HERE.parent))
-    proc = subprocess.run([sys.executable, str(HERE.parent / "scripts" / "bench_overhead.py"), "--requests", "16",
+    proc = subprocess.run([sys.executable, "-m", "justitia.lab.bench_overhead", "--requests", "16",
                            "--repeats", "1", "--policies", "justitia,vtc", "--out", str(out)],
                           capture_output=True, text=True, timeout=600, env=env)
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]

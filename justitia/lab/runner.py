@@ -232,7 +232,7 @@ def core_layout(spec: EngineSpec) -> tuple[str, set[int] | None]:
     By default the model gets every core but the first, and the front end (the agents, vLLM's
     input and output processing) the first: on two cores, sharing both made repeats of one run
     differ by 12-36 %, and splitting them made runs faster and within 1-11 % of each other
-    (scripts/noise_study.py, docs/results.md). vLLM's scheduler process keeps every core. A binding
+    (justitia/lab/noise_study.py, docs/results.md). vLLM's scheduler process keeps every core. A binding
     in the spec or the environment wins, and nothing is pinned."""
     cpus = sorted(process_cpus())
     if len(cpus) < 2:

@@ -2,7 +2,7 @@
 loopback port, started and waited for until it answers, and what a front end's ``/metrics`` says
 about the replicas behind it.
 
-The load test, the abuse list and the server, flags and Ray benchmarks (``scripts/``) start their
+The load test, the abuse list and the server, flags and Ray benchmarks (``justitia.lab``) start their
 servers with these.
 """
 

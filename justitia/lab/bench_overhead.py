@@ -1,6 +1,6 @@
 """How much time the Justitia plug-in adds to vLLM's scheduler per engine step.
 
-    python scripts/bench_overhead.py [--requests 1000] [--out results/overhead.json]
+    python -m justitia.lab.bench_overhead [--requests 1000] [--out results/overhead.json]
 
 Runs the same burst of requests (all queued at once) through one in-process vLLM engine per
 scheduler: stock vLLM's (priority policy) and the plug-in under each policy. Every scheduler

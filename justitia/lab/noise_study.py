@@ -1,7 +1,7 @@
 """What makes repeats of the same run on the real engine differ: thread binding, the front end and the
 engine core sharing two cores, and warm-up.
 
-    python scripts/noise_study.py [--agents 100] [--repeats 3] [--out results/noise_study.json]
+    python -m justitia.lab.noise_study [--agents 100] [--repeats 3] [--out results/noise_study.json]
 
 For each setting it starts one engine (tiny model, the ``engine`` preset's sizes), replays the
 ``engine`` preset's first ``--agents`` agents once on the cold engine (justitia), then
@@ -102,9 +102,9 @@ def main() -> None:
     for name in args.settings.split(","):
         if name not in SETTINGS:
             raise SystemExit(f"--settings: unknown setting '{name}'; expected some of {', '.join(SETTINGS)}.")
-        proc = subprocess.run([sys.executable, __file__, "--one", name, "--agents", str(args.agents),
-                               "--repeats", str(args.repeats), "--seed", str(args.seed)],
-                              capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=str(Path(__file__).parents[1])))
+        proc = subprocess.run([sys.executable, "-m", "justitia.lab.noise_study", "--one", name,
+                               "--agents", str(args.agents), "--repeats", str(args.repeats), "--seed", str(args.seed)],
+                              capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=str(Path(__file__).parents[2])))
         lines = [x for x in proc.stdout.splitlines() if x.startswith("RESULT ")]
         if proc.returncode or not lines:
             raise SystemExit(f"setting '{name}' failed:\n{(proc.stdout + proc.stderr)[-3000:]}")

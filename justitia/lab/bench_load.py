@@ -1,7 +1,7 @@
 """Load test of `justitia serve`: many agents at once, every one must finish with all its outputs.
 
-    python scripts/load_test.py [--agents 1000] [--stages A:B --tasks A:B --tokens A:B]
-                                [--url http://127.0.0.1:PORT | --upstream N | --ray N] [--out results/load.json]
+    python -m justitia.lab.bench_load [--agents 1000] [--stages A:B --tasks A:B --tokens A:B]
+                                    [--url http://127.0.0.1:PORT | --upstream N | --ray N] [--out results/load.json]
 
 Without --url it starts `justitia serve` (tiny model) on a free loopback port and stops it at the
 end; with --upstream N it starts N stock vLLM OpenAI servers (tiny model, priority policy) and

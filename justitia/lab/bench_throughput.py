@@ -1,7 +1,7 @@
 """The plug-in's throughput at saturation against stock vLLM's scheduler, on this machine.
 
-    python scripts/bench_throughput.py [--repeats 3] [--bursts 3] [--out results/throughput.json]
-    python scripts/bench_throughput.py --paired [--rounds 12] [--out results/throughput-paired.json]
+    python -m justitia.lab.bench_throughput [--repeats 3] [--bursts 3] [--out results/throughput.json]
+    python -m justitia.lab.bench_throughput --paired [--rounds 12] [--out results/throughput-paired.json]
 
 The embedded tiny model, the same settings for both: 64 KV blocks, 32 sequences, the prefix cache
 on, vLLM's async-scheduling default (which vLLM's CPU platform turns off): stock vLLM's default

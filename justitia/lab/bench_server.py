@@ -1,6 +1,6 @@
 """The server's own cost per request: `justitia serve` against ``AsyncLLM.generate`` called directly.
 
-    python scripts/bench_server.py [--requests 300] [--concurrency 32] [--tokens 16] [--ray N] [--out results/server.json]
+    python -m justitia.lab.bench_server [--requests 300] [--concurrency 32] [--tokens 16] [--ray N] [--out results/server.json]
 
 Both sides run the same engine (the tiny model, the Justitia plug-in, the settings of
 `justitia serve`), one after the other, never at once. Each serves the same short requests

@@ -1,6 +1,6 @@
 """A replica killed mid-run under ``justitia serve --ray --replicas 2``: is any agent lost?
 
-    python scripts/ray_kill.py [--runs 3] [--out results/ray-kill.json]
+    python -m justitia.lab.ray_kill [--runs 3] [--out results/ray-kill.json]
 
 One server (two replicas of the tiny model, journal on). Each run submits an elephant (a 40-task map
 of 256 forced tokens each, then a reduce quoting the first map answer) and 10 mice (one task of 16

@@ -1,8 +1,8 @@
 """What Justitia costs on vLLM's own server: stock `vllm serve`, `vllm serve` with Justitia's flags,
 and `justitia serve`, side by side in one run (tiny model, this machine).
 
-    python scripts/bench_flags.py [--rounds 20] [--requests 320] [--concurrency 32] [--sequential 30]
-                                  [--tokens 16] [--out results/flags.json]
+    python -m justitia.lab.bench_flags [--rounds 20] [--requests 320] [--concurrency 32] [--sequential 30]
+                                       [--tokens 16] [--out results/flags.json]
 
 The servers run the same engine settings (the tiny model, float32, eager, a 2,048-token context,
 1 GiB of KV cache) and are all started first. Then, in each round, each server in turn takes short
@@ -14,7 +14,7 @@ idle). The order rotates every round and is reversed every other round, so each 
 seconds from stock's and a slow spell of the machine falls on each in turn.
 
 The throughput figure is paired: each round's requests per second over stock's in the same round,
-and the median of those ratios (with their quartiles), as ``scripts/bench_throughput.py --paired``
+and the median of those ratios (with their quartiles), as ``justitia.lab.bench_throughput --paired``
 does for the plug-in alone. The machine's slow spells last longer than a round, so a ratio within a
 round moves far less than the rate itself. Latencies are pooled over rounds: the median and p99 at
 saturation, the median one at a time. Stock vLLM runs its defaults (FCFS); with Justitia's flags
@@ -133,7 +133,7 @@ def main() -> None:
     for row in rows.values():
         row["p50_added_ms"] = row["p50_ms"] - stock["p50_ms"]
         row["alone_p50_added_ms"] = row["alone_p50_ms"] - stock["alone_p50_ms"]
-    doc = {"command": "python scripts/bench_flags.py " + " ".join(sys.argv[1:]), "requests": args.requests,
+    doc = {"command": "python -m justitia.lab.bench_flags " + " ".join(sys.argv[1:]), "requests": args.requests,
            "concurrency": args.concurrency, "sequential": args.sequential, "tokens": args.tokens,
            "rounds": args.rounds, "servers": rows}
     args.out.write_text(json.dumps(doc, indent=1))
