@@ -32,6 +32,7 @@ from typing import Callable
 from urllib.parse import urlparse
 
 import httpx
+from justitia.lab.report import write_doc
 
 # the server the cases expect (the limits they test are these)
 FLAGS = ["--predictor", "mean", "--kv-blocks", "16", "--max-model-len", "1024", "--max-tasks-per-agent", "16",
@@ -548,8 +549,7 @@ def main() -> int:
     failed = [r for r in rows if not r["ok"]]
     print(f"\n{len(rows) - len(failed)} of {len(rows)} cases handled; {len(REFERENCES)} more in the tests named.")
     if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps({"flags": FLAGS, "rows": rows, "references": REFERENCES}, indent=1))
+        write_doc(args.out, {"flags": FLAGS, "rows": rows, "references": REFERENCES})
     return 1 if failed else 0
 
 

@@ -29,6 +29,7 @@ from urllib.parse import urlparse
 import httpx
 
 from justitia.lab.servers import ray_split, replica_split, start_replica, start_server
+from justitia.lab.report import write_doc
 
 
 def agent_body(rng: random.Random, k: int, stages: tuple[int, int], tasks: tuple[int, int],
@@ -170,8 +171,7 @@ def main() -> int:
             proc.wait(timeout=60)
     print(json.dumps(result, indent=1))
     if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(result, indent=1))
+        write_doc(args.out, result)
     ok = (result["lost"] == result["stuck"] == result["incomplete"] == result["rejected"] == 0
           and result["statuses"].get("done", 0) == args.agents)
     return 0 if ok else 1

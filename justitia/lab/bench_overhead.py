@@ -19,6 +19,7 @@ import argparse
 import json
 import os
 import time
+from justitia.lab.report import write_doc
 from pathlib import Path
 
 TIMED = ("add_request", "schedule", "update_from_output", "finish_requests")
@@ -187,8 +188,7 @@ def main() -> None:
         row["extra_share_of_step"] = row["extra_ms_per_step"] / row["step_ms"]
         if row["run"].startswith("plug-in"):
             row["plugin_net_ms_per_step"] = row["plugin_ms_per_step"] - floor
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({"requests": args.requests, "runs": rows}, indent=1))
+    write_doc(args.out, {"requests": args.requests, "runs": rows})
     print(f"{'run':<24}{'steps':>7}{'max queued':>11}{'step ms':>9}{'sched ms':>10}{'extra ms':>10}{'extra %':>9}"
           f"{'plug-in ms':>12}{'net of floor':>14}")
     for r in rows:

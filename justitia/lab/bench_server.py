@@ -37,6 +37,7 @@ import os
 import statistics
 import sys
 import time
+from justitia.lab.report import write_doc
 from pathlib import Path
 
 PROMPT = "Summarize the quarterly report in one sentence."
@@ -166,8 +167,7 @@ def main() -> int:
               f"{r['requests_per_s']:.0f} | {r['throughput_vs_direct']:.2f}x | {r['extra_ms_per_request']:+.1f} | "
               f"{r['cpu_ms_per_request']:.2f} | {r['cpu_ms_over_direct']:+.2f} |")
     if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(result, indent=1))
+        write_doc(args.out, result)
     return 0
 
 

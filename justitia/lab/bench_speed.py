@@ -14,6 +14,7 @@ from pathlib import Path
 from justitia.lab.bench import simulate
 from justitia.lab.presets import make_preset
 from justitia.sim import EngineConfig
+from justitia.lab.report import write_doc
 
 
 def main() -> None:
@@ -43,9 +44,8 @@ def main() -> None:
     total_slow = sum(r["per_iteration_s"] for r in rows)
     print(f"workload build {build_s:.2f} s; all {len(preset.specs)} runs: skipping {total_fast:.2f} s, "
           f"per-iteration {total_slow:.2f} s, x{total_slow / total_fast:.1f}")
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({"workload_build_s": build_s, "runs": rows,
-                                    "skipping_total_s": total_fast, "per_iteration_total_s": total_slow}, indent=1))
+    write_doc(args.out, {"workload_build_s": build_s, "runs": rows,
+                                    "skipping_total_s": total_fast, "per_iteration_total_s": total_slow})
 
 
 if __name__ == "__main__":

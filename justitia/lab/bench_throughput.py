@@ -25,6 +25,7 @@ import json
 import os
 import statistics
 import time
+from justitia.lab.report import write_doc
 from pathlib import Path
 
 
@@ -112,8 +113,7 @@ def main() -> None:
         print(f"plug-in / stock, median of {len(doc['ratios'])} paired bursts: {doc['ratio']:.3f} "
               f"(quartiles {q[0]:.3f}-{q[2]:.3f}); median tokens/s: stock {doc['median']['stock']:.0f}, "
               f"plug-in {doc['median']['plug-in']:.0f}")
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps({"settings": vars(args) | {"out": str(args.out)}} | doc, indent=1))
+        write_doc(args.out, {"settings": vars(args) | {"out": str(args.out)}} | doc)
         print(f"wrote {args.out}")
         return
     rates: dict[str, list[float]] = {label: [] for label, _ in configs}
@@ -125,9 +125,8 @@ def main() -> None:
     median = {label: statistics.median(v) for label, v in rates.items()}
     ratio = median["plug-in"] / median["stock"]
     print(f"median tokens/s: stock {median['stock']:.0f}, plug-in {median['plug-in']:.0f}; plug-in / stock = {ratio:.3f}")
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({"settings": vars(args) | {"out": str(args.out)}, "tokens_per_s": rates,
-                                    "median": median, "ratio": ratio}, indent=1))
+    write_doc(args.out, {"settings": vars(args) | {"out": str(args.out)}, "tokens_per_s": rates,
+                                    "median": median, "ratio": ratio})
     print(f"wrote {args.out}")
 
 

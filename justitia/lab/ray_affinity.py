@@ -25,6 +25,7 @@ from pathlib import Path
 import httpx
 
 from justitia.lab.servers import start_server
+from justitia.lab.report import write_doc
 
 WORDS = ("river bridge council budget harbor school winter market railway station museum garden "
          "hospital factory library festival tower village airport forest").split()
@@ -94,8 +95,7 @@ def main() -> int:
         for router, r in result["runs"].items():
             r["mean_jct_vs_least_load"] = r["mean_jct_s"] / base["mean_jct_s"]
     if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(result, indent=1))
+        write_doc(args.out, result)
     return 0
 
 

@@ -23,6 +23,7 @@ from pathlib import Path
 import httpx
 
 from justitia.lab.servers import ray_split, start_server
+from justitia.lab.report import write_doc
 
 
 def agents() -> list[dict]:
@@ -100,8 +101,7 @@ def main() -> int:
             proc.kill()
     lost = sum(r["agents"] - r["done"] for r in runs)
     print(f"{len(runs)} runs: " + ", ".join(f"{r['done']} of {r['agents']} done" for r in runs))
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({"runs": runs}, indent=1))
+    write_doc(args.out, {"runs": runs})
     print(f"wrote {args.out}")
     return 1 if lost else 0
 

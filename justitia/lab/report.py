@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 from rich.console import Console
 from rich.table import Table
 
@@ -134,3 +137,10 @@ def print_results(doc: dict, title: str = "", console: Console | None = None) ->
             f"largest finish - GPS finish = {j['max_delay_vs_gps_s']:.1f} s; "
             f"agents over the bound: {j['bound_violations']} of {len(j['agents'])}."
         )
+
+
+def write_doc(path, doc: dict) -> None:
+    """Write a benchmark's JSON document to ``path`` (its folder made if need be)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(doc, indent=1))
