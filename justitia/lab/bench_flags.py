@@ -13,14 +13,17 @@ with ``--concurrency`` in flight (saturation). Only one server has traffic at a 
 idle). The order rotates every round and is reversed every other round, so each server's burst is
 seconds from stock's and a slow spell of the machine falls on each in turn.
 
-The throughput figure is paired: each round's requests per second over stock's in the same round,
-and the median of those ratios (with their quartiles), as ``justitia.lab.bench_throughput --paired``
-does for the plug-in alone. The machine's slow spells last longer than a round, so a ratio within a
-round moves far less than the rate itself. Latencies are pooled over rounds: the median and p99 at
-saturation, the median one at a time. Stock vLLM runs its defaults (FCFS); with Justitia's flags
-the plug-in orders the queue and the door checks each request. A fourth server, stock vLLM with
-``--no-async-scheduling``, is on vLLM's CPU platform the same server as stock (the platform turns
-async scheduling off for every server): its ratio is the bench's own spread, an A/A comparison.
+Two of the servers are stock: ``vllm serve`` with its defaults, and with ``--no-async-scheduling``,
+which on vLLM's CPU platform is the same server (the platform turns async scheduling off for every
+server). Two identical servers still differ here (the one started first ran about 8 % faster in one
+run), so stock is their mean: the throughput figure is paired, each round's requests per second
+over the two stock servers' mean in the same round, and the median of those ratios (with their
+quartiles), as ``justitia.lab.bench_throughput --paired`` does for the plug-in alone; the second
+stock server over the first (``a_a``) is the bench's own spread. The machine's slow spells last
+longer than a round, so a ratio within a round moves far less than the rate itself. Latencies are
+pooled over rounds: the median and p99 at saturation, the median one at a time, each against the
+two stock servers' mean. Stock vLLM runs its defaults (FCFS); with Justitia's flags the plug-in
+orders the queue and the door checks each request.
 """
 
 from __future__ import annotations
@@ -109,8 +112,9 @@ def main() -> None:
                 seconds, each = asyncio.run(load(procs[name][1], args.requests, args.concurrency, args.tokens))
                 rate[name].append(args.requests / seconds)
                 lat[name] += each
-            print(f"round {r + 1}: " + "  ".join(f"{rate[n][-1] / rate[names[0]][-1]:.3f}" for n in names[1:])
-                  + f"  x stock ({rate[names[0]][-1]:.1f} requests/s)", flush=True)
+            stock_now = (rate[names[0]][-1] + rate[names[1]][-1]) / 2
+            print(f"round {r + 1}: " + "  ".join(f"{rate[n][-1] / stock_now:.3f}" for n in names)
+                  + f"  x stock ({stock_now:.1f} requests/s)", flush=True)
     finally:
         for proc, _ in procs.values():
             proc.terminate()
@@ -120,23 +124,26 @@ def main() -> None:
             except subprocess.TimeoutExpired:
                 proc.kill()
     rows = {}
+    stock_rate = [(a + b) / 2 for a, b in zip(rate[names[0]], rate[names[1]])]  # the two stock servers' mean
     for name in names:
         q = statistics.quantiles(lat[name], n=100)
-        ratios = [a / b for a, b in zip(rate[name], rate[names[0]])]
+        ratios = [a / b for a, b in zip(rate[name], stock_rate)]
         quartiles = statistics.quantiles(ratios, n=4) if len(ratios) > 1 else [ratios[0]] * 3
         rows[name] = {"requests_per_s": statistics.median(rate[name]), "rounds_requests_per_s": rate[name],
                       "throughput_vs_stock": statistics.median(ratios), "rounds_vs_stock": ratios,
                       "quartiles_vs_stock": [quartiles[0], quartiles[2]],
                       "p50_ms": 1000 * statistics.median(lat[name]), "p99_ms": 1000 * q[98],
                       "alone_p50_ms": 1000 * statistics.median(alone[name])}
-    stock = rows[names[0]]
+    stock = {k: (rows[names[0]][k] + rows[names[1]][k]) / 2 for k in ("p50_ms", "alone_p50_ms")}
     for row in rows.values():
         row["p50_added_ms"] = row["p50_ms"] - stock["p50_ms"]
         row["alone_p50_added_ms"] = row["alone_p50_ms"] - stock["alone_p50_ms"]
+    a_a = statistics.median(b / a for a, b in zip(rate[names[0]], rate[names[1]]))
     doc = {"command": "python -m justitia.lab.bench_flags " + " ".join(sys.argv[1:]), "requests": args.requests,
            "concurrency": args.concurrency, "sequential": args.sequential, "tokens": args.tokens,
-           "rounds": args.rounds, "servers": rows}
+           "rounds": args.rounds, "servers": rows, "a_a": a_a}
     args.out.write_text(json.dumps(doc, indent=1))
+    print(f"stock: the two stock servers' mean; the second over the first (A/A): {a_a:.3f}")
     print(f"{'server':30} {'req/s':>6} {'x stock':>7} {'quartiles':>11} {'p50 ms':>7} {'+p50':>6} {'p99 ms':>7} "
           f"{'alone p50':>9} {'+alone':>7}")
     for name, row in rows.items():
