@@ -9,7 +9,6 @@ import re
 import signal
 import sys
 import time
-from pathlib import Path
 
 import httpx
 import pytest
