@@ -1,6 +1,7 @@
 """One agent's life, written once: the process every engine drives.
 
-NOTE: an agent runs its stages in order and the tasks of a stage in parallel. When it arrives its
+NOTE: an agent runs its stages in order and the tasks of a stage in parallel, beside the stage's
+branches (subagents: chains of stages of their own), each stage after its pause. When it arrives its
 predictor prices it (the cost the policies order it by); every request carries the agent's
 ``RequestMeta``; when its last task is answered, the predictor observes what it really cost.
 ``AgentProcess`` holds that logic and nothing about time, in the spirit of a SimPy process: the
@@ -9,8 +10,9 @@ simulator drives it on simulated time (``start``, then ``answered`` as tasks fin
 
 States of an ``AgentProcess`` (``state``):
     new       created; ``predict()`` prices it (once), ``start()`` returns the first stage's calls
-    running   stage ``stage`` is out; ``answered(call, answer)`` for each of its calls; the stage's
-              last answer returns the next stage's calls, prompts filled from earlier answers
+    running   top-level stage ``stage`` is out; ``answered(call, answer)`` for each of its calls; the
+              last answer of a stage (of any chain) returns its chain's next stage's calls, prompts
+              filled from earlier answers, each call with the pause its driver waits before sending it
     done      every stage answered; the predictor has observed the agent's true cost
 """
 
@@ -22,7 +24,7 @@ from typing import Any, Awaitable, Callable, Sequence
 
 from justitia.core import KV, CostModel, RequestMeta
 from justitia.predictors import Predictor
-from justitia.workload import Agent
+from justitia.workload import Agent, tasks_by_id
 
 
 PRICINGS = ("first-stage", "all-stages")
@@ -38,6 +40,8 @@ class Call:
     task: Any  # the task as the agent gave it: a workload Task, or a server TaskSpec
     prompt: str  # the task's prompt, placeholders filled from earlier answers
     meta: RequestMeta
+    pause_s: float = 0.0  # how long the driver waits, from the moment it gets the call, before sending it
+    turn: int = 0  # the user turn it belongs to
 
 
 @dataclass(frozen=True)
@@ -61,10 +65,12 @@ class AgentResult:
     jct_s: float
     cost_token_iters: float  # its true KV token-time, from the answers' lengths
     predicted_cost: float
+    turns_s: list[float] | None = None  # a session's turn times (first request sent to last answer), in order
+    bursts: list[list[float]] | None = None  # a session's bursts: [sent at (s), true KV cost], in order
 
     def to_json(self) -> dict:
         """The result as a results-file document."""
-        return dict(self.__dict__)
+        return {k: v for k, v in self.__dict__.items() if v is not None or k not in ("turns_s", "bursts")}
 
 
 @dataclass
@@ -80,6 +86,7 @@ class RunResult:
     wall_s: float
     capacity_schedule: list[tuple[float, float]] | None = None  # (t_s, M) when the clock's M was measured
     served: list[tuple[float, str, float]] | None = None  # (finish_s, agent id, KV token-time) per request (simulator)
+    prefix_cache: dict | None = None  # the engines' prefix cache: tokens looked up and hit (simulator, cache on)
 
 
 Render = Callable[[str, int, list[list[str]]], str]  # (prompt, stage, earlier answers' texts) -> prompt
@@ -110,8 +117,23 @@ class AgentProcess:
         self.state = "new"
         self.stage = -1
         self.predicted_cost: float | None = None
-        self.answers: list[list[Answer | None]] = [[None] * len(stage) for stage in self.tasks]
-        self._open = 0
+        # a stage's calls: its own tasks, then its branches' (depth first); answers by that index
+        self._layout = [_Node.of(stage, 0) for stage in self.tasks]
+        self.answers: list[list[Answer | None]] = [[None] * node.size for node in self._layout]
+        turns, turn = [], 0
+        for stage in self.tasks:
+            turn = getattr(stage, "turn", None) if getattr(stage, "turn", None) is not None else turn
+            turns.append(turn)
+        self._turns = turns
+        self._open: dict[int, int] = {}  # id(chain) -> calls and branches of its stage still out
+        self._chains: dict[tuple[int, int], _Chain] = {}  # (stage, call index) -> the chain the call is in
+        self._top: _Chain | None = None
+        self._by_id: dict | None = None  # the agent's tasks by id, for their text (``runs``)
+        self._prompt_runs: dict[str, tuple] = {}
+        self.turn_times: dict[int, list[float]] = {}  # turn -> [first call sent, last answer] (``sent``, ``answered``)
+        self.in_flight = 0  # calls sent and not answered
+        self.bursts: list[list[float]] = []  # [sent at, true KV cost of its answered calls]: a burst starts
+        self._burst_of: dict[tuple[int, int], int] = {}  # when a call is sent with nothing in flight
 
     @property
     def done(self) -> bool:
@@ -124,7 +146,7 @@ class AgentProcess:
             cost = float(self.predictor.agent_cost(self.agent, self.cost))
             if self.pricing == "all-stages":
                 p, a, m = self.predictor, self.agent, self.cost
-                cost = max(cost, sum(float(p.request_cost(a, s, i, m)) for s, st in enumerate(a.stages) for i in range(len(st))))
+                cost = max(cost, sum(float(p.request_cost(a, s, i, m)) for s, st in enumerate(a.stages) for i in range(len(st.all_tasks()))))
             self.predicted_cost = cost
         return self.predicted_cost
 
@@ -134,7 +156,8 @@ class AgentProcess:
             raise RuntimeError(f"agent '{self.agent.agent_id}' has already started.")
         self.predict()
         self.state = "running"
-        return self._stage_calls(0)
+        self._top = _Chain(None, [(s, node) for s, node in enumerate(self._layout)], None)
+        return self._enter(self._top, 0, 0.0)
 
     def resume(self, answers: list[list[Answer | None]]) -> list[Call]:
         """Start after what ``answers`` holds (a restarted server): the stages answered in full, then
@@ -143,8 +166,11 @@ class AgentProcess:
         stage is answered)."""
         if self.state != "new":
             raise RuntimeError(f"agent '{self.agent.agent_id}' has already started.")
+        if any(node.branches or node.pause_s for node in self._layout):
+            raise ValueError(f"agent '{self.agent.agent_id}': only agents without pauses or branches resume.")
         self.predict()
         self.state = "running"
+        self._top = _Chain(None, [(s, node) for s, node in enumerate(self._layout)], None)
         full = 0
         while full < len(answers) and len(answers[full]) == len(self.tasks[full]) and None not in answers[full]:
             self.answers[full] = list(answers[full])
@@ -152,27 +178,92 @@ class AgentProcess:
         if full >= len(self.tasks):
             self.state = "done"
             return []
-        calls = self._stage_calls(full)
+        calls = self._enter(self._top, full, 0.0)
         if full < len(answers):  # answered in part: its answered tasks are kept, the rest run
             kept = list(answers[full]) + [None] * (len(self.tasks[full]) - len(answers[full]))
             self.answers[full] = kept
             calls = [c for c in calls if kept[c.index] is None]
-            self._open = len(calls)
+            self._open[id(self._top)] = len(calls)
         return calls
 
-    def answered(self, call: Call, answer: Answer) -> list[Call]:
-        """Record ``answer``; the next stage's calls if it completes its stage (none after the last)."""
-        if self.state != "running" or call.stage != self.stage or self.answers[call.stage][call.index] is not None:
+    def answered(self, call: Call, answer: Answer, now_s: float | None = None) -> list[Call]:
+        """Record ``answer`` (at ``now_s``, for turn times); the calls it releases: its chain's next
+        stage's if it completes its stage (and, through the chains that hold it, theirs)."""
+        if (self.state != "running" or call.stage != self.stage or call.index >= len(self.answers[call.stage])
+                or self.answers[call.stage][call.index] is not None):
             raise RuntimeError(f"request '{call.request_id}' was not expected now.")
         self.answers[call.stage][call.index] = answer
-        self._open -= 1
-        if self._open:
-            return []
-        if self.stage + 1 < len(self.tasks):
-            return self._stage_calls(self.stage + 1)
+        self.in_flight = max(0, self.in_flight - 1)
+        burst = self._burst_of.pop((call.stage, call.index), None)
+        if burst is not None:
+            self.bursts[burst][1] += KV.request_cost(answer.prompt_tokens, answer.output_tokens)
+        if now_s is not None and (times := self.turn_times.get(call.turn)) is not None:
+            times[1] = max(times[1], now_s)
+        chain = self._chains.pop((call.stage, call.index))
+        calls: list[Call] = []
+        while True:
+            self._open[id(chain)] -= 1
+            if self._open[id(chain)]:
+                return calls
+            if chain.pos + 1 < len(chain.stages):
+                return calls + self._enter(chain, chain.pos + 1, 0.0)
+            del self._open[id(chain)]
+            if chain.parent is None:
+                break
+            chain = chain.parent
         self.state = "done"
         self.predictor.observe(self.agent.type, self.predicted_cost, self.true_cost(self.cost), self.agent.tenant)
         return []
+
+    def sent(self, calls: Sequence[Call], now_s: float) -> None:
+        """The driver sent ``calls`` at ``now_s`` (after their pause): a turn starts at its first."""
+        if not self.in_flight:
+            self.bursts.append([now_s, 0.0])
+        self.in_flight += len(calls)
+        for c in calls:
+            self._burst_of[(c.stage, c.index)] = len(self.bursts) - 1
+            self.turn_times.setdefault(c.turn, [now_s, now_s])
+
+    @property
+    def paused(self) -> bool:
+        """Whether the agent waits on a pause with nothing in flight: a session between two bursts
+        (it leaves the engines and arrives again with its next burst)."""
+        return self.state == "running" and self.in_flight == 0
+
+    def turns(self) -> list[float]:
+        """Each turn's time, first call sent to last answer, in turn order (turns seen so far)."""
+        return [end - start for _, (start, end) in sorted(self.turn_times.items())]
+
+    def runs(self, call: Call) -> tuple[tuple[Any, int], ...]:
+        """What the call's prompt and output hold, as runs ``(source, tokens)``: equal sources are
+        equal text (a shared block by name, a task's own text, a task's output; ``docs/sessions.md``).
+        An engine with a prefix cache hashes them into block keys."""
+        task = call.task
+        key = getattr(task, "id", None)
+        key = key if key is not None else (call.stage, call.index)
+        return self._prompt(task, key) + (((self.agent.agent_id, key, "out"), task.output_tokens),)
+
+    def _prompt(self, task: Any, key: Any) -> tuple:
+        if key in self._prompt_runs:
+            return self._prompt_runs[key]
+        runs: list = []
+        aid = self.agent.agent_id
+        for seg in getattr(task, "context", ()):
+            if seg.kind == "shared":
+                runs.append((("shared", seg.ref), seg.tokens))
+                continue
+            if self._by_id is None:
+                self._by_id = tasks_by_id(self.agent.stages)
+            ref = self._by_id[seg.ref]
+            if seg.kind == "prompt_of":
+                runs.extend(self._prompt(ref, ref.id))
+            else:
+                runs.append(((aid, ref.id, "out"), ref.output_tokens))
+        runs.append(((aid, key, "in"), task.prompt_tokens - sum(n for _, n in runs)))
+        runs = tuple(runs)
+        if getattr(task, "id", None) is not None:
+            self._prompt_runs[key] = runs
+        return runs
 
     def true_cost(self, cost: CostModel) -> float:
         """What the answered requests cost, in ``cost``'s unit."""
@@ -181,40 +272,95 @@ class AgentProcess:
     def result(self, arrival_s: float, finish_s: float) -> AgentResult:
         """The outcome of a finished agent that arrived at ``arrival_s`` and finished at ``finish_s``."""
         return AgentResult(self.agent.agent_id, self.agent.type, arrival_s, finish_s, finish_s - arrival_s,
-                           self.true_cost(KV), self.predicted_cost)
+                           self.true_cost(KV), self.predicted_cost, *((self.turns(), self.bursts) if self.agent.is_session
+                                                                      else (None, None)))
 
-    def _stage_calls(self, s: int) -> list[Call]:
-        self.stage = s
-        stage = self.tasks[s]
-        self._open = len(stage)
+    def _enter(self, chain: "_Chain", pos: int, delay_s: float) -> list[Call]:
+        """Start stage ``pos`` of ``chain``, ``delay_s`` from now plus its pause: its calls, and its
+        branches' first stages'."""
+        chain.pos = pos
+        s, node = chain.stages[pos]
+        if chain.parent is None:
+            self.stage = s
+        delay_s += node.pause_s
         texts = [[a.text for a in answers] for answers in self.answers[:s]]
         last = s == len(self.tasks) - 1
         a = self.agent
         calls = []
-        for i, task in enumerate(stage):
+        for i in range(node.offset, node.offset + node.own):
+            task = node.stage[i - node.offset]
             prompt = task.prompt if self.render is None else self.render(task.prompt, s, texts)
             meta = RequestMeta(a.agent_id, a.type, self.predicted_cost,
                                float(self.predictor.request_cost(a, s, i, self.cost)), last,
                                None if a.weight == 1 else a.weight, a.tenant)
-            calls.append(Call(f"{self.request_prefix}{a.agent_id}/{s}/{i}", s, i, task, prompt, meta))
+            calls.append(Call(f"{self.request_prefix}{a.agent_id}/{s}/{i}", s, i, task, prompt, meta, delay_s,
+                              self._turns[s]))
+            self._chains[(s, i)] = chain
+        self._open[id(chain)] = node.own + len(node.branches)
+        for branch in node.branches:
+            calls += self._enter(_Chain(chain, [(s, n) for n in branch], None), 0, delay_s)
         return calls
+
+
+@dataclass
+class _Node:
+    """A stage laid out among its top-level stage's calls: its own tasks at ``offset``, then its
+    branches' stages (depth first)."""
+
+    stage: Any
+    offset: int
+    own: int
+    pause_s: float
+    branches: list[list["_Node"]]
+    size: int  # its calls and its branches'
+
+    @classmethod
+    def of(cls, stage: Any, offset: int) -> "_Node":
+        branches, at = [], offset + len(stage)
+        for chain in getattr(stage, "branches", ()):
+            nodes = []
+            for st in chain:
+                node = cls.of(st, at)
+                at += node.size
+                nodes.append(node)
+            branches.append(nodes)
+        return cls(stage, offset, len(stage), getattr(stage, "pause_s", 0.0), branches, at - offset)
+
+
+@dataclass(eq=False)
+class _Chain:
+    """A chain of stages running: the agent's own (no parent), or a branch of a stage."""
+
+    parent: "_Chain | None"
+    stages: list[tuple[int, _Node]]  # (its top-level stage, the node)
+    pos: int | None
 
 
 async def drive(process: AgentProcess, serve: Callable[[Call], Awaitable[Answer]],
                 resume: list[list[Answer]] | None = None) -> None:
-    """Run ``process`` to its end on a real engine: each stage's calls served in parallel by
-    ``serve`` (after the stages ``resume`` answered, if given). If one call fails (or the agent is
-    cancelled), the stage's other calls are cancelled and the error propagates."""
+    """Run ``process`` to its end on a real engine: each call served by ``serve`` after its pause,
+    the calls a stage releases as soon as it completes (after the stages ``resume`` answered, if
+    given). If one call fails (or the agent is cancelled), the others are cancelled and the error
+    propagates."""
+    loop = asyncio.get_running_loop()
+
+    async def one(call: Call) -> Answer:
+        if call.pause_s > 0:
+            await asyncio.sleep(call.pause_s)
+        process.sent([call], loop.time())
+        return await serve(call)
+
     calls = process.start() if resume is None else process.resume(resume)
-    while calls:
-        pending = [asyncio.ensure_future(serve(c)) for c in calls]
-        try:
-            answers = await asyncio.gather(*pending)
-        except BaseException:
-            for p in pending:
-                p.cancel()
-            await asyncio.gather(*pending, return_exceptions=True)
-            raise
-        for c, a in zip(calls, answers):
-            upcoming = process.answered(c, a)
-        calls = upcoming
+    pending = {asyncio.ensure_future(one(c)): c for c in calls}
+    try:
+        while pending:
+            done, _ = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+            for fut in done:
+                call = pending.pop(fut)
+                for c in process.answered(call, fut.result(), loop.time()):
+                    pending[asyncio.ensure_future(one(c))] = c
+    except BaseException:
+        for p in pending:
+            p.cancel()
+        await asyncio.gather(*pending, return_exceptions=True)
+        raise

@@ -297,7 +297,9 @@ class VirtualClock:
                tenant: str | None = None, tenant_weight: float | None = None) -> float:
         """Register an agent of ``cost`` and ``weight`` arriving at ``now_s``, in ``tenant`` (None: a
         root entry of its own) of weight ``tenant_weight`` (default: ``weight``; a tenant's weight is
-        its newest agent's); return its tag: its flat tag, or its root key now (``root_key``)."""
+        its newest agent's); return its tag: its flat tag, or its root key now (``root_key``). An
+        agent that arrives again (a session back from a pause, settled when it left) while GPS is
+        still serving its earlier work starts where that work ends: ``f = max(V, f_before) + C / w``."""
         if not (cost >= 0 and math.isfinite(cost)):
             raise ValueError(f"agent '{agent_id}': cost must be a finite number >= 0, got {cost}.")
         positive_finite(weight, f"agent '{agent_id}': weight")
@@ -305,6 +307,8 @@ class VirtualClock:
         if tenant is not None:
             return self._arrive_in(agent_id, cost, weight, tenant, weight if tenant_weight is None else tenant_weight)
         start = self._v
+        if agent_id in self._active:  # a flow that returns before GPS has finished its last work: it
+            start = self._active[agent_id][2]  # queues behind it, S = max(V, f) (a pause buys no place)
         tag = start + (cost if weight == 1 else cost / weight)
         self._agents[agent_id] = [start, tag, float(weight), now_s]  # [S, f, w, arrival]
         if tag <= self._v:  # no work: GPS finishes it at once (retag can move it back)

@@ -6,7 +6,8 @@ order; the engine decides what fits, and reports what it admitted, served and fi
 nothing about KV blocks or iterations. The verbs, and nothing more (``tests/test_architecture.py``):
 
     agents     agent_arrived, agent_finished, agent (an agent's standing: its info, open requests,
-               attained service and virtual finish; None once it has finished)
+               attained service and virtual finish; None once it has finished); a session that
+               waits on a tool leaves with ``agent_finished(..., pause=True)`` and arrives again
     requests   request_arrived (queued), requeue (preempted), dequeue (taken out to run),
                request_finished (finished or aborted), charge (service scheduled)
     order      advance (before a step), peek, num_waiting, priority (vLLM's ``priority``; the
@@ -24,6 +25,7 @@ An engine that skips steps must know the order a few steps ahead: it reads ``loo
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Iterable, Mapping, NamedTuple
 
@@ -94,6 +96,7 @@ class AgentScheduler:
         self._agent_seq = 0
         self._request_seq = 0
         self._moved: set[str] = set()  # dynamic policies: agents whose keys may have moved (moved_agents)
+        self._paused: set[str] = set()  # sessions waiting on a tool: they arrive again
         self._shifts = policy.groups
         self._traits = Traits(policy.name, policy.dynamic, policy.groups, policy.pools,
                               type(policy).charge is not Policy.charge,
@@ -118,6 +121,8 @@ class AgentScheduler:
         predicted cost still owed by GPS (clipped to ``[0, predicted_cost]``): justitia stamps it
         ``V(now) + resume_cost / w``, its old place; its predicted cost stays whole (retagging and
         settling read it)."""
+        if agent_id in self._paused:
+            return self._returned(agent_id, predicted_cost, now_s)
         if agent_id in self._agents:
             raise ValueError(f"agent '{agent_id}' has already arrived.")
         positive_finite(weight, f"agent '{agent_id}': weight")
@@ -137,9 +142,37 @@ class AgentScheduler:
         self._policy.agent_arrived(info, now_s)
         return info
 
-    def agent_finished(self, agent_id: str, now_s: float) -> None:
+    def _returned(self, agent_id: str, predicted_cost: float, now_s: float) -> AgentInfo:
+        """A paused session arrives again with its next burst's predicted cost: its policy keeps what
+        it knew (attained service, arrival order; justitia: its flow in GPS, ``f = max(f, V(now)) +
+        C / w``); retagging counts from the burst's start."""
+        if self._meter is not None and (m := self._meter.update(now_s)) is not None:
+            self._policy.set_capacity(m, now_s)
+        self._paused.discard(agent_id)
+        info = dataclasses.replace(self._agents[agent_id], predicted_cost=predicted_cost, resume_cost=None)
+        self._agents[agent_id] = info
+        self._revealed.pop(agent_id, None)
+        self._attained.pop(agent_id, None)
+        self._policy.agent_returned(info, now_s)
+        if self._policy.dynamic:
+            self._moved.add(agent_id)
+        return info
+
+    def agent_finished(self, agent_id: str, now_s: float, pause: bool = False) -> None:
         """The agent is done (or cancelled): drop its waiting requests and every bit of its state. The
-        policy settles it at the work it asked for: its finished requests, at their predicted costs."""
+        policy settles it at the work it asked for: its finished requests, at their predicted costs.
+        ``pause``: a session whose requests have all finished waits on a tool (or its client) and
+        will arrive again (``agent_arrived`` with the same id and its next burst's cost): it is
+        settled for the burst it ran, and its policy keeps the rest (``docs/sessions.md``)."""
+        if pause:
+            if agent_id not in self._agents or self._open[agent_id] or agent_id in self._paused:
+                raise ValueError(f"agent '{agent_id}' cannot pause: it is not known, has requests open, or is paused.")
+            revealed = self._revealed.pop(agent_id, None)
+            self._attained.pop(agent_id, None)
+            self._policy.settle(agent_id, revealed[1] if revealed else 0.0, now_s)
+            self._paused.add(agent_id)
+            return
+        self._paused.discard(agent_id)
         revealed = self._revealed.pop(agent_id, None)
         self._attained.pop(agent_id, None)
         if agent_id in self._agents:

@@ -16,7 +16,7 @@ from typing import Callable
 
 from justitia.agent import PRICINGS, AgentResult, RunResult
 from justitia.core import ROUTER_NAMES, has_clock
-from justitia.lab.metrics import delay_bound_s, fairness, gps_finish_times, jct_stats
+from justitia.lab.metrics import delay_bound_s, fairness, gps_finish_times, jct_stats, turn_stats
 from justitia.lab.progress import progress_bar
 from justitia.lab.tenants import tenant_report
 from justitia.predictors import make_predictor
@@ -137,10 +137,15 @@ def summarize(
         if replicas > 1:
             entry |= {"router": run.router, "cluster_clock": run.clock, "requests_per_replica": run.requests_per_replica}
         agent_docs = [a.to_json() for a in run.agents]
+        bursts = {a.agent_id: a.bursts for a in run.agents if a.bursts}  # sessions: the run's own bursts
+        if bursts:
+            entry |= turn_stats(run.agents)
+        if run.prefix_cache is not None:
+            entry["prefix_cache"] = run.prefix_cache
         if has_clock(spec.policy):  # policies with a clock
             schedule = run.capacity_schedule or [(0.0, formula_m)]
-            gps = gps_finish_times(spec.workload(agents), formula_m, gps_schedule)  # the one yardstick
-            bound_s = delay_bound_s(agents, config, min(m for _, m in gps_schedule))
+            gps = gps_finish_times(spec.workload(agents), formula_m, gps_schedule, bursts)  # the one yardstick
+            bound_s = delay_bound_s(agents, config, min(m for _, m in gps_schedule), bursts=bursts)
             doc["gps_reference"]["delay_bound_s"] = bound_s
             late = 0
             for d in agent_docs:

@@ -22,6 +22,16 @@ def jct_stats(jcts_s: list[float]) -> dict:
     }
 
 
+def turn_stats(results: list) -> dict:
+    """Sessions' turn times (first request sent to last answer, tool pauses inside included), in
+    seconds, over every turn of every session: mean, p50, p90, p99, and how many."""
+    arr = np.asarray([t for r in results for t in (r.turns_s or ())], dtype=float)
+    if not len(arr):
+        return {}
+    return {"turns": int(len(arr)), "mean_turn_s": float(arr.mean()),
+            **{f"p{q}_turn_s": float(np.percentile(arr, q)) for q in (50, 90, 99)}}
+
+
 def fairness(reference: dict[str, float], other: dict[str, float]) -> dict:
     """Relative JCT increase of ``other`` over ``reference``, paired by agent id.
 
@@ -46,25 +56,37 @@ def fairness(reference: dict[str, float], other: dict[str, float]) -> dict:
 
 
 def gps_finish_times(agents: list[Agent], capacity_per_s: float,
-                     schedule: list[tuple[float, float]] | None = None) -> dict[str, float]:
+                     schedule: list[tuple[float, float]] | None = None,
+                     bursts: dict[str, list] | None = None) -> dict[str, float]:
     """Each agent's finish time, in seconds, under ideal GPS with its true KV token-time cost, at
     ``capacity_per_s``, or at the measured capacity ``schedule`` ((time, M) pairs: M from that time on).
-    For a cluster, both are the engines' together: N engines are one GPS server of N x M."""
+    For a cluster, both are the engines' together: N engines are one GPS server of N x M.
+    ``bursts``: a session's work as it came, ``[sent at, true cost]`` per burst (a run's; the
+    session is one flow that each burst joins, ``docs/sessions.md``): its GPS finish is its last
+    burst's, given the times the run sent them."""
     changes = sorted(schedule or [(0.0, capacity_per_s)])
     clock = VirtualClock(changes[0][1])
     k = 1
-    for a in sorted(agents, key=lambda a: a.arrival_s):
-        while k < len(changes) and changes[k][0] <= a.arrival_s:
+    bursts = bursts or {}
+    events = sorted(((t, i, a, c) for a in agents for i, (t, c) in enumerate(bursts.get(a.agent_id)
+                                                                             or [(a.arrival_s, None)])),
+                    key=lambda e: (e[0], e[1]))
+    last: dict[str, float] = {}
+    for t, i, a, cost in events:
+        while k < len(changes) and changes[k][0] <= t:
             clock.set_capacity(changes[k][1], changes[k][0])
             k += 1
-        clock.arrive(a.agent_id, a.cost(KV), a.arrival_s, a.weight, a.tenant)
+        if i:  # the burst before it left the engine (a pause): settled at its true cost, as the core does
+            clock.settle(a.agent_id, last[a.agent_id], t)
+        last[a.agent_id] = a.cost(KV) if cost is None else cost
+        clock.arrive(a.agent_id, last[a.agent_id], t, a.weight, a.tenant)
     for t, m in changes[k:]:  # changes after the last arrival still pace the drain
         clock.set_capacity(m, t)
     return clock.drain()
 
 
 def delay_bound_s(agents: list[Agent], config: EngineConfig, capacity_per_s: float | None = None,
-                  replicas: int = 1) -> float:
+                  replicas: int = 1, bursts: dict[str, list] | None = None) -> float:
     """The paper's bound ``2 c_max + C_max / M`` on ``finish - gps_finish``, in seconds.
 
     ``C_max / M``: the largest agent's KV token-time over the capacity per second (``capacity_per_s``,
@@ -79,7 +101,8 @@ def delay_bound_s(agents: list[Agent], config: EngineConfig, capacity_per_s: flo
         for t in a.tasks
     )
     c_max_s = iters * config.nominal_iteration_s
-    big_c = max(a.cost(KV) for a in agents)
+    bursts = bursts or {}  # a session's largest burst is what it waits behind (docs/sessions.md)
+    big_c = max(max(c for _, c in bursts[a.agent_id]) if bursts.get(a.agent_id) else a.cost(KV) for a in agents)
     return 2 * c_max_s + big_c / (capacity_per_s or replicas * config.capacity_per_s(KV))
 
 

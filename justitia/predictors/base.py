@@ -45,7 +45,7 @@ class OraclePredictor(Predictor):
 
     def request_cost(self, agent: Agent, stage: int, index: int, model: CostModel) -> float:
         """True request cost."""
-        task = agent.stages[stage][index]
+        task = agent.task(stage, index)
         return model.request_cost(task.prompt_tokens, task.output_tokens)
 
 

@@ -72,5 +72,5 @@ class LinearPredictor(Predictor):
     def request_cost(self, agent: Agent, stage: int, index: int, model: CostModel) -> float:
         """exp of the type's linear fit on the request's prompt length."""
         c = self.request_coefs.get(agent.type, self.request_coefs[ALL_TYPES])
-        task = agent.stages[stage][index]
+        task = agent.task(stage, index)
         return math.exp(float(np.clip(c @ np.array([1.0, request_numbers(task)[0]]), -50, 60)))

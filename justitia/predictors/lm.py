@@ -107,7 +107,7 @@ class LmPredictor(Predictor):
     def request_cost(self, agent: Agent, stage: int, index: int, model: CostModel) -> float:
         """Predicted cost of one request from the embedding of its prompt."""
         self._check(model)
-        task = agent.stages[stage][index]
+        task = agent.task(stage, index)
         return self._predict("request", request_text(task), request_numbers(task))
 
     @classmethod

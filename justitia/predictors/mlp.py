@@ -142,7 +142,7 @@ class LearnedPredictor(Predictor):
     def request_cost(self, agent: Agent, stage: int, index: int, model: CostModel) -> float:
         """Predicted cost of one request."""
         self._check(model)
-        task = agent.stages[stage][index]
+        task = agent.task(stage, index)
         return self._model(agent.type, "request").predict(request_text(task), request_numbers(task))
 
     def observe(self, agent_type: str, predicted: float, actual: float, tenant: str | None = None) -> None:

@@ -28,6 +28,24 @@ class _AgentRun:
     process: AgentProcess
     arrival_ps: int
     engines: list[int] = field(default_factory=list)
+    burst: set[int] = field(default_factory=set)  # the engines it arrived at in its burst (a session pauses there)
+    burst_cost: float | None = None  # a session: its burst's predicted cost, which engines learn it arrive with
+
+
+@dataclass(eq=False)
+class _Paused:
+    """Calls an agent sends when their pause ends."""
+
+    run: _AgentRun
+    calls: list[Call]
+
+
+def prefix_stats(engines: Sequence[PlainRun]) -> dict:
+    """The engines' prefix cache over a run, as vLLM counts it: prompt tokens looked up at
+    admission, tokens found cached, and their ratio."""
+    queried = sum(e.prefix_queries for e in engines)
+    hit = sum(e.prefix_hits for e in engines)
+    return {"queried_tokens": queried, "hit_tokens": hit, "hit_rate": hit / queried if queried else 0.0}
 
 
 class Front(Protocol):
@@ -101,6 +119,7 @@ class EngineLoop:
         engines = self._engines
         self.book = Replicas([ReplicaLoad(str(i), cfg.kv_tokens) for i in range(len(engines))], self.router)
         self._affinity = self.router == "affinity"
+        self._caching = getattr(cfg, "prefix_caching", False)  # requests carry their text as runs, for the engines' prefix cache
         # (time ps, engine (-1: a delivery), seq, the request finished or (run, calls) delivered)
         self._finishes: list[tuple[int, int, int, Any]] = []
         self._ready: list[tuple[int, int]] = []  # (next step's start ps, engine) of engines with work
@@ -130,6 +149,8 @@ class EngineLoop:
                 r = heapq.heappop(finishes)[3]
                 if isinstance(r, SimRequest):
                     self._finished(r, finish)
+                elif isinstance(r, _Paused):  # calls whose pause ends now: the agent sends them
+                    self._dispatch(r.run, r.calls, finish)
                 else:  # requests the front end delivers now
                     self._submit(*r, finish)
             elif arrival is not None:
@@ -158,6 +179,7 @@ class EngineLoop:
             preemptions=sum(e.preemptions for e in engines),
             wall_s=time.perf_counter() - wall0,
             served=self._served,
+            prefix_cache=prefix_stats(engines) if self._caching else None,
         )
 
     # --------------------------------------------------------------------------- events
@@ -173,8 +195,26 @@ class EngineLoop:
         self._send(run, calls, now_ps)
 
     def _send(self, run: _AgentRun, calls: list[Call], now_ps: int) -> None:
+        """An agent has ``calls`` at ``now_ps``: each is sent after its pause (tool time, a client's own
+        work; the agent holds nothing in any engine meanwhile)."""
+        due: dict[float, list[Call]] = {}
+        for c in calls:
+            due.setdefault(c.pause_s, []).append(c)
+        for pause_s, batch in due.items():
+            if pause_s > 0:
+                self._seq += 1
+                heapq.heappush(self._finishes, (now_ps + round(pause_s * PS_PER_S), -1, self._seq, _Paused(run, batch)))
+            else:
+                self._dispatch(run, batch, now_ps)
+
+    def _dispatch(self, run: _AgentRun, calls: list[Call], now_ps: int) -> None:
         """An agent sends ``calls`` at ``now_ps``: through the front end (one at a time, then the request
         latency) to the engines; at once when the front end takes no time."""
+        proc = run.process
+        if proc.agent.is_session and not proc.in_flight:
+            # a burst starts (the session's first, or its next after a pause): priced by its calls
+            run.burst_cost = sum(c.meta.request_cost for c in calls)
+        proc.sent(calls, now_ps / PS_PER_S)
         if not (self._in_ps or self._per_request_ps):
             self._submit(run, calls, now_ps)
             return
@@ -202,9 +242,14 @@ class EngineLoop:
             self.front.request_finished(r.request_id, now_s)
         run, call = r.owner
         proc = run.process
-        upcoming = proc.answered(call, Answer("", r.prompt_tokens, r.output_tokens))
+        upcoming = proc.answered(call, Answer("", r.prompt_tokens, r.output_tokens), now_s)
         if upcoming:
             self._send(run, upcoming, now_ps)
+        if proc.paused:  # a session waits on its pause: it leaves the engines until it sends again
+            for i in sorted(run.burst):
+                e = self._wake(i, now_ps)
+                e.core.agent_finished(proc.agent.agent_id, e.now_ps / PS_PER_S, pause=True)
+            run.burst.clear()
         elif proc.done:
             agent_id = proc.agent.agent_id
             for i in run.engines:  # every engine that knew the agent forgets it
@@ -228,18 +273,22 @@ class EngineLoop:
             tag, rank = (None, None) if self.front is None else self.front.tag(c, now_s)
             prefix = f"{agent.agent_id}/{c.stage}" if self._affinity else None
             i = int(self.book.route(RouteRequest(c.request_id, c.meta.request_cost, prefix)).replica_id)
-            shares.setdefault(i, []).append(SimRequest(c.request_id, agent.agent_id, c.meta.request_cost,
-                                                       c.task.prompt_tokens, c.task.output_tokens, (run, c), tag=tag,
-                                                       rank=rank))
+            req = SimRequest(c.request_id, agent.agent_id, c.meta.request_cost, c.task.prompt_tokens,
+                             c.task.output_tokens, (run, c), tag=tag, rank=rank)
+            if self._caching:
+                req.runs = run.process.runs(c)
+            shares.setdefault(i, []).append(req)
         for i, reqs in shares.items():
             e = self._wake(i, now_ps)
-            if i not in run.engines:
+            if i not in run.burst:
                 if self.front is None:
                     e.report_service()  # the clock's M may follow what the engine delivered so far
                 # the engine sees the agent at the step boundary where it takes it in, as a real one does
-                e.core.agent_arrived(agent.agent_id, agent.type, run.process.predicted_cost, e.now_ps / PS_PER_S,
-                                     agent.weight, agent.tenant)
-                run.engines.append(i)
+                cost = run.process.predicted_cost if run.burst_cost is None else run.burst_cost
+                e.core.agent_arrived(agent.agent_id, agent.type, cost, e.now_ps / PS_PER_S, agent.weight, agent.tenant)
+                run.burst.add(i)
+                if i not in run.engines:
+                    run.engines.append(i)
             e.submit(reqs)
             if not self._queued[i]:
                 self._queued[i] = True

@@ -62,6 +62,10 @@ class Policy:
     def agent_finished(self, agent_id: str, now_s: float) -> None:
         """An agent's last request finished (or it was cancelled): drop its state."""
 
+    def agent_returned(self, agent: AgentInfo, now_s: float) -> None:
+        """A paused session arrives again: ``agent`` carries its next burst's predicted cost. By
+        default the policy keeps what it knows of it (its attained service, its arrival order)."""
+
     def backlogged(self, agent_id: str, others: Iterable[str]) -> None:
         """The agent has waiting requests again; ``others`` are the other backlogged agents (a
         dynamic policy's smallest key first)."""

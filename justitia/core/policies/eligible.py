@@ -44,12 +44,22 @@ class EligibleJustitia(Justitia):
     def agent_arrived(self, agent: AgentInfo, now_s: float) -> None:
         """Stamp the tag; the agent is eligible from its GPS start."""
         super().agent_arrived(agent, now_s)
+        self._eligible_from_start(agent, now_s)
+
+    def _eligible_from_start(self, agent: AgentInfo, now_s: float) -> None:
+        """The agent is eligible from its GPS start (later than now: behind its earlier work)."""
         start = self.clock.start(agent.agent_id)
         self._start[agent.agent_id] = (start, agent.weight)
         self._attained[agent.agent_id] = 0.0
         self._v = self.clock.virtual_time(now_s)
         if start > self._v:  # behind its tenant's earlier agents
             heapq.heappush(self._later, (start, agent.agent_id))
+
+    def agent_returned(self, agent: AgentInfo, now_s: float) -> None:
+        """A paused session's next burst: eligible from its new GPS start, its service counted anew."""
+        super().agent_returned(agent, now_s)
+        self._start.pop(agent.agent_id, None)
+        self._eligible_from_start(agent, now_s)
 
     def agent_finished(self, agent_id: str, now_s: float) -> None:
         super().agent_finished(agent_id, now_s)

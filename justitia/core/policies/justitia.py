@@ -40,6 +40,15 @@ class Justitia(Policy):
             self._inner[agent.agent_id] = agent.seq if self._chained else self.clock.inner_tag(agent.agent_id)
             self._groups.moved(agent.tenant)
 
+    def agent_returned(self, agent: AgentInfo, now_s: float) -> None:
+        """A paused session's next burst: stamped as an arrival, behind its earlier work if GPS has
+        not finished it (``VirtualClock.arrive``), in its arrival order."""
+        tag = self.clock.arrive(agent.agent_id, agent.predicted_cost, now_s, agent.weight, agent.tenant)
+        self._tags[agent.agent_id] = (tag, agent.seq)
+        if agent.tenant is not None:
+            self._inner[agent.agent_id] = agent.seq if self._chained else self.clock.inner_tag(agent.agent_id)
+            self._groups.moved(agent.tenant)
+
     def agent_finished(self, agent_id: str, now_s: float) -> None:
         """Forget the agent's tag (the clock keeps it as ``settle`` left it)."""
         self._tags.pop(agent_id, None)

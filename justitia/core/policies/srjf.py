@@ -21,6 +21,11 @@ class SRJF(LAS):
         super().agent_arrived(agent, now_s)
         self._predicted[agent.agent_id] = agent.predicted_cost
 
+    def agent_returned(self, agent: AgentInfo, now_s: float) -> None:
+        """A paused session's next burst: its remaining cost is that burst's prediction."""
+        if agent.agent_id in self._predicted:
+            self._predicted[agent.agent_id] = super().agent_key(agent.agent_id)[0] + agent.predicted_cost
+
     def agent_finished(self, agent_id: str, now_s: float) -> None:
         """Forget the agent."""
         super().agent_finished(agent_id, now_s)

@@ -1,0 +1,254 @@
+"""Sessions (docs/sessions.md): the workload format's pauses, branches, shared text and turns; the
+agent process that runs them; the simulator's pauses and turn times."""
+
+import asyncio
+import json
+
+import pytest
+
+from helpers import engine
+from justitia.agent import AgentProcess, Answer, drive
+from justitia.predictors import OraclePredictor
+from justitia.sim import Simulator
+from justitia.workload import Agent, Segment, Stage, Task, WorkloadError, load_workload, save_workload, scale_tokens
+
+
+def session(agent_id: str = "s", arrival_s: float = 0.0) -> Agent:
+    """Turn 0: a call on a shared system prompt, a tool pause, a call on the conversation so far,
+    then two subagents (one of two calls with a pause between them) whose outputs the last call
+    reads; turn 1 after the user's 5 s."""
+    sys = Segment.shared("system", 40)
+    t0 = Task("hi", 50, 10, "t0", (sys,))
+    t1 = Task("tool said", 50 + 10 + 7, 8, "t1", (Segment.prompt_of("t0"), Segment.output_of("t0")))
+    b0 = (Stage([Task("sub a", 45, 6, "a0", (sys,))]),
+          Stage([Task("sub a again", 45 + 6 + 3, 4, "a1", (Segment.prompt_of("a0"), Segment.output_of("a0")))],
+                pause_s=1.0))
+    b1 = (Stage([Task("sub b", 44, 5, "b0", (sys,))]),)
+    fork = Stage([], pause_s=0.5, branches=[b0, b1])
+    t2 = Task("merge", 67 + 8 + 4 + 5 + 2, 9, "t2",
+              (Segment.prompt_of("t1"), Segment.output_of("t1"), Segment.output_of("a1"), Segment.output_of("b0")))
+    t3 = Task("next question", 86 + 9 + 5, 6, "t3", (Segment.prompt_of("t2"), Segment.output_of("t2")))
+    stages = (Stage([t0], turn=0), Stage([t1], pause_s=2.0), fork, Stage([t2]), Stage([t3], pause_s=5.0, turn=1))
+    return Agent(agent_id, "coding", arrival_s, stages)
+
+
+def test_a_session_round_trips_and_old_files_read_the_same(tmp_path):
+    s = session()
+    path = save_workload([s], tmp_path / "w.jsonl")
+    assert load_workload(path) == [s]
+    line = json.loads(path.read_text())
+    assert line["stages"][1] == {"tasks": [s.stages[1][0].to_json()], "pause_s": 2.0}
+    assert line["stages"][2]["branches"][0][1]["pause_s"] == 1.0 and "turn" not in line["stages"][2]
+    plain = Agent("p", "t", 0.0, ((Task("x", 3, 2),), (Task("y", 4, 1), Task("z", 5, 1))))
+    assert json.loads(save_workload([plain], tmp_path / "p.jsonl").read_text())["stages"] == [
+        [{"prompt": "x", "prompt_tokens": 3, "output_tokens": 2}],
+        [{"prompt": "y", "prompt_tokens": 4, "output_tokens": 1}, {"prompt": "z", "prompt_tokens": 5, "output_tokens": 1}]]
+    assert not plain.is_session and s.is_session
+    assert len(s.tasks) == 7 and s.task(2, 1).id == "a1" and s.task(2, 2).id == "b0"
+
+
+def _with_stage(stage_doc):
+    doc = session().to_json()
+    doc["stages"].append(stage_doc)
+    return doc
+
+
+@pytest.mark.parametrize("stage, message", [
+    ({"tasks": [], "branches": []}, "'stages[5]' must hold at least one task or one branch"),
+    ({"tasks": [{"prompt": "p", "prompt_tokens": 9, "output_tokens": 1}], "pause_s": -1}, "'stages[5].pause_s' must be"),
+    ({"tasks": [{"prompt": "p", "prompt_tokens": 9, "output_tokens": 1}], "turn": 0}, "'stages[5].turn' must be an integer >= 1"),
+    ({"tasks": [{"prompt": "p", "prompt_tokens": 9, "output_tokens": 1}], "wait": 1}, "unknown field 'stages[5].wait'"),
+    ({"tasks": [{"prompt": "p", "prompt_tokens": 9, "output_tokens": 1, "id": "t0"}]}, "task id 't0' appears twice"),
+    ({"tasks": [{"prompt": "p", "prompt_tokens": 9, "output_tokens": 1, "context": [{"output_of": "zz"}]}]},
+     "names 'zz', no task"),
+    ({"tasks": [{"prompt": "p", "prompt_tokens": 99, "output_tokens": 1, "context": [{"prompt_of": "x0"}]}],
+      "branches": [[[{"prompt": "p", "prompt_tokens": 9, "output_tokens": 1, "id": "x0"}]]]},
+     "names 'x0', a task not finished before it starts"),
+    ({"tasks": [{"prompt": "p", "prompt_tokens": 40, "output_tokens": 1, "context": [{"shared": "system", "tokens": 40}]}]},
+     "leave none of its 40 prompt tokens"),
+    ({"tasks": [{"prompt": "p", "prompt_tokens": 9, "output_tokens": 1, "context": [{"shared": "s"}]}]},
+     "'stages[5].tasks[0].context[0].tokens' must be an integer >= 1"),
+    ({"tasks": [{"prompt": "p", "prompt_tokens": 9, "output_tokens": 1, "context": [{"nope": "s"}]}]},
+     "'stages[5].tasks[0].context[0]' must be one of"),
+    ({"branches": [[{"tasks": [{"prompt": "p", "prompt_tokens": 9, "output_tokens": 1}], "turn": 3}]]},
+     "a branch's stages belong to their stage's turn"),
+])
+def test_bad_session_fields_are_named(tmp_path, stage, message):
+    path = tmp_path / "w.jsonl"
+    path.write_text(json.dumps(_with_stage(stage)) + "\n")
+    with pytest.raises(WorkloadError, match=message.replace("[", r"\[").replace("]", r"\]").replace(".", r"\.")):
+        load_workload(path)
+
+
+def test_scaling_keeps_each_prompt_its_context_plus_its_own_text():
+    s = scale_tokens([session()], 3.0)[0]
+    by = {t.id: t for t in s.tasks}
+    assert by["t0"].prompt_tokens == 13 + 3  # the system prompt 40/3 -> 13, its own text 10/3 -> 3
+    for t in s.tasks:
+        ctx = sum(c.tokens if c.kind == "shared" else
+                  (by[c.ref].prompt_tokens if c.kind == "prompt_of" else by[c.ref].output_tokens) for c in t.context)
+        assert t.prompt_tokens > ctx
+    assert by["t3"].prompt_tokens == by["t2"].prompt_tokens + by["t2"].output_tokens + 2  # own 5/3 -> 2
+    assert s.stages[1].pause_s == 2.0 and s.stages[2].branches[0][1].pause_s == 1.0 and s.stages[4].turn == 1
+
+
+def test_the_process_runs_chains_branches_and_pauses_in_order():
+    proc = AgentProcess(session(), OraclePredictor())
+    calls = proc.start()
+    assert [(c.task.id, c.pause_s, c.turn) for c in calls] == [("t0", 0.0, 0)]
+    calls = proc.answered(calls[0], Answer("", 50, 10))
+    assert [(c.task.id, c.pause_s) for c in calls] == [("t1", 2.0)]
+    calls = proc.answered(calls[0], Answer("", 67, 8))
+    assert sorted((c.task.id, c.pause_s) for c in calls) == [("a0", 0.5), ("b0", 0.5)]  # the fork's pause
+    a0, b0 = sorted(calls, key=lambda c: c.task.id)
+    assert proc.answered(b0, Answer("", 44, 5)) == []  # branch b is done; a is not
+    [a1] = proc.answered(a0, Answer("", 45, 6))
+    assert (a1.task.id, a1.pause_s, a1.stage, a1.index) == ("a1", 1.0, 2, 1)
+    [t2] = proc.answered(a1, Answer("", 54, 4))  # the last branch done: the parent's next stage
+    assert t2.task.id == "t2" and t2.pause_s == 0.0
+    [t3] = proc.answered(t2, Answer("", 88, 9))
+    assert (t3.pause_s, t3.turn) == (5.0, 1)
+    assert proc.answered(t3, Answer("", 100, 6)) == [] and proc.done
+    with pytest.raises(RuntimeError, match="not expected"):
+        proc.answered(t3, Answer("", 100, 6))
+
+
+def test_runs_name_the_text_prompts_share():
+    proc = AgentProcess(session(), OraclePredictor())
+    [t0] = proc.start()
+    [t1] = proc.answered(t0, Answer("", 50, 10))
+    r0, r1 = proc.runs(t0), proc.runs(t1)
+    assert sum(n for _, n in r0) == 50 + 10 and sum(n for _, n in r1) == 67 + 8
+    assert r0[0] == (("shared", "system"), 40)
+    assert r1[:3] == r0  # the conversation so far: t0's prompt and output, then t1's own text
+    other = AgentProcess(session("other"), OraclePredictor())
+    o0 = other.start()[0]
+    assert other.runs(o0)[0] == r0[0] and other.runs(o0)[1] != r0[1]  # the system prompt, not the user's text
+
+
+def test_drive_waits_each_pause_and_times_turns():
+    proc = AgentProcess(session(), OraclePredictor())
+    sent = []
+
+    async def serve(call):
+        sent.append((call.task.id, asyncio.get_running_loop().time()))
+        await asyncio.sleep(0.01)
+        return Answer("", call.task.prompt_tokens, call.task.output_tokens)
+
+    async def main():
+        return await drive(proc, serve)
+
+    scale = 0.02  # the session's pauses, shrunk to keep the test short
+    s = session()
+    fast = Agent(s.agent_id, s.type, 0.0, tuple(Stage(st, st.pause_s * scale, [tuple(Stage(b, b.pause_s * scale)
+                                                                                      for b in ch) for ch in st.branches],
+                                                      st.turn) for st in s.stages))
+    proc = AgentProcess(fast, OraclePredictor())
+    asyncio.run(main())
+    at = dict(sent)
+    assert proc.done and at["t1"] - at["t0"] >= 2.0 * scale + 0.01 - 1e-3
+    assert at["a1"] - at["a0"] >= 1.0 * scale + 0.01 - 1e-3 and at["t2"] >= at["a1"] + 0.01 - 1e-3
+    assert len(proc.turns()) == 2 and all(t > 0 for t in proc.turns())
+
+
+def test_the_simulator_holds_a_paused_session_out_of_the_engine_and_times_its_turns():
+    s = session()
+    result = Simulator(engine(), "fcfs", OraclePredictor()).run([s])
+    [r] = result.agents
+    # every call: prefill 1 step, then one step per output token (10 ms each); pauses on top
+    steps = {t.id: t.output_tokens for t in s.tasks}
+    turn0 = (steps["t0"] + 2.0 / 0.01 + steps["t1"] + 0.5 / 0.01 + max(steps["a0"] + 1.0 / 0.01 + steps["a1"], steps["b0"])
+             + steps["t2"]) * 0.01
+    assert r.turns_s == pytest.approx([turn0, steps["t3"] * 0.01], abs=0.011)
+    assert r.jct_s == pytest.approx(turn0 + 5.0 + steps["t3"] * 0.01, abs=0.011)
+    assert result.prefix_cache is None  # the cache is off unless the engine's config turns it on
+    plain = Simulator(engine(), "fcfs", OraclePredictor()).run([Agent("p", "t", 0.0, ((Task("x", 30, 3),),))])
+    assert plain.agents[0].turns_s is None and "turns_s" not in plain.agents[0].to_json()
+
+
+# ------------------------------------------------------------------ sessions in the core's clock
+def _core(name: str, capacity: float = 100.0):
+    from justitia.core import AgentScheduler, make_policy
+    return AgentScheduler(make_policy(name, capacity))
+
+
+def _burst(core, agent_id, cost, now, n=1):
+    for k in range(n):
+        core.request_arrived(f"{agent_id}/{now}/{k}", agent_id, 1, cost / n, now)
+
+
+def test_a_session_back_before_gps_finished_its_work_queues_behind_it():
+    core = _core("justitia")
+    core.agent_arrived("s", "coding", 300.0, 0.0)  # f = 300; alone, V runs at 100/s
+    _burst(core, "s", 300.0, 0.0)
+    core.agent_arrived("x", "t", 1000.0, 0.0)  # two flows: V runs at 50/s
+    [req] = [core.peek()]
+    core.dequeue(req)
+    core.request_finished(req)  # the engine ran the burst ahead of GPS
+    core.agent_finished("s", 1.0, pause=True)  # V(1) = 50 < 300: GPS still serves its burst
+    core.agent_arrived("s", "coding", 200.0, 2.0)  # back at V(2) = 100
+    assert core.agent("s").virtual_finish == pytest.approx(300.0 + 200.0)  # behind its earlier work, not 100 + 200
+    late = _core("justitia")
+    late.agent_arrived("s", "coding", 100.0, 0.0)
+    _burst(late, "s", 100.0, 0.0)
+    r = late.peek()
+    late.dequeue(r)
+    late.request_finished(r)
+    late.agent_finished("s", 0.5, pause=True)
+    late.agent_arrived("s", "coding", 50.0, 5.0)  # GPS finished it at t=1 and V stood still since: V = 100
+    assert late.agent("s").virtual_finish == pytest.approx(100.0 + 50.0)
+
+
+def test_a_pause_settles_the_burst_at_what_it_asked_for():
+    core = _core("justitia")
+    core.agent_arrived("s", "coding", 1000.0, 0.0)  # predicted 1000, asks for 100
+    _burst(core, "s", 100.0, 0.0)
+    r = core.peek()
+    core.dequeue(r)
+    core.request_finished(r)
+    core.agent_finished("s", 0.1, pause=True)
+    core.agent_arrived("s", "coding", 50.0, 0.2)  # V(0.2) = 20: its settled f is 100, not 1000
+    assert core.agent("s").virtual_finish == pytest.approx(150.0)
+
+
+def test_las_counts_a_sessions_service_across_its_pauses():
+    core = _core("las")
+    for a in ("s", "new"):
+        core.agent_arrived(a, "t", 1.0, 0.0)
+    _burst(core, "s", 1.0, 0.0)
+    r = core.peek()
+    core.dequeue(r)
+    from justitia.core import Charge
+    core.charge(r, Charge(0, 10, 500))
+    core.request_finished(r)
+    core.agent_finished("s", 1.0, pause=True)
+    core.agent_arrived("s", "t", 1.0, 2.0)
+    _burst(core, "s", 1.0, 2.0)
+    _burst(core, "new", 1.0, 2.0)
+    assert core.peek().agent_id == "new"  # "s" keeps the service it had before its pause
+
+
+def test_only_a_session_with_nothing_open_pauses():
+    core = _core("justitia")
+    core.agent_arrived("s", "t", 10.0, 0.0)
+    _burst(core, "s", 10.0, 0.0)
+    with pytest.raises(ValueError, match="cannot pause"):
+        core.agent_finished("s", 0.1, pause=True)
+    with pytest.raises(ValueError, match="cannot pause"):
+        core.agent_finished("nobody", 0.1, pause=True)
+
+
+def test_the_gps_reference_serves_a_sessions_bursts_as_one_flow():
+    from justitia.lab.metrics import gps_finish_times
+    s = Agent("s", "t", 0.0, ((Task("x", 10, 10),), Stage([Task("y", 10, 10)], pause_s=1.0)))
+    x = Agent("x", "t", 0.0, ((Task("x", 100, 100),),))
+    cost = Task("x", 10, 10)
+    from justitia.core import KV
+    c = KV.request_cost(cost.prompt_tokens, cost.output_tokens)  # 150
+    big = x.cost(KV)
+    # s sends its first burst at 0 and its second at 10 s; at M = 100/s, x's work takes long
+    gps = gps_finish_times([s, x], 100.0, bursts={"s": [[0.0, c], [10.0, c]]})
+    # [0, 3 s]: two flows share 100/s until s's first burst (150) is done; x is still busy at 10 s,
+    # so s's second burst is again served at 50/s: it finishes 3 s after it came
+    assert gps["s"] == pytest.approx(13.0)
+    assert gps["x"] == pytest.approx((big + 2 * c) / 100.0)
