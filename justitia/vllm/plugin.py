@@ -355,7 +355,6 @@ class JustitiaScheduler(StepLogScheduler):
         self._charge = traits.uses_service or traits.retags_on_service
         self._rekey, self._measure = traits.keys_move, traits.measures_capacity
         self._rekey = self._rekey or traits.keys_shift  # tenants' keys move at their tenant's events
-        self._timed = traits.timed
         self._busy_step: tuple[float, Charge] | None = None  # the last step, if requests waited in it
         self._open_step_log(step_log)  # the policy's clock starts with the step log's
 
@@ -442,9 +441,8 @@ class JustitiaScheduler(StepLogScheduler):
             if self.log_agents:
                 logger.info("justitia: agent %s released (idle)", agent_id)
         core, info_of = self.core, self.book.request
-        if self._timed:
-            core.advance(now_s)  # keys that move with time (justitia-eligible)
-        if self._rekey and (moved := core.moved_agents()):  # keys moved with service, or with their tenant
+        moved = core.advance(now_s)  # keys that move with time refreshed (justitia-eligible)
+        if self._rekey and moved:  # keys moved with service, or with their tenant
             for request in self.running:
                 info = info_of(request.request_id)
                 if info is not None and info.agent_id in moved:
