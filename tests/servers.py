@@ -12,6 +12,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from justitia.lab.servers import metric, wait_agent  # noqa: F401  (the tests use them from here)
 from justitia.vllm.reaper import descendants  # noqa: F401  (the tests use it from here too)
 
 
@@ -92,24 +93,6 @@ def sigkill(server: Server, timeout_s: float = 30) -> list[int]:
     for p in left:
         os.kill(p, 9)
     return left
-
-
-def wait_agent(client: httpx.Client, agent_id: str, timeout: float = 120) -> dict:
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        doc = client.get(f"/v1/agents/{agent_id}").json()
-        if doc["status"] in ("done", "failed", "cancelled"):
-            return doc
-        time.sleep(0.2)
-    raise AssertionError(f"agent {agent_id} still {doc['status']} after {timeout} s")
-
-
-def metric(client: httpx.Client, name: str) -> float:
-    """One sample of the Prometheus text at ``/metrics``; ``name`` may include labels."""
-    for line in client.get("/metrics").text.splitlines():
-        if line.startswith(name + " "):
-            return float(line.split()[1])
-    raise AssertionError(f"no metric {name}")
 
 
 def metric_sum(client: httpx.Client, name: str) -> float:

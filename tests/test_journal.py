@@ -280,7 +280,7 @@ def crashed_journal(path, owner, agents):
 
 def waiting_for(app, requests):
     deadline = time.time() + 60
-    while app.backend.core.num_waiting < requests:
+    while len(app.backend.core) < requests:
         assert time.time() < deadline
         time.sleep(0.01)
 

@@ -40,7 +40,7 @@ def scheduler(name, capacity=100.0):
 
 def order(core):
     out = []
-    while core.num_waiting:
+    while len(core):
         req = core.peek()
         core.dequeue(req)
         out.append(req.request_id)
@@ -114,21 +114,21 @@ def test_vtc_counts_input_once_and_output_twice_and_lifts_returning_agents():
     assert core.peek().agent_id == "y"  # tie at 30: earlier agent first
 
 
-def test_moved_agents_names_the_agents_whose_keys_moved_and_no_others():
+def test_advance_names_the_agents_whose_keys_moved_and_no_others():
     core = scheduler("vtc")
     for a in "xyz":
         core.agent_arrived(a, "t", 0, 0.0)
     rx, ry = core.request_arrived("x1", "x", 10, 1.0), core.request_arrived("y1", "y", 10, 1.0)
     core.dequeue(rx)
     core.dequeue(ry)
-    core.moved_agents()  # a fresh start
+    core.advance(1.0)  # a fresh start
     before = {a: core.lookahead.agent_key(a) for a in "xyz"}
     core.charge(rx, Charge(prefill_tokens=100))
     core.request_arrived("z1", "z", 10, 1.0)  # z becomes backlogged: vtc lifts it
-    moved = core.moved_agents()
-    assert moved == {"x", "z"} and core.moved_agents() == set()
+    moved = core.advance(1.0)
+    assert moved == {"x", "z"} and core.advance(1.0) == set()
     assert [a for a in "xyz" if core.lookahead.agent_key(a) != before[a]] == ["x"]  # z's lift: to 0, nothing else waited
-    assert scheduler("justitia", capacity=100).moved_agents() == set()
+    assert scheduler("justitia", capacity=100).advance(0.0) == set()
 
 
 def test_justitia_orders_by_finish_tag_not_arrival():
@@ -182,7 +182,7 @@ def test_victim_is_the_lowest_priority_and_finished_agents_leave_no_state(name):
         == LOWEST_PRIORITY[name]
     core.request_arrived("x2", "x", 10, 1.0)
     core.agent_finished("x", 1.0)  # cancelled with a request still waiting
-    assert core.num_waiting == 0 and core.agent("y") is not None and core.agent("x") is None
+    assert len(core) == 0 and core.agent("y") is not None and core.agent("x") is None
     state = [v for v in vars(policy).values() if isinstance(v, dict)]
     assert all("x" not in d for d in state)
 
@@ -292,7 +292,7 @@ def test_agent_book_registers_on_first_request_and_releases_on_done_cancel_or_id
 
     # retire: an engine that still holds the agent's requests serves them first, then lets it go
     book.arrive("d1", RequestMeta("d"), 10, 4, now_s=15.0)
-    assert not book.retire("d", 15.5) and book.agent("d") is not None and core.num_waiting == 1
+    assert not book.retire("d", 15.5) and book.agent("d") is not None and len(core) == 1
     book.finish("d1", 16.0)
     assert book.agent("d") is None and book.retire("d", 16.5) is False
 
@@ -300,7 +300,7 @@ def test_agent_book_registers_on_first_request_and_releases_on_done_cancel_or_id
     info, agent = book.arrive("solo", RequestMeta.parse({"agent_cost": "nan"}, "solo"), 8, 2, now_s=16.0)
     assert agent.agent_id == "solo" and agent.predicted_cost == info.predicted_cost == 8 * 2 + 2
     book.finish("solo", 17.0)
-    assert book.agent("solo") is None and core.num_waiting == 0
+    assert book.agent("solo") is None and len(core) == 0
 
 
 def test_request_metadata_round_trips_and_bad_costs_are_logged_and_dropped(caplog):
@@ -319,7 +319,7 @@ def test_front_end_tagging_takes_only_policies_with_static_keys():
     core = AgentScheduler.for_policy("justitia", 100.0)
     book = AgentBook(core)
     info, priority = book.tag("r1", RequestMeta("a", agent_cost=250.0), 10, 4, now_s=0.0)
-    assert priority == 250 and core.num_waiting == 0  # the engine queues it, not the book
+    assert priority == 250 and len(core) == 0  # the engine queues it, not the book
     assert book.agent("a").open_requests == 1 and book.request("r1") is info
     for dynamic in ("vtc", "srjf", "las"):
         with pytest.raises(ValueError, match="front-end tagging supports only fcfs, sjf, parrot, justitia"):

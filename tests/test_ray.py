@@ -151,7 +151,7 @@ def test_a_replica_killed_mid_run_is_restarted_and_no_agent_is_lost(ray_server):
         deadline = time.time() + 300
         while time.time() < deadline:
             a = client.post("/v1/agents", json=_agent(2, 8, "after")).json()["agent_id"]
-            assert wait_agent(client, a, timeout=120)["status"] == "done"
+            assert wait_agent(client, a, timeout_s=120)["status"] == "done"
             fresh = set(_answers(client)) - set(before)
             if fresh:
                 break

@@ -198,12 +198,12 @@ def test_an_arrival_in_a_tenant_moves_its_agents_keys_for_the_engine_to_restamp(
     core = AgentScheduler.for_policy("justitia", 100.0)
     core.agent_arrived("a", "t", 1000.0, 0.0, tenant="T")
     core.agent_arrived("b", "t", 10.0, 0.0)  # no tenant: its key never moves
-    core.moved_agents()
+    core.advance(0.1)
     before = core.lookahead.agent_key("a")
     core.agent_arrived("c", "t", 1.0, 0.1, tenant="T")  # cuts in ahead of a inside T
-    assert core.traits.keys_shift and core.moved_agents() == {"a", "c"}
+    assert core.traits.keys_shift and core.advance(0.1) == {"a", "c"}
     assert core.lookahead.agent_key("a") > before
-    assert core.moved_agents() == set()
+    assert core.advance(0.1) == set()
     assert not AgentScheduler.for_policy("fcfs").traits.keys_shift
     assert KV.request_cost(10, 10) == 150
 

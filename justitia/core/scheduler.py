@@ -10,10 +10,10 @@ nothing about KV blocks or iterations. The verbs, and nothing more (``tests/test
                waits on a tool leaves with ``agent_finished(..., pause=True)`` and arrives again
     requests   request_arrived (queued), requeue (preempted), dequeue (taken out to run),
                request_finished (finished or aborted), charge (service scheduled)
-    order      advance (before a step), peek, num_waiting, priority (vLLM's ``priority``; the
-               request to preempt first is the one with the largest), stamp (a front end's tag
-               for engines that run ``tagged``), moved_agents (whose keys moved since the last call:
-               an engine re-keys only theirs)
+    order      advance (before a step; it names the agents whose keys moved since the last one: an
+               engine re-keys only theirs), peek, len (``len(core)``: how many wait), priority
+               (vLLM's ``priority``; the request to preempt first is the one with the largest),
+               stamp (a front end's tag for engines that run ``tagged``)
     clock      clock (V(now), N_t, M and every M it ran at), observe_service (what the engine
                delivered while backlogged: M follows it), set_capacity (M measured elsewhere: a
                cluster's front end sets the sum of its engines')
@@ -45,7 +45,7 @@ class Traits(NamedTuple):
     policy_name: str
     keys_move: bool  # keys change as service is charged (vtc, srjf, las): stamped keys are refreshed every step
     keys_shift: bool  # keys move at events other than the agent's own service (justitia and vtc with
-    # tenants: a tenant's arrival, settle or service): stamped keys of ``moved_agents`` are refreshed every step
+    # tenants: a tenant's arrival, settle or service): stamped keys of ``advance``'s agents are refreshed every step
     pools_service: bool  # a tenant's agents share one service counter (vtc): an engine that charges
     # lazily, agent by agent, must charge every step when agents name tenants
     uses_service: bool  # the policy reads the service charged to it (engines may skip charging if not)
@@ -95,7 +95,7 @@ class AgentScheduler:
         self._revealed: dict[str, list[float]] = {}  # agent id -> [its requests' predicted costs, those finished]
         self._agent_seq = 0
         self._request_seq = 0
-        self._moved: set[str] = set()  # dynamic policies: agents whose keys may have moved (moved_agents)
+        self._moved: set[str] = set()  # dynamic policies: agents whose keys may have moved (advance)
         self._paused: set[str] = set()  # sessions waiting on a tool: they arrive again
         self._shifts = policy.groups
         self._traits = Traits(policy.name, policy.dynamic, policy.groups, policy.pools,
@@ -267,20 +267,29 @@ class AgentScheduler:
             self._moved.add(agent_id)
 
     # ------------------------------------------------------------------------------- order
-    def advance(self, now_s: float) -> None:
+    def advance(self, now_s: float) -> set[str]:
         """The engine is about to take a step at ``now_s``: keys that moved with time are refreshed
-        (a no-op unless ``traits.timed``)."""
+        (a no-op unless ``traits.timed``). Returns the agents whose keys may have moved with service
+        or their tenant since the last advance (charged, revised or lifted; or their tenant's key
+        moved), and starts afresh: an engine that stamps keys on running requests re-keys only
+        theirs. Empty under a static policy without tenants."""
         if self._policy.timed:
             for agent_id in self._policy.advance(now_s):
                 self._waiting.touch(agent_id)
+        moved, self._moved = self._moved, set()
+        if self._shifts:
+            shifted = self._policy.take_moved()
+            if shifted:
+                moved |= shifted
+        return moved
 
     def peek(self) -> RequestInfo | None:
         """The request to admit next, or None."""
         return self._waiting.peek()
 
-    @property
-    def num_waiting(self) -> int:
-        """Requests waiting for admission."""
+    def __len__(self) -> int:
+        """Requests waiting for admission (``len(core)``, as vLLM's queues answer it; so an idle core
+        is falsy: an engine tests a core it may lack with ``is None``)."""
         return len(self._waiting)
 
     def priority(self, req: RequestInfo) -> tuple:
@@ -293,17 +302,6 @@ class AgentScheduler:
         ``agent_rank``): its key's head, and its agent's place among its tenant's agents (None: no
         tenant, or a policy without tenants)."""
         return self._policy.stamp(req)
-
-    def moved_agents(self) -> set[str]:
-        """The agents whose keys may have moved since the last call (charged, revised or lifted; or
-        their tenant's key moved), and a fresh start: an engine that stamps keys on running requests
-        re-keys only theirs. Empty under a static policy without tenants."""
-        moved, self._moved = self._moved, set()
-        if self._shifts:
-            shifted = self._policy.take_moved()
-            if shifted:
-                moved |= shifted
-        return moved
 
     # ------------------------------------------------------------------------------- clock
     def clock(self, now_s: float | None = None) -> ClockReading:

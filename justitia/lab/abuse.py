@@ -33,6 +33,7 @@ from urllib.parse import urlparse
 
 import httpx
 from justitia.lab.report import write_doc
+from justitia.lab.servers import metric, start_server, wait_agent
 
 # the server the cases expect (the limits they test are these)
 FLAGS = ["--predictor", "mean", "--kv-blocks", "16", "--max-model-len", "1024", "--max-tasks-per-agent", "16",
@@ -121,21 +122,6 @@ def long_agent(client: httpx.Client) -> str:
     r = agent(client, tokens=900)
     assert r.status_code == 202, r.text
     return r.json()["agent_id"]
-
-
-def wait(client: httpx.Client, agent_id: str, timeout_s: float = 300) -> dict:
-    deadline = time.time() + timeout_s
-    while (doc := client.get(f"/v1/agents/{agent_id}").json())["status"] not in ("done", "failed", "cancelled"):
-        assert time.time() < deadline, f"agent {agent_id} still {doc['status']} after {timeout_s:.0f} s"
-        time.sleep(0.1)
-    return doc
-
-
-def metric(client: httpx.Client, name: str) -> float:
-    for line in client.get("/metrics").text.splitlines():
-        if line.startswith(name + " "):
-            return float(line.split()[1])
-    raise AssertionError(f"/metrics has no {name}")
 
 
 def policy_agents(ctx: Ctx) -> float:
@@ -287,7 +273,7 @@ def _(ctx):
                        [{"prompt": "{{prev}}" * 60, "max_tokens": 2}]]}
     r = ctx.a.post("/v1/agents", json=body)
     check(r, 202)
-    doc = wait(ctx.a, r.json()["agent_id"])
+    doc = wait_agent(ctx.a, r.json()["agent_id"])
     assert doc["status"] == "failed" and "limit" in (doc["error"] or ""), doc["status"]
     return f"failed: {doc['error'][:100]}"
 
@@ -442,7 +428,7 @@ def _(ctx):
 def _(ctx):
     ids = {agent(ctx.a, **{"Idempotency-Key": "order-17"}).json()["agent_id"] for _ in range(3)}
     assert len(ids) == 1, ids
-    doc = wait(ctx.a, ids.pop())
+    doc = wait_agent(ctx.a, ids.pop())
     return f"one agent ({doc['agent_id']}), {doc['status']}"
 
 
@@ -451,7 +437,7 @@ def _(ctx):
     # the engine-wide gauge below must count this request alone: let the bystander (and anything an
     # earlier case left) finish first; the bystander has been in flight through every case before this
     if BYSTANDER.get("id"):
-        wait(ctx.b, BYSTANDER["id"])
+        wait_agent(ctx.b, BYSTANDER["id"])
     quiet = time.perf_counter() + 60
     while metric(ctx.a, "justitia_engine_requests_unfinished") > 0:
         assert time.perf_counter() < quiet, "the engine still holds requests of earlier cases after 60 s"
@@ -474,7 +460,7 @@ def _(ctx):
 @case("bystander", "the other key's agent, after all the cases", "done, every output there; /health ok")
 def _(ctx):
     cases_s = time.perf_counter() - BYSTANDER["t0"]  # how long the cases ran beside it
-    doc = wait(ctx.b, BYSTANDER["id"])
+    doc = wait_agent(ctx.b, BYSTANDER["id"])
     assert doc["status"] == "done", doc
     outs = [t for stage in doc["stages"] for t in stage]
     assert len(outs) == 2 * BYSTANDER_STAGES and all(t and t["output_tokens"] == BYSTANDER_TOKENS for t in outs), outs
@@ -528,8 +514,6 @@ def main() -> int:
     proc = None
     if args.url is None:
         import os
-
-        from justitia.lab.servers import start_server
 
         keys = Path(tempfile.mkdtemp(prefix="justitia-abuse-")) / "keys.txt"
         keys.write_text(f"{args.key} team-a 1\n{args.other_key} team-b 1\n")

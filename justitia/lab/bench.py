@@ -189,24 +189,16 @@ def check_labels(specs: list[RunSpec]) -> None:
         raise ValueError(f"run labels must be unique, got {labels}.")
 
 
-def run_bench(
-    agents: list[Agent],
-    specs: list[RunSpec],
-    config: EngineConfig,
-    workload_info: dict,
-    seed: int = 0,
-    progress: bool = True,
-    replicas: int = 1,
-) -> dict:
+def run_bench(agents: list[Agent], specs: list[RunSpec], config: EngineConfig, workload_info: dict, seed: int = 0,
+              progress: bool = True, replicas: int = 1) -> dict:
     """Run every spec on the simulator (a cluster of ``replicas`` engines if > 1) and return the
     results document."""
     check_labels(specs)
     runs: dict[str, RunResult] = {}
     with progress_bar(len(agents) * len(specs), progress, "simulating") as advance:
         for spec in specs:
-            runs[spec.label] = simulate(
-                agents, spec, config, seed, on_agent_finish=lambda _r, s=spec: advance(s.label), replicas=replicas
-            )
+            runs[spec.label] = simulate(agents, spec, config, seed, on_agent_finish=lambda _r, s=spec: advance(s.label),
+                                        replicas=replicas)
     return summarize(agents, specs, runs, config, workload_info, replicas=replicas)
 
 

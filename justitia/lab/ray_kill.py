@@ -22,7 +22,7 @@ from pathlib import Path
 
 import httpx
 
-from justitia.lab.servers import ray_split, start_server
+from justitia.lab.servers import TERMINAL, ray_split, start_server, wait_agent
 from justitia.lab.report import write_doc
 
 
@@ -41,16 +41,6 @@ def answers(url: str) -> dict[int, float]:
     return {int(k.split()[1]): v for k, v in ray_split(url).items() if k.startswith("pid ")}
 
 
-def wait(client: httpx.Client, agent_id: str, timeout_s: float = 900) -> dict:
-    deadline = time.time() + timeout_s
-    while time.time() < deadline:
-        doc = client.get(f"/v1/agents/{agent_id}").json()
-        if doc["status"] in ("done", "failed", "cancelled"):
-            return doc
-        time.sleep(0.5)
-    return {"status": "stuck"}
-
-
 def one_run(client: httpx.Client, url: str, k: int) -> dict:
     before = answers(url)
     started = time.time()
@@ -61,7 +51,8 @@ def one_run(client: httpx.Client, url: str, k: int) -> dict:
     victim = max(now, key=lambda pid: now[pid] - before.get(pid, 0))
     os.kill(victim, signal.SIGKILL)
     killed_at = time.time() - started
-    docs = [wait(client, a) for a in ids]
+    docs = [doc if doc["status"] in TERMINAL else {"status": "stuck"}
+            for doc in (wait_agent(client, a, 900, 0.5, stuck_ok=True) for a in ids)]
     statuses = [d["status"] for d in docs]
     split = ray_split(url)
     run = {"run": k, "killed_pid": victim, "killed_at_s": round(killed_at, 1), "done": statuses.count("done"),

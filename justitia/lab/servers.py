@@ -1,9 +1,10 @@
 """Servers in subprocesses for the benchmarks: `justitia serve` or a stock vLLM OpenAI server on a free
-loopback port, started and waited for until it answers, and what a front end's ``/metrics`` says
-about the replicas behind it.
+loopback port, started and waited for until it answers, what a front end's ``/metrics`` says
+about the replicas behind it, and an agent waited for until it is over.
 
 The load test, the abuse list and the server, flags and Ray benchmarks (``justitia.lab``) start their
-servers with these.
+servers with these; they and the tests (``tests/servers.py``) wait for agents and read metrics with
+``wait_agent`` and ``metric``.
 """
 
 from __future__ import annotations
@@ -84,3 +85,28 @@ def ray_split(url: str) -> dict[str, float]:
         elif line.startswith(("justitia_ray_retries_total ", "justitia_ray_interrupted_total ")):
             out[line.split()[0].removeprefix("justitia_ray_")] = float(line.split()[-1])
     return out
+
+
+TERMINAL = ("done", "failed", "cancelled")  # an agent's statuses once it is over
+
+
+def wait_agent(client: httpx.Client, agent_id: str, timeout_s: float = 300, poll_s: float = 0.2,
+               stuck_ok: bool = False) -> dict:
+    """Poll the server's ``/v1/agents/{agent_id}`` until the agent is over (``TERMINAL``); its
+    document. One not over within ``timeout_s`` fails the check (an ``AssertionError``), or with
+    ``stuck_ok`` its last document is returned (a status not in ``TERMINAL``)."""
+    deadline = time.time() + timeout_s
+    while (doc := client.get(f"/v1/agents/{agent_id}").json())["status"] not in TERMINAL:
+        if time.time() >= deadline:
+            assert stuck_ok, f"agent {agent_id} still {doc['status']} after {timeout_s:.0f} s"
+            break
+        time.sleep(poll_s)
+    return doc
+
+
+def metric(client: httpx.Client, name: str) -> float:
+    """One sample of the Prometheus text at ``/metrics``; ``name`` may include labels."""
+    for line in client.get("/metrics").text.splitlines():
+        if line.startswith(name + " "):
+            return float(line.split()[1])
+    raise AssertionError(f"/metrics has no {name}")

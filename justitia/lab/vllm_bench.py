@@ -110,19 +110,10 @@ def load_bench(path: str | Path) -> tuple[dict, LatencyProfile, EngineSpec, Engi
     return doc, profile, spec, engine_config(profile, spec, doc["vllm"]["block_size"])
 
 
-def run_bench_vllm(
-    agents: list[Agent],
-    specs: list[RunSpec],
-    engine_spec: EngineSpec,
-    workload_info: dict,
-    seed: int = 0,
-    progress: bool = True,
-    profile: LatencyProfile | None = None,
-    calibration_agents: list[Agent] | None = None,
-    tagging: bool = False,
-    repeats: int = 1,
-    speed_probes: bool = False,
-) -> dict:
+def run_bench_vllm(agents: list[Agent], specs: list[RunSpec], engine_spec: EngineSpec, workload_info: dict,
+                   seed: int = 0, progress: bool = True, profile: LatencyProfile | None = None,
+                   calibration_agents: list[Agent] | None = None, tagging: bool = False, repeats: int = 1,
+                   speed_probes: bool = False) -> dict:
     """Run every spec on one vLLM engine (plus a tagging run on stock vLLM) and compare with the simulator.
 
     With ``repeats`` > 1 every run is repeated (interleaved) and each agent's JCT is its mean over

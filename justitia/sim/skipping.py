@@ -223,7 +223,7 @@ class SkippingRun(PlainRun):
         n_dec = len(self._decoders)
         chunks = [(r, r.num_tokens - r.computed) for r in self._prefilling]
         demand = n_dec + sum(n for _, n in chunks)
-        backlogged = self.measuring and self.core.num_waiting > 0
+        backlogged = self.measuring and len(self.core) > 0
         if demand > cfg.max_num_batched_tokens:
             return False  # the budget binds: running order decides who waits
         grow = self._pop_due(self._need_block, it)
@@ -240,7 +240,7 @@ class SkippingRun(PlainRun):
             for r, n in chunks:
                 self.core.charge(r.info, self._charge_for(r, n))
         budget = cfg.max_num_batched_tokens - demand
-        if (self.core.num_waiting and budget > 0 and len(self.running) < cfg.max_num_seqs
+        if (len(self.core) and budget > 0 and len(self.running) < cfg.max_num_seqs
                 and self._smallest_waiting_need() <= self.free):
             if not self.core.lookahead.keys_rise:
                 self._flush_charges(it + 1)  # this step's decodes are charged before admission (else: _front)
@@ -333,7 +333,7 @@ class SkippingRun(PlainRun):
                 heapq.heappush(heap, (due + bs, r.admit_no, r.epoch, r))
         if k < 1:
             return False
-        if self.measuring and self.core.num_waiting:
+        if self.measuring and len(self.core):
             self._delivered(duration_ps(k), [], n * k, k * ctx0 + n * k * (k + 1) // 2)
         self.now_ps += duration_ps(k)
         self._arrivals = 0
@@ -349,7 +349,7 @@ class SkippingRun(PlainRun):
         core = self.core
         ahead = core.lookahead
         n = len(self._decoders)
-        if not core.num_waiting or len(self.running) >= cfg.max_num_seqs or cfg.max_num_batched_tokens - n <= 0:
+        if not len(core) or len(self.running) >= cfg.max_num_seqs or cfg.max_num_batched_tokens - n <= 0:
             return k
         if self._smallest_waiting_need() > free_after:
             return k  # nothing waiting fits, whatever the order

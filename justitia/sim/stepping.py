@@ -83,7 +83,7 @@ class PlainRun:
     @property
     def busy(self) -> bool:
         """Whether any request is running or waiting."""
-        return bool(self.running) or self.core.num_waiting > 0
+        return bool(self.running) or len(self.core) > 0
 
     def submit(self, reqs: list[SimRequest]) -> None:
         """Queue new requests (a stage of one agent)."""
@@ -173,7 +173,7 @@ class PlainRun:
         budget = cfg.max_num_batched_tokens
         scheduled: dict[SimRequest, int] = {}
         preempted = False
-        backlogged = self.measuring and self.core.num_waiting > 0
+        backlogged = self.measuring and len(self.core) > 0
         for r in list(self.running):
             if budget <= 0:
                 break
@@ -229,7 +229,7 @@ class PlainRun:
         cfg = self.config
         core = self.core
         admitted = []
-        while budget > 0 and len(self.running) < cfg.max_num_seqs and core.num_waiting:
+        while budget > 0 and len(self.running) < cfg.max_num_seqs and len(core):
             r = self.reqs[self._front().request_id]
             if ceil_div(r.num_tokens, cfg.block_size) > self.free:
                 break  # head-of-line: vLLM does not look past a request that does not fit

@@ -1,5 +1,5 @@
-"""``JustitiaScheduler``: vLLM's scheduler with its waiting queue ordered by a justitia policy;
-``StepLogScheduler``, its base: vLLM's scheduler unchanged, with the step log.
+"""``JustitiaScheduler``: vLLM's scheduler with its waiting queue ordered by a justitia policy, on
+the step-log base (``base.StepLogScheduler``: vLLM's scheduler unchanged, with the step log).
 
 Use it as ``LLM(..., scheduler_cls=JustitiaScheduler, scheduling_policy="priority")`` or
 ``--scheduler-cls justitia.vllm.plugin.JustitiaScheduler --scheduling-policy priority``.
@@ -22,64 +22,35 @@ Control calls (``core.protocol.ControlCall``) come from the process that started
 through vLLM's utility channel (``AsyncLLM.engine_core.call_utility_async``, which an HTTP client
 cannot reach): ``register`` an agent and read its virtual finish tag, ``release`` one, read the policy's
 ``state`` (its clock included), or ``reset`` an idle engine's policy state (the bench reuses one engine for every
-policy). ``reset`` may open a step log (``StepLogScheduler`` takes ``reset`` alone, for that): one CSV line per engine step,
-a ``justitia.vllm.steplog.StepRow`` (its fields and units: that module, and docs/formats.md).
-
-``StepLogScheduler`` decides nothing: every method it overrides counts or times, then calls vLLM's
-(front-end tagging runs on it, so that their steps are logged as the plug-in's are; tests check
-that it schedules step for step as vLLM's own scheduler does).
+policy). ``reset`` may open a step log, as on the base (``justitia.vllm.base``, which takes ``reset`` alone).
 
 NOTE: the policy lives in the core (``justitia.core.AgentScheduler``), as in the simulator. This
 class only translates: vLLM's queue calls become core verbs, each step's scheduled tokens become
 charges, and every waiting and running request carries its policy key as ``priority``, so vLLM's
 own preemption rule (largest ``(priority, arrival_time)``) picks the lowest-priority victim.
-Read against vLLM 0.32 and 0.33 (``SUPPORTED_VLLM``; docs/vllm-versions.md): the scheduler
-internals it relies on are not a public interface, so any other version is refused at import.
-
-Why one module of about 500 lines: vLLM loads the scheduler by its dotted path
-(``--scheduler-cls justitia.vllm.plugin.JustitiaScheduler``) and picks the async variant inside it;
-the classes, their two queues, the version guard and the control utility that importing this module
-installs on vLLM's ``EngineCore`` are one unit that vLLM sees as one name, and every part of it
-reads the same vLLM internals. The step log's format lives apart (``steplog``).
+Read against vLLM 0.32 and 0.33, as its base is (``SUPPORTED_VLLM``; docs/vllm-versions.md): the
+scheduler internals it relies on are not a public interface, so importing either module refuses any
+other version. Importing this one also installs the base's control utility on vLLM's ``EngineCore``,
+and the names users give vLLM stay here: ``--scheduler-cls justitia.vllm.plugin.StepLogScheduler``
+runs the base.
 """
 
 from __future__ import annotations
 
 import hmac
 import json
-import time
-from collections import deque
 from typing import Iterable, Iterator
 
-import vllm
-from vllm.logger import init_logger
 from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 from vllm.v1.core.sched.request_queue import PriorityRequestQueue, RequestQueue
-from vllm.v1.core.sched.scheduler import Scheduler
-from vllm.v1.engine.core import EngineCore
 from vllm.v1.request import Request
 
-from justitia.core import (ENGINE_UTILITY, REGISTER, RESET, RETIRE, STATE, WINDOW_STEPS, AgentBook, AgentInfo,
-                           AgentScheduler, Charge, ControlCall, RequestMeta, calibrated_capacity, capacity_per_s,
-                           cost_model, prefill_attention, step_charges, step_delivered)
+from justitia.core import (REGISTER, RESET, RETIRE, STATE, WINDOW_STEPS, AgentBook, AgentInfo, AgentScheduler, Charge,
+                           ControlCall, RequestMeta, calibrated_capacity, capacity_per_s, cost_model, step_charges,
+                           step_delivered)
 from justitia.defaults import DOOR_KEY, policy_settings
-from justitia.vllm.steplog import StepLogWriter, StepRow
-
-logger = init_logger("vllm.justitia")  # under "vllm": vLLM configures handlers for that tree only
-
-# The vLLM versions whose scheduler internals this module was read against (docs/vllm-versions.md);
-# on any other, importing it fails at once rather than misordering late.
-SUPPORTED_VLLM = ("0.32", "0.33")
-
-
-def check_version(version: str) -> None:
-    """Raise a ``RuntimeError`` naming the supported versions unless ``version`` is one of them."""
-    if ".".join(version.split("+")[0].split(".")[:2]) not in SUPPORTED_VLLM:
-        raise RuntimeError(f"justitia's scheduler plug-in supports vLLM {' and '.join(SUPPORTED_VLLM)} (its scheduler "
-                           f"internals are not a public interface); this is vLLM {version}. Install one of those.")
-
-
-check_version(vllm.__version__)
+from justitia.vllm.base import ASYNC_VARIANTS, StepLogScheduler, logger
+from justitia.vllm.base import SUPPORTED_VLLM, AsyncStepLogScheduler, check_version  # noqa: F401  (named here too)
 
 
 def trusted(extra_args, client_prices: bool | None, door_token: str | None) -> bool:
@@ -176,137 +147,6 @@ class _HoldingQueue(PriorityRequestQueue):
             self.add_request(request)
 
 
-def _async_scheduling(args: tuple, kwargs: dict) -> bool:
-    """Whether the ``VllmConfig`` a scheduler is built with asks for async scheduling."""
-    config = kwargs.get("vllm_config", args[0] if args else None)
-    return bool(getattr(getattr(config, "scheduler_config", None), "async_scheduling", False))
-
-
-_ASYNC_VARIANTS: dict[type, type] = {}
-
-
-class StepLogScheduler(Scheduler):
-    """vLLM's v1 scheduler, its decisions untouched, that writes the step log (the module's docstring).
-
-    The hooks ``_before_step`` and ``_after_step`` are where a subclass works inside a step's timing
-    (``sched_us``); they do nothing here.
-
-    Built with async scheduling on (vLLM's default on a GPU), the class makes itself a subclass of
-    vLLM's ``AsyncScheduler`` as well (``__new__``: ``AsyncStepLogScheduler``,
-    ``JustitiaAsyncScheduler``), so the step in flight is vLLM's to handle; a step is read when it is
-    scheduled, its tokens in flight counted (``core.step_delivered``'s ``ahead``), and written out
-    when its own output comes back, a later step already scheduled or not."""
-
-    def __new__(cls, *args, **kwargs):
-        if _async_scheduling(args, kwargs) and not issubclass(cls, AsyncScheduler):
-            variant = _ASYNC_VARIANTS.get(cls)
-            if variant is None:  # a subclass of ours: its async twin, made once
-                variant = _ASYNC_VARIANTS[cls] = type(cls.__name__ + "Async", (cls, AsyncScheduler),
-                                                      {"__module__": cls.__module__, "__doc__": cls.__doc__})
-            cls = variant
-        return super().__new__(cls)
-
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        # async scheduling: a sampling request's placeholders per step (core.step_delivered's ahead)
-        self._ahead = getattr(self, "num_sampled_tokens_per_step", 1) if isinstance(self, AsyncScheduler) else 0
-        self._step_log = None
-        self._open_step_log(None)
-
-    def _open_step_log(self, path: str | None) -> None:
-        """Close the step log (flushing it) and open ``path``'s (None: none); restart the step clock."""
-        if self._step_log is not None:
-            self._step_log.close()
-        self._step_log = StepLogWriter(path) if path else None
-        self.t0 = time.monotonic()
-        self._steps: deque[tuple] = deque()  # (output, its line's fields) of steps scheduled, not yet back
-        self._preemptions = self._arrived = self._finished = 0
-
-    def _now(self) -> float:
-        return time.monotonic() - self.t0
-
-    def control(self, call: ControlCall):
-        """``reset`` (an idle engine): open the step log given, or close it; other verbs need a policy."""
-        if call.verb != RESET:
-            raise ValueError(f"'{call.verb}' needs the Justitia plug-in: this engine runs vLLM's own scheduler "
-                             f"(with a step log), which keeps no policy state.")
-        if self.requests:
-            logger.warning("justitia: reset refused: the engine is not idle")
-            return False
-        self._open_step_log(call.args.get("step_log"))
-        return True
-
-    # ------------------------------------------------------------------------------- counts
-    def add_request(self, request: Request) -> None:
-        """vLLM's; a new request counts towards the next step's ``arrived_before``."""
-        if request.request_id not in self.requests:
-            self._arrived += 1
-        return super().add_request(request)
-
-    def _free_request(self, request: Request, *args, **kwargs):
-        """vLLM's; a finished or aborted request counts towards its step's ``finished``."""
-        self._finished += 1
-        return super()._free_request(request, *args, **kwargs)
-
-    def _preempt_request(self, *args, **kwargs):
-        """vLLM's recompute preemption (the victim comes back through the waiting queue)."""
-        self._preemptions += 1
-        return super()._preempt_request(*args, **kwargs)
-
-    # --------------------------------------------------------------------------------- steps
-    def _before_step(self, now_s: float) -> None:
-        """A subclass's work before vLLM schedules a step."""
-
-    def _after_step(self, now_s: float, waiting: int, output) -> tuple | None:
-        """A subclass's work after vLLM scheduled a step; it may return the step's ``step_delivered``."""
-        return None
-
-    def schedule(self, *args, **kwargs):
-        """vLLM's step between the hooks; with a step log, the step is kept for ``update_from_output``."""
-        t_sched = time.perf_counter()
-        now_s = self._now()
-        self._before_step(now_s)
-        waiting = len(self.waiting)
-        output = super().schedule(*args, **kwargs)
-        delivered = self._after_step(now_s, waiting, output)
-        if self._step_log is not None:
-            ahead, scheduled = self._ahead, output.num_scheduled_tokens
-            _, _, kv, prefills, ctx = delivered or step_delivered(self.requests, scheduled, ahead)
-            attention = prefill_attention(self.requests, scheduled, ahead) if prefills else 0
-            self._steps.append((output, (now_s, output.total_num_scheduled_tokens, ctx, prefills,
-                                         len(scheduled) - prefills, waiting, kv, time.perf_counter() - t_sched,
-                                         self._arrived, attention)))
-            self._arrived = 0
-        return output
-
-    def update_from_output(self, scheduler_output, *args, **kwargs):
-        """vLLM's bookkeeping after a step; with a step log, the step is written out (under async
-        scheduling, the step whose output this is: a later one may be scheduled already)."""
-        started = time.perf_counter()
-        outputs = super().update_from_output(scheduler_output, *args, **kwargs)
-        if self._step_log is not None:
-            while self._steps:
-                output, step = self._steps.popleft()
-                if output is scheduler_output:
-                    break
-            else:
-                return outputs
-            t, batched, ctx, prefills, decodes, waiting, delivered, sched_s, arrived, attention = step
-            busy = int(self.has_unfinished_requests())
-            sched_us = round(1e6 * (sched_s + time.perf_counter() - started))
-            self._step_log.write(StepRow(t, batched, ctx, prefills, decodes, busy, self._preemptions, waiting,
-                                         delivered, sched_us, arrived, self._finished, attention))
-            self._preemptions = self._finished = 0
-        return outputs
-
-    def shutdown(self) -> None:
-        """Flush the step log with the engine."""
-        if self._step_log is not None:
-            self._step_log.close()
-            self._step_log = None
-        super().shutdown()
-
-
 class JustitiaScheduler(StepLogScheduler):
     """vLLM's v1 scheduler whose waiting order and preemption victims follow a justitia policy."""
 
@@ -355,7 +195,6 @@ class JustitiaScheduler(StepLogScheduler):
         self._charge = traits.uses_service or traits.retags_on_service
         self._rekey, self._measure = traits.keys_move, traits.measures_capacity
         self._rekey = self._rekey or traits.keys_shift  # tenants' keys move at their tenant's events
-        self._timed = traits.timed
         self._busy_step: tuple[float, Charge] | None = None  # the last step, if requests waited in it
         self._open_step_log(step_log)  # the policy's clock starts with the step log's
 
@@ -442,9 +281,8 @@ class JustitiaScheduler(StepLogScheduler):
             if self.log_agents:
                 logger.info("justitia: agent %s released (idle)", agent_id)
         core, info_of = self.core, self.book.request
-        if self._timed:
-            core.advance(now_s)  # keys that move with time (justitia-eligible)
-        if self._rekey and (moved := core.moved_agents()):  # keys moved with service, or with their tenant
+        moved = core.advance(now_s)  # keys that move with time refreshed (justitia-eligible)
+        if self._rekey and moved:  # keys moved with service, or with their tenant
             for request in self.running:
                 info = info_of(request.request_id)
                 if info is not None and info.agent_id in moved:
@@ -477,27 +315,10 @@ class JustitiaScheduler(StepLogScheduler):
         return None
 
 
-class AsyncStepLogScheduler(StepLogScheduler, AsyncScheduler):
-    """``StepLogScheduler`` on vLLM's async path (chosen by ``StepLogScheduler`` itself)."""
-
-
 class JustitiaAsyncScheduler(JustitiaScheduler, AsyncScheduler):
     """``JustitiaScheduler`` on vLLM's async path (chosen by ``JustitiaScheduler`` itself): vLLM
     schedules the next step before the last one's tokens come back; the plug-in charges each step as
     it is scheduled, its tokens in flight counted, so the charges are the sync path's."""
 
 
-_ASYNC_VARIANTS.update({StepLogScheduler: AsyncStepLogScheduler, JustitiaScheduler: JustitiaAsyncScheduler})
-
-
-def _engine_control(engine_core: EngineCore, call: dict):
-    """The utility vLLM's engine process runs for ``AsyncLLM.engine_core.call_utility_async``."""
-    scheduler = engine_core.scheduler
-    if not isinstance(scheduler, StepLogScheduler):
-        raise RuntimeError("this engine runs neither the Justitia scheduler plug-in nor its step-log base.")
-    return scheduler.control(ControlCall.from_json(call))
-
-
-# vLLM's engine process resolves utility calls by method name on its EngineCore; importing this
-# module (vLLM does, to build the scheduler) adds ours. It adds a method and overrides nothing.
-setattr(EngineCore, ENGINE_UTILITY, _engine_control)
+ASYNC_VARIANTS[JustitiaScheduler] = JustitiaAsyncScheduler
