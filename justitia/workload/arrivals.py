@@ -16,7 +16,8 @@ from pathlib import Path
 import numpy as np
 
 from justitia.core import is_positive_finite
-from justitia.workload.agents import WorkloadError, read_jsonl
+from justitia.workload.agents import WorkloadError
+from justitia.workload.files import read_jsonl
 
 MOONCAKE_ARRIVALS: Path = Path(__file__).parents[1] / "data" / "mooncake_conversation_arrivals.jsonl.gz"
 

@@ -11,6 +11,7 @@ import string
 from pathlib import Path
 
 from justitia.workload.agents import WorkloadError
+from justitia.workload.files import read_data_file
 
 WORKFLOW_TYPES: tuple[str, ...] = ("mrs", "dm", "cc", "kqa", "ev", "fv", "alfworld", "sc", "search")
 SIZE_CLASSES: tuple[str, ...] = ("small", "medium", "large")
@@ -22,12 +23,7 @@ HINT_FIELDS = {"topic", "i", "n", "n_hint", "body_words", "length_word", "out_se
 
 def load_workflow_params() -> dict:
     """Read and validate ``justitia/data/workflows.json``."""
-    try:
-        params = json.loads(PARAMS_PATH.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise WorkloadError(f"{PARAMS_PATH}: the workflow parameter file is missing.") from None
-    except json.JSONDecodeError as exc:
-        raise WorkloadError(f"{PARAMS_PATH}:{exc.lineno}: not valid JSON ({exc.msg} at column {exc.colno}).") from None
+    params = read_data_file(PARAMS_PATH, "workflow parameter")
     _validate_params(params)
     return params
 

@@ -28,6 +28,7 @@ import numpy as np
 from justitia.core import is_positive_finite
 from justitia.workload.agents import Agent, Segment, Stage, Task, WorkloadError
 from justitia.workload.arrivals import arrival_times
+from justitia.workload.files import read_data_file
 
 __all__ = ["SESSIONS_PATH", "load_session_params", "session_kv_cap", "generate_session", "generate_sessions",
            "build_sessions"]
@@ -116,13 +117,7 @@ def validate_session_params(p: object) -> dict:
 
 @lru_cache(maxsize=1)
 def _file_params() -> dict:
-    try:
-        doc = json.loads(SESSIONS_PATH.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise WorkloadError(f"{SESSIONS_PATH}: the session parameter file is missing.") from None
-    except json.JSONDecodeError as exc:
-        raise WorkloadError(f"{SESSIONS_PATH}:{exc.lineno}: not valid JSON ({exc.msg} at column {exc.colno}).") from None
-    return validate_session_params(doc)
+    return validate_session_params(read_data_file(SESSIONS_PATH, "session parameter"))
 
 
 def load_session_params() -> dict:
