@@ -97,7 +97,8 @@ class SkippingRun(PlainRun):
         heap, core, bs = self._waiting_blocks, self.core, self.config.block_size
         while heap:
             need, _, r = heap[0]
-            if core.lookahead.is_waiting(r.info) and need == self._static_need(r):
+            if core.lookahead.is_waiting(r.info) and need == (ceil_div(r.num_tokens, bs) if self.cache is None
+                                                              else self._static_need(r)):
                 return need
             heapq.heappop(heap)  # admitted, finished, or queued again with another length
         return NEVER
@@ -275,7 +276,11 @@ class SkippingRun(PlainRun):
             heapq.heappush(self._need_block, (it + bs, r.admit_no, r.epoch, r))
         for r, b in need.items():
             r.blocks += b
-            self._alloc(b)
+        if self.cache is None:
+            self.free -= sum(need.values())
+        else:
+            for b in need.values():
+                self._alloc(b)
         if self.cache is not None:  # the step's full blocks are cached in running order, before admission
             fills = [(r.admit_no, r, r.computed + n) for r, n in chunks]
             for r in self._pop_due(self._fill, it):
@@ -374,7 +379,10 @@ class SkippingRun(PlainRun):
                     heapq.heappush(heap, (due, r.admit_no, r.epoch, r))
                 k = due - it  # stop just before the step that preempts
                 break
-            self._alloc(len(group))
+            if self.cache is None:
+                self.free -= len(group)
+            else:
+                self._alloc(len(group))
             for r in group:
                 r.blocks += 1
                 heapq.heappush(heap, (due + bs, r.admit_no, r.epoch, r))
