@@ -171,6 +171,9 @@ class EngineConfig:
     # (start_s, end_s, factor): steps that start in [start_s, end_s) take ``factor`` (an integer) times
     # as long, as if the engine slowed down (other tenants, throttling); None: never
     slowdown: tuple[float, float, int] | None = None
+    # vLLM's automatic prefix cache (``sim.prefix``; on by default in vLLM): off, every request's
+    # prompt is computed whole, as the paper's simulator does
+    prefix_caching: bool = False
 
     def __post_init__(self) -> None:
         if self.block_size is None:
@@ -224,5 +227,6 @@ class EngineConfig:
             "max_num_batched_tokens": self.max_num_batched_tokens,
             "max_num_seqs": self.max_num_seqs,
             **({"slowdown": list(self.slowdown)} if self.slowdown else {}),
+            **({"prefix_caching": True} if self.prefix_caching else {}),
             "nominal_iteration_s": self.nominal_iteration_s,
         }

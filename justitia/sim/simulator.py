@@ -119,7 +119,7 @@ class EngineLoop:
         engines = self._engines
         self.book = Replicas([ReplicaLoad(str(i), cfg.kv_tokens) for i in range(len(engines))], self.router)
         self._affinity = self.router == "affinity"
-        self._caching = getattr(cfg, "prefix_caching", False)  # requests carry their text as runs, for the engines' prefix cache
+        self._caching = cfg.prefix_caching  # requests carry their text as runs, for the engines' prefix cache
         # (time ps, engine (-1: a delivery), seq, the request finished or (run, calls) delivered)
         self._finishes: list[tuple[int, int, int, Any]] = []
         self._ready: list[tuple[int, int]] = []  # (next step's start ps, engine) of engines with work

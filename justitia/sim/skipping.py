@@ -7,6 +7,13 @@ when each finishes. A step then costs only what changes in it. While every runni
 and no admission, preemption, arrival or finish can happen, steps differ only in context length,
 and a whole span of them is taken in closed form. A step that would preempt, or where the token
 budget binds, is run by the plain step on fully materialised state.
+
+With the prefix cache on, a decoder's blocks are cached as they fill, from a heap of when each
+fills its next block (in the plain step's order: by step, then running order), before any lookup
+reads the cache. A span is taken only while no waiting request that could be admitted in it: its
+lower bound on the blocks it needs counts only the hits now in use, and holds while no decoder can
+cache a block of its prefix (none of its runs' sources is a decoder's output source); else the
+bound is one block, and the steps are taken one at a time.
 """
 
 from __future__ import annotations
@@ -76,7 +83,7 @@ class SkippingRun(PlainRun):
     # ------------------------------------------------------------------------------- requests
     def _queued(self, r: SimRequest) -> None:
         """Note the blocks a request that just joined the waiting queue needs to be admitted."""
-        need = ceil_div(r.num_tokens, self.config.block_size)
+        need = self._static_need(r)
         self._queued_count += 1
         heapq.heappush(self._waiting_blocks, (need, self._queued_count, r))
 
@@ -90,10 +97,30 @@ class SkippingRun(PlainRun):
         heap, core, bs = self._waiting_blocks, self.core, self.config.block_size
         while heap:
             need, _, r = heap[0]
-            if core.lookahead.is_waiting(r.info) and need == ceil_div(r.num_tokens, bs):
+            if core.lookahead.is_waiting(r.info) and need == (ceil_div(r.num_tokens, bs) if self.cache is None
+                                                              else self._static_need(r)):
                 return need
             heapq.heappop(heap)  # admitted, finished, or queued again with another length
         return NEVER
+
+    def _static_need(self, r: SimRequest) -> int:
+        """The fewest blocks a waiting request can need to be admitted, whatever is cached."""
+        need = ceil_div(r.num_tokens, self.config.block_size)
+        if self.cache is not None and r.runs:
+            need -= (r.num_tokens - 1) // self.config.block_size  # every block but the last may hit
+        return need
+
+    def _need_lb(self, r: SimRequest) -> int:
+        """The fewest blocks a waiting request can need to be admitted in any step of a span (no
+        admission, free, or prefill in it): only the hits now in use can lower its need, unless a
+        decoder may cache a block of its prefix."""
+        cache = self.cache
+        if cache is None or not r.runs:
+            return ceil_div(r.num_tokens, self.config.block_size)
+        dec = self._dec_sources
+        if dec and any(src in dec for src in cache.content(r).sources):
+            return self._static_need(r)
+        return ceil_div(r.num_tokens, self.config.block_size) - cache.in_use_hits(r)
 
     # -------------------------------------------------------------------------- lazy decoders
     def _lazy_reset(self) -> None:
@@ -103,6 +130,8 @@ class SkippingRun(PlainRun):
         self._need_block: list[tuple[int, int, int, SimRequest]] = []
         self._done: list[tuple[int, int, int, SimRequest]] = []
         self._groups: dict[str, DecodeGroup] = {}
+        self._fill: list[tuple[int, int, int, SimRequest]] = []  # prefix cache: (step that fills a block, ...)
+        self._dec_sources: dict = {}  # prefix cache: decoders' output sources, counted
 
     def _decode(self, r: SimRequest) -> None:
         """Start keeping a request that has just begun decoding lazily."""
@@ -113,6 +142,12 @@ class SkippingRun(PlainRun):
         bs = self.config.block_size
         heapq.heappush(self._need_block, (it + r.blocks * bs - r.computed, r.admit_no, r.epoch, r))
         heapq.heappush(self._done, (it + r.output_tokens - r.generated, r.admit_no, r.epoch, r))
+        if self.cache is not None and r.runs:
+            # the step that computes the last token of the block after those now full fills it
+            heapq.heappush(self._fill, (it + bs - 1 - r.computed % bs, r.admit_no, r.epoch, r))
+            dec = self._dec_sources
+            for src in self.cache.content(r).out_sources:
+                dec[src] = dec.get(src, 0) + 1
         if self.charged:
             agent = r.info.agent_id
             group = self._groups.get(agent)
@@ -135,6 +170,12 @@ class SkippingRun(PlainRun):
         del self._decoders[r]
         self._dec_ctx -= r.computed
         r.epoch += 1
+        if self.cache is not None and r.runs:
+            dec = self._dec_sources
+            for src in self.cache.content(r).out_sources:
+                dec[src] -= 1
+                if not dec[src]:
+                    del dec[src]
         if self.charged:
             group = self._groups[r.info.agent_id]
             self._flush_group(group, self.iterations)
@@ -235,7 +276,18 @@ class SkippingRun(PlainRun):
             heapq.heappush(self._need_block, (it + bs, r.admit_no, r.epoch, r))
         for r, b in need.items():
             r.blocks += b
-            self.free -= b
+        if self.cache is None:
+            self.free -= sum(need.values())
+        else:
+            for b in need.values():
+                self._alloc(b)
+        if self.cache is not None:  # the step's full blocks are cached in running order, before admission
+            fills = [(r.admit_no, r, r.computed + n) for r, n in chunks]
+            for r in self._pop_due(self._fill, it):
+                fills.append((r.admit_no, r, r.computed + it - r.sync_it + 1))
+                heapq.heappush(self._fill, (it + bs, r.admit_no, r.epoch, r))
+            for _, r, upto in sorted(fills, key=lambda f: f[0]):
+                self.cache.cache_upto(r, upto)
         if self.charged:
             for r, n in chunks:
                 self.core.charge(r.info, self._charge_for(r, n))
@@ -327,12 +379,22 @@ class SkippingRun(PlainRun):
                     heapq.heappush(heap, (due, r.admit_no, r.epoch, r))
                 k = due - it  # stop just before the step that preempts
                 break
-            self.free -= len(group)
+            if self.cache is None:
+                self.free -= len(group)
+            else:
+                self._alloc(len(group))
             for r in group:
                 r.blocks += 1
                 heapq.heappush(heap, (due + bs, r.admit_no, r.epoch, r))
         if k < 1:
             return False
+        if self.cache is not None:  # the blocks decoders fill in the span, by step, then running order
+            fill = self._fill
+            while fill and fill[0][0] < it + k:
+                due, _, epoch, r = heapq.heappop(fill)
+                if epoch == r.epoch:
+                    self.cache.cache_upto(r, r.computed + due - r.sync_it + 1)
+                    heapq.heappush(fill, (due + bs, r.admit_no, r.epoch, r))
         if self.measuring and len(self.core):
             self._delivered(duration_ps(k), [], n * k, k * ctx0 + n * k * (k + 1) // 2)
         self.now_ps += duration_ps(k)
@@ -355,7 +417,7 @@ class SkippingRun(PlainRun):
             return k  # nothing waiting fits, whatever the order
 
         def fits(info: RequestInfo) -> bool:
-            return ceil_div(self.reqs[info.request_id].num_tokens, cfg.block_size) <= free_after
+            return self._need_lb(self.reqs[info.request_id]) <= free_after
 
         if not core.traits.keys_move:
             return 0 if fits(core.peek()) else k

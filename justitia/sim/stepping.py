@@ -11,6 +11,8 @@ NOTE on the rules followed in each step (as vLLM v1's ``Scheduler.schedule``):
      not fit (head-of-line break) or ``max_num_seqs`` is reached. A request is admitted only if its
      whole sequence so far fits in the free blocks (vLLM 0.32's ``scheduler_reserve_full_isl``,
      on by default, watermark 0); blocks are then allocated chunk by chunk.
+     With ``prefix_caching`` (``sim.prefix``), a request admitted with a hit starts with the hit's
+     tokens computed; its hit blocks are shared, and those in the free queue count against it.
   3. The step lasts ``profile.iteration_ps(...)`` (its tokens, its requests, and the new requests
      the engine took in since the last step); a request that completes its prefill or decodes
      samples one token; a request with all its output tokens finishes and frees its blocks.
@@ -23,6 +25,7 @@ from typing import Any, Callable
 
 from justitia.core import AgentScheduler, Charge, RequestInfo
 from justitia.sim.config import PS_PER_S, EngineConfig
+from justitia.sim.prefix import PrefixCache
 
 
 @dataclass(eq=False)
@@ -45,6 +48,10 @@ class SimRequest:
     epoch: int = 0  # skipping: bumped when the request stops decoding, voiding heap entries
     tag: float | None = None  # a cluster's front-end tag (the ``tagged`` policy orders by it)
     rank: float | None = None  # ... and, in a tenant, its agent's inner tag
+    # its content, prompt then output: ``(source, tokens)`` pairs, equal sources the same text
+    # (``sim.prefix``); empty: text no other request shares
+    runs: tuple = ()
+    preemptions: int = 0
 
     @property
     def num_tokens(self) -> int:
@@ -78,6 +85,11 @@ class PlainRun:
         self._arrivals = 0  # new requests since the last step, which it pays for (profile.per_arrival_ms)
         self.measuring = core.traits.measures_capacity  # report delivered service for the clock's M
         self.busy_ps = self.busy_prefill = self.busy_decode = self.busy_kv = 0  # since the last report
+        # vLLM's automatic prefix cache, and its PrefixCacheStats (tokens, at each admission's lookup;
+        # lookups of preempted requests apart)
+        self.cache = PrefixCache(config.block_size) if config.prefix_caching else None
+        self.prefix_queries = self.prefix_hits = 0
+        self.prefix_preempted_queries = self.prefix_preempted_hits = 0
 
     # ------------------------------------------------------------------ what the simulator calls
     @property
@@ -124,24 +136,60 @@ class PlainRun:
     def _queued(self, r: SimRequest) -> None:
         """A request joined the waiting queue (new or preempted)."""
 
-    def _admit(self, r: SimRequest, n: int) -> None:
-        """Move a waiting request into the running list and give it blocks for ``n`` tokens."""
+    def _admit(self, r: SimRequest, n: int, hits: list | None = None) -> None:
+        """Move a waiting request into the running list and give it blocks for ``n`` tokens (after
+        the cached blocks it ``hits``, with the prefix cache)."""
         self.core.dequeue(r.info)
         self.running.append(r)
         r.running = True
         self._admitted += 1
         r.admit_no = self._admitted
-        need = ceil_div(n, self.config.block_size)
-        self.free -= need
-        r.blocks = need
+        if hits is None:
+            need = ceil_div(n, self.config.block_size)
+            self.free -= need
+            r.blocks = need
+        else:  # vLLM's allocate_slots: touch the hits, allocate the chunk's blocks, cache the full ones
+            cache = self.cache
+            h = len(hits)
+            hit_tokens = h * self.config.block_size
+            self.free -= cache.touch(hits)
+            cache.hold(r, hits)
+            need = ceil_div(hit_tokens + n, self.config.block_size) - h
+            self._alloc(need)
+            r.blocks = h + need
+            r.computed = hit_tokens
+            cache.cache_upto(r, hit_tokens + n)
+            if r.preemptions:
+                self.prefix_preempted_queries += r.num_tokens
+                self.prefix_preempted_hits += hit_tokens
+            else:
+                self.prefix_queries += r.num_tokens
+                self.prefix_hits += hit_tokens
         if self.charged:
             self.core.charge(r.info, self._charge_for(r, n))
+
+    def _alloc(self, n: int) -> None:
+        """Take ``n`` blocks from the free queue (with the prefix cache, evicting as vLLM does)."""
+        if self.cache is not None and n > 0:
+            self.cache.evict_for(n, self.free)
+        self.free -= n
+
+    def _release(self, r: SimRequest) -> None:
+        """Give back the request's blocks (cached ones stay cached in the free queue, shared ones
+        stay with their other holders)."""
+        if self.cache is None:
+            self.free += r.blocks
+        else:
+            held = self.cache.held(r)
+            self.free += r.blocks - held + self.cache.release(r)
+        r.blocks = 0
 
     def _finish(self, r: SimRequest) -> None:
         self.running.remove(r)
         r.running = False
-        self.free += r.blocks
-        r.blocks = 0
+        self._release(r)
+        if self.cache is not None:
+            self.cache.forget(r)
         self.core.request_finished(r.info)
         del self.reqs[r.info.request_id]
         self.finished(r)
@@ -156,9 +204,9 @@ class PlainRun:
         """Free the victim's blocks and requeue it; return the token budget it gives back."""
         self.running.remove(victim)
         victim.running = False
-        self.free += victim.blocks
-        victim.blocks = 0
+        self._release(victim)
         victim.computed = 0
+        victim.preemptions += 1
         self.core.requeue(victim.info)
         self._queued(victim)
         self.preemptions += 1
@@ -189,8 +237,10 @@ class PlainRun:
                     break
             if not r.running:
                 break  # it preempted itself: vLLM schedules no further running request this step
-            self.free -= max(need, 0)
+            self._alloc(max(need, 0))
             r.blocks += max(need, 0)
+            if self.cache is not None:
+                self.cache.cache_upto(r, r.computed + n)
             scheduled[r] = n
             budget -= n
         charges = {r: self._charge_for(r, n) for r, n in scheduled.items()}
@@ -231,10 +281,18 @@ class PlainRun:
         admitted = []
         while budget > 0 and len(self.running) < cfg.max_num_seqs and len(core):
             r = self.reqs[self._front().request_id]
-            if ceil_div(r.num_tokens, cfg.block_size) > self.free:
-                break  # head-of-line: vLLM does not look past a request that does not fit
-            n = min(r.num_tokens, budget)
-            self._admit(r, n)
+            if self.cache is None:
+                if ceil_div(r.num_tokens, cfg.block_size) > self.free:
+                    break  # head-of-line: vLLM does not look past a request that does not fit
+                n = min(r.num_tokens, budget)
+                self._admit(r, n)
+            else:
+                hits = self.cache.lookup(r)
+                evictable = sum(b.ref == 0 for b in hits)  # hits in the free queue count against it
+                if max(ceil_div(r.num_tokens, cfg.block_size) - len(hits), 0) + evictable > self.free:
+                    break
+                n = min(r.num_tokens - len(hits) * cfg.block_size, budget)
+                self._admit(r, n, hits)
             admitted.append((r, n))
             budget -= n
         return admitted
