@@ -28,6 +28,7 @@ from justitia.workload import Agent, tasks_by_id
 
 
 PRICINGS = ("first-stage", "all-stages")
+BURSTS = ("turn", "pause")  # what a session's flow is priced and tagged by (docs/sessions.md)
 
 
 @dataclass(frozen=True)
@@ -97,7 +98,7 @@ class AgentProcess:
 
     def __init__(self, agent: Agent, predictor: Predictor, cost: CostModel = KV, *,
                  tasks: Sequence[Sequence[Any]] | None = None, request_prefix: str = "",
-                 render: Render | None = None, pricing: str = "first-stage"):
+                 render: Render | None = None, pricing: str = "first-stage", burst: str = "turn"):
         """``agent`` is what the predictor sees (its id, type and stages with the lengths known at
         arrival); ``tasks`` are the stages' tasks to hand the engine (default: ``agent.stages``);
         ``render`` fills a prompt's placeholders from earlier answers (default: prompts as given).
@@ -107,6 +108,9 @@ class AgentProcess:
         so that a cheap first stage cannot hide heavy later ones."""
         if pricing not in PRICINGS:
             raise ValueError(f"pricing must be one of {', '.join(PRICINGS)}, got '{pricing}'.")
+        if burst not in BURSTS:
+            raise ValueError(f"burst must be one of {', '.join(BURSTS)}, got '{burst}'.")
+        self.burst = burst
         self.agent = agent
         self.predictor = predictor
         self.cost = cost
@@ -132,8 +136,12 @@ class AgentProcess:
         self._prompt_runs: dict[str, tuple] = {}
         self.turn_times: dict[int, list[float]] = {}  # turn -> [first call sent, last answer] (``sent``, ``answered``)
         self.in_flight = 0  # calls sent and not answered
-        self.bursts: list[list[float]] = []  # [sent at, true KV cost of its answered calls]: a burst starts
-        self._burst_of: dict[tuple[int, int], int] = {}  # when a call is sent with nothing in flight
+        self._turn_sent = -1  # the turn of the calls sent last
+        self._turn_released = 0  # the latest turn whose calls were handed out
+        # [sent at, true KV cost of its answered calls]: the work as it came, a burst started whenever a
+        # call is sent with nothing in flight (whatever unit prices it)
+        self.bursts: list[list[float]] = []
+        self._burst_of: dict[tuple[int, int], int] = {}
 
     @property
     def done(self) -> bool:
@@ -217,8 +225,9 @@ class AgentProcess:
 
     def sent(self, calls: Sequence[Call], now_s: float) -> None:
         """The driver sent ``calls`` at ``now_s`` (after their pause): a turn starts at its first."""
-        if not self.in_flight:
+        if not self.in_flight:  # the work as it came: the GPS reference's arrivals (docs/sessions.md)
             self.bursts.append([now_s, 0.0])
+        self._turn_sent = max(self._turn_sent, max((c.turn for c in calls), default=self._turn_sent))
         self.in_flight += len(calls)
         for c in calls:
             self._burst_of[(c.stage, c.index)] = len(self.bursts) - 1
@@ -226,9 +235,27 @@ class AgentProcess:
 
     @property
     def paused(self) -> bool:
-        """Whether the agent waits on a pause with nothing in flight: a session between two bursts
-        (it leaves the engines and arrives again with its next burst)."""
-        return self.state == "running" and self.in_flight == 0
+        """Whether the session is between two bursts, with nothing in flight: it leaves the engines
+        and arrives again with its next burst. A burst is a user turn (``burst="turn"``: a tool
+        pause inside a turn keeps its place) or the calls between two pauses of any kind."""
+        return (self.state == "running" and self.in_flight == 0
+                and (self.burst == "pause" or self._turn_released > self._turn_sent))
+
+    def opens_burst(self, calls: Sequence[Call]) -> bool:
+        """Whether sending ``calls`` now starts a burst (the agent's first calls, or a session's next)."""
+        return not self.in_flight and (self._turn_sent < 0 or self.burst == "pause"
+                                       or any(c.turn > self._turn_sent for c in calls))
+
+    def burst_cost(self, calls: Sequence[Call]) -> float:
+        """A burst's predicted cost when ``calls`` open it: their request costs (``burst="pause"``),
+        or those of every call of their turn (``"turn"``: the turn is priced whole, as the paper
+        prices an agent)."""
+        if self.burst == "pause":
+            return sum(c.meta.request_cost for c in calls)
+        turn = max(c.turn for c in calls)
+        a = self.agent
+        return sum(float(self.predictor.request_cost(a, s, i, self.cost)) for s, node in enumerate(self._layout)
+                   if self._turns[s] == turn for i in range(node.size))
 
     def turns(self) -> list[float]:
         """Each turn's time, first call sent to last answer, in turn order (turns seen so far)."""
@@ -296,6 +323,7 @@ class AgentProcess:
             calls.append(Call(f"{self.request_prefix}{a.agent_id}/{s}/{i}", s, i, task, prompt, meta, delay_s,
                               self._turns[s]))
             self._chains[(s, i)] = chain
+        self._turn_released = max(self._turn_released, self._turns[s])
         self._open[id(chain)] = node.own + len(node.branches)
         for branch in node.branches:
             calls += self._enter(_Chain(chain, [(s, n) for n in branch], None), 0, delay_s)

@@ -14,7 +14,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable
 
-from justitia.agent import PRICINGS, AgentResult, RunResult
+from justitia.agent import BURSTS, PRICINGS, AgentResult, RunResult
 from justitia.core import ROUTER_NAMES, has_clock
 from justitia.lab.metrics import delay_bound_s, fairness, gps_finish_times, jct_stats, turn_stats
 from justitia.lab.progress import progress_bar
@@ -40,12 +40,15 @@ class RunSpec:
     router: str | None = None  # a cluster's router (None: least-load); ignored on one engine
     cluster_clock: str | None = None  # a cluster's justitia clock: global (None) or replica
     per_agent: bool = False  # the agents' tenants left out: every agent is a root entry of its own
+    burst: str = "turn"  # what a session is priced and tagged by: a user turn, or the calls between two pauses
 
     def __post_init__(self) -> None:
         if self.capacity not in CAPACITIES:
             raise ValueError(f"--capacity must be one of {', '.join(CAPACITIES)}, got '{self.capacity}'.")
         if self.pricing not in PRICINGS:
             raise ValueError(f"--pricing must be one of {', '.join(PRICINGS)}, got '{self.pricing}'.")
+        if self.burst not in BURSTS:
+            raise ValueError(f"--burst must be one of {', '.join(BURSTS)}, got '{self.burst}'.")
         if self.router is not None and self.router not in ROUTER_NAMES:
             raise ValueError(f"--router must be one of {', '.join(ROUTER_NAMES)}, got '{self.router}'.")
         if self.cluster_clock is not None and self.cluster_clock not in CLOCKS:
@@ -55,6 +58,8 @@ class RunSpec:
         """The run's settings as a results-file document."""
         doc = {"policy": self.policy, "predictor": self.predictor, "cost": self.cost, "capacity": self.capacity,
                "retag": self.retag, "pricing": self.pricing}
+        if self.burst != "turn":
+            doc["burst"] = self.burst
         return doc | {"per_agent": True} if self.per_agent else doc
 
     def workload(self, agents: list[Agent]) -> list[Agent]:
@@ -83,7 +88,7 @@ def simulate(
                        measure_capacity=spec.capacity == "measured", retag=spec.retag, pricing=spec.pricing).run(agents)
     sim = Simulator(config, spec.policy, predictor, spec.cost, event_skipping, on_agent_finish,
                     measure_capacity=spec.capacity == "measured", retag=spec.retag,
-                    pricing=spec.pricing)
+                    pricing=spec.pricing, burst=spec.burst)
     return sim.run(agents)
 
 

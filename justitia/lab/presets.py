@@ -12,6 +12,7 @@ import numpy as np
 
 from justitia.core import POLICY_NAMES
 from justitia.lab.bench import RunSpec
+from justitia.lab.sessions import sessions_specs, sessions_summary, sessions_workload
 from justitia.sim import EngineConfig
 from justitia.sim.config import load_profile
 from justitia.workload import Agent, Task, build_workload, load_workload, scale_tokens
@@ -395,11 +396,19 @@ CPU_AGENTS, CPU_CALIBRATION_AGENTS, CPU_DENSITY, CPU_SCALE, CPU_REPEATS = 24, 20
 ENGINE_AGENTS, ENGINE_CALIBRATION_AGENTS, ENGINE_DENSITY, ENGINE_REPEATS = 100, 40, 6.0, 3
 ENGINE_POLICIES = ("fcfs", "vtc", "srjf", "justitia", "las")
 ENGINE_OPTIONS = {"model": "tiny", "kv_blocks": 24, "max_num_seqs": 64, "max_num_batched_tokens": 2048}
-PRESET_NAMES = ("main", "starvation", "noise", "ablation", "sustained", "sustained-near", "trojan", "tenants",
+PRESET_NAMES = ("main", "sessions", "starvation", "noise", "ablation", "sustained", "sustained-near", "trojan", "tenants",
                 "elephant-stream", *CLUSTER_PRESETS,
                 "cpu", "engine")
+def _sessions(name: str, seed: int) -> Preset:
+    agents, info = sessions_workload(seed)
+    return Preset(name, f"{len(agents)} coding-agent sessions (turns, tool pauses, subagents, shared prompts), "
+                  "the prefix cache on: fcfs, vtc, las, srjf, justitia by turn and by pause", agents, info,
+                  sessions_specs(), sim_options={"prefix_caching": True}, summary=sessions_summary)
+
+
 PRESETS = {  # name -> the function that builds it
     "main": _main,
+    "sessions": _sessions,
     **{n: _cluster for n in CLUSTER_PRESETS},
     "starvation": _starvation,
     **{n: _sustained for n in SUSTAINED_LOADS},

@@ -45,7 +45,10 @@ def prefix_stats(engines: Sequence[PlainRun]) -> dict:
     admission, tokens found cached, and their ratio."""
     queried = sum(e.prefix_queries for e in engines)
     hit = sum(e.prefix_hits for e in engines)
-    return {"queried_tokens": queried, "hit_tokens": hit, "hit_rate": hit / queried if queried else 0.0}
+    again = sum(e.prefix_preempted_queries for e in engines)  # vLLM counts preempted requests apart
+    again_hit = sum(e.prefix_preempted_hits for e in engines)
+    return {"queried_tokens": queried, "hit_tokens": hit, "hit_rate": hit / queried if queried else 0.0,
+            "preempted_queried_tokens": again, "preempted_hit_tokens": again_hit}
 
 
 class Front(Protocol):
@@ -87,7 +90,7 @@ class EngineLoop:
     def __init__(self, config: EngineConfig, cores: Sequence[AgentScheduler], predictor: Predictor,
                  cost: CostModel, policy_name: str, router: str = "least-load", event_skipping: bool = True,
                  on_agent_finish: Callable[[AgentResult], None] | None = None, pricing: str = "first-stage",
-                 front: Front | None = None):
+                 front: Front | None = None, burst: str = "turn"):
         """``router``: a ``core.ROUTER_NAMES`` name; under ``affinity`` a stage's requests share the
         prefix ``agent/stage`` (the simulator models no prefix cache: affinity changes only where
         requests go). ``front``: the clock in front of the engines, if one is; else each core learns
@@ -103,6 +106,7 @@ class EngineLoop:
         self.on_agent_finish = on_agent_finish
         self.pricing = pricing
         self.front = front
+        self.burst = burst  # a session's priced unit: a user turn, or the calls between two pauses (AgentProcess)
         self.book: Replicas | None = None  # the routing book of the last run
 
     def run(self, agents: list[Agent]) -> RunResult:
@@ -132,7 +136,8 @@ class EngineLoop:
         # answer latency after its step. Deliveries wait in the heap of finishes, in time order.
         self._in_ps, self._out_ps, self._per_request_ps = cfg.profile.frontend_ps()
         self._frontend_free_ps = 0  # when the front end has taken in every request sent so far
-        pending = sorted((_AgentRun(AgentProcess(a, self.predictor, self.cost, pricing=self.pricing),
+        pending = sorted((_AgentRun(AgentProcess(a, self.predictor, self.cost, pricing=self.pricing,
+                                                 burst=self.burst),
                                     round(a.arrival_s * PS_PER_S)) for a in agents), key=lambda r: r.arrival_ps)
         shortest_step_ps = cfg.profile.iteration_ps(1, 0, 1)
         nxt = 0
@@ -211,9 +216,8 @@ class EngineLoop:
         """An agent sends ``calls`` at ``now_ps``: through the front end (one at a time, then the request
         latency) to the engines; at once when the front end takes no time."""
         proc = run.process
-        if proc.agent.is_session and not proc.in_flight:
-            # a burst starts (the session's first, or its next after a pause): priced by its calls
-            run.burst_cost = sum(c.meta.request_cost for c in calls)
+        if proc.agent.is_session and proc.opens_burst(calls):  # the session's first burst, or its next
+            run.burst_cost = proc.burst_cost(calls)
         proc.sent(calls, now_ps / PS_PER_S)
         if not (self._in_ps or self._per_request_ps):
             self._submit(run, calls, now_ps)
@@ -316,6 +320,7 @@ class Simulator:
         measure_capacity: bool = False,
         retag: bool = True,
         pricing: str = "first-stage",
+        burst: str = "turn",
     ):
         """``measure_capacity``: the policy's clock starts at the M it was made with (the engine's
         formula M, as a rule) and then follows what the engine delivers (``core.CapacityMeter``:
@@ -334,6 +339,7 @@ class Simulator:
         self.measure_capacity = measure_capacity
         self.retag = retag
         self.pricing = pricing
+        self.burst = burst
         self.meter: CapacityMeter | None = None
 
     def run(self, agents: list[Agent]) -> RunResult:
@@ -346,7 +352,7 @@ class Simulator:
         self.meter = meter
         core = AgentScheduler(self.policy, meter, self.retag, self.cost)
         loop = EngineLoop(cfg, [core], self.predictor, self.cost, self.policy.name, event_skipping=self.event_skipping,
-                          on_agent_finish=self.on_agent_finish, pricing=self.pricing)
+                          on_agent_finish=self.on_agent_finish, pricing=self.pricing, burst=self.burst)
         result = loop.run(agents)
         result.capacity_schedule = core.clock().schedule
         for e in loop._engines:  # the meter's record covers the whole run (M itself moved only at arrivals)

@@ -1,0 +1,47 @@
+"""The ``sessions`` preset: coding-agent sessions (turns, tool pauses, subagents, shared prompts) on
+the simulator with vLLM's prefix cache on, as vLLM runs by default (``docs/sessions.md``).
+
+    justitia bench --preset sessions
+
+Sessions come from ``justitia/data/sessions.json`` (``workload.sessions``), at a rate where the one
+engine is overloaded by about half again its work and queueing dominates a turn's time. Runs: fcfs,
+vtc, las (program-level least attained service, Autellix's and llm-d's rule), srjf and justitia,
+each session priced and tagged turn by turn; and justitia priced by the calls between two pauses
+of any kind (``burst="pause"``), the other choice the design weighs.
+"""
+
+from __future__ import annotations
+
+from justitia.lab.bench import RunSpec
+from justitia.workload import build_sessions
+
+SESSIONS_N = 400  # sessions in the preset
+SESSIONS_RATE_PER_S = 0.5  # their Poisson arrival rate: the work offered outruns the engine (see docs/results.md)
+SESSIONS_POLICIES = ("fcfs", "vtc", "las", "srjf", "justitia")
+PAUSE_LABEL = "justitia@pause"
+
+
+def sessions_workload(seed: int) -> tuple[list, dict]:
+    return build_sessions(SESSIONS_N, seed, rate_per_s=SESSIONS_RATE_PER_S)
+
+
+def sessions_specs() -> list[RunSpec]:
+    return [RunSpec(p, p) for p in SESSIONS_POLICIES] + [RunSpec(PAUSE_LABEL, "justitia", burst="pause")]
+
+
+def sessions_summary(doc: dict) -> list[str]:
+    """Mean and p90 turn time, the prefix cache's hit rate and the bound, per run; Justitia's mean
+    turn time against LAS's, VTC's and FCFS's."""
+    runs = doc["policies"]
+    lines = ["run               mean turn s   p90 turn s   hit rate   sessions over bound"]
+    for label, e in runs.items():
+        over = f"{e['bound_violations']} of {len(e['agents'])}" if "bound_violations" in e else "-"
+        hit = e.get("prefix_cache", {}).get("hit_rate")
+        lines.append(f"{label:16s} {e['mean_turn_s']:12.1f} {e['p90_turn_s']:12.1f} "
+                     f"{'-' if hit is None else f'{hit:.1%}':>10s}   {over}")
+    j = runs.get("justitia")
+    if j is not None:
+        ratios = ", ".join(f"{other} {j['mean_turn_s'] / runs[other]['mean_turn_s']:.2f}x"
+                           for other in ("las", "vtc", "fcfs") if other in runs)
+        lines.append(f"justitia's mean turn time against {ratios}")
+    return lines
