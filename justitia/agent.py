@@ -68,10 +68,11 @@ class AgentResult:
     predicted_cost: float
     turns_s: list[float] | None = None  # a session's turn times (first request sent to last answer), in order
     bursts: list[list[float]] | None = None  # a session's bursts: [sent at (s), true KV cost], in order
+    turn_costs: list[list[float]] | None = None  # a session priced by turn: [predicted, true] cost per turn
 
     def to_json(self) -> dict:
         """The result as a results-file document."""
-        return {k: v for k, v in self.__dict__.items() if v is not None or k not in ("turns_s", "bursts")}
+        return {k: v for k, v in self.__dict__.items() if v is not None or k not in ("turns_s", "bursts", "turn_costs")}
 
 
 @dataclass
@@ -137,6 +138,8 @@ class AgentProcess:
         self.turn_times: dict[int, list[float]] = {}  # turn -> [first call sent, last answer] (``sent``, ``answered``)
         self.in_flight = 0  # calls sent and not answered
         self._turn_sent = -1  # the turn of the calls sent last
+        self.turn_predicted: dict[int, float] = {}  # a session's turns: predicted cost as each started
+        self.turn_true: dict[int, float] = {}  # ... and what its answered calls cost (the cost model's unit)
         self._turn_released = 0  # the latest turn whose calls were handed out
         # [sent at, true KV cost of its answered calls]: the work as it came, a burst started whenever a
         # call is sent with nothing in flight (whatever unit prices it)
@@ -205,6 +208,10 @@ class AgentProcess:
         burst = self._burst_of.pop((call.stage, call.index), None)
         if burst is not None:
             self.bursts[burst][1] += KV.request_cost(answer.prompt_tokens, answer.output_tokens)
+        if self.agent.is_session:
+            self.turn_true[call.turn] = (self.turn_true.get(call.turn, 0.0)
+                                         + self.cost.request_cost(answer.prompt_tokens, answer.output_tokens))
+            self.predictor.observe_call(self.agent.type, answer.prompt_tokens, answer.output_tokens)
         if now_s is not None and (times := self.turn_times.get(call.turn)) is not None:
             times[1] = max(times[1], now_s)
         chain = self._chains.pop((call.stage, call.index))
@@ -214,14 +221,23 @@ class AgentProcess:
             if self._open[id(chain)]:
                 return calls
             if chain.pos + 1 < len(chain.stages):
+                if chain.parent is None and self._turns[chain.pos + 1] != self._turns[chain.pos]:
+                    self._turn_over(self._turns[chain.pos])
                 return calls + self._enter(chain, chain.pos + 1, 0.0)
             del self._open[id(chain)]
             if chain.parent is None:
                 break
             chain = chain.parent
         self.state = "done"
+        self._turn_over(call.turn)
         self.predictor.observe(self.agent.type, self.predicted_cost, self.true_cost(self.cost), self.agent.tenant)
         return []
+
+    def _turn_over(self, turn: int) -> None:
+        """A session's turn is answered whole: its predictor learns what it cost."""
+        if turn in self.turn_predicted:
+            self.predictor.observe_turn(self.agent.type, turn, self.turn_predicted[turn], self.turn_true.get(turn, 0.0),
+                                        self.turn_true.get(turn - 1))
 
     def sent(self, calls: Sequence[Call], now_s: float) -> None:
         """The driver sent ``calls`` at ``now_s`` (after their pause): a turn starts at its first."""
@@ -252,10 +268,13 @@ class AgentProcess:
         prices an agent)."""
         if self.burst == "pause":
             return sum(c.meta.request_cost for c in calls)
-        turn = max(c.turn for c in calls)
-        a = self.agent
-        return sum(float(self.predictor.request_cost(a, s, i, self.cost)) for s, node in enumerate(self._layout)
-                   if self._turns[s] == turn for i in range(node.size))
+        return self._predict_turn(max(c.turn for c in calls))
+
+    def _predict_turn(self, turn: int) -> float:
+        if turn not in self.turn_predicted:
+            earlier = [self.turn_true.get(t, 0.0) for t in sorted(self.turn_predicted) if t < turn]
+            self.turn_predicted[turn] = float(self.predictor.turn_cost(self.agent, turn, earlier, self.cost))
+        return self.turn_predicted[turn]
 
     def turns(self) -> list[float]:
         """Each turn's time, first call sent to last answer, in turn order (turns seen so far)."""
@@ -299,8 +318,10 @@ class AgentProcess:
     def result(self, arrival_s: float, finish_s: float) -> AgentResult:
         """The outcome of a finished agent that arrived at ``arrival_s`` and finished at ``finish_s``."""
         return AgentResult(self.agent.agent_id, self.agent.type, arrival_s, finish_s, finish_s - arrival_s,
-                           self.true_cost(KV), self.predicted_cost, *((self.turns(), self.bursts) if self.agent.is_session
-                                                                      else (None, None)))
+                           self.true_cost(KV), self.predicted_cost,
+                           *((self.turns(), self.bursts, [[self.turn_predicted[t], self.turn_true.get(t, 0.0)]
+                                                          for t in sorted(self.turn_predicted)] or None)
+                             if self.agent.is_session else (None, None, None)))
 
     def _enter(self, chain: "_Chain", pos: int, delay_s: float) -> list[Call]:
         """Start stage ``pos`` of ``chain``, ``delay_s`` from now plus its pause: its calls, and its

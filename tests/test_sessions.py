@@ -252,3 +252,77 @@ def test_the_gps_reference_serves_a_sessions_bursts_as_one_flow():
     # so s's second burst is again served at 50/s: it finishes 3 s after it came
     assert gps["s"] == pytest.approx(13.0)
     assert gps["x"] == pytest.approx((big + 2 * c) / 100.0)
+
+
+# ------------------------------------------------------------------ a session's turns, priced and predicted
+def test_a_turn_is_priced_whole_and_a_tool_pause_inside_it_keeps_the_session_in_the_engine():
+    s = session()
+    oracle = OraclePredictor()
+    from justitia.core import KV
+    turn0 = sum(KV.request_cost(t.prompt_tokens, t.output_tokens) for t in s.tasks if t.id != "t3")
+    assert [c for c in s.turn_calls(0)] == [(0, 0), (1, 0), (2, 0), (2, 1), (2, 2), (3, 0)] and s.turn_calls(1) == [(4, 0)]
+    proc = AgentProcess(s, oracle)
+    [t0] = proc.start()
+    assert proc.opens_burst([t0]) and proc.burst_cost([t0]) == pytest.approx(turn0)
+    proc.sent([t0], 0.0)
+    [t1] = proc.answered(t0, Answer("", 50, 10), 0.1)
+    assert not proc.paused  # a tool pause inside the turn: the session keeps its place
+    by_pause = AgentProcess(s, oracle, burst="pause")
+    [p0] = by_pause.start()
+    by_pause.sent([p0], 0.0)
+    by_pause.answered(p0, Answer("", 50, 10), 0.1)
+    assert by_pause.paused  # priced by pause, the same pause ends its burst
+    proc.sent([t1], 2.1)
+    calls = proc.answered(t1, Answer("", 67, 8), 2.2)
+    while calls:
+        proc.sent(calls, 3.0)
+        calls = [n for c in calls for n in proc.answered(c, Answer("", c.task.prompt_tokens, c.task.output_tokens), 4.0)]
+        if proc.paused:
+            break
+    assert proc.paused and calls and calls[0].turn == 1  # between turns: it leaves the engine
+    assert proc.turn_predicted == {0: pytest.approx(turn0)} and proc.turn_true[0] == pytest.approx(turn0)
+
+
+def test_the_session_predictor_learns_turns_online():
+    from justitia.core import KV
+    from justitia.predictors import make_predictor
+    p = make_predictor("session")
+    a = session()
+    first_guess = p.turn_cost(a, 0, [], KV)
+    assert first_guess == pytest.approx(p.request_cost(a, 0, 0, KV))  # nothing learned: its first call
+    p.observe_turn("coding", 0, first_guess, 4000.0)
+    p.observe_turn("coding", 0, first_guess, 16000.0)
+    assert p.turn_cost(a, 0, [], KV) == pytest.approx(8000.0)  # the typical first turn: a geometric mean
+    p.observe_turn("coding", 1, 1.0, 2000.0, earlier=1000.0)
+    assert p.turn_cost(a, 3, [100.0, 400.0], KV) == pytest.approx(200.0 * 2.0)  # its own turns, grown
+    p.observe_call("coding", 10, 64)
+    assert p.request_cost(a, 0, 0, KV) == pytest.approx(KV.request_cost(50, 64))  # the prompt known, the output learnt
+
+
+def test_turn_prediction_errors_are_reported_turn_by_turn():
+    from justitia.agent import AgentResult
+    from justitia.lab.metrics import turn_prediction
+    r = AgentResult("s", "coding", 0.0, 1.0, 1.0, 1.0, 1.0, [1.0, 1.0], [[0.0, 1.0]], [[100.0, 100.0], [100.0, 800.0]])
+    doc = turn_prediction([r])
+    assert doc["0"] == {"turns": 1, "within_2x": 1.0, "median_abs_log2_error": 0.0}
+    assert doc["1"]["median_abs_log2_error"] == pytest.approx(3.0) and doc["all"]["within_2x"] == 0.5
+
+
+def test_a_sessions_bench_reports_turns_the_cache_and_the_bound():
+    from justitia.lab.bench import run_bench
+    from justitia.lab.sessions import sessions_specs, sessions_summary
+    from justitia.sim import EngineConfig
+    from justitia.sim.config import load_profile
+    from justitia.lab.presets import SIM_DEFAULT_PROFILE
+    from justitia.workload import generate_sessions
+    agents = generate_sessions(12, 5, rate_per_s=0.5)
+    config = EngineConfig(profile=load_profile(SIM_DEFAULT_PROFILE), kv_blocks=800, prefix_caching=True)
+    specs = [s for s in sessions_specs() if s.label in ("fcfs", "justitia", "justitia@session-predictor")]
+    doc = run_bench(agents, specs, config, {"kind": "sessions"}, progress=False)
+    j = doc["policies"]["justitia"]
+    assert j["turns"] >= len(agents) and j["p90_turn_s"] >= j["p50_turn_s"] > 0
+    assert 0 < j["prefix_cache"]["hit_rate"] < 1 and j["prefix_cache"]["hit_tokens"] > 0
+    assert j["bound_violations"] == 0 and all("bursts" in a and "turns_s" in a for a in j["agents"])
+    assert set(doc["policies"]["justitia@session-predictor"]["turn_prediction"]) >= {"0", "all"}
+    lines = sessions_summary(doc)
+    assert any(line.startswith("justitia's mean turn time against fcfs") for line in lines)

@@ -16,7 +16,7 @@ from typing import Callable
 
 from justitia.agent import BURSTS, PRICINGS, AgentResult, RunResult
 from justitia.core import ROUTER_NAMES, has_clock
-from justitia.lab.metrics import delay_bound_s, fairness, gps_finish_times, jct_stats, turn_stats
+from justitia.lab.metrics import delay_bound_s, fairness, gps_finish_times, jct_stats, turn_prediction, turn_stats
 from justitia.lab.progress import progress_bar
 from justitia.lab.tenants import tenant_report
 from justitia.predictors import make_predictor
@@ -145,6 +145,7 @@ def summarize(
         bursts = {a.agent_id: a.bursts for a in run.agents if a.bursts}  # sessions: the run's own bursts
         if bursts:
             entry |= turn_stats(run.agents)
+            entry["turn_prediction"] = turn_prediction(run.agents)
         if run.prefix_cache is not None:
             entry["prefix_cache"] = run.prefix_cache
         if has_clock(spec.policy):  # policies with a clock

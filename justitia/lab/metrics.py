@@ -32,6 +32,20 @@ def turn_stats(results: list) -> dict:
             **{f"p{q}_turn_s": float(np.percentile(arr, q)) for q in (50, 90, 99)}}
 
 
+def turn_prediction(results: list) -> dict:
+    """How well sessions' turn costs were predicted as each turn started, by turn index (the first
+    five, then ``all``): the share within a factor of 2 and the median |log2(predicted / true)|."""
+    by: dict = {}
+    for r in results:
+        for k, (pred, true) in enumerate(r.turn_costs or ()):
+            if pred > 0 and true > 0:
+                err = abs(math.log2(pred / true))
+                by.setdefault(str(k) if k < 5 else "5+", []).append(err)
+                by.setdefault("all", []).append(err)
+    return {k: {"turns": len(v), "within_2x": float(np.mean(np.asarray(v) <= 1.0)),
+                "median_abs_log2_error": float(np.median(v))} for k, v in sorted(by.items(), key=lambda kv: kv[0] == "all")}
+
+
 def fairness(reference: dict[str, float], other: dict[str, float]) -> dict:
     """Relative JCT increase of ``other`` over ``reference``, paired by agent id.
 

@@ -6,8 +6,9 @@ the simulator with vLLM's prefix cache on, as vLLM runs by default (``docs/sessi
 Sessions come from ``justitia/data/sessions.json`` (``workload.sessions``), at a rate where the one
 engine is overloaded by about half again its work and queueing dominates a turn's time. Runs: fcfs,
 vtc, las (program-level least attained service, Autellix's and llm-d's rule), srjf and justitia,
-each session priced and tagged turn by turn; and justitia priced by the calls between two pauses
-of any kind (``burst="pause"``), the other choice the design weighs.
+each session priced and tagged turn by turn with the oracle's turn cost; justitia priced by the
+calls between two pauses of any kind (``burst="pause"``), the other choice the design weighs; and
+justitia with the ``session`` predictor, which learns turn costs online (its error turn by turn).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ SESSIONS_N = 400  # sessions in the preset
 SESSIONS_RATE_PER_S = 0.5  # their Poisson arrival rate: the work offered outruns the engine (see docs/results.md)
 SESSIONS_POLICIES = ("fcfs", "vtc", "las", "srjf", "justitia")
 PAUSE_LABEL = "justitia@pause"
+LEARNED_LABEL = "justitia@session-predictor"
 
 
 def sessions_workload(seed: int) -> tuple[list, dict]:
@@ -26,7 +28,8 @@ def sessions_workload(seed: int) -> tuple[list, dict]:
 
 
 def sessions_specs() -> list[RunSpec]:
-    return [RunSpec(p, p) for p in SESSIONS_POLICIES] + [RunSpec(PAUSE_LABEL, "justitia", burst="pause")]
+    return [RunSpec(p, p) for p in SESSIONS_POLICIES] + [RunSpec(PAUSE_LABEL, "justitia", burst="pause"),
+                                                         RunSpec(LEARNED_LABEL, "justitia", "session")]
 
 
 def sessions_summary(doc: dict) -> list[str]:
@@ -39,6 +42,13 @@ def sessions_summary(doc: dict) -> list[str]:
         hit = e.get("prefix_cache", {}).get("hit_rate")
         lines.append(f"{label:16s} {e['mean_turn_s']:12.1f} {e['p90_turn_s']:12.1f} "
                      f"{'-' if hit is None else f'{hit:.1%}':>10s}   {over}")
+    for label, e in runs.items():
+        errors = e.get("turn_prediction")
+        if errors and e["predictor"] != "oracle":
+            lines.append(f"{label}: turn cost predicted within 2x for "
+                         + ", ".join(f"turn {k}: {v['within_2x']:.0%}" for k, v in list(errors.items())[:4])
+                         + f" (all turns: {errors['all']['within_2x']:.0%}, median |log2 error| "
+                           f"{errors['all']['median_abs_log2_error']:.2f})")
     j = runs.get("justitia")
     if j is not None:
         ratios = ", ".join(f"{other} {j['mean_turn_s'] / runs[other]['mean_turn_s']:.2f}x"

@@ -1,8 +1,8 @@
 """Cost predictors: what an engine believes an agent or request will cost when it arrives.
 
 ``make_predictor(spec)`` builds one by name (``registry.SPEC_HELP``): ``oracle``, ``noisy:L``,
-a trainable kind trained on the committed SmolLM2 profile (``mlp``, ``lm``, ``mean``,
-``linear``; cached), a saved directory (``mlp:DIR``, ``lm:DIR``, or a bare ``DIR``), or a
+``session`` (a session's turns learned online, ``predictors.session``), a trainable kind trained
+on the committed SmolLM2 profile (``mlp``, ``lm``, ``mean``, ``linear``; cached), a saved directory (``mlp:DIR``, ``lm:DIR``, or a bare ``DIR``), or a
 baseline trained on the spot on a profile or workload file (``mean:FILE``, ``linear:FILE``).
 """
 
@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from justitia.core import KV
 from justitia.predictors.base import NoisyPredictor, OraclePredictor, Predictor
+from justitia.predictors.session import SessionPredictor
 from justitia.predictors.committed import DEFAULT_PROFILE, trained_predictors
 from justitia.predictors.registry import KINDS, SPEC_HELP, kind_of_dir
 from justitia.workload import load_workload
@@ -20,6 +21,8 @@ def make_predictor(spec: str, seed: int = 0) -> Predictor:
     """Build the predictor ``spec`` names (see the module's docstring)."""
     if spec == "oracle":
         return OraclePredictor()
+    if spec == "session":
+        return SessionPredictor()
     if spec.startswith("noisy:"):
         try:
             lam = float(spec.split(":", 1)[1])

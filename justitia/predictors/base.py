@@ -29,6 +29,19 @@ class Predictor:
         """The predicted cost of task ``index`` of stage ``stage`` of ``agent``."""
         raise NotImplementedError
 
+    def turn_cost(self, agent: Agent, turn: int, earlier: list[float], model: CostModel) -> float:
+        """The predicted cost of a session's user turn ``turn`` as it starts; ``earlier`` holds the
+        true costs of its turns before it. By default: its calls' predicted request costs, summed."""
+        return sum(float(self.request_cost(agent, s, i, model)) for s, i in agent.turn_calls(turn))
+
+    def observe_turn(self, agent_type: str, turn: int, predicted: float, actual: float,
+                     earlier: float | None = None) -> None:
+        """A session's turn finished: what was predicted for it, what it cost, and what its turn
+        before cost (None for its first); learning predictors use it."""
+
+    def observe_call(self, agent_type: str, prompt_tokens: int, output_tokens: int) -> None:
+        """A session's call was answered with ``output_tokens`` (learning predictors use it)."""
+
     def observe(self, agent_type: str, predicted: float, actual: float, tenant: str | None = None) -> None:
         """An agent (of ``tenant``) finished: what was predicted for it and what it cost (learning
         predictors use it)."""

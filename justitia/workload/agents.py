@@ -155,6 +155,15 @@ class Agent:
         """Whether any stage pauses, branches or names a turn (a session, not the paper's agent)."""
         return not all(s.plain for s in self.stages)
 
+    def turn_calls(self, turn: int) -> list[tuple[int, int]]:
+        """Every call of user turn ``turn``, as (top-level stage, call index), branches included."""
+        out, current = [], 0
+        for s, st in enumerate(self.stages):
+            current = st.turn if st.turn is not None else current
+            if current == turn:
+                out.extend((s, i) for i in range(len(st.all_tasks())))
+        return out
+
     def task(self, stage: int, index: int) -> Task:
         """The task of call ``index`` of top-level stage ``stage`` (its branches' tasks follow its own)."""
         st = self.stages[stage]
