@@ -326,3 +326,19 @@ def test_a_sessions_bench_reports_turns_the_cache_and_the_bound():
     assert set(doc["policies"]["justitia@session-predictor"]["turn_prediction"]) >= {"0", "all"}
     lines = sessions_summary(doc)
     assert any(line.startswith("justitia's mean turn time against fcfs") for line in lines)
+
+
+@pytest.mark.parametrize("policy", ["las", "justitia", "justitia-eligible"])
+@pytest.mark.parametrize("burst", ["turn", "pause"])
+def test_both_stepping_modes_agree_on_sessions_with_the_cache_on(policy, burst):
+    from justitia.lab.presets import SIM_DEFAULT_PROFILE
+    from justitia.sim import EngineConfig
+    from justitia.sim.config import load_profile
+    from justitia.workload import generate_sessions
+    agents = generate_sessions(16, 7, rate_per_s=1.0)
+    cfg = EngineConfig(profile=load_profile(SIM_DEFAULT_PROFILE), kv_blocks=900, prefix_caching=True)
+    runs = [Simulator(cfg, policy, OraclePredictor(), event_skipping=skip, measure_capacity=True, burst=burst).run(agents)
+            for skip in (True, False)]
+    a, b = ([(r.agent_id, r.finish_s, r.turns_s) for r in run.agents] for run in runs)
+    assert a == b and runs[0].prefix_cache == runs[1].prefix_cache and runs[0].prefix_cache["hit_tokens"] > 0
+    assert runs[0].steps < runs[1].steps  # the skipping stepper did skip
