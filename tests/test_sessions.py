@@ -341,4 +341,5 @@ def test_both_stepping_modes_agree_on_sessions_with_the_cache_on(policy, burst):
             for skip in (True, False)]
     a, b = ([(r.agent_id, r.finish_s, r.turns_s) for r in run.agents] for run in runs)
     assert a == b and runs[0].prefix_cache == runs[1].prefix_cache and runs[0].prefix_cache["hit_tokens"] > 0
-    assert runs[0].steps < runs[1].steps  # the skipping stepper did skip
+    if policy != "justitia-eligible":  # a timed policy always steps one iteration at a time
+        assert runs[0].steps < runs[1].steps  # the skipping stepper did skip
