@@ -343,3 +343,20 @@ def test_both_stepping_modes_agree_on_sessions_with_the_cache_on(policy, burst):
     assert a == b and runs[0].prefix_cache == runs[1].prefix_cache and runs[0].prefix_cache["hit_tokens"] > 0
     if policy != "justitia-eligible":  # a timed policy always steps one iteration at a time
         assert runs[0].steps < runs[1].steps  # the skipping stepper did skip
+
+
+def test_a_session_burst_that_reveals_more_moves_back_from_its_start():
+    core = _core("justitia")
+    core.agent_arrived("x", "t", 10_000.0, 0.0)
+    core.agent_arrived("s", "coding", 100.0, 0.0, session=True)  # f = 100, predicted small
+    plain = _core("justitia")
+    plain.agent_arrived("x", "t", 10_000.0, 0.0)
+    plain.agent_arrived("s", "coding", 100.0, 0.0)
+    for c in (core, plain):
+        _burst(c, "s", 100.0, 0.0)
+        r = c.peek()
+        c.dequeue(r)
+        c.request_finished(r)
+        _burst(c, "s", 500.0, 1.0)  # V(1) = 50: revealed 600 in all, 500 of it not done
+    assert plain.agent("s").virtual_finish == pytest.approx(50.0 + 500.0)  # V(now) + remaining
+    assert core.agent("s").virtual_finish == pytest.approx(0.0 + 600.0)  # S + revealed: where GPS would finish it

@@ -222,16 +222,19 @@ class VirtualClock:
         return None if known is None else known[1]
 
     # ------------------------------------------------------------------------------- verbs
-    def retag(self, agent_id: str, remaining_cost: float, now_s: float) -> float | None:
+    def retag(self, agent_id: str, remaining_cost: float, now_s: float, revealed_cost: float | None = None) -> float | None:
         """The agent has revealed more work than it was stamped with, ``remaining_cost`` of it not done:
         its tag becomes ``max(tag, V(now) + remaining / w)``, that of an agent arriving now with that
         work (it counts among the active agents again if GPS had finished it); in a tenant, the same
-        one level down. The new tag (the inner one, in a tenant), or None if the agent is not known
-        here (never arrived, or settled)."""
+        one level down. With ``revealed_cost`` (a session's burst: all it has revealed since its
+        start), also at least ``S + revealed / w``, where GPS would finish it had it been priced at
+        what it revealed: never past its GPS finish, which counts all its work from ``S``. The new
+        tag (the inner one, in a tenant), or None if the agent is not known here (never arrived, or
+        settled)."""
         self._advance(now_s)
         tenant = self._tenant_of.get(agent_id)
         if tenant is not None:
-            tag = self._inner(tenant).retag(agent_id, remaining_cost, self._v)
+            tag = self._inner(tenant).retag(agent_id, remaining_cost, self._v, revealed_cost)
             pampering = self._tenants[tenant].schedule
             left = pampering.left(agent_id)
             if tag is not None and remaining_cost > left:
@@ -242,8 +245,10 @@ class VirtualClock:
         known = self._agents.get(agent_id)
         if known is None:
             return None
-        _, old, weight = known[:3]
+        start, old, weight = known[:3]
         tag = max(old, self._v + (remaining_cost if weight == 1 else remaining_cost / weight))
+        if revealed_cost is not None:
+            tag = max(tag, start + revealed_cost / weight)
         if tag > old:
             known[1] = tag
             if tag > self._v:

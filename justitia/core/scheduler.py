@@ -114,13 +114,15 @@ class AgentScheduler:
 
     # ------------------------------------------------------------------------------ agents
     def agent_arrived(self, agent_id: str, agent_type: str, predicted_cost: float, now_s: float,
-                      weight: float = 1.0, tenant: str | None = None, resume_cost: float | None = None) -> AgentInfo:
+                      weight: float = 1.0, tenant: str | None = None, resume_cost: float | None = None,
+                      session: bool = False) -> AgentInfo:
         """Register an agent with its predicted total cost, its weight (its share under weighted
         fairness) and its tenant (justitia: hierarchical GPS; vtc: one counter per tenant); justitia's clock
         stamps it here. ``resume_cost``: an agent resumed after a restart, with this much of its
         predicted cost still owed by GPS (clipped to ``[0, predicted_cost]``): justitia stamps it
         ``V(now) + resume_cost / w``, its old place; its predicted cost stays whole (retagging and
-        settling read it)."""
+        settling read it). ``session``: the agent is a session, priced burst by burst: a burst that
+        reveals more work than predicted also moves back to ``S + revealed / w`` (justitia)."""
         if agent_id in self._paused:
             return self._returned(agent_id, predicted_cost, now_s)
         if agent_id in self._agents:
@@ -135,7 +137,7 @@ class AgentScheduler:
                 raise ValueError(f"agent '{agent_id}': resume_cost must be a finite number, got {resume_cost}.")
             resume_cost = min(max(float(resume_cost), 0.0), predicted_cost)
         info = AgentInfo(agent_id, agent_type, self._agent_seq, now_s, predicted_cost, float(weight), tenant,
-                         resume_cost)
+                         resume_cost, session)
         self._agent_seq += 1
         self._agents[agent_id] = info
         self._open[agent_id] = 0

@@ -289,7 +289,8 @@ class EngineLoop:
                     e.report_service()  # the clock's M may follow what the engine delivered so far
                 # the engine sees the agent at the step boundary where it takes it in, as a real one does
                 cost = run.process.predicted_cost if run.burst_cost is None else run.burst_cost
-                e.core.agent_arrived(agent.agent_id, agent.type, cost, e.now_ps / PS_PER_S, agent.weight, agent.tenant)
+                e.core.agent_arrived(agent.agent_id, agent.type, cost, e.now_ps / PS_PER_S, agent.weight, agent.tenant,
+                                     session=agent.is_session)
                 run.burst.add(i)
                 if i not in run.engines:
                     run.engines.append(i)

@@ -21,6 +21,7 @@ class AgentInfo:
     weight: float = 1.0  # its share under weighted fairness (its tenant's, if it has one)
     tenant: str | None = None  # tenants share the engine, agents their tenant's part (None: on its own)
     resume_cost: float | None = None  # an agent resumed after a restart: the work GPS still owed it (<= predicted)
+    session: bool = False  # a session, priced burst by burst (docs/sessions.md)
 
 
 @dataclass(frozen=True, eq=False)

@@ -28,6 +28,7 @@ class Justitia(Policy):
         self._groups = TenantGroups()  # tenants whose root keys moved: take_dirty, take_moved
         self._tenant = self._groups.tenant  # agents in a tenant -> the tenant
         self._inner: dict[str, float] = {}  # agents in a tenant -> their inner tag
+        self._sessions: set[str] = set()  # sessions: a burst that reveals more retags from its start too
 
     def agent_arrived(self, agent: AgentInfo, now_s: float) -> None:
         """Stamp the agent with its virtual finish tag (in a tenant: its inner tag, and its root key)."""
@@ -35,6 +36,8 @@ class Justitia(Policy):
         owed = agent.predicted_cost if agent.resume_cost is None else agent.resume_cost
         tag = self.clock.arrive(agent.agent_id, owed, now_s, agent.weight, agent.tenant)
         self._tags[agent.agent_id] = (tag, agent.seq)
+        if agent.session:
+            self._sessions.add(agent.agent_id)
         if agent.tenant is not None:
             self._groups.join(agent.agent_id, agent.tenant)
             self._inner[agent.agent_id] = agent.seq if self._chained else self.clock.inner_tag(agent.agent_id)
@@ -52,6 +55,7 @@ class Justitia(Policy):
     def agent_finished(self, agent_id: str, now_s: float) -> None:
         """Forget the agent's tag (the clock keeps it as ``settle`` left it)."""
         self._tags.pop(agent_id, None)
+        self._sessions.discard(agent_id)
         self._inner.pop(agent_id, None)
         self._groups.leave(agent_id)
 
@@ -68,7 +72,7 @@ class Justitia(Policy):
         entry = self._tags.get(agent_id)
         if entry is None:
             return
-        tag = self.clock.retag(agent_id, remaining_cost, now_s)
+        tag = self.clock.retag(agent_id, remaining_cost, now_s, revealed_cost if agent_id in self._sessions else None)
         tenant = self._tenant.get(agent_id)
         if tenant is not None:
             if tag is not None and tag > self._inner[agent_id] and not self._chained:
