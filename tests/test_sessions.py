@@ -360,3 +360,12 @@ def test_a_session_burst_that_reveals_more_moves_back_from_its_start():
         _burst(c, "s", 500.0, 1.0)  # V(1) = 50: revealed 600 in all, 500 of it not done
     assert plain.agent("s").virtual_finish == pytest.approx(50.0 + 500.0)  # V(now) + remaining
     assert core.agent("s").virtual_finish == pytest.approx(0.0 + 600.0)  # S + revealed: where GPS would finish it
+
+
+def test_a_cluster_runs_sessions_with_a_clock_per_engine_and_says_why_not_with_one_in_front():
+    from justitia.sim import Cluster
+    agents = [session("a"), session("b", 0.5)]
+    with pytest.raises(ValueError, match="clock per engine"):
+        Cluster(engine(), "justitia", OraclePredictor(), replicas=2, clock="global").run(agents)
+    result = Cluster(engine(), "justitia", OraclePredictor(), replicas=2, clock="replica").run(agents)
+    assert [len(r.turns_s) for r in result.agents] == [2, 2]

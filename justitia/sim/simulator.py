@@ -113,6 +113,9 @@ class EngineLoop:
         """Simulate ``agents`` to completion and return per-agent results (``capacity_schedule``: left
         to the caller, who knows which clock ran)."""
         validate(agents, self.config)
+        if self.front is not None and any(a.is_session for a in agents):
+            raise ValueError("sessions run on one engine, or on a cluster with a clock per engine (--cluster-clock "
+                             "replica): the clock in front of a cluster does not yet follow a session's bursts.")
         wall0 = time.perf_counter()
         cfg = self.config
         tenants = any(a.tenant is not None for a in agents)
