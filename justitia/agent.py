@@ -29,6 +29,7 @@ from justitia.workload import Agent, tasks_by_id
 
 PRICINGS = ("first-stage", "all-stages")
 BURSTS = ("turn", "pause")  # what a session's flow is priced and tagged by (docs/sessions.md)
+SUBAGENTS = ("share", "flows")  # a session's subagents share its flow, or are flows of their own
 
 
 @dataclass(frozen=True)
@@ -43,6 +44,7 @@ class Call:
     meta: RequestMeta
     pause_s: float = 0.0  # how long the driver waits, from the moment it gets the call, before sending it
     turn: int = 0  # the user turn it belongs to
+    flow: str | None = None  # the flow it is served in, when not its agent's (a subagent's, ``subagents="flows"``)
 
 
 @dataclass(frozen=True)
@@ -99,7 +101,8 @@ class AgentProcess:
 
     def __init__(self, agent: Agent, predictor: Predictor, cost: CostModel = KV, *,
                  tasks: Sequence[Sequence[Any]] | None = None, request_prefix: str = "",
-                 render: Render | None = None, pricing: str = "first-stage", burst: str = "turn"):
+                 render: Render | None = None, pricing: str = "first-stage", burst: str = "turn",
+                 subagents: str = "share"):
         """``agent`` is what the predictor sees (its id, type and stages with the lengths known at
         arrival); ``tasks`` are the stages' tasks to hand the engine (default: ``agent.stages``);
         ``render`` fills a prompt's placeholders from earlier answers (default: prompts as given).
@@ -112,6 +115,10 @@ class AgentProcess:
         if burst not in BURSTS:
             raise ValueError(f"burst must be one of {', '.join(BURSTS)}, got '{burst}'.")
         self.burst = burst
+        if subagents not in SUBAGENTS:
+            raise ValueError(f"subagents must be one of {', '.join(SUBAGENTS)}, got '{subagents}'.")
+        self.subagents = subagents
+        self.ended_flows: list[str] = []  # subagents as flows: those whose chain has ended, for the engine to retire
         self.agent = agent
         self.predictor = predictor
         self.cost = cost
@@ -227,6 +234,8 @@ class AgentProcess:
             del self._open[id(chain)]
             if chain.parent is None:
                 break
+            if chain.flow != chain.parent.flow:
+                self.ended_flows.append(chain.flow)
             chain = chain.parent
         self.state = "done"
         self._turn_over(call.turn)
@@ -270,10 +279,23 @@ class AgentProcess:
             return sum(c.meta.request_cost for c in calls)
         return self._predict_turn(max(c.turn for c in calls))
 
+    def flow_cost(self, call: Call) -> float:
+        """A subagent's flow's predicted cost when its first call is sent (``subagents="flows"``):
+        its chain's calls' request costs (its own subagents' aside, which are flows of their own)."""
+        a = self.agent
+        chain = self._chains[(call.stage, call.index)]
+        return sum(float(self.predictor.request_cost(a, s, i, self.cost))
+                   for s, node in chain.stages for i in range(node.offset, node.offset + node.own))
+
     def _predict_turn(self, turn: int) -> float:
         if turn not in self.turn_predicted:
             earlier = [self.turn_true.get(t, 0.0) for t in sorted(self.turn_predicted) if t < turn]
-            self.turn_predicted[turn] = float(self.predictor.turn_cost(self.agent, turn, earlier, self.cost))
+            if self.subagents == "flows":  # the turn's own calls: its subagents are priced in their flows
+                a = self.agent
+                self.turn_predicted[turn] = sum(float(self.predictor.request_cost(a, s, i, self.cost))
+                                                for s, i in a.turn_calls(turn) if i < len(a.stages[s]))
+            else:
+                self.turn_predicted[turn] = float(self.predictor.turn_cost(self.agent, turn, earlier, self.cost))
         return self.turn_predicted[turn]
 
     def turns(self) -> list[float]:
@@ -342,12 +364,17 @@ class AgentProcess:
                                float(self.predictor.request_cost(a, s, i, self.cost)), last,
                                None if a.weight == 1 else a.weight, a.tenant)
             calls.append(Call(f"{self.request_prefix}{a.agent_id}/{s}/{i}", s, i, task, prompt, meta, delay_s,
-                              self._turns[s]))
+                              self._turns[s], chain.flow))
             self._chains[(s, i)] = chain
         self._turn_released = max(self._turn_released, self._turns[s])
         self._open[id(chain)] = node.own + len(node.branches)
         for branch in node.branches:
-            calls += self._enter(_Chain(chain, [(s, n) for n in branch], None), 0, delay_s)
+            sub = _Chain(chain, [(s, n) for n in branch], None)
+            if self.subagents == "flows":
+                sub.flow = f"{chain.flow or self.agent.agent_id}/{s}.{node.branches.index(branch)}"
+            else:
+                sub.flow = chain.flow
+            calls += self._enter(sub, 0, delay_s)
         return calls
 
 
@@ -383,6 +410,7 @@ class _Chain:
     parent: "_Chain | None"
     stages: list[tuple[int, _Node]]  # (its top-level stage, the node)
     pos: int | None
+    flow: str | None = None  # the flow its calls are served in (None: the agent's)
 
 
 async def drive(process: AgentProcess, serve: Callable[[Call], Awaitable[Answer]],

@@ -369,3 +369,22 @@ def test_a_cluster_runs_sessions_with_a_clock_per_engine_and_says_why_not_with_o
         Cluster(engine(), "justitia", OraclePredictor(), replicas=2, clock="global").run(agents)
     result = Cluster(engine(), "justitia", OraclePredictor(), replicas=2, clock="replica").run(agents)
     assert [len(r.turns_s) for r in result.agents] == [2, 2]
+
+
+def test_subagents_as_flows_of_their_own_are_priced_apart_and_retired_when_their_chain_ends():
+    proc = AgentProcess(session(), OraclePredictor(), subagents="flows")
+    [t0] = proc.start()
+    turn0 = proc.burst_cost([t0])
+    [t1] = proc.answered(t0, Answer("", 50, 10))
+    calls = proc.answered(t1, Answer("", 67, 8))
+    assert sorted(c.flow for c in calls) == ["s/2.0", "s/2.1"] and t1.flow is None
+    from justitia.core import KV
+    a0, b0 = sorted(calls, key=lambda c: c.task.id)
+    assert proc.flow_cost(a0) == pytest.approx(KV.request_cost(45, 6) + KV.request_cost(54, 4))  # its chain's two calls
+    proc.answered(b0, Answer("", 44, 5))
+    assert proc.ended_flows == ["s/2.1"]
+    shared = AgentProcess(session(), OraclePredictor())
+    assert shared.burst_cost(shared.start()) - turn0 == pytest.approx(
+        KV.request_cost(45, 6) + KV.request_cost(54, 4) + KV.request_cost(44, 5))  # shared: the turn pays for them
+    result = Simulator(engine(), "justitia", OraclePredictor(), subagents="flows").run([session(), session("t", 0.2)])
+    assert [len(r.turns_s) for r in result.agents] == [2, 2]

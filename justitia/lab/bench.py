@@ -14,7 +14,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable
 
-from justitia.agent import BURSTS, PRICINGS, AgentResult, RunResult
+from justitia.agent import BURSTS, PRICINGS, SUBAGENTS, AgentResult, RunResult
 from justitia.core import ROUTER_NAMES, has_clock
 from justitia.lab.metrics import delay_bound_s, fairness, gps_finish_times, jct_stats, turn_prediction, turn_stats
 from justitia.lab.progress import progress_bar
@@ -41,6 +41,7 @@ class RunSpec:
     cluster_clock: str | None = None  # a cluster's justitia clock: global (None) or replica
     per_agent: bool = False  # the agents' tenants left out: every agent is a root entry of its own
     burst: str = "turn"  # what a session is priced and tagged by: a user turn, or the calls between two pauses
+    subagents: str = "share"  # a session's subagents share its flow, or are flows of their own
 
     def __post_init__(self) -> None:
         if self.capacity not in CAPACITIES:
@@ -49,6 +50,8 @@ class RunSpec:
             raise ValueError(f"--pricing must be one of {', '.join(PRICINGS)}, got '{self.pricing}'.")
         if self.burst not in BURSTS:
             raise ValueError(f"--burst must be one of {', '.join(BURSTS)}, got '{self.burst}'.")
+        if self.subagents not in SUBAGENTS:
+            raise ValueError(f"--subagents must be one of {', '.join(SUBAGENTS)}, got '{self.subagents}'.")
         if self.router is not None and self.router not in ROUTER_NAMES:
             raise ValueError(f"--router must be one of {', '.join(ROUTER_NAMES)}, got '{self.router}'.")
         if self.cluster_clock is not None and self.cluster_clock not in CLOCKS:
@@ -60,6 +63,8 @@ class RunSpec:
                "retag": self.retag, "pricing": self.pricing}
         if self.burst != "turn":
             doc["burst"] = self.burst
+        if self.subagents != "share":
+            doc["subagents"] = self.subagents
         return doc | {"per_agent": True} if self.per_agent else doc
 
     def workload(self, agents: list[Agent]) -> list[Agent]:
@@ -88,7 +93,8 @@ def simulate(
                        measure_capacity=spec.capacity == "measured", retag=spec.retag, pricing=spec.pricing).run(agents)
     sim = Simulator(config, spec.policy, predictor, spec.cost, event_skipping, on_agent_finish,
                     measure_capacity=spec.capacity == "measured", retag=spec.retag,
-                    pricing=spec.pricing, burst=spec.burst)
+                    pricing=spec.pricing, burst=spec.burst,
+                    subagents=spec.subagents)
     return sim.run(agents)
 
 

@@ -7,7 +7,8 @@ Sessions come from ``justitia/data/sessions.json`` (``workload.sessions``), at a
 engine is overloaded by about half again its work and queueing dominates a turn's time. Runs: fcfs,
 vtc, las (program-level least attained service, Autellix's and llm-d's rule), srjf and justitia,
 each session priced and tagged turn by turn with the oracle's turn cost; justitia priced by the
-calls between two pauses of any kind (``burst="pause"``), the other choice the design weighs; and
+calls between two pauses of any kind (``burst="pause"``), the other choice the design weighs;
+justitia with each subagent a flow of its own (``subagents="flows"``) rather than its session's; and
 justitia with the ``session`` predictor, which learns turn costs online (its error turn by turn).
 """
 
@@ -21,6 +22,7 @@ SESSIONS_RATE_PER_S = 0.5  # their Poisson arrival rate: the work offered outrun
 SESSIONS_POLICIES = ("fcfs", "vtc", "las", "srjf", "justitia")
 PAUSE_LABEL = "justitia@pause"
 LEARNED_LABEL = "justitia@session-predictor"
+FLOWS_LABEL = "justitia@subagent-flows"
 
 
 def sessions_workload(seed: int) -> tuple[list, dict]:
@@ -29,6 +31,7 @@ def sessions_workload(seed: int) -> tuple[list, dict]:
 
 def sessions_specs() -> list[RunSpec]:
     return [RunSpec(p, p) for p in SESSIONS_POLICIES] + [RunSpec(PAUSE_LABEL, "justitia", burst="pause"),
+                                                         RunSpec(FLOWS_LABEL, "justitia", subagents="flows"),
                                                          RunSpec(LEARNED_LABEL, "justitia", "session")]
 
 

@@ -27,8 +27,8 @@ class _AgentRun:
 
     process: AgentProcess
     arrival_ps: int
-    engines: list[int] = field(default_factory=list)
-    burst: set[int] = field(default_factory=set)  # the engines it arrived at in its burst (a session pauses there)
+    engines: list[tuple[int, str]] = field(default_factory=list)  # (engine, flow) whose core knows it
+    burst: set[tuple[int, str]] = field(default_factory=set)  # ... that it arrived at in its burst (it pauses there)
     burst_cost: float | None = None  # a session: its burst's predicted cost, which engines learn it arrive with
 
 
@@ -90,7 +90,7 @@ class EngineLoop:
     def __init__(self, config: EngineConfig, cores: Sequence[AgentScheduler], predictor: Predictor,
                  cost: CostModel, policy_name: str, router: str = "least-load", event_skipping: bool = True,
                  on_agent_finish: Callable[[AgentResult], None] | None = None, pricing: str = "first-stage",
-                 front: Front | None = None, burst: str = "turn"):
+                 front: Front | None = None, burst: str = "turn", subagents: str = "share"):
         """``router``: a ``core.ROUTER_NAMES`` name; under ``affinity`` a stage's requests share the
         prefix ``agent/stage`` (the simulator models no prefix cache: affinity changes only where
         requests go). ``front``: the clock in front of the engines, if one is; else each core learns
@@ -107,6 +107,7 @@ class EngineLoop:
         self.pricing = pricing
         self.front = front
         self.burst = burst  # a session's priced unit: a user turn, or the calls between two pauses (AgentProcess)
+        self.subagents = subagents  # a session's subagents share its flow, or are flows of their own (AgentProcess)
         self.book: Replicas | None = None  # the routing book of the last run
 
     def run(self, agents: list[Agent]) -> RunResult:
@@ -140,7 +141,7 @@ class EngineLoop:
         self._in_ps, self._out_ps, self._per_request_ps = cfg.profile.frontend_ps()
         self._frontend_free_ps = 0  # when the front end has taken in every request sent so far
         pending = sorted((_AgentRun(AgentProcess(a, self.predictor, self.cost, pricing=self.pricing,
-                                                 burst=self.burst),
+                                                 burst=self.burst, subagents=self.subagents),
                                     round(a.arrival_s * PS_PER_S)) for a in agents), key=lambda r: r.arrival_ps)
         shortest_step_ps = cfg.profile.iteration_ps(1, 0, 1)
         nxt = 0
@@ -244,7 +245,7 @@ class EngineLoop:
     def _finished(self, r: SimRequest, now_ps: int) -> None:
         self.book.done(r.request_id)
         now_s = now_ps / PS_PER_S
-        self._served.append((now_s, r.agent_id, kv_token_iters(r.prompt_tokens, r.output_tokens)))
+        self._served.append((now_s, r.owner[0].process.agent.agent_id, kv_token_iters(r.prompt_tokens, r.output_tokens)))
         if self.front is not None:
             self.front.request_finished(r.request_id, now_s)
         run, call = r.owner
@@ -252,17 +253,24 @@ class EngineLoop:
         upcoming = proc.answered(call, Answer("", r.prompt_tokens, r.output_tokens), now_s)
         if upcoming:
             self._send(run, upcoming, now_ps)
+        while proc.ended_flows:  # a subagent's own flow ended (subagents="flows"): its engines forget it
+            flow = proc.ended_flows.pop()
+            for key in [k for k in run.engines if k[1] == flow]:
+                e = self._wake(key[0], now_ps)
+                e.core.agent_finished(flow, e.now_ps / PS_PER_S)
+                run.engines.remove(key)
+                run.burst.discard(key)
         if proc.paused:  # a session waits on its pause: it leaves the engines until it sends again
-            for i in sorted(run.burst):
+            for i, flow in sorted(run.burst):
                 e = self._wake(i, now_ps)
-                e.core.agent_finished(proc.agent.agent_id, e.now_ps / PS_PER_S, pause=True)
+                e.core.agent_finished(flow, e.now_ps / PS_PER_S, pause=True)
             run.burst.clear()
         elif proc.done:
-            agent_id = proc.agent.agent_id
-            for i in run.engines:  # every engine that knew the agent forgets it
+            for i, flow in run.engines:  # every engine that knew the agent forgets it
                 e = self._wake(i, now_ps)
-                e.core.agent_finished(agent_id, e.now_ps / PS_PER_S)
+                e.core.agent_finished(flow, e.now_ps / PS_PER_S)
             run.engines.clear()
+            agent_id = proc.agent.agent_id
             if self.front is not None:
                 self.front.agent_finished(agent_id, now_s)
             result = proc.result(proc.agent.arrival_s, now_s)  # when it learns
@@ -275,28 +283,35 @@ class EngineLoop:
         first, if it has not yet)."""
         agent = run.process.agent
         now_s = now_ps / PS_PER_S
-        shares: dict[int, list[SimRequest]] = {}
+        shares: dict[tuple[int, str], list[SimRequest]] = {}
+        first: dict[str, Call] = {}  # a flow's first call here
         for c in calls:
             tag, rank = (None, None) if self.front is None else self.front.tag(c, now_s)
             prefix = f"{agent.agent_id}/{c.stage}" if self._affinity else None
             i = int(self.book.route(RouteRequest(c.request_id, c.meta.request_cost, prefix)).replica_id)
-            req = SimRequest(c.request_id, agent.agent_id, c.meta.request_cost, c.task.prompt_tokens,
+            flow = c.flow or agent.agent_id
+            req = SimRequest(c.request_id, flow, c.meta.request_cost, c.task.prompt_tokens,
                              c.task.output_tokens, (run, c), tag=tag, rank=rank)
             if self._caching:
                 req.runs = run.process.runs(c)
-            shares.setdefault(i, []).append(req)
-        for i, reqs in shares.items():
+            shares.setdefault((i, flow), []).append(req)
+            first.setdefault(flow, c)
+        for key, reqs in shares.items():
+            i, flow = key
             e = self._wake(i, now_ps)
-            if i not in run.burst:
+            if key not in run.burst:
                 if self.front is None:
                     e.report_service()  # the clock's M may follow what the engine delivered so far
                 # the engine sees the agent at the step boundary where it takes it in, as a real one does
-                cost = run.process.predicted_cost if run.burst_cost is None else run.burst_cost
-                e.core.agent_arrived(agent.agent_id, agent.type, cost, e.now_ps / PS_PER_S, agent.weight, agent.tenant,
-                                     session=agent.is_session)
-                run.burst.add(i)
-                if i not in run.engines:
-                    run.engines.append(i)
+                if flow != agent.agent_id:  # a subagent's own flow
+                    cost = run.process.flow_cost(first[flow])
+                else:
+                    cost = run.process.predicted_cost if run.burst_cost is None else run.burst_cost
+                e.core.agent_arrived(flow, agent.type, cost, e.now_ps / PS_PER_S, agent.weight, agent.tenant,
+                                     session=agent.is_session and flow == agent.agent_id)
+                run.burst.add(key)
+                if key not in run.engines:
+                    run.engines.append(key)
             e.submit(reqs)
             if not self._queued[i]:
                 self._queued[i] = True
@@ -325,6 +340,7 @@ class Simulator:
         retag: bool = True,
         pricing: str = "first-stage",
         burst: str = "turn",
+        subagents: str = "share",
     ):
         """``measure_capacity``: the policy's clock starts at the M it was made with (the engine's
         formula M, as a rule) and then follows what the engine delivers (``core.CapacityMeter``:
@@ -344,6 +360,7 @@ class Simulator:
         self.retag = retag
         self.pricing = pricing
         self.burst = burst
+        self.subagents = subagents
         self.meter: CapacityMeter | None = None
 
     def run(self, agents: list[Agent]) -> RunResult:
@@ -356,7 +373,8 @@ class Simulator:
         self.meter = meter
         core = AgentScheduler(self.policy, meter, self.retag, self.cost)
         loop = EngineLoop(cfg, [core], self.predictor, self.cost, self.policy.name, event_skipping=self.event_skipping,
-                          on_agent_finish=self.on_agent_finish, pricing=self.pricing, burst=self.burst)
+                          on_agent_finish=self.on_agent_finish, pricing=self.pricing, burst=self.burst,
+                          subagents=self.subagents)
         result = loop.run(agents)
         result.capacity_schedule = core.clock().schedule
         for e in loop._engines:  # the meter's record covers the whole run (M itself moved only at arrivals)
