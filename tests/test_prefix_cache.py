@@ -9,6 +9,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import justitia.sim.simulator as simulator
+from justitia.agent import AgentProcess
 from helpers import engine, random_agents
 from justitia.core import AgentScheduler
 from justitia.core.policies import POLICY_NAMES, make_policy
@@ -206,13 +207,13 @@ def sessions(rng: np.random.Generator, n: int, gap_s: float = 0.2) -> list[Agent
 
 @contextmanager
 def with_runs(engines: list):
-    """The simulator hands each request the runs of its task (``RUNS``, by prompt), and its engines
-    are kept in ``engines``."""
+    """The agents' calls hold the runs of their task (``RUNS``, by prompt: text copied across agents,
+    which the workload format cannot say), and the simulator's engines are kept in ``engines``."""
     loop_run = simulator.EngineLoop.run
+    process_runs = AgentProcess.runs
 
-    class Request(SimRequest):
-        def __init__(self, *args, **kw):
-            super().__init__(*args, runs=RUNS.get(args[5][1].task.prompt, ()), **kw)
+    def runs(self, call):
+        return RUNS.get(call.task.prompt) or process_runs(self, call)
 
     def run(self, agents):
         result = loop_run(self, agents)
@@ -220,7 +221,7 @@ def with_runs(engines: list):
         return result
 
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(simulator, "SimRequest", Request)
+        mp.setattr(AgentProcess, "runs", runs)
         mp.setattr(simulator.EngineLoop, "run", run)
         yield
 
@@ -267,7 +268,8 @@ def test_shared_prefixes_hit_and_skipping_still_skips():
 
 @pytest.mark.parametrize("skip", [True, False])
 @pytest.mark.parametrize("policy", ["fcfs", "justitia", "vtc"])
-def test_requests_without_runs_run_exactly_as_with_the_cache_off(skip, policy):
+def test_requests_without_runs_run_exactly_as_with_the_cache_off(skip, policy, monkeypatch):
+    monkeypatch.setattr(AgentProcess, "runs", lambda self, call: ())  # content never shared, never cached
     agents = random_agents(np.random.default_rng(4), 30, max_output=300)
     cfg = engine(blocks=70, budget=256, profile=LINEAR)
     on, engines = simulate(agents, policy, replace(cfg, prefix_caching=True), skip)
