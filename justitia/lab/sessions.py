@@ -7,7 +7,9 @@ Sessions come from ``justitia/data/sessions.json`` (``workload.sessions``), at a
 engine is overloaded by about half again its work and queueing dominates a turn's time. Runs: fcfs,
 vtc, las (program-level least attained service, Autellix's and llm-d's rule), srjf and justitia,
 each session priced and tagged turn by turn; and justitia priced by the calls between two pauses
-of any kind (``burst="pause"``), the other choice the design weighs.
+of any kind (``burst="pause"``), the other choice the design weighs; and justitia with the prefix
+cache evicting first the blocks of the sessions whose next tag comes last (``kv_eviction="tag"``,
+docs/sessions.md, "KV kept across tool pauses").
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ SESSIONS_N = 400  # sessions in the preset
 SESSIONS_RATE_PER_S = 0.5  # their Poisson arrival rate: the work offered outruns the engine (see docs/results.md)
 SESSIONS_POLICIES = ("fcfs", "vtc", "las", "srjf", "justitia")
 PAUSE_LABEL = "justitia@pause"
+TAG_EVICTION_LABEL = "justitia@tag-eviction"  # KV kept across tool pauses: evict the latest next tags first
 
 
 def sessions_workload(seed: int) -> tuple[list, dict]:
@@ -26,22 +29,29 @@ def sessions_workload(seed: int) -> tuple[list, dict]:
 
 
 def sessions_specs() -> list[RunSpec]:
-    return [RunSpec(p, p) for p in SESSIONS_POLICIES] + [RunSpec(PAUSE_LABEL, "justitia", burst="pause")]
+    return [RunSpec(p, p) for p in SESSIONS_POLICIES] + [RunSpec(PAUSE_LABEL, "justitia", burst="pause"),
+                                                          RunSpec(TAG_EVICTION_LABEL, "justitia", kv_eviction="tag")]
 
 
 def sessions_summary(doc: dict) -> list[str]:
     """Mean and p90 turn time, the prefix cache's hit rate and the bound, per run; Justitia's mean
-    turn time against LAS's, VTC's and FCFS's."""
+    turn time against LAS's, VTC's and FCFS's; tag eviction's figures against LRU's."""
     runs = doc["policies"]
-    lines = ["run               mean turn s   p90 turn s   hit rate   sessions over bound"]
+    lines = ["run                     mean turn s   p90 turn s   hit rate   sessions over bound"]
     for label, e in runs.items():
         over = f"{e['bound_violations']} of {len(e['agents'])}" if "bound_violations" in e else "-"
         hit = e.get("prefix_cache", {}).get("hit_rate")
-        lines.append(f"{label:16s} {e['mean_turn_s']:12.1f} {e['p90_turn_s']:12.1f} "
+        lines.append(f"{label:22s} {e['mean_turn_s']:12.1f} {e['p90_turn_s']:12.1f} "
                      f"{'-' if hit is None else f'{hit:.1%}':>10s}   {over}")
     j = runs.get("justitia")
     if j is not None:
         ratios = ", ".join(f"{other} {j['mean_turn_s'] / runs[other]['mean_turn_s']:.2f}x"
                            for other in ("las", "vtc", "fcfs") if other in runs)
         lines.append(f"justitia's mean turn time against {ratios}")
+    t = runs.get(TAG_EVICTION_LABEL)
+    if j is not None and t is not None:
+        hit = (f"{t['prefix_cache']['hit_rate'] / j['prefix_cache']['hit_rate']:.3f}x"
+               if j.get("prefix_cache", {}).get("hit_rate") and t.get("prefix_cache") else "-")
+        lines.append(f"tag eviction against lru (justitia): mean turn {t['mean_turn_s'] / j['mean_turn_s']:.3f}x, "
+                     f"p90 turn {t['p90_turn_s'] / j['p90_turn_s']:.3f}x, hit rate {hit}")
     return lines
