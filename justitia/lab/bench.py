@@ -21,6 +21,7 @@ from justitia.lab.progress import progress_bar
 from justitia.lab.tenants import tenant_report
 from justitia.predictors import make_predictor
 from justitia.sim import CLOCKS, Cluster, EngineConfig, Simulator
+from justitia.sim.config import KV_EVICTIONS
 from justitia.workload import Agent
 
 RESULTS_SCHEMA = "justitia.results/1"
@@ -42,6 +43,7 @@ class RunSpec:
     per_agent: bool = False  # the agents' tenants left out: every agent is a root entry of its own
     burst: str = "turn"  # what a session is priced and tagged by: a user turn, or the calls between two pauses
     subagents: str = "share"  # a session's subagents share its flow, or are flows of their own
+    kv_eviction: str | None = None  # the prefix cache's eviction rule for this run (None: the engine config's)
 
     def __post_init__(self) -> None:
         if self.capacity not in CAPACITIES:
@@ -56,6 +58,8 @@ class RunSpec:
             raise ValueError(f"--router must be one of {', '.join(ROUTER_NAMES)}, got '{self.router}'.")
         if self.cluster_clock is not None and self.cluster_clock not in CLOCKS:
             raise ValueError(f"--cluster-clock must be one of {', '.join(CLOCKS)}, got '{self.cluster_clock}'.")
+        if self.kv_eviction is not None and self.kv_eviction not in KV_EVICTIONS:
+            raise ValueError(f"kv_eviction must be one of {', '.join(KV_EVICTIONS)}, got '{self.kv_eviction}'.")
 
     def to_json(self) -> dict:
         """The run's settings as a results-file document."""
@@ -65,6 +69,8 @@ class RunSpec:
             doc["burst"] = self.burst
         if self.subagents != "share":
             doc["subagents"] = self.subagents
+        if self.kv_eviction is not None:
+            doc["kv_eviction"] = self.kv_eviction
         return doc | {"per_agent": True} if self.per_agent else doc
 
     def workload(self, agents: list[Agent]) -> list[Agent]:
@@ -87,6 +93,8 @@ def simulate(
     """Run one spec over ``agents`` on the simulator (a cluster of ``replicas`` engines if > 1)."""
     predictor = make_predictor(spec.predictor, seed)
     agents = spec.workload(agents)
+    if spec.kv_eviction is not None:
+        config = replace(config, kv_eviction=spec.kv_eviction)
     if replicas > 1:
         return Cluster(config, spec.policy, predictor, spec.cost, replicas, spec.router or "least-load",
                        spec.cluster_clock or "global", event_skipping, on_agent_finish,

@@ -8,8 +8,10 @@ engine is overloaded by about half again its work and queueing dominates a turn'
 vtc, las (program-level least attained service, Autellix's and llm-d's rule), srjf and justitia,
 each session priced and tagged turn by turn with the oracle's turn cost; justitia priced by the
 calls between two pauses of any kind (``burst="pause"``), the other choice the design weighs;
-justitia with each subagent a flow of its own (``subagents="flows"``) rather than its session's; and
-justitia with the ``session`` predictor, which learns turn costs online (its error turn by turn).
+justitia with each subagent a flow of its own (``subagents="flows"``) rather than its session's;
+justitia with the prefix cache evicting first the blocks of the sessions whose next tag comes last
+(``kv_eviction="tag"``, docs/sessions.md, "KV kept across tool pauses"); and justitia with the
+``session`` predictor, which learns turn costs online (its error turn by turn).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ SESSIONS_POLICIES = ("fcfs", "vtc", "las", "srjf", "justitia")
 PAUSE_LABEL = "justitia@pause"
 LEARNED_LABEL = "justitia@session-predictor"
 FLOWS_LABEL = "justitia@subagent-flows"
+TAG_EVICTION_LABEL = "justitia@tag-eviction"  # KV kept across tool pauses: evict the latest next tags first
 
 
 def sessions_workload(seed: int) -> tuple[list, dict]:
@@ -32,18 +35,19 @@ def sessions_workload(seed: int) -> tuple[list, dict]:
 def sessions_specs() -> list[RunSpec]:
     return [RunSpec(p, p) for p in SESSIONS_POLICIES] + [RunSpec(PAUSE_LABEL, "justitia", burst="pause"),
                                                          RunSpec(FLOWS_LABEL, "justitia", subagents="flows"),
+                                                         RunSpec(TAG_EVICTION_LABEL, "justitia", kv_eviction="tag"),
                                                          RunSpec(LEARNED_LABEL, "justitia", "session")]
 
 
 def sessions_summary(doc: dict) -> list[str]:
     """Mean and p90 turn time, the prefix cache's hit rate and the bound, per run; Justitia's mean
-    turn time against LAS's, VTC's and FCFS's."""
+    turn time against LAS's, VTC's and FCFS's; tag eviction's figures against LRU's."""
     runs = doc["policies"]
-    lines = ["run               mean turn s   p90 turn s   hit rate   sessions over bound"]
+    lines = ["run                     mean turn s   p90 turn s   hit rate   sessions over bound"]
     for label, e in runs.items():
         over = f"{e['bound_violations']} of {len(e['agents'])}" if "bound_violations" in e else "-"
         hit = e.get("prefix_cache", {}).get("hit_rate")
-        lines.append(f"{label:16s} {e['mean_turn_s']:12.1f} {e['p90_turn_s']:12.1f} "
+        lines.append(f"{label:22s} {e['mean_turn_s']:12.1f} {e['p90_turn_s']:12.1f} "
                      f"{'-' if hit is None else f'{hit:.1%}':>10s}   {over}")
     for label, e in runs.items():
         errors = e.get("turn_prediction")
@@ -57,4 +61,10 @@ def sessions_summary(doc: dict) -> list[str]:
         ratios = ", ".join(f"{other} {j['mean_turn_s'] / runs[other]['mean_turn_s']:.2f}x"
                            for other in ("las", "vtc", "fcfs") if other in runs)
         lines.append(f"justitia's mean turn time against {ratios}")
+    t = runs.get(TAG_EVICTION_LABEL)
+    if j is not None and t is not None:
+        hit = (f"{t['prefix_cache']['hit_rate'] / j['prefix_cache']['hit_rate']:.3f}x"
+               if j.get("prefix_cache", {}).get("hit_rate") and t.get("prefix_cache") else "-")
+        lines.append(f"tag eviction against lru (justitia): mean turn {t['mean_turn_s'] / j['mean_turn_s']:.3f}x, "
+                     f"p90 turn {t['p90_turn_s'] / j['p90_turn_s']:.3f}x, hit rate {hit}")
     return lines

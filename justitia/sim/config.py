@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from justitia.core import KV, CostModel, capacity_per_s, cost_model
+from justitia.sim.prefix import EVICTIONS as KV_EVICTIONS
 
 PS_PER_S = 10**12
 PS_PER_MS = 10**9
@@ -174,6 +175,10 @@ class EngineConfig:
     # vLLM's automatic prefix cache (``sim.prefix``; on by default in vLLM): off, every request's
     # prompt is computed whole, as the paper's simulator does
     prefix_caching: bool = False
+    # which free cached blocks the prefix cache evicts first: "lru", vLLM's (least recently freed);
+    # "tag", tried in the simulator only: those of the sessions whose next tag comes last
+    # (``sim.prefix``; docs/sessions.md, "KV kept across tool pauses")
+    kv_eviction: str = "lru"
 
     def __post_init__(self) -> None:
         if self.block_size is None:
@@ -187,6 +192,9 @@ class EngineConfig:
                 raise ValueError(f"engine config: '{name}' must be >= 1.")
         if self.blocks < 1:
             raise ValueError("engine config: 'kv_blocks' must be >= 1.")
+        if self.kv_eviction not in KV_EVICTIONS:
+            raise ValueError(f"engine config: 'kv_eviction' must be one of {', '.join(KV_EVICTIONS)}, "
+                             f"got '{self.kv_eviction}'.")
 
     def slowdown_at(self, now_ps: int) -> tuple[int, int | None]:
         """The latency factor of a step starting at ``now_ps``, and when it next changes (ps, or None)."""
@@ -228,5 +236,6 @@ class EngineConfig:
             "max_num_seqs": self.max_num_seqs,
             **({"slowdown": list(self.slowdown)} if self.slowdown else {}),
             **({"prefix_caching": True} if self.prefix_caching else {}),
+            **({"kv_eviction": self.kv_eviction} if self.kv_eviction != "lru" else {}),
             "nominal_iteration_s": self.nominal_iteration_s,
         }

@@ -12,22 +12,32 @@ shared) are counted only. Free blocks form vLLM's free queue: blocks without a k
 its head (vLLM prepends them when freed), cached ones behind them in least-recently-freed order
 (``lru``), so allocation takes unkeyed blocks first, then evicts the ``lru`` head. The engine keeps
 the free count (``PlainRun.free``); this object keeps the keyed part of the queue and the key map.
+
+An eviction rule other than vLLM's (``EngineConfig.kv_eviction``, tried in the simulator only):
+``"tag"`` evicts first the cached blocks of the sessions whose next tag comes last
+(``PrefixCache.evict_for``; docs/sessions.md, "KV kept across tool pauses").
 """
 
 from __future__ import annotations
 
+import heapq
 from collections import OrderedDict
-from typing import Any
+from typing import Any, Callable
+
+EVICTIONS = ("lru", "tag")  # vLLM's free queue; the sessions' next tags (``PrefixCache.evict_for``)
 
 
 class Block:
-    """A full, cached KV block: its key and how many running requests hold it."""
+    """A full, cached KV block: its key, how many running requests hold it, and (free, under the
+    ``tag`` rule) the agent of the request that freed it last and when (a count of frees)."""
 
-    __slots__ = ("key", "ref")
+    __slots__ = ("key", "ref", "owner", "freed")
 
     def __init__(self, key: int):
         self.key = key
         self.ref = 1
+        self.owner = None
+        self.freed = 0
 
 
 class Content:
@@ -55,13 +65,25 @@ class Content:
 class PrefixCache:
     """The key map, the keyed blocks of the free queue, and vLLM's hit counters."""
 
-    def __init__(self, block_size: int):
+    def __init__(self, block_size: int, eviction: str = "lru",
+                 next_tag: Callable[[str], float | None] | None = None):
+        """``eviction``: ``"lru"`` (vLLM's) or ``"tag"``, which reads each session's next tag with
+        ``next_tag(agent_id)`` (None: the agent is not known, or its policy keeps no clock)."""
+        if eviction not in EVICTIONS:
+            raise ValueError(f"kv eviction must be one of {', '.join(EVICTIONS)}, got '{eviction}'.")
+        if eviction == "tag" and next_tag is None:
+            raise ValueError("the 'tag' eviction rule needs the sessions' next tags (next_tag).")
         self.bs = block_size
         self._names: dict[tuple, int] = {}  # (parent key, slices) -> key
         self.map: dict[int, list[Block]] = {}  # key -> cached blocks, first inserted first
         self.lru: OrderedDict[Block, None] = OrderedDict()  # free cached blocks, next evicted first
         self._content: dict[Any, Content] = {}
         self.evictions = 0
+        self.eviction = eviction
+        self.next_tag = next_tag
+        # ``tag``: the free cached blocks of each agent (that freed them last), in the free queue's order
+        self.free_by_agent: dict[Any, OrderedDict[Block, None]] = {}
+        self._frees = 0
 
     # ------------------------------------------------------------------------------ keys
     def content(self, r) -> Content | None:
@@ -139,15 +161,31 @@ class PrefixCache:
         for b in hits:
             if b.ref == 0:
                 del lru[b]
+                if self.eviction == "tag":
+                    self._unfile(b)
                 taken += 1
             b.ref += 1
         return taken
 
+    def _unfile(self, b: Block) -> None:
+        """``tag``: the block leaves its agent's free blocks."""
+        group = self.free_by_agent[b.owner]
+        del group[b]
+        if not group:
+            del self.free_by_agent[b.owner]
+
     def evict_for(self, n: int, free: int) -> None:
         """``n`` blocks are taken from the head of a free queue of ``free`` blocks: the unkeyed
-        ones first, then the least recently freed cached ones, which lose their key."""
+        ones first, then cached ones, which lose their key: under ``lru`` the least recently freed
+        first; under ``tag``, see ``_evict_by_tag``."""
         lru = self.lru
         over = n - (free - len(lru))
+        if over <= 0:
+            return
+        self.evictions += over
+        if self.eviction == "tag":
+            self._evict_by_tag(over)
+            return
         m = self.map
         for _ in range(over):
             b, _ = lru.popitem(last=False)
@@ -155,8 +193,42 @@ class PrefixCache:
             blocks.remove(b)
             if not blocks:
                 del m[b.key]
-        if over > 0:
-            self.evictions += over
+
+    def _evict_by_tag(self, over: int) -> None:
+        """Evict ``over`` free cached blocks, those of the sessions whose next tag comes last first:
+        first the blocks of agents with no tag (not known to the core: finished, or never arrived;
+        or under a policy without a clock) in vLLM's order, then agent by agent by descending tag,
+        each agent's blocks in vLLM's order (the least recently freed first, a request's tail
+        first); equal tags merge in vLLM's order. Tags are read now, once per eviction: the core
+        moves them at arrivals, retags, pauses and finishes. When no agent has a tag this is
+        exactly vLLM's order (a policy without a clock falls back to LRU)."""
+        groups = self.free_by_agent
+        heap = []
+        for agent, group in groups.items():
+            tag = self.next_tag(agent)
+            head = next(iter(group)).freed
+            heap.append((0, 0.0, head, agent) if tag is None else (1, -tag, head, agent))
+        heapq.heapify(heap)
+        lru, m = self.lru, self.map
+        while over:
+            rank, tag, _, agent = heap[0]
+            group = groups[agent]
+            # the agent's blocks go in a row while no other agent shares its place (its rank and tag)
+            alone = all(e[:2] > (rank, tag) for e in heap[1:3])
+            take = min(over, len(group)) if alone else 1
+            over -= take
+            for _ in range(take):
+                b, _ = group.popitem(last=False)
+                del lru[b]
+                blocks = m[b.key]
+                blocks.remove(b)
+                if not blocks:
+                    del m[b.key]
+            if group:
+                heapq.heapreplace(heap, (rank, tag, next(iter(group)).freed, agent))
+            else:
+                heapq.heappop(heap)
+                del groups[agent]
 
     def cache_upto(self, r, num_tokens: int) -> None:
         """vLLM's ``cache_blocks``: the request's blocks that ``num_tokens`` fill are cached (a key
@@ -191,11 +263,19 @@ class PrefixCache:
             return 0
         freed = 0
         lru = self.lru
+        by_tag = self.eviction == "tag"
         for b in reversed(c.held):
             b.ref -= 1
             if b.ref == 0:
                 lru[b] = None
                 freed += 1
+                if by_tag:  # the block is now the freeing request's session's
+                    self._frees += 1
+                    b.owner, b.freed = r.agent_id, self._frees
+                    group = self.free_by_agent.get(r.agent_id)
+                    if group is None:
+                        group = self.free_by_agent[r.agent_id] = OrderedDict()
+                    group[b] = None
         c.held = []
         return freed
 

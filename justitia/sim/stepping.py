@@ -87,7 +87,8 @@ class PlainRun:
         self.busy_ps = self.busy_prefill = self.busy_decode = self.busy_kv = 0  # since the last report
         # vLLM's automatic prefix cache, and its PrefixCacheStats (tokens, at each admission's lookup;
         # lookups of preempted requests apart)
-        self.cache = PrefixCache(config.block_size) if config.prefix_caching else None
+        self.cache = (PrefixCache(config.block_size, config.kv_eviction, self._next_tag)
+                      if config.prefix_caching else None)
         self.prefix_queries = self.prefix_hits = 0
         self.prefix_preempted_queries = self.prefix_preempted_hits = 0
 
@@ -131,6 +132,13 @@ class PlainRun:
         self.busy_prefill += sum(c.prefill_tokens for c in steps)
         self.busy_decode += decodes + sum(c.decode_tokens for c in steps)
         self.busy_kv += decode_kv + sum(c.kv_token_iters for c in steps if c.decode_tokens)
+
+    def _next_tag(self, agent_id: str) -> float | None:
+        """The session's next tag as the core says now (``kv_eviction="tag"``): its GPS virtual
+        finish (a paused session keeps its own); None if the core does not know it (finished) or
+        its policy keeps no clock."""
+        standing = self.core.agent(agent_id)
+        return None if standing is None else standing.virtual_finish
 
     # ------------------------------------------------------------------------------- requests
     def _queued(self, r: SimRequest) -> None:
