@@ -164,7 +164,7 @@ def test_the_config_and_the_run_report_the_rule_only_when_not_vllms():
     assert "kv_eviction" not in cfg.to_json() and "kv_eviction" not in RunSpec("j", "justitia").to_json()
     assert replace(cfg, kv_eviction="tag").to_json()["kv_eviction"] == "tag"
     assert RunSpec("j", "justitia", kv_eviction="tag").to_json()["kv_eviction"] == "tag"
-    spec = {s.label: s for s in sessions_specs()}[TAG_EVICTION_LABEL]
+    spec = {s.label: s for s in sessions_specs(choices=True)}[TAG_EVICTION_LABEL]
     assert (spec.policy, spec.kv_eviction) == ("justitia", "tag")
 
 

@@ -34,6 +34,16 @@ def add_parser(sub) -> None:
     b.add_argument("--pricing", choices=["first-stage", "all-stages"], default="first-stage",
                    help="price an agent on arrival from its first stage (the predictor's, default) or at least "
                         "the sum of every stage's predicted requests (an agent submitted whole)")
+    b.add_argument("--burst", choices=["turn", "pause"], default="turn",
+                   help="sessions: price and tag a session by user turn (default) or by the calls between two pauses "
+                        "of any kind (docs/sessions.md)")
+    b.add_argument("--subagents", choices=["share", "flows"], default="share",
+                   help="sessions: a session's subagents share its flow (default) or are flows of their own")
+    b.add_argument("--prefix-caching", action="store_true",
+                   help="sim: vLLM's prefix cache on (the sessions presets turn it on; default off, as the paper)")
+    b.add_argument("--kv-eviction", choices=["lru", "tag"],
+                   help="sim, prefix cache on: evict the least recently freed blocks (vLLM's, default), or first "
+                        "those of the sessions whose next tag comes last")
     b.add_argument("--latency", help=f"simulator latency profile: {', '.join(sorted(PROFILES))} (sim default) "
                    "or a file from 'justitia calibrate' (vllm default: calibrate first)")
     add_engine_args(b)
@@ -94,7 +104,8 @@ def run(args) -> int:
                              f"{', '.join(POLICY_NAMES + OPTION_NAMES)}.")
         make_predictor(args.predictor)  # validate before running anything
         specs = [RunSpec(p, p, args.predictor, args.cost, args.capacity, not args.no_retag, args.pricing, args.router,
-                         args.cluster_clock) for p in names]
+                         args.cluster_clock, burst=args.burst, subagents=args.subagents, kv_eviction=args.kv_eviction)
+                 for p in names]
     engine = args.engine or (preset.engine if preset else "sim")
     replicas = preset.replicas if preset else (1 if args.replicas is None else args.replicas)
     if replicas < 1:
@@ -114,6 +125,9 @@ def run(args) -> int:
     print_results(doc, title)
     if preset is not None and preset.summary is not None:
         print("\n".join(preset.summary(doc)))
+    elif any("mean_turn_s" in e for e in doc["policies"].values()):  # sessions: their turns, whatever ran them
+        from justitia.lab.sessions import sessions_summary
+        print("\n".join(sessions_summary(doc)))
     print(f"results: {path}")
     return 0
 
@@ -128,6 +142,8 @@ def _sim_config(args, preset_options: dict | None = None):
     for name in list(options):
         if getattr(args, name, None) is not None:
             options[name] = getattr(args, name)
+    if getattr(args, "prefix_caching", False):
+        options["prefix_caching"] = True
     return EngineConfig(profile=load_profile(args.latency or SIM_DEFAULT_PROFILE), **options)
 
 

@@ -396,19 +396,22 @@ CPU_AGENTS, CPU_CALIBRATION_AGENTS, CPU_DENSITY, CPU_SCALE, CPU_REPEATS = 24, 20
 ENGINE_AGENTS, ENGINE_CALIBRATION_AGENTS, ENGINE_DENSITY, ENGINE_REPEATS = 100, 40, 6.0, 3
 ENGINE_POLICIES = ("fcfs", "vtc", "srjf", "justitia", "las")
 ENGINE_OPTIONS = {"model": "tiny", "kv_blocks": 24, "max_num_seqs": 64, "max_num_batched_tokens": 2048}
-PRESET_NAMES = ("main", "sessions", "starvation", "noise", "ablation", "sustained", "sustained-near", "trojan", "tenants",
+PRESET_NAMES = ("main", "sessions", "sessions-choices", "starvation", "noise", "ablation", "sustained", "sustained-near", "trojan", "tenants",
                 "elephant-stream", *CLUSTER_PRESETS,
                 "cpu", "engine")
 def _sessions(name: str, seed: int) -> Preset:
     agents, info = sessions_workload(seed)
+    what = ("justitia by turn, by pause, with subagents as flows, with tag eviction, with turns learned online"
+            if name == "sessions-choices" else "fcfs, vtc, las, srjf, justitia")
     return Preset(name, f"{len(agents)} coding-agent sessions (turns, tool pauses, subagents, shared prompts), "
-                  "the prefix cache on: fcfs, vtc, las, srjf, justitia by turn and by pause", agents, info,
-                  sessions_specs(), sim_options={"prefix_caching": True}, summary=sessions_summary)
+                  f"the prefix cache on: {what}", agents, info, sessions_specs(name == "sessions-choices"),
+                  sim_options={"prefix_caching": True}, summary=sessions_summary)
 
 
 PRESETS = {  # name -> the function that builds it
     "main": _main,
     "sessions": _sessions,
+    "sessions-choices": _sessions,
     **{n: _cluster for n in CLUSTER_PRESETS},
     "starvation": _starvation,
     **{n: _sustained for n in SUSTAINED_LOADS},

@@ -1,17 +1,18 @@
-"""The ``sessions`` preset: coding-agent sessions (turns, tool pauses, subagents, shared prompts) on
+"""The ``sessions`` presets: coding-agent sessions (turns, tool pauses, subagents, shared prompts) on
 the simulator with vLLM's prefix cache on, as vLLM runs by default (``docs/sessions.md``).
 
-    justitia bench --preset sessions
+    justitia bench --preset sessions           # the policies
+    justitia bench --preset sessions-choices   # justitia's design choices, on the same sessions
 
-Sessions come from ``justitia/data/sessions.json`` (``workload.sessions``), at a rate where the one
-engine is overloaded by about half again its work and queueing dominates a turn's time. Runs: fcfs,
-vtc, las (program-level least attained service, Autellix's and llm-d's rule), srjf and justitia,
-each session priced and tagged turn by turn with the oracle's turn cost; justitia priced by the
-calls between two pauses of any kind (``burst="pause"``), the other choice the design weighs;
-justitia with each subagent a flow of its own (``subagents="flows"``) rather than its session's;
-justitia with the prefix cache evicting first the blocks of the sessions whose next tag comes last
-(``kv_eviction="tag"``, docs/sessions.md, "KV kept across tool pauses"); and justitia with the
-``session`` predictor, which learns turn costs online (its error turn by turn).
+Sessions come from ``justitia/data/sessions.json`` (``workload.sessions``), at a rate where the
+one engine is overloaded and queueing dominates a turn's time. ``sessions`` runs fcfs, vtc, las
+(program-level least attained service, Autellix's and llm-d's rule), srjf and justitia, each
+session priced and tagged turn by turn with the oracle's turn cost. ``sessions-choices`` runs
+justitia so, then priced by the calls between two pauses of any kind (``burst="pause"``); with
+each subagent a flow of its own (``subagents="flows"``) rather than its session's; with the prefix
+cache evicting first the blocks of the sessions whose next tag comes last (``kv_eviction="tag"``,
+docs/sessions.md, "KV kept across tool pauses"); and with the ``session`` predictor, which learns
+turn costs online (its error turn by turn).
 """
 
 from __future__ import annotations
@@ -32,22 +33,25 @@ def sessions_workload(seed: int) -> tuple[list, dict]:
     return build_sessions(SESSIONS_N, seed, rate_per_s=SESSIONS_RATE_PER_S)
 
 
-def sessions_specs() -> list[RunSpec]:
-    return [RunSpec(p, p) for p in SESSIONS_POLICIES] + [RunSpec(PAUSE_LABEL, "justitia", burst="pause"),
-                                                         RunSpec(FLOWS_LABEL, "justitia", subagents="flows"),
-                                                         RunSpec(TAG_EVICTION_LABEL, "justitia", kv_eviction="tag"),
-                                                         RunSpec(LEARNED_LABEL, "justitia", "session")]
+def sessions_specs(choices: bool = False) -> list[RunSpec]:
+    """The policies, or (``choices``) justitia under each of its design's choices."""
+    if not choices:
+        return [RunSpec(p, p) for p in SESSIONS_POLICIES]
+    return [RunSpec("justitia", "justitia"), RunSpec(PAUSE_LABEL, "justitia", burst="pause"),
+            RunSpec(FLOWS_LABEL, "justitia", subagents="flows"),
+            RunSpec(TAG_EVICTION_LABEL, "justitia", kv_eviction="tag"),
+            RunSpec(LEARNED_LABEL, "justitia", "session")]
 
 
 def sessions_summary(doc: dict) -> list[str]:
     """Mean and p90 turn time, the prefix cache's hit rate and the bound, per run; Justitia's mean
     turn time against LAS's, VTC's and FCFS's; tag eviction's figures against LRU's."""
     runs = doc["policies"]
-    lines = ["run                     mean turn s   p90 turn s   hit rate   sessions over bound"]
+    lines = ["run                           mean turn s   p90 turn s   hit rate   sessions over bound"]
     for label, e in runs.items():
         over = f"{e['bound_violations']} of {len(e['agents'])}" if "bound_violations" in e else "-"
         hit = e.get("prefix_cache", {}).get("hit_rate")
-        lines.append(f"{label:22s} {e['mean_turn_s']:12.1f} {e['p90_turn_s']:12.1f} "
+        lines.append(f"{label:28s} {e['mean_turn_s']:12.1f} {e['p90_turn_s']:12.1f} "
                      f"{'-' if hit is None else f'{hit:.1%}':>10s}   {over}")
     for label, e in runs.items():
         errors = e.get("turn_prediction")
@@ -60,7 +64,8 @@ def sessions_summary(doc: dict) -> list[str]:
     if j is not None:
         ratios = ", ".join(f"{other} {j['mean_turn_s'] / runs[other]['mean_turn_s']:.2f}x"
                            for other in ("las", "vtc", "fcfs") if other in runs)
-        lines.append(f"justitia's mean turn time against {ratios}")
+        if ratios:
+            lines.append(f"justitia's mean turn time against {ratios}")
     t = runs.get(TAG_EVICTION_LABEL)
     if j is not None and t is not None:
         hit = (f"{t['prefix_cache']['hit_rate'] / j['prefix_cache']['hit_rate']:.3f}x"
