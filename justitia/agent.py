@@ -109,14 +109,15 @@ class AgentProcess:
         ``pricing``: ``first-stage``, the predictor's agent cost (it reads the first stage: the
         paper's rule, and all an engine that sees only requests can do), or ``all-stages``, for an
         agent submitted whole: at least the sum of its requests' predicted costs over every stage,
-        so that a cheap first stage cannot hide heavy later ones."""
-        if pricing not in PRICINGS:
-            raise ValueError(f"pricing must be one of {', '.join(PRICINGS)}, got '{pricing}'.")
-        if burst not in BURSTS:
-            raise ValueError(f"burst must be one of {', '.join(BURSTS)}, got '{burst}'.")
+        so that a cheap first stage cannot hide heavy later ones. A session (``docs/sessions.md``):
+        ``burst``, what its flow is priced and tagged by (``turn``: a user turn; ``pause``: the calls
+        between two pauses); ``subagents``, whether its subagents share its flow (``share``) or are
+        flows of their own (``flows``: their calls carry ``Call.flow``)."""
+        for name, value, allowed in (("pricing", pricing, PRICINGS), ("burst", burst, BURSTS),
+                                     ("subagents", subagents, SUBAGENTS)):
+            if value not in allowed:
+                raise ValueError(f"{name} must be one of {', '.join(allowed)}, got '{value}'.")
         self.burst = burst
-        if subagents not in SUBAGENTS:
-            raise ValueError(f"subagents must be one of {', '.join(SUBAGENTS)}, got '{subagents}'.")
         self.subagents = subagents
         self.ended_flows: list[str] = []  # subagents as flows: those whose chain has ended, for the engine to retire
         self.agent = agent
@@ -134,9 +135,9 @@ class AgentProcess:
         self.answers: list[list[Answer | None]] = [[None] * node.size for node in self._layout]
         turns, turn = [], 0
         for stage in self.tasks:
-            turn = getattr(stage, "turn", None) if getattr(stage, "turn", None) is not None else turn
+            turn = turn if getattr(stage, "turn", None) is None else stage.turn
             turns.append(turn)
-        self._turns = turns
+        self._turns = turns  # top-level stage -> its user turn
         self._open: dict[int, int] = {}  # id(chain) -> calls and branches of its stage still out
         self._chains: dict[tuple[int, int], _Chain] = {}  # (stage, call index) -> the chain the call is in
         self._top: _Chain | None = None

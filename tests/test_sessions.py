@@ -388,3 +388,18 @@ def test_subagents_as_flows_of_their_own_are_priced_apart_and_retired_when_their
         KV.request_cost(45, 6) + KV.request_cost(54, 4) + KV.request_cost(44, 5))  # shared: the turn pays for them
     result = Simulator(engine(), "justitia", OraclePredictor(), subagents="flows").run([session(), session("t", 0.2)])
     assert [len(r.turns_s) for r in result.agents] == [2, 2]
+
+
+def test_a_turn_sent_with_no_pause_before_it_is_still_priced_as_a_turn_of_its_own():
+    from justitia.core import KV
+    first, second = Task("a", 40, 5, "a"), Task("b", 40 + 5 + 3, 4, "b", (Segment.prompt_of("a"), Segment.output_of("a")))
+    s = Agent("s", "coding", 0.0, (Stage([first], turn=0), Stage([second], turn=1)))
+    from justitia.core.policies import make_policy
+    policy = make_policy("justitia", engine().capacity_per_s("kv"))
+    returned = []
+    policy.agent_returned = lambda agent, now_s: returned.append(agent.predicted_cost)
+    result = Simulator(engine(), policy, OraclePredictor()).run([s])
+    assert returned == [pytest.approx(KV.request_cost(48, 4))]  # the engine saw turn 1 arrive at its own price
+    [r] = result.agents
+    assert len(r.turns_s) == 2
+    assert r.turn_costs == [[pytest.approx(KV.request_cost(40, 5))] * 2, [pytest.approx(KV.request_cost(48, 4))] * 2]

@@ -221,6 +221,8 @@ class EngineLoop:
         latency) to the engines; at once when the front end takes no time."""
         proc = run.process
         if proc.agent.is_session and proc.opens_burst(calls):  # the session's first burst, or its next
+            if run.burst:  # a next turn sent with no pause before it: the last one leaves first
+                self._leave(run, now_ps)
             run.burst_cost = proc.burst_cost(calls)
         proc.sent(calls, now_ps / PS_PER_S)
         if not (self._in_ps or self._per_request_ps):
@@ -261,10 +263,7 @@ class EngineLoop:
                 run.engines.remove(key)
                 run.burst.discard(key)
         if proc.paused:  # a session waits on its pause: it leaves the engines until it sends again
-            for i, flow in sorted(run.burst):
-                e = self._wake(i, now_ps)
-                e.core.agent_finished(flow, e.now_ps / PS_PER_S, pause=True)
-            run.burst.clear()
+            self._leave(run, now_ps)
         elif proc.done:
             for i, flow in run.engines:  # every engine that knew the agent forgets it
                 e = self._wake(i, now_ps)
@@ -277,6 +276,13 @@ class EngineLoop:
             self._results.append(result)
             if self.on_agent_finish:
                 self.on_agent_finish(result)
+
+    def _leave(self, run: _AgentRun, now_ps: int) -> None:
+        """A session's burst is over: every engine it arrived at in it pauses it."""
+        for i, flow in sorted(run.burst):
+            e = self._wake(i, now_ps)
+            e.core.agent_finished(flow, e.now_ps / PS_PER_S, pause=True)
+        run.burst.clear()
 
     def _submit(self, run: _AgentRun, calls: list[Call], now_ps: int) -> None:
         """Route each call, then hand each engine its share (an engine's core learns of the agent
