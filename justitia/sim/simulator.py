@@ -10,7 +10,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Protocol, Sequence
 
-from justitia.agent import AgentProcess, AgentResult, Answer, Call, RunResult
+from justitia.agent import AgentProcess, AgentResult, Answer, Call, Options, RunResult
 from justitia.core import (WINDOW_STEPS, kv_token_iters, AgentScheduler, CapacityMeter, CostModel, Policy, ReplicaLoad, Replicas,
                            RouteRequest, cost_model, make_policy)
 from justitia.predictors import Predictor
@@ -92,8 +92,7 @@ class EngineLoop:
                  on_agent_finish: Callable[[AgentResult], None] | None = None, pricing: str = "first-stage",
                  front: Front | None = None, burst: str = "turn", subagents: str = "share"):
         """``router``: a ``core.ROUTER_NAMES`` name; under ``affinity`` a stage's requests share the
-        prefix ``agent/stage`` (the simulator models no prefix cache: affinity changes only where
-        requests go). ``front``: the clock in front of the engines, if one is; else each core learns
+        prefix ``agent/stage`` (with the prefix cache off, affinity changes only where requests go). ``front``: the clock in front of the engines, if one is; else each core learns
         of an agent when its first request reaches that engine, with the agent's whole predicted
         cost, and measures its own M."""
         self.config = config
@@ -104,10 +103,8 @@ class EngineLoop:
         self.router = router
         self.event_skipping = event_skipping
         self.on_agent_finish = on_agent_finish
-        self.pricing = pricing
         self.front = front
-        self.burst = burst  # a session's priced unit: a user turn, or the calls between two pauses (AgentProcess)
-        self.subagents = subagents  # a session's subagents share its flow, or are flows of their own (AgentProcess)
+        self.options = Options(pricing, burst, subagents)  # how its agents' processes run (AgentProcess)
         self.book: Replicas | None = None  # the routing book of the last run
 
     def run(self, agents: list[Agent]) -> RunResult:
@@ -140,8 +137,7 @@ class EngineLoop:
         # answer latency after its step. Deliveries wait in the heap of finishes, in time order.
         self._in_ps, self._out_ps, self._per_request_ps = cfg.profile.frontend_ps()
         self._frontend_free_ps = 0  # when the front end has taken in every request sent so far
-        pending = sorted((_AgentRun(AgentProcess(a, self.predictor, self.cost, pricing=self.pricing,
-                                                 burst=self.burst, subagents=self.subagents),
+        pending = sorted((_AgentRun(self.options.process(a, self.predictor, self.cost),
                                     round(a.arrival_s * PS_PER_S)) for a in agents), key=lambda r: r.arrival_ps)
         shortest_step_ps = cfg.profile.iteration_ps(1, 0, 1)
         nxt = 0
@@ -364,9 +360,7 @@ class Simulator:
         self.on_agent_finish = on_agent_finish
         self.measure_capacity = measure_capacity
         self.retag = retag
-        self.pricing = pricing
-        self.burst = burst
-        self.subagents = subagents
+        self.options = Options(pricing, burst, subagents)
         self.meter: CapacityMeter | None = None
 
     def run(self, agents: list[Agent]) -> RunResult:
@@ -379,8 +373,7 @@ class Simulator:
         self.meter = meter
         core = AgentScheduler(self.policy, meter, self.retag, self.cost)
         loop = EngineLoop(cfg, [core], self.predictor, self.cost, self.policy.name, event_skipping=self.event_skipping,
-                          on_agent_finish=self.on_agent_finish, pricing=self.pricing, burst=self.burst,
-                          subagents=self.subagents)
+                          on_agent_finish=self.on_agent_finish, **vars(self.options))
         result = loop.run(agents)
         result.capacity_schedule = core.clock().schedule
         for e in loop._engines:  # the meter's record covers the whole run (M itself moved only at arrivals)

@@ -14,6 +14,10 @@ reads the cache. A span is taken only while no waiting request that could be adm
 lower bound on the blocks it needs counts only the hits now in use, and holds while no decoder can
 cache a block of its prefix (none of its runs' sources is a decoder's output source); else the
 bound is one block, and the steps are taken one at a time.
+
+The file is longer than the house's 400 lines: its parts (lazy decoders, closed-form spans, lazy
+charging, the admission look-ahead) all read and write the one lazy state of ``SkippingRun``, and
+apart they would hand it back and forth on every step.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""One agent's life, written once: the process every engine drives.
+"""One agent's life, written once: the process every engine drives (``drive``: on asyncio).
 
 NOTE: an agent runs its stages in order and the tasks of a stage in parallel, beside the stage's
 branches (subagents: chains of stages of their own), each stage after its pause. When it arrives its
@@ -18,10 +18,10 @@ States of an ``AgentProcess`` (``state``):
 
 from __future__ import annotations
 
-import asyncio
 from dataclasses import dataclass
-from typing import Any, Awaitable, Callable, Sequence
+from typing import Any, Sequence
 
+from justitia.agent.calls import AgentResult, Answer, Call, Render
 from justitia.core import KV, CostModel, RequestMeta
 from justitia.predictors import Predictor
 from justitia.workload import Agent, tasks_by_id
@@ -33,67 +33,16 @@ SUBAGENTS = ("share", "flows")  # a session's subagents share its flow, or are f
 
 
 @dataclass(frozen=True)
-class Call:
-    """One request of an agent, ready for an engine."""
+class Options:
+    """How an engine runs its agents' processes (``AgentProcess``'s arguments of the same names)."""
 
-    request_id: str
-    stage: int
-    index: int
-    task: Any  # the task as the agent gave it: a workload Task, or a server TaskSpec
-    prompt: str  # the task's prompt, placeholders filled from earlier answers
-    meta: RequestMeta
-    pause_s: float = 0.0  # how long the driver waits, from the moment it gets the call, before sending it
-    turn: int = 0  # the user turn it belongs to
-    flow: str | None = None  # the flow it is served in, when not its agent's (a subagent's, ``subagents="flows"``)
+    pricing: str = "first-stage"
+    burst: str = "turn"
+    subagents: str = "share"
 
+    def process(self, agent: Agent, predictor: Predictor, cost: CostModel) -> "AgentProcess":
+        return AgentProcess(agent, predictor, cost, pricing=self.pricing, burst=self.burst, subagents=self.subagents)
 
-@dataclass(frozen=True)
-class Answer:
-    """What an engine gave back for one call."""
-
-    text: str
-    prompt_tokens: int
-    output_tokens: int
-    finish_reason: str | None = None
-
-
-@dataclass
-class AgentResult:
-    """One agent's outcome in a run."""
-
-    agent_id: str
-    type: str
-    arrival_s: float
-    finish_s: float
-    jct_s: float
-    cost_token_iters: float  # its true KV token-time, from the answers' lengths
-    predicted_cost: float
-    turns_s: list[float] | None = None  # a session's turn times (first request sent to last answer), in order
-    bursts: list[list[float]] | None = None  # a session's bursts: [sent at (s), true KV cost], in order
-    turn_costs: list[list[float]] | None = None  # a session priced by turn: [predicted, true] cost per turn
-
-    def to_json(self) -> dict:
-        """The result as a results-file document."""
-        return {k: v for k, v in self.__dict__.items() if v is not None or k not in ("turns_s", "bursts", "turn_costs")}
-
-
-@dataclass
-class RunResult:
-    """One policy's run over one workload, on any engine."""
-
-    policy: str
-    agents: list[AgentResult]
-    makespan_s: float
-    iterations: int
-    steps: int  # loop passes of the engine (the simulator: single iterations plus skipped spans)
-    preemptions: int
-    wall_s: float
-    capacity_schedule: list[tuple[float, float]] | None = None  # (t_s, M) when the clock's M was measured
-    served: list[tuple[float, str, float]] | None = None  # (finish_s, agent id, KV token-time) per request (simulator)
-    prefix_cache: dict | None = None  # the engines' prefix cache: tokens looked up and hit (simulator, cache on)
-
-
-Render = Callable[[str, int, list[list[str]]], str]  # (prompt, stage, earlier answers' texts) -> prompt
 
 
 class AgentProcess:
@@ -412,33 +361,3 @@ class _Chain:
     stages: list[tuple[int, _Node]]  # (its top-level stage, the node)
     pos: int | None
     flow: str | None = None  # the flow its calls are served in (None: the agent's)
-
-
-async def drive(process: AgentProcess, serve: Callable[[Call], Awaitable[Answer]],
-                resume: list[list[Answer]] | None = None) -> None:
-    """Run ``process`` to its end on a real engine: each call served by ``serve`` after its pause,
-    the calls a stage releases as soon as it completes (after the stages ``resume`` answered, if
-    given). If one call fails (or the agent is cancelled), the others are cancelled and the error
-    propagates."""
-    loop = asyncio.get_running_loop()
-
-    async def one(call: Call) -> Answer:
-        if call.pause_s > 0:
-            await asyncio.sleep(call.pause_s)
-        process.sent([call], loop.time())
-        return await serve(call)
-
-    calls = process.start() if resume is None else process.resume(resume)
-    pending = {asyncio.ensure_future(one(c)): c for c in calls}
-    try:
-        while pending:
-            done, _ = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
-            for fut in done:
-                call = pending.pop(fut)
-                for c in process.answered(call, fut.result(), loop.time()):
-                    pending[asyncio.ensure_future(one(c))] = c
-    except BaseException:
-        for p in pending:
-            p.cancel()
-        await asyncio.gather(*pending, return_exceptions=True)
-        raise

@@ -1,0 +1,40 @@
+"""``drive``: an ``AgentProcess`` run to its end with asyncio, on a real engine (the bench runner,
+the server)."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Awaitable, Callable
+
+from justitia.agent.calls import Answer, Call
+from justitia.agent.process import AgentProcess
+
+
+async def drive(process: AgentProcess, serve: Callable[[Call], Awaitable[Answer]],
+                resume: list[list[Answer]] | None = None) -> None:
+    """Run ``process`` to its end on a real engine: each call served by ``serve`` after its pause,
+    the calls a stage releases as soon as it completes (after the stages ``resume`` answered, if
+    given). If one call fails (or the agent is cancelled), the others are cancelled and the error
+    propagates."""
+    loop = asyncio.get_running_loop()
+
+    async def one(call: Call) -> Answer:
+        if call.pause_s > 0:
+            await asyncio.sleep(call.pause_s)
+        process.sent([call], loop.time())
+        return await serve(call)
+
+    calls = process.start() if resume is None else process.resume(resume)
+    pending = {asyncio.ensure_future(one(c)): c for c in calls}
+    try:
+        while pending:
+            done, _ = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+            for fut in done:
+                call = pending.pop(fut)
+                for c in process.answered(call, fut.result(), loop.time()):
+                    pending[asyncio.ensure_future(one(c))] = c
+    except BaseException:
+        for p in pending:
+            p.cancel()
+        await asyncio.gather(*pending, return_exceptions=True)
+        raise
