@@ -141,19 +141,18 @@ class Agent:
     weight: float = 1.0  # its share under weighted GPS (its tenant's, if it has one)
     tenant: str | None = None  # its tenant: tenants share the engine by weight, agents their tenant's part
 
+    is_session: bool = field(init=False, repr=False, compare=False)  # any stage pauses, branches or names a
+    # turn: a session, not the paper's agent (set from the stages)
+
     def __post_init__(self):
         if not all(type(s) is Stage for s in self.stages):
             object.__setattr__(self, "stages", tuple(s if isinstance(s, Stage) else Stage(s) for s in self.stages))
+        object.__setattr__(self, "is_session", not all(s.plain for s in self.stages))
 
     @property
     def tasks(self) -> list[Task]:
         """All tasks, stage by stage (a stage's branches after its own tasks)."""
         return [t for stage in self.stages for t in stage.all_tasks()]
-
-    @property
-    def is_session(self) -> bool:
-        """Whether any stage pauses, branches or names a turn (a session, not the paper's agent)."""
-        return not all(s.plain for s in self.stages)
 
     def turn_calls(self, turn: int) -> list[tuple[int, int]]:
         """Every call of user turn ``turn``, as (top-level stage, call index), branches included."""
