@@ -403,3 +403,61 @@ def test_a_turn_sent_with_no_pause_before_it_is_still_priced_as_a_turn_of_its_ow
     [r] = result.agents
     assert len(r.turns_s) == 2
     assert r.turn_costs == [[pytest.approx(KV.request_cost(40, 5))] * 2, [pytest.approx(KV.request_cost(48, 4))] * 2]
+
+
+# ------------------------------------------------------------------ a cost that sees the prefix cache
+def test_kv_prefix_holds_a_prefix_requests_sent_together_share_once():
+    from justitia.core import KV, KV_PREFIX, kv_token_iters
+    system, a, b = (("shared", "sys"), 100), (("a", "in"), 20), (("b", "in"), 30)
+    holders = [((system, a), 10), ((system, b), 4)]
+    assert KV.group_cost(holders) == kv_token_iters(120, 10) + kv_token_iters(130, 4)
+    # the longest holder (10 outputs) pays for the 100 shared tokens; the other only for its own 30
+    assert KV_PREFIX.group_cost(holders) == kv_token_iters(120, 10) + 30 * 4 + 4 * 4 / 2
+    assert KV_PREFIX.group_cost([((system, a), 10)]) == KV.request_cost(120, 10)  # alone: as KV
+
+
+def test_the_oracle_prices_a_turn_in_the_groups_it_is_sent_in():
+    from justitia.core import KV, KV_PREFIX
+    s = session()
+    # a0 and b0 (the fork's branches' first calls) go together; a1 waits its pause; t3 is turn 1
+    assert s.turn_groups(0) == [[(0, 0)], [(1, 0)], [(2, 0), (2, 2)], [(2, 1)], [(3, 0)]]
+    assert s.turn_groups(1) == [[(4, 0)]]
+    o = OraclePredictor()
+    blind, aware = o.turn_cost(s, 0, [], KV), o.turn_cost(s, 0, [], KV_PREFIX)
+    assert blind == pytest.approx(sum(KV.request_cost(t.prompt_tokens, t.output_tokens) for t in s.tasks if t.id != "t3"))
+    # a0 and b0 start together on the same 40-token system prompt: b0 (5 outputs) rides on a0's (6)
+    assert blind - aware == pytest.approx(40 * 5)
+
+
+def test_kv_prefix_is_kv_to_the_bit_where_nothing_is_shared():
+    import numpy as np
+    from helpers import random_agents
+    agents = random_agents(np.random.default_rng(3), 40)
+    runs = [Simulator(engine(), "justitia", OraclePredictor(), cost, measure_capacity=True).run(agents)
+            for cost in ("kv", "kv-prefix")]
+    assert [(a.agent_id, a.finish_s, a.predicted_cost) for a in runs[0].agents] == \
+        [(a.agent_id, a.finish_s, a.predicted_cost) for a in runs[1].agents]
+
+
+def test_a_preset_that_turns_the_cache_on_keeps_it_on_without_the_flag():
+    import argparse
+    from justitia.cli.bench import _sim_config
+    args = argparse.Namespace(latency=None, kv_blocks=None, max_num_batched_tokens=None, max_num_seqs=None,
+                              prefix_caching=False)
+    assert _sim_config(args, {"prefix_caching": True}).prefix_caching
+    assert not _sim_config(args, {}).prefix_caching
+    assert _sim_config(argparse.Namespace(**{**vars(args), "prefix_caching": True}), {}).prefix_caching
+
+
+def test_priced_by_pause_a_stage_sent_at_once_stays_in_its_burst():
+    s = Agent("s", "coding", 0.0, (Stage([Task("a", 10, 2)]), Stage([Task("b", 10, 2)]),
+                                   Stage([Task("c", 10, 2)], pause_s=1.0)))
+    proc = AgentProcess(s, OraclePredictor(), burst="pause")
+    [a] = proc.start()
+    assert proc.opens_burst([a])
+    proc.sent([a], 0.0)
+    [b] = proc.answered(a, Answer("", 10, 2), 0.1)
+    assert not proc.opens_burst([b])  # no pause between: the same burst
+    proc.sent([b], 0.1)
+    [c] = proc.answered(b, Answer("", 10, 2), 0.2)
+    assert proc.paused and proc.opens_burst([c])

@@ -24,7 +24,7 @@ from typing import Any, Sequence
 from justitia.agent.calls import AgentResult, Answer, Call, Render
 from justitia.core import KV, CostModel, RequestMeta
 from justitia.predictors import Predictor
-from justitia.workload import Agent, tasks_by_id
+from justitia.workload import Agent
 
 
 PRICINGS = ("first-stage", "all-stages")
@@ -90,8 +90,6 @@ class AgentProcess:
         self._open: dict[int, int] = {}  # id(chain) -> calls and branches of its stage still out
         self._chains: dict[tuple[int, int], _Chain] = {}  # (stage, call index) -> the chain the call is in
         self._top: _Chain | None = None
-        self._by_id: dict | None = None  # the agent's tasks by id, for their text (``runs``)
-        self._prompt_runs: dict[str, tuple] = {}
         self.turn_times: dict[int, list[float]] = {}  # turn -> [first call sent, last answer] (``sent``, ``answered``)
         self.in_flight = 0  # calls sent and not answered
         self._turn_sent = -1  # the turn of the calls sent last
@@ -218,8 +216,8 @@ class AgentProcess:
 
     def opens_burst(self, calls: Sequence[Call]) -> bool:
         """Whether sending ``calls`` now starts a burst (the agent's first calls, or a session's next)."""
-        return not self.in_flight and (self._turn_sent < 0 or self.burst == "pause"
-                                       or any(c.turn > self._turn_sent for c in calls))
+        return not self.in_flight and (self._turn_sent < 0 or any(c.turn > self._turn_sent for c in calls)
+                                       or (self.burst == "pause" and any(c.pause_s > 0 for c in calls)))
 
     def burst_cost(self, calls: Sequence[Call]) -> float:
         """A burst's predicted cost when ``calls`` open it: their request costs (``burst="pause"``),
@@ -253,35 +251,9 @@ class AgentProcess:
         return [end - start for _, (start, end) in sorted(self.turn_times.items())]
 
     def runs(self, call: Call) -> tuple[tuple[Any, int], ...]:
-        """What the call's prompt and output hold, as runs ``(source, tokens)``: equal sources are
-        equal text (a shared block by name, a task's own text, a task's output; ``docs/sessions.md``).
-        An engine with a prefix cache hashes them into block keys."""
-        task = call.task
-        key = getattr(task, "id", None)
-        key = key if key is not None else (call.stage, call.index)
-        return self._prompt(task, key) + (((self.agent.agent_id, key, "out"), task.output_tokens),)
-
-    def _prompt(self, task: Any, key: Any) -> tuple:
-        if key in self._prompt_runs:
-            return self._prompt_runs[key]
-        runs: list = []
-        aid = self.agent.agent_id
-        for seg in getattr(task, "context", ()):
-            if seg.kind == "shared":
-                runs.append((("shared", seg.ref), seg.tokens))
-                continue
-            if self._by_id is None:
-                self._by_id = tasks_by_id(self.agent.stages)
-            ref = self._by_id[seg.ref]
-            if seg.kind == "prompt_of":
-                runs.extend(self._prompt(ref, ref.id))
-            else:
-                runs.append(((aid, ref.id, "out"), ref.output_tokens))
-        runs.append(((aid, key, "in"), task.prompt_tokens - sum(n for _, n in runs)))
-        runs = tuple(runs)
-        if getattr(task, "id", None) is not None:
-            self._prompt_runs[key] = runs
-        return runs
+        """What the call's prompt and output hold, as runs (``Agent.runs``): an engine with a prefix
+        cache hashes them into block keys."""
+        return self.agent.runs(call.stage, call.index)
 
     def true_cost(self, cost: CostModel) -> float:
         """What the answered requests cost, in ``cost``'s unit."""

@@ -25,7 +25,8 @@ def add_parser(sub) -> None:
     b.add_argument("--policies", default=",".join(POLICY_NAMES),
                    help="comma-separated policies (also: justitia-eligible, an option for the tail; docs/design.md)")
     b.add_argument("--predictor", default="oracle", help=f"{SPEC_HELP} (default oracle)")
-    b.add_argument("--cost", choices=["kv", "compute"], default="kv", help="cost model (default kv)")
+    b.add_argument("--cost", choices=["kv", "kv-prefix", "compute"], default="kv",
+                   help="cost model (default kv; kv-prefix: a prefix requests sent together share is held once)")
     b.add_argument("--capacity", choices=["measured", "formula"], default="measured",
                    help="the clock's M: measured from what the engine delivers (default), or the formula's "
                         "(KV tokens / nominal step, the paper's rule)")
@@ -139,10 +140,10 @@ def _sim_config(args, preset_options: dict | None = None):
     from justitia.sim.config import load_profile
 
     options = {"kv_blocks": None, "max_num_batched_tokens": 2048, "max_num_seqs": 256} | (preset_options or {})
-    for name in list(options):
+    for name in ("kv_blocks", "max_num_batched_tokens", "max_num_seqs"):
         if getattr(args, name, None) is not None:
             options[name] = getattr(args, name)
-    if getattr(args, "prefix_caching", False):
+    if getattr(args, "prefix_caching", False):  # on by the flag, or by the preset; never off by its absence
         options["prefix_caching"] = True
     return EngineConfig(profile=load_profile(args.latency or SIM_DEFAULT_PROFILE), **options)
 

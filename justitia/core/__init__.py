@@ -5,7 +5,7 @@ only the names below (``docs/design.md``, "The core's contract")."""
 from justitia.core.book import AGENT_IDLE_S, AgentBook, int_priority
 from justitia.core.capacity import WINDOW_STEPS, CapacityMeter, calibrated_capacity
 from justitia.core.clock import VirtualClock
-from justitia.core.cost import (COMPUTE, COST_MODELS, KV, NO_CHARGE, Charge, CostModel, attention_pairs, capacity_per_s,
+from justitia.core.cost import (COMPUTE, COST_MODELS, KV, KV_PREFIX, NO_CHARGE, Charge, CostModel, attention_pairs, capacity_per_s,
                                 compute_tokens, cost_model, kv_token_iters, prefill_attention, step_charges,
                                 step_delivered)
 from justitia.core.policies import (CLOCK_POLICY_NAMES, OPTION_NAMES, POLICY_NAMES, STATIC_POLICY_NAMES, AgentInfo, Policy,
@@ -18,7 +18,7 @@ from justitia.core.validate import is_positive_finite, positive_finite
 
 __all__ = [
     "AgentBook", "AgentInfo", "AgentScheduler", "CapacityMeter", "calibrated_capacity", "Charge", "ControlCall", "CostModel", "PolicyState", "RequestInfo",
-    "RequestMeta", "VirtualClock", "STATE", "COMPUTE", "COST_MODELS", "ENGINE_UTILITY", "KV", "META_KEYS", "PRICE_KEYS", "NO_CHARGE",
+    "RequestMeta", "VirtualClock", "STATE", "COMPUTE", "COST_MODELS", "ENGINE_UTILITY", "KV", "KV_PREFIX", "META_KEYS", "PRICE_KEYS", "NO_CHARGE",
     "OPTION_NAMES", "POLICY_NAMES", "Policy", "REGISTER", "RETIRE", "RESET", "STATIC_POLICY_NAMES", "WINDOW_STEPS", "capacity_per_s", "compute_tokens",
     "attention_pairs", "cost_model", "int_priority", "kv_token_iters", "make_policy", "prefill_attention", "step_charges",
     "step_delivered",

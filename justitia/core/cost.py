@@ -5,7 +5,9 @@ same unit, and says how much a saturated engine iteration delivers (the clock's 
 
 ``KV``: KV token-time, the tokens a request holds in the KV cache summed over the engine iterations
 it decodes: ``p*d + d**2/2`` token-iterations (unit name ``token_iters``); a saturated iteration
-delivers the whole cache, ``kv_tokens``. ``COMPUTE``: VTC's weighted compute tokens ``p + 2*d``
+delivers the whole cache, ``kv_tokens``. ``KV_PREFIX``: the same, seeing the prefix cache: requests
+of one agent held together that begin with the same text hold its blocks once, for as long as the
+longest of them holds them (``group_cost``; one request alone costs what it does under ``KV``). ``COMPUTE``: VTC's weighted compute tokens ``p + 2*d``
 (the paper's Justitia/C ablation); a saturated iteration delivers the token budget,
 ``max_num_batched_tokens``.
 """
@@ -13,7 +15,7 @@ delivers the whole cache, ``kv_tokens``. ``COMPUTE``: VTC's weighted compute tok
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, Sequence
 
 from justitia.core.validate import positive_finite
 
@@ -158,6 +160,11 @@ class CostModel:
         """What one saturated engine iteration delivers, in this model's unit."""
         raise NotImplementedError
 
+    def group_cost(self, holders: Sequence[tuple[Sequence[tuple[Any, int]], int]]) -> float:
+        """The cost of requests held together (sent at once): ``holders`` are (prompt runs
+        ``(source, tokens)``, output tokens). By default each is priced alone."""
+        return sum(self.request_cost(sum(n for _, n in runs), d) for runs, d in holders)
+
     def __repr__(self) -> str:
         return f"<cost model {self.name}>"
 
@@ -194,13 +201,41 @@ class _ComputeCost(CostModel):
         return max_num_batched_tokens
 
 
+def common_prefix_tokens(a: Sequence[tuple[Any, int]], b: Sequence[tuple[Any, int]]) -> int:
+    """How many tokens two prompts, as runs, begin with alike."""
+    n = 0
+    for (sa, ta), (sb, tb) in zip(a, b):
+        if sa != sb:
+            break
+        n += min(ta, tb)
+        if ta != tb:
+            break
+    return n
+
+
+class _KvPrefixCost(_KvCost):
+    name = "kv-prefix"
+
+    def group_cost(self, holders: Sequence[tuple[Sequence[tuple[Any, int]], int]]) -> float:
+        """KV token-time of requests held together, a prefix they share held once: the longest
+        holder (most output tokens) pays for it, the others for what they hold beyond it, each
+        ``d**2/2`` for its own output. One request alone: ``kv_token_iters``."""
+        total, seen = 0.0, []
+        for runs, d in sorted(holders, key=lambda h: -h[1]):
+            shared = max((common_prefix_tokens(runs, other) for other in seen), default=0)
+            total += (sum(n for _, n in runs) - shared) * d + d * d / 2.0
+            seen.append(runs)
+        return total
+
+
 KV: CostModel = _KvCost()
+KV_PREFIX: CostModel = _KvPrefixCost()
 COMPUTE: CostModel = _ComputeCost()
-COST_MODELS: dict[str, CostModel] = {m.name: m for m in (KV, COMPUTE)}
+COST_MODELS: dict[str, CostModel] = {m.name: m for m in (KV, KV_PREFIX, COMPUTE)}
 
 
 def cost_model(name: str | CostModel) -> CostModel:
-    """The cost model called ``name`` (``kv`` or ``compute``); a model is returned as it is."""
+    """The cost model called ``name`` (``kv``, ``kv-prefix`` or ``compute``); a model is returned as it is."""
     if isinstance(name, CostModel):
         return name
     try:

@@ -401,7 +401,8 @@ PRESET_NAMES = ("main", "sessions", "sessions-choices", "starvation", "noise", "
                 "cpu", "engine")
 def _sessions(name: str, seed: int) -> Preset:
     agents, info = sessions_workload(seed)
-    what = ("justitia by turn, by pause, with subagents as flows, with tag eviction, with turns learned online"
+    what = ("justitia by turn, by pause, with subagents as flows, with tag eviction, with the prefix-aware cost, "
+            "with turns learned online"
             if name == "sessions-choices" else "fcfs, vtc, las, srjf, justitia")
     return Preset(name, f"{len(agents)} coding-agent sessions (turns, tool pauses, subagents, shared prompts), "
                   f"the prefix cache on: {what}", agents, info, sessions_specs(name == "sessions-choices"),

@@ -11,8 +11,9 @@ session priced and tagged turn by turn with the oracle's turn cost. ``sessions-c
 justitia so, then priced by the calls between two pauses of any kind (``burst="pause"``); with
 each subagent a flow of its own (``subagents="flows"``) rather than its session's; with the prefix
 cache evicting first the blocks of the sessions whose next tag comes last (``kv_eviction="tag"``,
-docs/sessions.md, "KV kept across tool pauses"); and with the ``session`` predictor, which learns
-turn costs online (its error turn by turn).
+docs/sessions.md, "KV kept across tool pauses"); priced by the prefix-aware cost (``kv-prefix``:
+the others run prefix-blind, ``kv``); and with the ``session`` predictor, which learns turn costs
+online (its error turn by turn).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ SESSIONS_POLICIES = ("fcfs", "vtc", "las", "srjf", "justitia")
 PAUSE_LABEL = "justitia@pause"
 LEARNED_LABEL = "justitia@session-predictor"
 FLOWS_LABEL = "justitia@subagent-flows"
+PREFIX_LABEL = "justitia@prefix-aware"
 TAG_EVICTION_LABEL = "justitia@tag-eviction"  # KV kept across tool pauses: evict the latest next tags first
 
 
@@ -40,6 +42,7 @@ def sessions_specs(choices: bool = False) -> list[RunSpec]:
     return [RunSpec("justitia", "justitia"), RunSpec(PAUSE_LABEL, "justitia", burst="pause"),
             RunSpec(FLOWS_LABEL, "justitia", subagents="flows"),
             RunSpec(TAG_EVICTION_LABEL, "justitia", kv_eviction="tag"),
+            RunSpec(PREFIX_LABEL, "justitia", cost="kv-prefix"),
             RunSpec(LEARNED_LABEL, "justitia", "session")]
 
 
@@ -66,6 +69,10 @@ def sessions_summary(doc: dict) -> list[str]:
                            for other in ("las", "vtc", "fcfs") if other in runs)
         if ratios:
             lines.append(f"justitia's mean turn time against {ratios}")
+    p = runs.get(PREFIX_LABEL)
+    if j is not None and p is not None:
+        lines.append(f"prefix-aware cost against prefix-blind (justitia): mean turn "
+                     f"{p['mean_turn_s'] / j['mean_turn_s']:.3f}x, p90 turn {p['p90_turn_s'] / j['p90_turn_s']:.3f}x")
     t = runs.get(TAG_EVICTION_LABEL)
     if j is not None and t is not None:
         hit = (f"{t['prefix_cache']['hit_rate'] / j['prefix_cache']['hit_rate']:.3f}x"

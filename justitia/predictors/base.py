@@ -61,6 +61,12 @@ class OraclePredictor(Predictor):
         task = agent.task(stage, index)
         return model.request_cost(task.prompt_tokens, task.output_tokens)
 
+    def turn_cost(self, agent: Agent, turn: int, earlier: list[float], model: CostModel) -> float:
+        """True turn cost: its calls priced in the groups they are sent in (``CostModel.group_cost``:
+        under ``kv-prefix`` a prefix the calls of a group share is held once)."""
+        return sum(model.group_cost([(agent.runs(s, i)[:-1], agent.task(s, i).output_tokens) for s, i in group])
+                   for group in agent.turn_groups(turn))
+
 
 class NoisyPredictor(OraclePredictor):
     """The true cost times a log-uniform factor in [1/lam, lam]."""
@@ -79,6 +85,8 @@ class NoisyPredictor(OraclePredictor):
     def agent_cost(self, agent: Agent, model: CostModel) -> float:
         """Noisy total cost."""
         return super().agent_cost(agent, model) * self._factor(_hash(agent.agent_id))
+
+    turn_cost = Predictor.turn_cost  # its noisy request costs, summed
 
     def request_cost(self, agent: Agent, stage: int, index: int, model: CostModel) -> float:
         """Noisy request cost."""

@@ -11,7 +11,7 @@ task's true decode length: engines use it, predictors must not.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable, Iterable
+from typing import Any, Callable, Iterable
 
 from justitia.core import CostModel, is_positive_finite
 
@@ -143,11 +143,43 @@ class Agent:
 
     is_session: bool = field(init=False, repr=False, compare=False)  # any stage pauses, branches or names a
     # turn: a session, not the paper's agent (set from the stages)
+    _prompts: dict = field(init=False, repr=False, compare=False)  # a named task's prompt runs, once computed
 
     def __post_init__(self):
         if not all(type(s) is Stage for s in self.stages):
             object.__setattr__(self, "stages", tuple(s if isinstance(s, Stage) else Stage(s) for s in self.stages))
         object.__setattr__(self, "is_session", not all(s.plain for s in self.stages))
+        object.__setattr__(self, "_prompts", {})
+
+    def runs(self, stage: int, index: int) -> tuple[tuple[Any, int], ...]:
+        """What call ``index`` of top-level stage ``stage`` holds, its prompt then its output, as runs
+        ``(source, tokens)``: equal sources are equal text (a shared block by name, a task's own
+        text, a task's output; ``docs/sessions.md``). An engine with a prefix cache hashes them into
+        block keys; a cost that sees shared prefixes compares them."""
+        task = self.task(stage, index)
+        key = task.id if task.id is not None else (stage, index)
+        return self._prompt(task, key) + (((self.agent_id, key, "out"), task.output_tokens),)
+
+    def _prompt(self, task: Task, key: Any) -> tuple:
+        if key in self._prompts:
+            return self._prompts[key]
+        runs: list = []
+        by_id = None
+        for seg in task.context:
+            if seg.kind == "shared":
+                runs.append((("shared", seg.ref), seg.tokens))
+                continue
+            by_id = by_id or tasks_by_id(self.stages)
+            ref = by_id[seg.ref]
+            if seg.kind == "prompt_of":
+                runs.extend(self._prompt(ref, ref.id))
+            else:
+                runs.append(((self.agent_id, ref.id, "out"), ref.output_tokens))
+        runs.append(((self.agent_id, key, "in"), task.prompt_tokens - sum(n for _, n in runs)))
+        runs = tuple(runs)
+        if task.id is not None:
+            self._prompts[key] = runs
+        return runs
 
     @property
     def tasks(self) -> list[Task]:
@@ -162,6 +194,20 @@ class Agent:
             if current == turn:
                 out.extend((s, i) for i in range(len(st.all_tasks())))
         return out
+
+    def turn_groups(self, turn: int) -> list[list[tuple[int, int]]]:
+        """The calls of user turn ``turn`` in the groups that are sent together: a stage's own
+        tasks with the first stages of its branches that have no pause; every other stage alone."""
+        out: list[list[tuple[int, int]]] = []
+        for s, i_lists in ((s, _groups(st, 0)[0]) for s, st in enumerate(self.stages) if self._turn_of(s) == turn):
+            out.extend([(s, i) for i in group] for group in i_lists)
+        return out
+
+    def _turn_of(self, stage: int) -> int:
+        current = 0
+        for st in self.stages[:stage + 1]:
+            current = st.turn if st.turn is not None else current
+        return current
 
     def task(self, stage: int, index: int) -> Task:
         """The task of call ``index`` of top-level stage ``stage`` (its branches' tasks follow its own)."""
@@ -187,6 +233,23 @@ class Agent:
         if self.meta:
             doc["meta"] = self.meta
         return doc
+
+
+def _groups(stage: Stage, offset: int) -> tuple[list[list[int]], int]:
+    """``Agent.turn_groups`` for one stage whose calls start at ``offset``: its groups of call
+    indices, and how many calls it has (its branches' included)."""
+    groups = [list(range(offset, offset + len(stage)))]
+    at = offset + len(stage)
+    for chain in stage.branches:
+        for j, st in enumerate(chain):
+            sub, size = _groups(st, at)
+            if j == 0 and not st.pause_s:
+                groups[0].extend(sub[0])
+                groups.extend(sub[1:])
+            else:
+                groups.extend(sub)
+            at += size
+    return [g for g in groups if g], at - offset  # a stage of branches only has no own group
 
 
 def context_tokens(task: Task, by_id: dict[str, Task]) -> int:
