@@ -243,11 +243,11 @@ class EngineLoop:
     def _finished(self, r: SimRequest, now_ps: int) -> None:
         self.book.done(r.request_id)
         now_s = now_ps / PS_PER_S
-        self._served.append((now_s, r.owner[0].process.agent.agent_id, kv_token_iters(r.prompt_tokens, r.output_tokens)))
-        if self.front is not None:
-            self.front.request_finished(r.request_id, now_s)
         run, call = r.owner
         proc = run.process
+        self._served.append((now_s, proc.agent.agent_id, kv_token_iters(r.prompt_tokens, r.output_tokens)))
+        if self.front is not None:
+            self.front.request_finished(r.request_id, now_s)
         upcoming = proc.answered(call, Answer("", r.prompt_tokens, r.output_tokens), now_s)
         if upcoming:
             self._send(run, upcoming, now_ps)
