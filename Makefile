@@ -93,7 +93,7 @@ replay: setup
 	$(BIN)/python -m justitia.lab.replay --out results/replay.json
 
 presets: setup
-	for p in main starvation noise ablation sustained sustained-near trojan; do $(BIN)/justitia bench --preset $$p --out results/$$p || exit 1; done
+	for p in main sessions sessions-choices starvation noise ablation sustained sustained-near trojan; do $(BIN)/justitia bench --preset $$p --out results/$$p || exit 1; done
 
 clean:
 	rm -rf $(VENV) results
