@@ -308,7 +308,7 @@ def test_turn_prediction_errors_are_reported_turn_by_turn():
     assert doc["1"]["median_abs_log2_error"] == pytest.approx(3.0) and doc["all"]["within_2x"] == 0.5
 
 
-def test_a_sessions_bench_reports_turns_the_cache_and_the_bound():
+def test_a_sessions_bench_reports_turns_the_cache_and_the_bound(tmp_path):
     from justitia.lab.bench import run_bench
     from justitia.lab.sessions import sessions_specs, sessions_summary
     from justitia.sim import EngineConfig
@@ -326,6 +326,8 @@ def test_a_sessions_bench_reports_turns_the_cache_and_the_bound():
     assert set(doc["policies"]["justitia@session-predictor"]["turn_prediction"]) >= {"0", "all"}
     lines = sessions_summary(doc)
     assert any(line.startswith("justitia's mean turn time against fcfs") for line in lines)
+    from justitia.lab.plots import plot_results
+    assert "turn_cdf.png" in [p.name for p in plot_results(doc, tmp_path)]
 
 
 @pytest.mark.parametrize("policy", ["las", "justitia", "justitia-eligible"])

@@ -1,5 +1,6 @@
-"""PNG plots of a results document: the JCT CDF per run, Justitia against VTC per agent, and each
-tenant's cumulative service over time (when agents name tenants)."""
+"""PNG plots of a results document: the JCT CDF per run, Justitia against VTC per agent, the turn
+time CDF per run (sessions), and each tenant's cumulative service over time (when agents name
+tenants)."""
 
 from __future__ import annotations
 
@@ -52,6 +53,22 @@ def plot_results(doc: dict, out_dir: Path) -> list[Path]:
         ax.legend(fontsize=8)
         fig.tight_layout()
         written.append(out_dir / "justitia_vs_vtc.png")
+        fig.savefig(written[-1], dpi=120)
+        plt.close(fig)
+    if any("mean_turn_s" in e for e in pol.values()):  # sessions: the turn-time CDF per run
+        fig, ax = plt.subplots(figsize=(6.4, 4.2))
+        for label, entry in pol.items():
+            turns = np.sort([t for a in entry["agents"] for t in a.get("turns_s") or ()])
+            if len(turns):
+                ax.step(turns, np.arange(1, len(turns) + 1) / len(turns), where="post", label=label)
+        ax.set_xscale("log")
+        ax.set_xlabel("turn time, first request to last answer (s, log scale)")
+        ax.set_ylabel("fraction of turns")
+        ax.set_title("Turn time CDF per run")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+        fig.tight_layout()
+        written.append(out_dir / "turn_cdf.png")
         fig.savefig(written[-1], dpi=120)
         plt.close(fig)
     tenanted = [(label, e["tenants"]) for label, e in pol.items() if "tenants" in e]
