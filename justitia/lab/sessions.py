@@ -47,14 +47,14 @@ def sessions_specs(choices: bool = False) -> list[RunSpec]:
 
 
 def sessions_summary(doc: dict) -> list[str]:
-    """Mean and p90 turn time, the prefix cache's hit rate and the bound, per run; Justitia's mean
+    """Mean, p50 and p90 turn time, the prefix cache's hit rate and the bound, per run; Justitia's mean
     turn time against LAS's, VTC's and FCFS's; tag eviction's figures against LRU's."""
     runs = doc["policies"]
-    lines = ["run                           mean turn s   p90 turn s   hit rate   sessions over bound"]
+    lines = ["run                           mean turn s   p50 turn s   p90 turn s   hit rate   sessions over bound"]
     for label, e in runs.items():
         over = f"{e['bound_violations']} of {len(e['agents'])}" if "bound_violations" in e else "-"
         hit = e.get("prefix_cache", {}).get("hit_rate")
-        lines.append(f"{label:28s} {e['mean_turn_s']:12.1f} {e['p90_turn_s']:12.1f} "
+        lines.append(f"{label:28s} {e['mean_turn_s']:12.1f} {e['p50_turn_s']:12.1f} {e['p90_turn_s']:12.1f} "
                      f"{'-' if hit is None else f'{hit:.1%}':>10s}   {over}")
     for label, e in runs.items():
         errors = e.get("turn_prediction")
