@@ -463,3 +463,15 @@ def test_priced_by_pause_a_stage_sent_at_once_stays_in_its_burst():
     proc.sent([b], 0.1)
     [c] = proc.answered(b, Answer("", 10, 2), 0.2)
     assert proc.paused and proc.opens_burst([c])
+
+
+def test_a_session_call_s_prompt_is_its_context_as_text_then_its_own():
+    from justitia.workload import shared_text
+    proc = AgentProcess(session(), OraclePredictor())
+    [t0] = proc.start()
+    system = shared_text("system", 40)
+    assert t0.prompt == system + "hi" and shared_text("system", 40) == system != shared_text("other", 40)
+    [t1] = proc.answered(t0, Answer("the first answer", 50, 10))
+    assert t1.prompt == t0.prompt + "the first answer" + "tool said"  # the conversation so far, then the new text
+    other = AgentProcess(session("u"), OraclePredictor()).start()[0]
+    assert other.prompt.startswith(system)  # another session's prompt begins with the same system text

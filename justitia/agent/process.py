@@ -24,7 +24,7 @@ from typing import Any, Sequence
 from justitia.agent.calls import AgentResult, Answer, Call, Render
 from justitia.core import KV, CostModel, RequestMeta
 from justitia.predictors import Predictor
-from justitia.workload import Agent
+from justitia.workload import Agent, shared_text
 
 
 PRICINGS = ("first-stage", "all-stages")
@@ -92,6 +92,7 @@ class AgentProcess:
         self._top: _Chain | None = None
         self.turn_times: dict[int, list[float]] = {}  # turn -> [first call sent, last answer] (``sent``, ``answered``)
         self.in_flight = 0  # calls sent and not answered
+        self._texts: dict[tuple[str, str], str] = {}  # (task id, "in" | "out") -> its prompt as sent, its answer
         self._turn_sent = -1  # the turn of the calls sent last
         self.turn_predicted: dict[int, float] = {}  # a session's turns: predicted cost as each started
         self.turn_true: dict[int, float] = {}  # ... and what its answered calls cost (the cost model's unit)
@@ -159,6 +160,8 @@ class AgentProcess:
                 or self.answers[call.stage][call.index] is not None):
             raise RuntimeError(f"request '{call.request_id}' was not expected now.")
         self.answers[call.stage][call.index] = answer
+        if getattr(call.task, "id", None) is not None:
+            self._texts[(call.task.id, "out")] = answer.text
         self.in_flight = max(0, self.in_flight - 1)
         burst = self._burst_of.pop((call.stage, call.index), None)
         if burst is not None:
@@ -250,6 +253,13 @@ class AgentProcess:
         """Each turn's time, first call sent to last answer, in turn order (turns seen so far)."""
         return [end - start for _, (start, end) in sorted(self.turn_times.items())]
 
+    def _segment_text(self, seg: Any) -> str:
+        """A context segment as text: a shared block's (``workload.shared_text``, by its name), or an
+        earlier task's prompt as sent or its answer as received."""
+        if seg.kind == "shared":
+            return shared_text(seg.ref, seg.tokens)
+        return self._texts[(seg.ref, "in" if seg.kind == "prompt_of" else "out")]
+
     def runs(self, call: Call) -> tuple[tuple[Any, int], ...]:
         """What the call's prompt and output hold, as runs (``Agent.runs``): an engine with a prefix
         cache hashes them into block keys."""
@@ -282,6 +292,11 @@ class AgentProcess:
         for i in range(node.offset, node.offset + node.own):
             task = node.stage[i - node.offset]
             prompt = task.prompt if self.render is None else self.render(task.prompt, s, texts)
+            context = getattr(task, "context", ())
+            if context:  # what the prompt begins with, as text: the same text wherever it is shared
+                prompt = "".join(self._segment_text(seg) for seg in context) + prompt
+            if getattr(task, "id", None) is not None:
+                self._texts[(task.id, "in")] = prompt
             meta = RequestMeta(a.agent_id, a.type, self.predicted_cost,
                                float(self.predictor.request_cost(a, s, i, self.cost)), last,
                                None if a.weight == 1 else a.weight, a.tenant)

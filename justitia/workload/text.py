@@ -6,6 +6,7 @@ sentences drawn from it, cut to the words its length asks for.
 from __future__ import annotations
 
 import itertools
+import zlib
 from dataclasses import dataclass
 
 import numpy as np
@@ -57,3 +58,16 @@ def cut_words(text: str, tokens: int, keep: int) -> str:
         return text
     words = text.split()
     return " ".join(words[: max(1, len(words) * keep // max(tokens, 1))])
+
+
+SHARED_WORDS = ("the", "agent", "reads", "each", "file", "before", "it", "edits", "and", "runs", "tests", "after",
+                "every", "change", "keeps", "notes", "on", "what", "failed", "why")
+
+
+def shared_text(name: str, tokens: int) -> str:
+    """The text a ``shared`` context segment stands for: about ``tokens`` words, the same for the same
+    name and length wherever it appears (a system prompt, a document), so that an engine's prefix
+    cache sees one text."""
+    rng = np.random.default_rng(zlib.crc32(name.encode("utf-8")))
+    words = rng.choice(len(SHARED_WORDS), size=max(int(tokens), 1))
+    return f"[{name}] " + " ".join(SHARED_WORDS[w] for w in words) + "\n"
