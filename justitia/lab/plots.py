@@ -16,23 +16,10 @@ def plot_results(doc: dict, out_dir: Path) -> list[Path]:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    written = []
-    fig, ax = plt.subplots(figsize=(6.4, 4.2))
-    for label, entry in doc["policies"].items():
-        jcts = np.sort([a["jct_s"] for a in entry["agents"]])
-        ax.step(jcts, np.arange(1, len(jcts) + 1) / len(jcts), where="post", label=label)
-    ax.set_xscale("log")
-    ax.set_xlabel("agent JCT (s, log scale)")
-    ax.set_ylabel("fraction of agents")
-    ax.set_title("JCT CDF per policy")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    written.append(out_dir / "jct_cdf.png")
-    fig.savefig(written[-1], dpi=120)
-    plt.close(fig)
-
     pol = doc["policies"]
+    written = [plot_cdf({label: [a["jct_s"] for a in e["agents"]] for label, e in pol.items()},
+                        "agent JCT (s, log scale)", "fraction of agents", "JCT CDF per policy",
+                        out_dir / "jct_cdf.png", plt)]
     if "justitia" in pol and "vtc" in pol:
         vtc = {a["agent_id"]: a["jct_s"] for a in pol["vtc"]["agents"]}
         just = {a["agent_id"]: a["jct_s"] for a in pol["justitia"]["agents"]}
@@ -56,25 +43,33 @@ def plot_results(doc: dict, out_dir: Path) -> list[Path]:
         fig.savefig(written[-1], dpi=120)
         plt.close(fig)
     if any("mean_turn_s" in e for e in pol.values()):  # sessions: the turn-time CDF per run
-        fig, ax = plt.subplots(figsize=(6.4, 4.2))
-        for label, entry in pol.items():
-            turns = np.sort([t for a in entry["agents"] for t in a.get("turns_s") or ()])
-            if len(turns):
-                ax.step(turns, np.arange(1, len(turns) + 1) / len(turns), where="post", label=label)
-        ax.set_xscale("log")
-        ax.set_xlabel("turn time, first request to last answer (s, log scale)")
-        ax.set_ylabel("fraction of turns")
-        ax.set_title("Turn time CDF per run")
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
-        fig.tight_layout()
-        written.append(out_dir / "turn_cdf.png")
-        fig.savefig(written[-1], dpi=120)
-        plt.close(fig)
+        written.append(plot_cdf({label: [t for a in e["agents"] for t in a.get("turns_s") or ()]
+                                 for label, e in pol.items()},
+                                "turn time, first request to last answer (s, log scale)", "fraction of turns",
+                                "Turn time CDF per run", out_dir / "turn_cdf.png", plt))
     tenanted = [(label, e["tenants"]) for label, e in pol.items() if "tenants" in e]
     if tenanted and len(tenanted[0][1]["per_tenant"]) <= 12:
         written.append(plot_tenant_service(tenanted, out_dir / "tenant_service.png", plt))
     return written
+
+
+def plot_cdf(values: dict[str, list[float]], xlabel: str, ylabel: str, title: str, path: Path, plt) -> Path:
+    """One CDF per run (log x axis) of ``values`` by run label, into ``path``."""
+    fig, ax = plt.subplots(figsize=(6.4, 4.2))
+    for label, xs in values.items():
+        xs = np.sort(xs)
+        if len(xs):
+            ax.step(xs, np.arange(1, len(xs) + 1) / len(xs), where="post", label=label)
+    ax.set_xscale("log")
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
 
 
 def plot_tenant_service(runs: list[tuple[str, dict]], path: Path, plt) -> Path:
