@@ -97,8 +97,11 @@ class RecordingBackend(Backend):
         self.book.register(agent_id, agent_type, predicted_cost, 0.0, weight, tenant, resume_cost)
         return self.book.virtual_finish(agent_id)
 
-    async def retire(self, agent_id):
-        self.book.release(agent_id, 0.0)
+    async def retire(self, agent_id, pause=False):
+        if pause:
+            self.book.pause(agent_id, 0.0)
+        else:
+            self.book.release(agent_id, 0.0)
 
     async def state(self):
         return self.book.state(0.0)

@@ -105,10 +105,11 @@ class Backend(ABC):
         (``AgentScheduler.agent_arrived``)."""
 
     @abstractmethod
-    async def retire(self, agent_id: str) -> None:
+    async def retire(self, agent_id: str, pause: bool = False) -> None:
         """A cancelled or failed agent leaves the policy as soon as the engine holds none of its
         requests (``AgentBook.retire``, wherever the book is kept: at once if none is held; else
-        when the last, aborted, has left). A done agent needs no call: its last requests say so."""
+        when the last, aborted, has left). A done agent needs no call: its last requests say so.
+        ``pause``: a session waits between two bursts and will return (``AgentBook.pause``)."""
 
     @abstractmethod
     async def state(self) -> PolicyState:

@@ -47,9 +47,9 @@ class EngineBackend(Backend):
                 "tenant": tenant, "resume_cost": resume_cost}
         return await control(self.llm, ControlCall(REGISTER, args))
 
-    async def retire(self, agent_id: str) -> None:
-        """Retire the agent in the plug-in (``AgentBook.retire``: once vLLM holds none of its requests)."""
-        await control(self.llm, ControlCall(RETIRE, {"agent_id": agent_id}))
+    async def retire(self, agent_id: str, pause: bool = False) -> None:
+        """Retire (or pause) the agent in the plug-in (``AgentBook.retire``: once vLLM holds none of its requests)."""
+        await control(self.llm, ControlCall(RETIRE, {"agent_id": agent_id, "pause": pause}))
 
     async def state(self) -> PolicyState:
         """The plug-in's policy, read in the engine process."""

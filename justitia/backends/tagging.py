@@ -48,9 +48,13 @@ class TaggingBackend(Backend):
         self.book.register(agent_id, agent_type, predicted_cost, now, weight, tenant, resume_cost)
         return self.book.virtual_finish(agent_id)
 
-    async def retire(self, agent_id: str) -> None:
-        """The agent leaves the clock once none of its requests is out at an engine (``AgentBook.retire``)."""
-        self.book.retire(agent_id, self.now())
+    async def retire(self, agent_id: str, pause: bool = False) -> None:
+        """The agent leaves the clock once none of its requests is out at an engine (``AgentBook.retire``;
+        ``pause``: ``AgentBook.pause``)."""
+        if pause:
+            self.book.pause(agent_id, self.now())
+        else:
+            self.book.retire(agent_id, self.now())
 
     async def state(self) -> PolicyState:
         """The clock here, which orders every engine behind it."""

@@ -6,6 +6,14 @@ request (or ahead of it, ``register``) and released when its ``agent_done`` requ
 finished, when ``release`` is called, or after ``idle_release_s`` with no open request. Missing
 costs are estimated as the cost model's price of the prompt and ``max_tokens``.
 
+A **session** (``RequestMeta.session``; docs/sessions.md) is priced and tagged burst by burst. It
+leaves the engine between two bursts (``agent_finished(..., pause=True)``: settled for the burst it
+ran, its policy state kept) when ``pause`` says so (an engine that knows its client's pauses), or
+when a request that opens a new burst (``turn_start``) finds nothing of it open. Its next request
+after a pause is a return: ``agent_arrived`` again, at that request's ``agent_cost`` (or its own
+price). A pause inside a burst (a tool call in a turn) keeps its place. A session is released only
+after ``session_keep_s`` with nothing open (``SESSION_KEEP_S``), or by ``release``.
+
 A front end that tags requests for another engine (``tagging``) sees no engine steps, only its
 requests going out and coming back. Given the engine's ``kv_tokens``, it measures the clock's M
 from them: it counts the engine as backlogged while the open requests' prompts and ``max_tokens``
@@ -28,16 +36,22 @@ from justitia.core.scheduler import AgentScheduler, ClockReading, Standing
 # An agent with no open request for this long is released even if it never said agent_done (the
 # default everywhere: justitia.defaults re-exports it, and JUSTITIA_AGENT_IDLE_S overrides it).
 AGENT_IDLE_S = 60.0
+# A session with nothing open for this long is released (its policy state dropped); before that it
+# is kept across tool pauses and user turns (Copilot's sessions run for minutes between turns).
+SESSION_KEEP_S = 600.0
 
 
 class AgentBook:
     """Registers agents from request metadata and releases them when they are done or idle."""
 
     def __init__(self, core: AgentScheduler, cost: str | CostModel = KV, idle_release_s: float = AGENT_IDLE_S,
-                 log: logging.Logger | None = None):
+                 log: logging.Logger | None = None, session_keep_s: float = SESSION_KEEP_S):
         self._core = core
         self.cost = cost_model(cost)
         self.idle_release_s = idle_release_s
+        self.session_keep_s = session_keep_s
+        self._sessions: set[str] = set()  # known agents that are sessions
+        self._pause_pending: set[str] = set()  # sessions to pause when their last open request ends
         self.log = log or logging.getLogger("justitia")
         self._infos: dict[str, RequestInfo] = {}  # open requests
         self._agent_done: set[str] = set()  # agents whose last stage has arrived
@@ -52,11 +66,12 @@ class AgentBook:
     @classmethod
     def for_policy(cls, policy: str, capacity_per_s: float, cost: str | CostModel = KV,
                    idle_release_s: float = AGENT_IDLE_S, log: logging.Logger | None = None,
-                   measure_every_s: float | None = None, retag: bool = True) -> "AgentBook":
+                   measure_every_s: float | None = None, retag: bool = True,
+                   session_keep_s: float = SESSION_KEEP_S) -> "AgentBook":
         """A book over a fresh core running ``policy`` (its clock's M measured every
         ``measure_every_s`` busy seconds, if given; ``retag``: see ``AgentScheduler``)."""
         return cls(AgentScheduler.for_policy(policy, capacity_per_s, cost, measure_every_s, retag), cost,
-                   idle_release_s, log)
+                   idle_release_s, log, session_keep_s)
 
     @classmethod
     def tagging(cls, policy: str, capacity_per_s: float, cost: str | CostModel = KV, idle_release_s: float = AGENT_IDLE_S,
@@ -77,20 +92,40 @@ class AgentBook:
 
     # ------------------------------------------------------------------------------ agents
     def register(self, agent_id: str, agent_type: str, predicted_cost: float, now_s: float,
-                 weight: float = 1.0, tenant: str | None = None, resume_cost: float | None = None) -> AgentInfo | None:
-        """Register an agent ahead of its requests (``resume_cost``: a resumed one, ``agent_arrived``);
-        its info if it is new, None if it is known."""
-        if self._core.agent(agent_id) is not None:
+                 weight: float = 1.0, tenant: str | None = None, resume_cost: float | None = None,
+                 session: bool = False) -> AgentInfo | None:
+        """Register an agent ahead of its requests (``resume_cost``: a resumed one, ``agent_arrived``;
+        ``session``: a session, kept across pauses); its info if it is new or a paused session's
+        return, None if it is known and not paused."""
+        standing = self._core.agent(agent_id)
+        if standing is not None and not standing.paused:
             return None
-        info = self._core.agent_arrived(agent_id, agent_type, predicted_cost, now_s, weight, tenant, resume_cost)
+        info = self._core.agent_arrived(agent_id, agent_type, predicted_cost, now_s, weight, tenant, resume_cost,
+                                        session or agent_id in self._sessions)
         self._known.add(agent_id)
+        if session:
+            self._sessions.add(agent_id)
         return info
+
+    def pause(self, agent_id: str, now_s: float) -> bool:
+        """A session waits between two bursts: settled now if none of its requests is open (True),
+        else when the last one ends. Not a session, or not known: a no-op (False)."""
+        standing = self._core.agent(agent_id)
+        if standing is None or agent_id not in self._sessions or standing.paused:
+            return False
+        if standing.open_requests:
+            self._pause_pending.add(agent_id)
+            return False
+        self._core.agent_finished(agent_id, now_s, pause=True)
+        return True
 
     def release(self, agent_id: str, now_s: float) -> bool:
         """Release the agent's policy state now (a no-op if it is not known); True if it was."""
         self._agent_done.discard(agent_id)
         self._idle_since.pop(agent_id, None)
         self._known.discard(agent_id)
+        self._sessions.discard(agent_id)
+        self._pause_pending.discard(agent_id)
         if self._core.agent(agent_id) is None:
             return False
         self._core.agent_finished(agent_id, now_s)
@@ -106,11 +141,13 @@ class AgentBook:
         return False
 
     def sweep(self, now_s: float) -> list[str]:
-        """Release the agents idle for ``idle_release_s`` (checked at most once a second)."""
+        """Release the agents idle for ``idle_release_s``, and the sessions for ``session_keep_s``
+        (checked at most once a second)."""
         if not self._idle_since or now_s < self._next_sweep_s:
             return []
         self._next_sweep_s = now_s + 1.0
-        stale = [a for a, since in self._idle_since.items() if now_s - since >= self.idle_release_s]
+        stale = [a for a, since in self._idle_since.items()
+                 if now_s - since >= (self.session_keep_s if a in self._sessions else self.idle_release_s)]
         for agent_id in stale:
             self.release(agent_id, now_s)
         return stale
@@ -161,7 +198,12 @@ class AgentBook:
         if request_cost is None:
             request_cost = self.cost.request_cost(prompt_tokens, max_tokens)
         agent_cost = request_cost if meta.agent_cost is None else meta.agent_cost
-        new = self.register(agent_id, meta.agent_type, agent_cost, now_s, meta.agent_weight or 1.0, meta.tenant)
+        self._pause_pending.discard(agent_id)  # a request of the burst: the pause waits for it
+        standing = self._core.agent(agent_id) if meta.turn_start else None
+        if standing is not None and not standing.open_requests:  # a new burst: the session leaves, then returns
+            self.pause(agent_id, now_s)
+        new = self.register(agent_id, meta.agent_type, agent_cost, now_s, meta.agent_weight or 1.0, meta.tenant,
+                            session=meta.session and meta.agent_id is not None)
         self._idle_since.pop(agent_id, None)
         if meta.agent_done or meta.agent_id is None:  # an unnamed request is an agent of its own
             self._agent_done.add(agent_id)
@@ -208,8 +250,11 @@ class AgentBook:
         if self._core.agent(info.agent_id).open_requests == 0:
             if info.agent_id in self._agent_done:
                 self.release(info.agent_id, now_s)
-            else:
-                self._idle_since[info.agent_id] = now_s
+                return info
+            self._idle_since[info.agent_id] = now_s
+            if info.agent_id in self._pause_pending:
+                self._pause_pending.discard(info.agent_id)
+                self.pause(info.agent_id, now_s)
         return info
 
 

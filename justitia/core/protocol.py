@@ -16,6 +16,11 @@ on vLLM's OpenAI server). ``RequestMeta`` is the only code that writes or reads 
                   ``tagged`` policy orders by it
     agent_rank    from the same front end, for an agent in a tenant: its place among its tenant's
                   agents (its inner tag, >= 0); ``tagged`` orders a tenant's requests by it
+    session       truthy: the agent is a session (docs/sessions.md), priced and tagged burst by burst
+                  and kept across its pauses (``AgentBook.session_keep_s``) rather than released
+    turn_start    truthy on a session's request that opens a new burst (a user turn): a session with
+                  nothing open is settled for the burst it ran and arrives again, at this request's
+                  ``agent_cost`` (or its own price). A pause inside a turn keeps the session's place
 
 **Control calls** go from the process that started a vLLM engine into the plug-in, inside the
 engine process (vLLM's utility-call channel, never reachable by an HTTP client): ``register`` an
@@ -35,7 +40,9 @@ from typing import Any, Mapping
 AGENT_ID, AGENT_TYPE, AGENT_COST, REQUEST_COST, AGENT_DONE, AGENT_WEIGHT, TENANT, AGENT_TAG, AGENT_RANK = (
     "agent_id", "agent_type", "agent_cost", "request_cost", "agent_done", "agent_weight", "tenant", "agent_tag",
     "agent_rank")
-META_KEYS = (AGENT_ID, AGENT_TYPE, AGENT_COST, REQUEST_COST, AGENT_DONE, AGENT_WEIGHT, TENANT, AGENT_TAG, AGENT_RANK)
+SESSION, TURN_START = "session", "turn_start"
+META_KEYS = (AGENT_ID, AGENT_TYPE, AGENT_COST, REQUEST_COST, AGENT_DONE, AGENT_WEIGHT, TENANT, AGENT_TAG, AGENT_RANK,
+             SESSION, TURN_START)
 PRICE_KEYS = (AGENT_COST, REQUEST_COST, AGENT_WEIGHT, TENANT, AGENT_TAG, AGENT_RANK)  # what only a trusted sender may set
 
 
@@ -53,11 +60,14 @@ class RequestMeta:
     tenant: str | None = None
     agent_tag: float | None = None
     agent_rank: float | None = None
+    session: bool = False
+    turn_start: bool = False
 
     def without_prices(self) -> "RequestMeta":
         """The metadata with what only a trusted sender may set left out (costs, weight, tenant):
         the engine then prices the request itself (``JUSTITIA_CLIENT_PRICES=0``)."""
-        return RequestMeta(self.agent_id, self.agent_type, None, None, self.agent_done)
+        return RequestMeta(self.agent_id, self.agent_type, None, None, self.agent_done, session=self.session,
+                           turn_start=self.turn_start)
 
     def to_extra_args(self) -> dict[str, Any]:
         """The metadata as ``extra_args`` / ``vllm_xargs`` (fields left unset are left out)."""
@@ -79,6 +89,10 @@ class RequestMeta:
             doc[AGENT_TAG] = self.agent_tag
         if self.agent_rank is not None:
             doc[AGENT_RANK] = self.agent_rank
+        if self.session:
+            doc[SESSION] = True
+        if self.turn_start:
+            doc[TURN_START] = True
         return doc
 
     @classmethod
@@ -97,7 +111,8 @@ class RequestMeta:
         return cls(str(agent_id) if agent_id else None, str(doc.get(AGENT_TYPE, "")), costs[AGENT_COST],
                    costs[REQUEST_COST], bool(doc.get(AGENT_DONE)), weight, tenant,
                    _cost(doc.get(AGENT_TAG), AGENT_TAG, request_id, log),
-                   _cost(doc.get(AGENT_RANK), AGENT_RANK, request_id, log))
+                   _cost(doc.get(AGENT_RANK), AGENT_RANK, request_id, log), bool(doc.get(SESSION)),
+                   bool(doc.get(TURN_START)))
 
 
 def _cost(value: Any, key: str, request_id: str, log: logging.Logger | None, positive: bool = False) -> float | None:
@@ -127,7 +142,8 @@ class ControlCall:
     """One call into the plug-in: a verb and its arguments (plain JSON values).
 
     ``register``: ``agent_id``, ``agent_type``, ``predicted_cost`` -> the agent's virtual finish
-    tag (None under a policy without a clock); ``release``: ``agent_id`` -> whether it was released now (else: when its last open request ends);
+    tag (None under a policy without a clock); ``retire``: ``agent_id`` -> whether it was released now (else: when its last open request ends),
+    or with ``pause`` true: a session paused between bursts, settled now or when its last open request ends;
     ``state`` -> ``PolicyState.to_json()``; ``reset``: ``policy``, ``cost``,
     ``capacity_per_s``, ``measure_capacity``, ``retag``, ``step_log`` (a CSV path or None) -> whether the idle
     engine was reset.

@@ -62,6 +62,7 @@ class Standing(NamedTuple):
     open_requests: int  # requests arrived and not finished
     attained: float  # service charged to it, in the core's cost unit
     virtual_finish: float | None  # its GPS virtual finish tag (None under a policy without a clock)
+    paused: bool = False  # a session between two bursts (``agent_finished(..., pause=True)``)
 
 
 class ClockReading(NamedTuple):
@@ -193,7 +194,7 @@ class AgentScheduler:
             return None
         attained = self._attained.get(agent_id)
         return Standing(info, self._open[agent_id], attained[0] if attained else 0.0,
-                        self._policy.virtual_finish(agent_id))
+                        self._policy.virtual_finish(agent_id), agent_id in self._paused)
 
     # ---------------------------------------------------------------------------- requests
     def request_arrived(self, request_id: str, agent_id: str, prompt_tokens: int, predicted_cost: float,

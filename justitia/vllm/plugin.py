@@ -213,6 +213,8 @@ class JustitiaScheduler(StepLogScheduler):
             return self.book.virtual_finish(agent_id)
         if call.verb == RETIRE:
             agent_id = str(args["agent_id"])
+            if args.get("pause"):  # a session between bursts: settled once none of its requests is open
+                return self.book.pause(agent_id, now)
             released = self.book.retire(agent_id, now)  # requests still in vLLM's queues are served first
             if released and self.log_agents:
                 logger.info("justitia: agent %s released", agent_id)

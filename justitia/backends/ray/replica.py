@@ -197,11 +197,12 @@ class EngineReplica:
 
         return await control(self.llm, ControlCall(STATE))
 
-    async def retire(self, agent_id: str) -> bool:
-        """Retire an agent in the plug-in (a cancelled or failed agent; ``AgentBook.retire``)."""
+    async def retire(self, agent_id: str, pause: bool = False) -> bool:
+        """Retire an agent in the plug-in (a cancelled or failed agent; ``AgentBook.retire``; ``pause``:
+        a session between bursts, ``AgentBook.pause``)."""
         from justitia.vllm.engine import control
 
-        return bool(await control(self.llm, ControlCall(RETIRE, {"agent_id": agent_id})))
+        return bool(await control(self.llm, ControlCall(RETIRE, {"agent_id": agent_id, "pause": pause})))
 
     def check_health(self) -> None:
         """Ray Serve's health check: a replica whose engine core died is restarted."""
