@@ -4,6 +4,7 @@ the server)."""
 from __future__ import annotations
 
 import asyncio
+from dataclasses import replace
 from typing import Awaitable, Callable
 
 from justitia.agent.calls import Answer, Call
@@ -11,16 +12,24 @@ from justitia.agent.process import AgentProcess
 
 
 async def drive(process: AgentProcess, serve: Callable[[Call], Awaitable[Answer]],
-                resume: list[list[Answer]] | None = None) -> None:
+                resume: list[list[Answer]] | None = None,
+                on_pause: Callable[[], Awaitable[None]] | None = None) -> None:
     """Run ``process`` to its end on a real engine: each call served by ``serve`` after its pause,
     the calls a stage releases as soon as it completes (after the stages ``resume`` answered, if
     given). If one call fails (or the agent is cancelled), the others are cancelled and the error
-    propagates."""
+    propagates.
+
+    A session's calls say so in their metadata (``RequestMeta.session``); the call that opens a
+    burst also says ``turn_start``, with the burst's predicted cost as its ``agent_cost``
+    (``AgentProcess.burst_cost``), and ``on_pause`` is awaited whenever the session pauses between
+    two bursts (``AgentProcess.paused``): the engine's book settles it then (``AgentBook.pause``)."""
     loop = asyncio.get_running_loop()
 
     async def one(call: Call) -> Answer:
         if call.pause_s > 0:
             await asyncio.sleep(call.pause_s)
+        if process.agent.is_session and process.opens_burst([call]):
+            call = replace(call, meta=replace(call.meta, turn_start=True, agent_cost=process.burst_cost([call])))
         process.sent([call], loop.time())
         return await serve(call)
 
@@ -33,6 +42,8 @@ async def drive(process: AgentProcess, serve: Callable[[Call], Awaitable[Answer]
                 call = pending.pop(fut)
                 for c in process.answered(call, fut.result(), loop.time()):
                     pending[asyncio.ensure_future(one(c))] = c
+                if on_pause is not None and process.agent.is_session and process.paused:
+                    await on_pause()
     except BaseException:
         for p in pending:
             p.cancel()

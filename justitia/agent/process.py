@@ -299,7 +299,7 @@ class AgentProcess:
                 self._texts[(task.id, "in")] = prompt
             meta = RequestMeta(a.agent_id, a.type, self.predicted_cost,
                                float(self.predictor.request_cost(a, s, i, self.cost)), last,
-                               None if a.weight == 1 else a.weight, a.tenant)
+                               None if a.weight == 1 else a.weight, a.tenant, session=a.is_session)
             calls.append(Call(f"{self.request_prefix}{a.agent_id}/{s}/{i}", s, i, task, prompt, meta, delay_s,
                               self._turns[s], chain.flow))
             self._chains[(s, i)] = chain

@@ -37,6 +37,8 @@ def engine_spec(args, preset_options: dict | None = None):
     for name in ("model", "kv_blocks", "max_num_seqs", "max_num_batched_tokens", "max_model_len"):
         if getattr(args, name) is not None:
             options[name] = getattr(args, name)
+    if getattr(args, "prefix_caching", False):  # --prefix-caching: vLLM's default, on
+        options["prefix_caching"] = None
     return EngineSpec(**options)
 
 

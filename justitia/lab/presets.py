@@ -386,6 +386,23 @@ def _engine(name: str, seed: int) -> Preset:
                   speed_probes=True)
 
 
+def _sessions_engine(name: str, seed: int) -> Preset:
+    # Sessions on real vLLM with its prefix cache on (its default), sized by lab.sessions for the
+    # engine preset's engine; the calibration's agents are the engine preset's (no shared text).
+    from justitia.lab.sessions import SESSIONS_ENGINE_POLICIES, sessions_engine_summary, sessions_engine_workload
+    from justitia.vllm.engine import EngineSpec
+
+    spec = EngineSpec(**ENGINE_OPTIONS)
+    agents, info = sessions_engine_workload(seed, spec.usable_blocks * CPU_BLOCK_SIZE, CPU_BLOCK_SIZE)
+    calib, _ = build_workload(ENGINE_CALIBRATION_AGENTS, seed + 1, MOONCAKE_ARRIVALS, ENGINE_DENSITY)
+    specs = [RunSpec(p, p) for p in SESSIONS_ENGINE_POLICIES]
+    return Preset(name, f"{len(agents)} coding-agent sessions on real vLLM (tiny model, CPU), the prefix cache on: "
+                  f"{', '.join(SESSIONS_ENGINE_POLICIES)} + front-end tagging, {ENGINE_REPEATS} interleaved repeats",
+                  agents, info, specs, engine="vllm", engine_options=dict(ENGINE_OPTIONS, prefix_caching=None),
+                  calibration_agents=scale_tokens(calib, CPU_SCALE), repeats=ENGINE_REPEATS, tagging=True,
+                  speed_probes=True, summary=sessions_engine_summary)
+
+
 def _lm_missing() -> str:
     from justitia.predictors.lm import ENCODER_PIP
 
@@ -396,9 +413,10 @@ CPU_AGENTS, CPU_CALIBRATION_AGENTS, CPU_DENSITY, CPU_SCALE, CPU_REPEATS = 24, 20
 ENGINE_AGENTS, ENGINE_CALIBRATION_AGENTS, ENGINE_DENSITY, ENGINE_REPEATS = 100, 40, 6.0, 3
 ENGINE_POLICIES = ("fcfs", "vtc", "srjf", "justitia", "las")
 ENGINE_OPTIONS = {"model": "tiny", "kv_blocks": 24, "max_num_seqs": 64, "max_num_batched_tokens": 2048}
+CPU_BLOCK_SIZE = 128  # vLLM's CPU backend's KV block
 PRESET_NAMES = ("main", "sessions", "sessions-choices", "starvation", "noise", "ablation", "sustained", "sustained-near", "trojan", "tenants",
                 "elephant-stream", *CLUSTER_PRESETS,
-                "cpu", "engine")
+                "cpu", "engine", "sessions-engine")
 def _sessions(name: str, seed: int) -> Preset:
     agents, info = sessions_workload(seed)
     what = ("justitia by turn, by pause, with subagents as flows, with tag eviction, with the prefix-aware cost, "
@@ -423,4 +441,5 @@ PRESETS = {  # name -> the function that builds it
     "trojan": _trojan,
     "cpu": _cpu,
     "engine": _engine,
+    "sessions-engine": _sessions_engine,
 }

@@ -6,6 +6,15 @@ prompt is exactly ``prompt_tokens`` token ids (the task's prompt text, tokenized
 repeated to length) and whose decode length is forced to ``output_tokens`` (``ignore_eos``), so
 the engine serves the same token counts as the simulator.
 
+A session's call (docs/sessions.md) is built from token ids as the simulator's prefix cache sees
+it (``SessionPrompts``): its context's segments (a shared text's ids, the same for the same name
+in every session; an earlier call's prompt ids as sent; its output ids as the engine generated
+them), then its own text, which begins with the session and task ids so that no two calls' own
+text shares a block. With vLLM's prefix cache on, the run reports vLLM's own hit rate
+(``RequestOutput.num_cached_tokens``: prompt tokens found cached at a request's first schedule,
+the simulator's count) beside the requests' prompt tokens; the cache is emptied before each run
+(``reset_prefix_cache``), so that runs of one workload do not hit each other's blocks.
+
 Two ways to schedule (``EngineSpec.scheduler``):
 
 - ``plugin``: the engine runs ``JustitiaScheduler``; every request carries its agent's metadata.
@@ -34,13 +43,14 @@ from pathlib import Path
 from typing import Callable
 
 from justitia.agent import AgentProcess, AgentResult, Answer, Call, RunResult, drive
-from justitia.core import RESET, STATE, WINDOW_STEPS, AgentBook, ControlCall, PolicyState, cost_model
+from justitia.core import RESET, RETIRE, STATE, WINDOW_STEPS, AgentBook, ControlCall, PolicyState, cost_model
 from justitia.core import capacity_per_s as default_capacity  # run() takes a capacity_per_s of its own
 from justitia.defaults import ITERATION_S, process_cpus
 from justitia.predictors import make_predictor
 from justitia.vllm.engine import EngineSpec, RunningEngine, control
 from justitia.vllm.steplog import StepRow, read_step_log
 from justitia.workload import Agent
+from justitia.workload.text import shared_text
 
 
 class VllmEngine(RunningEngine):
@@ -59,6 +69,11 @@ class VllmEngine(RunningEngine):
     def tagging(self) -> bool:
         """Whether the policy lives here, in the front end (stock vLLM by int priority)."""
         return self.spec.scheduler in ("priority", "priority-logged")
+
+    @property
+    def prefix_caching(self) -> bool:
+        """Whether vLLM's prefix cache is on (its default, ``EngineSpec.prefix_caching`` None)."""
+        return self.llm.vllm_config.cache_config.enable_prefix_caching
 
     @property
     def logged(self) -> bool:
@@ -86,6 +101,7 @@ class VllmEngine(RunningEngine):
         to length."""
         limit = self.spec.max_model_len
         vocab = self.tokenizer.vocab_size
+        unique = self.prefix_caching  # with the cache on, no two tasks' texts share a block (as simulated)
         out: dict[tuple[str, int, int], list[int]] = {}
         for agent in agents:
             for s, stage in enumerate(agent.stages):
@@ -96,14 +112,16 @@ class VllmEngine(RunningEngine):
                             f"{task.prompt_tokens + task.output_tokens} exceeds max_model_len {limit}; "
                             f"scale the workload down (--scale) or raise --max-model-len."
                         )
-                    ids = self.tokenizer.encode(task.prompt, add_special_tokens=False) or [min(3, vocab - 1)]
+                    text = f"{agent.agent_id}/{s}/{i}: {task.prompt}" if unique else task.prompt
+                    ids = self.tokenizer.encode(text, add_special_tokens=False) or [min(3, vocab - 1)]
                     reps = -(-task.prompt_tokens // len(ids))
                     out[(agent.agent_id, s, i)] = (ids * reps)[: task.prompt_tokens]
         return out
 
     # ---------------------------------------------------------------------------------- runs
     async def _generate(self, prompt_ids: list[int], max_tokens: int, request_id: str,
-                        extra_args: dict | None = None, priority: int = 0) -> int:
+                        extra_args: dict | None = None, priority: int = 0) -> tuple[list[int], int]:
+        """The output token ids and the prompt tokens vLLM's prefix cache held at the first schedule."""
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
         from vllm.sampling_params import RequestOutputKind
@@ -116,7 +134,7 @@ class VllmEngine(RunningEngine):
         async for out in self.llm.generate(TokensPrompt(prompt_token_ids=prompt_ids), params, request_id,
                                            priority=priority):
             final = out
-        return len(final.outputs[0].token_ids)
+        return list(final.outputs[0].token_ids), int(final.num_cached_tokens or 0)
 
     async def run(
         self,
@@ -142,7 +160,11 @@ class VllmEngine(RunningEngine):
         budget = self.llm.vllm_config.scheduler_config.max_num_batched_tokens
         capacity = float(capacity_per_s) if capacity_per_s else default_capacity(model, self.kv_tokens, budget, ITERATION_S)
         pred = make_predictor(predictor, seed)
-        ids = self.prompt_ids(agents)
+        ids = self.prompt_ids([a for a in agents if not a.is_session])
+        sessions = SessionPrompts(self.tokenizer, self.spec.max_model_len)
+        cache = [0, 0]  # prompt tokens at first schedule, and those vLLM's prefix cache held
+        if self.prefix_caching and not await self.llm.reset_prefix_cache():
+            raise RuntimeError("vLLM would not empty its prefix cache: the engine is not idle.")
         run_id = uuid.uuid4().hex[:8]
         # tagging: the policy lives here, in the same kind of book as the plug-in's, fed the same metadata
         window = WINDOW_STEPS * ITERATION_S if measure_capacity else None  # the front end measures M from round trips
@@ -163,18 +185,23 @@ class VllmEngine(RunningEngine):
 
         async def serve(call: Call) -> Answer:
             task = call.task
-            prompt = ids[(call.meta.agent_id, call.stage, call.index)]
+            key = (call.meta.agent_id, call.stage, call.index)
+            prompt = ids[key] if key in ids else sessions.prompt(call)
             sent = time.monotonic() - t0
             if frontend is None:
-                n = await self._generate(prompt, task.output_tokens, call.request_id, call.meta.to_extra_args())
+                out, hit = await self._generate(prompt, task.output_tokens, call.request_id, call.meta.to_extra_args())
             else:
                 _, priority = frontend.tag(call.request_id, call.meta, task.prompt_tokens, task.output_tokens,
                                            time.monotonic() - t0)
-                n = 0
+                out, hit = [], 0
                 try:
-                    n = await self._generate(prompt, task.output_tokens, call.request_id, None, priority)
+                    out, hit = await self._generate(prompt, task.output_tokens, call.request_id, None, priority)
                 finally:
-                    frontend.finish(call.request_id, time.monotonic() - t0, n)  # the last one releases the agent
+                    frontend.finish(call.request_id, time.monotonic() - t0, len(out))  # the last one releases the agent
+            n = len(out)
+            cache[0] += len(prompt)
+            cache[1] += hit
+            sessions.answered(call, out)
             if n != task.output_tokens:
                 raise RuntimeError(f"request '{call.request_id}': the engine produced {n} tokens, "
                                    f"{task.output_tokens} were forced.")
@@ -187,7 +214,14 @@ class VllmEngine(RunningEngine):
                 await asyncio.sleep(delay)
             lags.append(time.monotonic() - t0 - agent.arrival_s)
             process = AgentProcess(agent, pred, model, request_prefix=f"{run_id}/", pricing=pricing)
-            await drive(process, serve)
+
+            async def paused() -> None:  # a session between bursts leaves the engine's book (AgentBook.pause)
+                if frontend is not None:
+                    frontend.pause(agent.agent_id, time.monotonic() - t0)
+                else:
+                    await control(self.llm, ControlCall(RETIRE, {"agent_id": agent.agent_id, "pause": True}))
+
+            await drive(process, serve, on_pause=paused)
             result = process.result(agent.arrival_s, time.monotonic() - t0)
             results.append(result)
             if on_agent_finish is not None:
@@ -211,7 +245,9 @@ class VllmEngine(RunningEngine):
         results.sort(key=lambda r: order[r.agent_id])
         preemptions = sum(row.preemptions for row in steps)
         run = RunResult(policy, results, max(r.finish_s for r in results), len(steps), len(steps), preemptions, wall,
-                        schedule)
+                        schedule, prefix_cache={"queried_tokens": cache[0], "hit_tokens": cache[1],
+                                                "hit_rate": cache[1] / cache[0] if cache[0] else 0.0}
+                        if self.prefix_caching else None)
         return EngineRun(run, steps, max(lags) if lags else 0.0, requests)
 
     async def _reset(self, policy: str, cost: str, capacity: float, step_log: str | None, measure: bool,
@@ -251,6 +287,50 @@ def pin_process(cpus: set[int]) -> None:
             os.sched_setaffinity(int(tid), cpus)
         except OSError:  # a thread that ended meanwhile
             pass
+
+
+class SessionPrompts:
+    """The token ids of sessions' calls, built as the simulator's prefix cache sees their text
+    (``Agent.runs``): context segments, then the call's own text; see the module's docstring."""
+
+    def __init__(self, tokenizer, max_model_len: int):
+        self.tokenizer = tokenizer
+        self.limit = max_model_len
+        self._shared: dict[tuple[str, int], list[int]] = {}  # (name, tokens) -> ids
+        self._sent: dict[tuple[str, str, str], list[int]] = {}  # (agent, task id, "in"|"out") -> ids
+
+    def _fit(self, text: str, n: int) -> list[int]:
+        ids = self.tokenizer.encode(text, add_special_tokens=False) or [min(3, self.tokenizer.vocab_size - 1)]
+        return (ids * -(-n // len(ids)))[:n]
+
+    def prompt(self, call: Call) -> list[int]:
+        """The call's prompt ids: exactly its task's ``prompt_tokens``."""
+        task, agent_id = call.task, call.meta.agent_id
+        if task.prompt_tokens + task.output_tokens > self.limit:
+            raise ValueError(f"request '{call.request_id}': prompt_tokens + output_tokens = "
+                             f"{task.prompt_tokens + task.output_tokens} exceeds max_model_len {self.limit}.")
+        ids: list[int] = []
+        for seg in task.context:
+            if seg.kind == "shared":
+                key = (seg.ref, seg.tokens)
+                if key not in self._shared:
+                    self._shared[key] = self._fit(shared_text(seg.ref, seg.tokens), seg.tokens)
+                ids += self._shared[key]
+            else:
+                ids += self._sent[(agent_id, seg.ref, "in" if seg.kind == "prompt_of" else "out")]
+        own = task.prompt_tokens - len(ids)
+        if own < 1:
+            raise ValueError(f"request '{call.request_id}': its context holds {len(ids)} tokens, its prompt "
+                             f"{task.prompt_tokens}: the context must be shorter.")
+        ids += self._fit(f"{agent_id} {task.id or call.request_id}: {task.prompt}", own)
+        if task.id is not None:
+            self._sent[(agent_id, task.id, "in")] = ids
+        return ids
+
+    def answered(self, call: Call, output_ids: list[int]) -> None:
+        """The engine's output for the call, which later prompts may quote."""
+        if getattr(call.task, "id", None) is not None:
+            self._sent[(call.meta.agent_id, call.task.id, "out")] = output_ids
 
 
 @dataclass

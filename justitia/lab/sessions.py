@@ -3,6 +3,7 @@ the simulator with vLLM's prefix cache on, as vLLM runs by default (``docs/sessi
 
     justitia bench --preset sessions           # the policies
     justitia bench --preset sessions-choices   # justitia's design choices, on the same sessions
+    justitia bench --preset sessions-engine    # the policies on real vLLM (tiny model, CPU), cache on
 
 Sessions come from ``justitia/data/sessions.json`` (``workload.sessions``), at a rate where the
 one engine is overloaded and queueing dominates a turn's time. ``sessions`` runs fcfs, vtc, las
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 from justitia.lab.bench import RunSpec
 from justitia.workload import build_sessions
+from justitia.workload.sessions import load_session_params
 
 SESSIONS_N = 400  # sessions in the preset
 SESSIONS_RATE_PER_S = 0.5  # their Poisson arrival rate: the work offered outruns the engine (see docs/results.md)
@@ -31,8 +33,56 @@ PREFIX_LABEL = "justitia@prefix-aware"
 TAG_EVICTION_LABEL = "justitia@tag-eviction"  # KV kept across tool pauses: evict the latest next tags first
 
 
+# sessions-engine: the same generator sized for the tiny model on a 2-core CPU (vLLM's CPU backend,
+# KV blocks of 128 tokens). Tuned on the simulator at the engine preset's calibrated profile so that
+# queueing dominates a turn (each policy's run about 40 s): token lengths / 16 as on the simulator's
+# preset, every call within 60 % of the engine's 2,944-token KV cache (and its 2,048-token context);
+# tool pauses and think times / 20, or a run would last as long as its users think (minutes);
+# 100 sessions at 5 a second.
+SESSIONS_ENGINE_N, SESSIONS_ENGINE_RATE_PER_S = 100, 5.0
+SESSIONS_ENGINE_SCALE, SESSIONS_ENGINE_TIME_SCALE, SESSIONS_ENGINE_FRACTION = 16, 20, 0.6
+SESSIONS_ENGINE_POLICIES = ("fcfs", "vtc", "las", "justitia")
+
+
 def sessions_workload(seed: int) -> tuple[list, dict]:
     return build_sessions(SESSIONS_N, seed, rate_per_s=SESSIONS_RATE_PER_S)
+
+
+def engine_session_params(kv_tokens: int, block_size: int) -> dict:
+    """The generator's parameters for a small engine (above): the file's, with lengths, the cap on
+    a call and the pauses scaled as the constants say."""
+    p = load_session_params()
+    p["scale"]["factor"] = SESSIONS_ENGINE_SCALE
+    p["kv"].update(kv_tokens=kv_tokens, block_size=block_size, max_conversation_fraction=SESSIONS_ENGINE_FRACTION)
+    for name in ("tool_pause_s", "think_time_s"):
+        for key in ("median", "min", "max"):
+            p[name][key] /= SESSIONS_ENGINE_TIME_SCALE
+    return p
+
+
+def sessions_engine_workload(seed: int, kv_tokens: int, block_size: int) -> tuple[list, dict]:
+    agents, info = build_sessions(SESSIONS_ENGINE_N, seed, rate_per_s=SESSIONS_ENGINE_RATE_PER_S,
+                                  params=engine_session_params(kv_tokens, block_size))
+    return agents, info | {"token_scale": SESSIONS_ENGINE_SCALE, "time_scale": SESSIONS_ENGINE_TIME_SCALE,
+                           "max_conversation_fraction": SESSIONS_ENGINE_FRACTION}
+
+
+def sessions_engine_summary(doc: dict) -> list[str]:
+    """Per run: mean turn time on the engine and on the simulator, vLLM's and the simulator's
+    prefix-cache hit rates, the bound; then Justitia's mean turn time against the others, with the
+    paired bootstrap's 95 % intervals."""
+    lines = ["run                    engine turn s   sim turn s   sim error   vLLM hit   sim hit   sessions over bound"]
+    for label, e in doc["policies"].items():
+        over = f"{e['bound_violations']} of {len(e['agents'])}" if "bound_violations" in e else "-"
+        hit, sim_hit = e.get("prefix_cache", {}).get("hit_rate"), e.get("sim_prefix_hit_rate")
+        lines.append(f"{label:22s} {e['mean_turn_s']:13.2f} {e.get('sim_mean_turn_s', float('nan')):12.2f} "
+                     f"{e.get('sim_turn_error', float('nan')):+10.1%} {'-' if hit is None else f'{hit:.1%}':>10s} "
+                     f"{'-' if sim_hit is None else f'{sim_hit:.1%}':>9s}   {over}")
+    for key, c in doc.get("turn_comparisons", {}).items():
+        lo, hi = c["ci95"]
+        lines.append(f"mean turn time {key.replace('_vs_', ' / ')}: {c['ratio']:.2f} (95 % interval {lo:.2f}-{hi:.2f}, "
+                     f"{c['repeats']} repeats x {c['agents']} sessions)")
+    return lines
 
 
 def sessions_specs(choices: bool = False) -> list[RunSpec]:

@@ -19,7 +19,7 @@ from justitia.agent import RunResult
 from justitia.lab.bench import RunSpec, check_labels, simulate, summarize
 from justitia.lab.calibrate import (delivered_capacity, fcfs_mean_jct, fit_frontend, fit_profile, fit_speed,
                                     probe_speed, run_speed, step_durations)
-from justitia.lab.metrics import paired_bootstrap
+from justitia.lab.metrics import paired_bootstrap, turn_stats
 from justitia.lab.progress import progress_bar
 from justitia.lab.runner import VllmEngine
 from justitia.sim import EngineConfig, LatencyProfile
@@ -82,23 +82,33 @@ def calibrate(engine_spec: EngineSpec, agents: list[Agent], seed: int = 0, repea
 
 
 def merge_repeats(runs: list) -> RunResult:
-    """One result from repeated runs of a policy: each agent's mean JCT (and finish), summed counts,
-    and the first repeat's capacity schedule (its GPS reference)."""
+    """One result from repeated runs of a policy: each agent's mean JCT (and finish) and, for a
+    session, each turn's mean time; summed counts (the prefix cache's too), and the first repeat's
+    capacity schedule and bursts (its GPS reference)."""
     first = runs[0].result
     agents = []
     for k, a in enumerate(first.agents):
         jct = sum(run.result.agents[k].jct_s for run in runs) / len(runs)
-        agents.append(replace(a, jct_s=jct, finish_s=a.arrival_s + jct))
+        turns = a.turns_s
+        if turns:
+            turns = [float(np.mean([run.result.agents[k].turns_s[t] for run in runs])) for t in range(len(turns))]
+        agents.append(replace(a, jct_s=jct, finish_s=a.arrival_s + jct, turns_s=turns))
+    cache = None
+    if first.prefix_cache is not None:
+        cache = {key: sum(r.result.prefix_cache[key] for r in runs) for key in ("queried_tokens", "hit_tokens")}
+        cache["hit_rate"] = cache["hit_tokens"] / cache["queried_tokens"] if cache["queried_tokens"] else 0.0
+        cache["hit_rate_per_repeat"] = [r.result.prefix_cache["hit_rate"] for r in runs]
     return RunResult(first.policy, agents, sum(r.result.makespan_s for r in runs) / len(runs),
                      sum(r.result.iterations for r in runs), sum(r.result.steps for r in runs),
                      sum(r.result.preemptions for r in runs), sum(r.result.wall_s for r in runs),
-                     first.capacity_schedule)
+                     first.capacity_schedule, prefix_cache=cache)
 
 
 def engine_config(profile: LatencyProfile, spec: EngineSpec, block_size: int) -> EngineConfig:
     """The simulator's view of the vLLM engine ``spec`` describes."""
     return EngineConfig(profile=profile, kv_blocks=spec.usable_blocks, block_size=block_size,
-                        max_num_batched_tokens=spec.max_num_batched_tokens, max_num_seqs=spec.max_num_seqs)
+                        max_num_batched_tokens=spec.max_num_batched_tokens, max_num_seqs=spec.max_num_seqs,
+                        prefix_caching=spec.prefix_caching is not False)
 
 
 def load_bench(path: str | Path) -> tuple[dict, LatencyProfile, EngineSpec, EngineConfig]:
@@ -222,6 +232,8 @@ def run_bench_vllm(agents: list[Agent], specs: list[RunSpec], engine_spec: Engin
     if calibration:
         doc["calibration"] = calibration
     doc["comparisons"] = comparisons(tries, seed)
+    if any(a.is_session for a in agents):
+        doc["turn_comparisons"] = comparisons(tries, seed, "turn")
 
     for spec in all_specs:
         _judge_against_simulator(doc["policies"][spec.label], spec, agents, config, seed, _Observed(
@@ -243,12 +255,19 @@ class _Observed:
 
 def _judge_against_simulator(entry: dict, spec: RunSpec, agents: list[Agent], config, seed: int, seen: _Observed) -> None:
     """The simulator's prediction of one label's mean JCT written into its results ``entry``, at the
-    calibration's profile and at the speeds the probes (or the run's own steps) found, with errors."""
+    calibration's profile and at the speeds the probes (or the run's own steps) found, with errors.
+    Sessions: its mean turn time and prefix-cache hit rate too, at the same speeds."""
     probe_agents = seen.probe_agents
+    runs: dict[float, RunResult] = {}  # speed scale -> the simulator's run
+
+    def sim_run(spec: RunSpec, scale: float = 1.0) -> RunResult:
+        if scale not in runs:
+            cfg = config if scale == 1.0 else replace(config, profile=replace(config.profile, scale=scale))
+            runs[scale] = simulate(agents, spec, cfg, seed)
+        return runs[scale]
 
     def sim_mean_jct(spec: RunSpec, scale: float = 1.0) -> float:
-        cfg = config if scale == 1.0 else replace(config, profile=replace(config.profile, scale=scale))
-        sim = simulate(agents, spec, cfg, seed)
+        sim = sim_run(spec, scale)
         return sum(a.jct_s for a in sim.agents) / len(sim.agents)
 
     sim_mean = entry["sim_mean_jct_s_one_profile"] = sim_mean_jct(spec)  # the calibration's profile alone
@@ -289,6 +308,15 @@ def _judge_against_simulator(entry: dict, spec: RunSpec, agents: list[Agent], co
             entry["sim_error_at_run_speed"] = at_speed / entry["mean_jct_s"] - 1
     entry["sim_mean_jct_s"] = sim_mean
     entry["sim_error"] = sim_mean / entry["mean_jct_s"] - 1
+    if "mean_turn_s" in entry:  # sessions: the turn time at the speeds the JCT was predicted at
+        speeds = [1.0]
+        if seen.probes is not None:
+            speeds = entry["speed_scale_per_repeat"]
+        sims = [sim_run(spec, s) for s in speeds]
+        entry["sim_mean_turn_s"] = float(np.mean([turn_stats(r.agents)["mean_turn_s"] for r in sims]))
+        entry["sim_turn_error"] = entry["sim_mean_turn_s"] / entry["mean_turn_s"] - 1
+        if sims[0].prefix_cache is not None:
+            entry["sim_prefix_hit_rate"] = float(np.mean([r.prefix_cache["hit_rate"] for r in sims]))
     entry["sim_error_one_profile"] = entry["sim_mean_jct_s_one_profile"] / entry["mean_jct_s"] - 1
 
 
@@ -296,12 +324,17 @@ def _judge_against_simulator(entry: dict, spec: RunSpec, agents: list[Agent], co
 COMPARED = [("justitia", b) for b in ("vtc", "srjf", "las", "fcfs")] + [(TAGGING_LABEL, "vtc"), (TAGGING_LABEL, "justitia")]
 
 
-def comparisons(tries: dict[str, list], seed: int = 0) -> dict:
+def comparisons(tries: dict[str, list], seed: int = 0, metric: str = "jct") -> dict:
     """``<a>_vs_<b>``: the ratio of mean JCTs with its 95 % interval (``paired_bootstrap`` over agents
-    and repeats), for each pair of ``COMPARED`` that ran."""
+    and repeats), for each pair of ``COMPARED`` that ran. ``metric="turn"``: of mean turn times,
+    from each session's turn times summed (every run has the same turns, so the ratio of the sums
+    is the ratio of the mean turn times)."""
+    def value(x) -> float:
+        return x.jct_s if metric == "jct" else float(sum(x.turns_s or ()))
+
     out = {}
     for a, b in COMPARED:
         if a in tries and b in tries:
-            jcts = [np.array([[x.jct_s for x in run.result.agents] for run in tries[label]]) for label in (a, b)]
-            out[f"{a}_vs_{b}"] = paired_bootstrap(*jcts, seed=seed)
+            cells = [np.array([[value(x) for x in run.result.agents] for run in tries[label]]) for label in (a, b)]
+            out[f"{a}_vs_{b}"] = paired_bootstrap(*cells, seed=seed)
     return out

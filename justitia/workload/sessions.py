@@ -224,9 +224,13 @@ def generate_session(agent_id: str, arrival_s: float, rng: np.random.Generator, 
     def add_call(new: int, prompt: str, pause: float, turn: int | None) -> bool:
         nonlocal prev
         out = g.output()
-        if prev is None:
+        if prev is None:  # the session's first call always fits: its user message is cut to the cap
             ctx = (Segment.shared(f"system-{_variant_name(variant)}", system),)
             base = system
+            if base + 1 + out > g.cap:
+                raise ValueError(f"a {system}-token system prompt and a {out}-token answer do not fit the "
+                                 f"{g.cap}-token cap on a call (kv.max_conversation_fraction of kv.kv_tokens).")
+            new = min(new, g.cap - base - out)
         else:
             ctx = (Segment.prompt_of(prev.id), Segment.output_of(prev.id))
             base = prev.prompt_tokens + prev.output_tokens
@@ -295,13 +299,15 @@ def generate_sessions(n: int, seed: int, rate_per_s: float | None = None, params
 
 
 def build_sessions(n_agents: int, seed: int, trace: str | Path | None = None, density: float = 1.0,
-                   rate_per_s: float | None = None, cv: float = 1.0) -> tuple[list[Agent], dict]:
-    """Sessions with trace or synthetic arrivals, and a description of them (as ``build_workload``)."""
+                   rate_per_s: float | None = None, cv: float = 1.0,
+                   params: dict | None = None) -> tuple[list[Agent], dict]:
+    """Sessions with trace or synthetic arrivals, and a description of them (as ``build_workload``);
+    ``params``: the generator's parameters (default: the file's)."""
     if n_agents < 1:
         raise ValueError(f"--agents must be >= 1, got {n_agents}.")
     if density <= 0:
         raise ValueError(f"--density must be > 0, got {density}.")
-    p = _file_params()
+    p = _file_params() if params is None else validate_session_params(params)
     rate = p["arrivals"]["rate_per_s"] if rate_per_s is None else rate_per_s
     rng = np.random.default_rng(seed)
     arrivals, info = arrival_times(n_agents, rng, trace, density, rate, cv)
