@@ -4,7 +4,7 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: setup run test speed presets cpu engine noise-study overhead profile predictor-eval load load-upstream load-ray ray-affinity server-bench flags-bench throughput ray-kill abuse replay clean
+.PHONY: setup run test speed presets cpu engine sessions-engine noise-study overhead profile predictor-eval load load-upstream load-ray ray-affinity server-bench flags-bench throughput ray-kill abuse replay clean
 
 $(VENV)/.installed: pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
@@ -35,6 +35,10 @@ cpu: setup
 # The paper's comparison on real vLLM: 100 dense agents, three interleaved repeats, ratios with 95 % intervals.
 engine: setup
 	$(BIN)/justitia bench --preset engine --out results/engine
+
+# Coding-agent sessions on real vLLM, its prefix cache on: four policies + tagging, three repeats, vLLM's hit rate beside the simulator's.
+sessions-engine: setup
+	$(BIN)/justitia bench --preset sessions-engine --out results/sessions-engine
 
 # What makes repeats on the real engine differ: thread binding, shared cores, warm-up.
 noise-study: setup

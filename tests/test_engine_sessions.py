@@ -105,3 +105,56 @@ def test_session_prompts_are_the_shared_text_then_the_conversation_as_sent_then_
 def test_a_call_longer_than_the_engine_s_context_is_refused_naming_it():
     with pytest.raises(ValueError, match="max_model_len"):
         SessionPrompts(Tokens(), 32).prompt(AgentProcess(session(), OraclePredictor()).start()[0])
+
+
+def _tries(turns_by_repeat: list[list[list[float]]], hits=(10, 20)):
+    """EngineRun-like repeats of one label: each a run whose agents have these turn times."""
+    from types import SimpleNamespace
+
+    from justitia.agent import AgentResult, RunResult
+
+    runs = []
+    for r, sessions in enumerate(turns_by_repeat):
+        # every session's JCT 10 s, pauses included: only the turn times differ between labels
+        agents = [AgentResult(f"s{i}", "coding", 0.0, 10.0, 10.0, 1.0, 1.0, list(t)) for i, t in enumerate(sessions)]
+        runs.append(SimpleNamespace(result=RunResult("x", agents, 1.0, 1, 1, 0, 1.0, None,
+                                                     prefix_cache={"queried_tokens": 100, "hit_tokens": hits[r],
+                                                                   "hit_rate": hits[r] / 100})))
+    return runs
+
+
+def test_repeats_merge_turn_by_turn_and_sum_the_cache_counts():
+    from justitia.lab.vllm_bench import merge_repeats
+
+    merged = merge_repeats(_tries([[[1.0, 3.0], [2.0]], [[3.0, 5.0], [4.0]]]))
+    assert [a.turns_s for a in merged.agents] == [[2.0, 4.0], [3.0]]
+    assert merged.prefix_cache["hit_rate"] == pytest.approx(30 / 200)
+    assert merged.prefix_cache["hit_rate_per_repeat"] == [0.1, 0.2]
+
+
+def test_turn_comparisons_are_ratios_of_mean_turn_times_not_of_jcts():
+    from justitia.lab.vllm_bench import comparisons
+
+    a = [[[1.0, 1.0, 1.0, 1.0], [2.0]]] * 2  # 5 turns, 6 s: mean turn 1.2 s
+    b = [[[2.0, 2.0, 2.0, 2.0], [1.0]]] * 2  # mean turn 1.8 s
+    tries = {"justitia": _tries(a), "vtc": _tries(b)}
+    turn = comparisons(tries, metric="turn")["justitia_vs_vtc"]
+    assert turn["ratio"] == pytest.approx(6.0 / 9.0)
+    assert turn["ci95"][0] <= turn["ratio"] <= turn["ci95"][1] and turn["agents"] == 2 and turn["repeats"] == 2
+    assert comparisons(tries)["justitia_vs_vtc"]["ratio"] == pytest.approx(1.0)  # the JCTs are alike
+
+
+def test_drive_records_a_session_s_bursts_on_the_clock_it_is_given():
+    proc = AgentProcess(fast(session()), OraclePredictor())
+
+    async def serve(call):
+        await asyncio.sleep(0.001)
+        return Answer("", call.task.prompt_tokens, call.task.output_tokens)
+
+    async def main():
+        t0 = asyncio.get_running_loop().time() - 100.0  # the run began 100 s ago
+        await drive(proc, serve, clock=lambda: asyncio.get_running_loop().time() - t0)
+
+    asyncio.run(main())
+    starts = [b[0] for b in proc.bursts]
+    assert len(starts) >= 2 and all(100.0 <= s < 101.0 for s in starts)  # seconds into the run, not the loop's

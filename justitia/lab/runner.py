@@ -221,7 +221,7 @@ class VllmEngine(RunningEngine):
                 else:
                     await control(self.llm, ControlCall(RETIRE, {"agent_id": agent.agent_id, "pause": True}))
 
-            await drive(process, serve, on_pause=paused)
+            await drive(process, serve, on_pause=paused, clock=lambda: time.monotonic() - t0)
             result = process.result(agent.arrival_s, time.monotonic() - t0)
             results.append(result)
             if on_agent_finish is not None:

@@ -36,7 +36,10 @@ class EngineSpec:
     max_num_batched_tokens: int | None = 2048  # None: vLLM's default
     max_model_len: int = 2048  # must fit in the KV cache: usable blocks * block size (128 on CPU)
     scheduler: str = "plugin"  # one of SCHEDULERS
-    prefix_caching: bool | None = False  # None: vLLM's default (on); off when runs replay the same prompts
+    # None: vLLM's default (on), as `justitia serve` and the sessions-engine preset run. False (the
+    # paper's agents, the cpu and engine presets): their tasks share no text, which the simulator
+    # they are judged against models as no cache at all, and their figures were measured so
+    prefix_caching: bool | None = False
     dtype: str = "auto"
     cpu_kv_space_gib: int = 1  # VLLM_CPU_KVCACHE_SPACE, when the environment does not set it
     cpu_threads: str | None = None  # VLLM_CPU_OMP_THREADS_BIND, when the environment does not set it
