@@ -6,8 +6,8 @@ from justitia.core.book import AGENT_IDLE_S, AgentBook, int_priority
 from justitia.core.capacity import WINDOW_STEPS, CapacityMeter, calibrated_capacity
 from justitia.core.clock import VirtualClock
 from justitia.core.cost import (COMPUTE, COST_MODELS, KV, KV_PREFIX, NO_CHARGE, Charge, CostModel, attention_pairs, capacity_per_s,
-                                compute_tokens, cost_model, kv_token_iters, prefill_attention, step_charges,
-                                step_delivered)
+                                compute_tokens, cost_model, kv_token_iters, prefill_attention, prefix_step_charges,
+                                shared_kv_charge, shared_kv_savings, step_charges, step_delivered)
 from justitia.core.policies import (CLOCK_POLICY_NAMES, OPTION_NAMES, POLICY_NAMES, STATIC_POLICY_NAMES, AgentInfo, Policy,
                                     RequestInfo, has_clock, keeps_front_clock, make_policy)
 from justitia.core.protocol import (ENGINE_UTILITY, META_KEYS, PRICE_KEYS, REGISTER, RESET, RETIRE, STATE, ControlCall, PolicyState,
@@ -21,7 +21,7 @@ __all__ = [
     "RequestMeta", "VirtualClock", "STATE", "COMPUTE", "COST_MODELS", "ENGINE_UTILITY", "KV", "KV_PREFIX", "META_KEYS", "PRICE_KEYS", "NO_CHARGE",
     "OPTION_NAMES", "POLICY_NAMES", "Policy", "REGISTER", "RETIRE", "RESET", "STATIC_POLICY_NAMES", "WINDOW_STEPS", "capacity_per_s", "compute_tokens",
     "attention_pairs", "cost_model", "int_priority", "kv_token_iters", "make_policy", "prefill_attention", "step_charges",
-    "step_delivered",
+    "step_delivered", "prefix_step_charges", "shared_kv_charge", "shared_kv_savings",
     "ROUTER_NAMES", "ReplicaLoad", "Replicas", "RouteRequest", "Router", "make_router",
     "CLOCK_POLICY_NAMES", "ClockReading", "LookAhead", "Standing", "Traits", "has_clock", "keeps_front_clock",
     "AGENT_IDLE_S", "is_positive_finite", "positive_finite",

@@ -7,22 +7,29 @@ same unit, and says how much a saturated engine iteration delivers (the clock's 
 it decodes: ``p*d + d**2/2`` token-iterations (unit name ``token_iters``); a saturated iteration
 delivers the whole cache, ``kv_tokens``. ``KV_PREFIX``: the same, seeing the prefix cache: requests
 of one agent held together that begin with the same text hold its blocks once, for as long as the
-longest of them holds them (``group_cost``; one request alone costs what it does under ``KV``). ``COMPUTE``: VTC's weighted compute tokens ``p + 2*d``
+longest of them holds them (``group_cost``; one request alone costs what it does under ``KV``): that
+is its prediction. Its charge, per engine step, is what the engine shares (``prefix_step_charges``):
+each request pays for the tokens it holds, a full KV block that ``n`` requests hold at once counted
+``1/n`` to each, across agents too (``shared_kv_charge``; with nothing shared, ``KV``'s charge to
+the bit). ``COMPUTE``: VTC's weighted compute tokens ``p + 2*d``
 (the paper's Justitia/C ablation); a saturated iteration delivers the token budget,
 ``max_num_batched_tokens``.
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping, Sequence
+from itertools import chain
+from typing import Any, Callable, Hashable, Mapping, Sequence
 
 from justitia.core.validate import positive_finite
 
 
 @dataclass(frozen=True)
 class Charge:
-    """Service a request was given: tokens computed and KV token-time held."""
+    """Service a request was given: tokens computed and KV token-time held (token-iterations: one
+    step's is the tokens held; under ``KV_PREFIX`` less a share of shared blocks, so not always an int)."""
 
     prefill_tokens: int = 0
     decode_tokens: int = 0
@@ -109,6 +116,94 @@ def step_charges(requests: Mapping[str, Any], scheduled: Mapping[str, int], info
             total[2] += d
             total[3] += held
     return per_agent
+
+
+def shared_kv_savings(blocks: Mapping[Hashable, Sequence[Hashable]], tokens: Mapping[Hashable, int], block_size: int,
+                      never_shared: Hashable = None) -> dict[Hashable, float]:
+    """What a prefix cache takes off each request's KV charge for one step: the KV token-time of the
+    full blocks it holds with other requests. ``tokens`` maps each holder (a request) to the tokens
+    it holds in the KV cache (the ``held`` of ``Charge.step_tokens`` and ``step_charges``:
+    ``num_computed_tokens`` once the step's tokens are scheduled, the tokens this step is charged
+    for); ``blocks`` maps it to its block ids in token order (block ``i`` holds tokens ``[i *
+    block_size, (i + 1) * block_size)``), or to the first few of them (those it may share: a prefix
+    cache shares a run of blocks from the first); blocks left out, or a missing list, are its own.
+
+    The rule: a request's first ``tokens // block_size`` blocks are full; a full block that ``n``
+    holders in ``tokens`` hold at once (the same id among their full blocks) is counted
+    ``block_size / n`` to each, whoever's agent it is. A partial last block (the ``tokens %
+    block_size`` after the full ones) is its holder's alone, as are blocks past it (allocated ahead,
+    holding nothing yet) and the id ``never_shared`` (vLLM's null block, which stands in for blocks a
+    sliding window dropped). So a request's charge is ``tokens[r] - saved[r]`` token-iterations (one
+    step's ``Charge.kv_token_iters``), and the charges of all holders add up to the tokens held
+    counted once: ``block_size`` per distinct full block plus every partial block's tokens.
+
+    Returns ``request -> block_size * (n - 1) / n`` summed over its shared full blocks, only for
+    requests that share one: with nothing shared it is empty, and the charges are ``tokens`` to the
+    bit. O(blocks given)."""
+    full: dict[Hashable, Sequence[Hashable]] = {}
+    for r, held in tokens.items():
+        ids = blocks.get(r)
+        if ids:
+            full[r] = ids[:held // block_size]
+    counts = Counter(chain.from_iterable(full.values()))
+    counts.pop(never_shared, None)
+    if not counts or max(counts.values()) == 1:
+        return {}
+    saved: dict[Hashable, float] = {}
+    get = counts.get
+    for r, ids in full.items():
+        off = 0.0
+        for n in map(get, ids):
+            if n is not None and n > 1:
+                off += block_size - block_size / n
+        if off:
+            saved[r] = off
+    return saved
+
+
+def shared_kv_charge(blocks: Mapping[Hashable, Sequence[Hashable]], tokens: Mapping[Hashable, int], block_size: int,
+                     never_shared: Hashable = None) -> dict[Hashable, int | float]:
+    """One step's KV charge per request under ``KV_PREFIX``, in token-iterations (``Charge.kv_token_iters``
+    for one step): ``tokens[r]`` less ``shared_kv_savings`` (its arguments and rule), so a full block
+    ``n`` requests hold at once costs each ``block_size / n``. A request that shares nothing is
+    charged ``tokens[r]`` exactly (an int, as ``step_charges`` charges it)."""
+    saved = shared_kv_savings(blocks, tokens, block_size, never_shared)
+    return {r: held - saved[r] if r in saved else held for r, held in tokens.items()}
+
+
+def prefix_step_charges(requests: Mapping[str, Any], scheduled: Mapping[str, int], info_of: Callable[[str], Any],
+                        blocks_of: Callable[[str], Sequence[Hashable] | None], block_size: int, ahead: int = 0,
+                        never_shared: Hashable = None) -> tuple[dict[str, list], float]:
+    """``step_charges`` under ``KV_PREFIX``: the same per-agent ``[info, prefill, decode, kv]``, each
+    charged request's ``kv`` less its ``shared_kv_savings`` among the requests charged this step
+    (``blocks_of``: a request id's block ids in token order, or the first few of them, or None: as
+    ``shared_kv_savings`` takes them), so a block that several of them hold, of one agent or of
+    several, is paid for once, split evenly. With nothing shared it is ``step_charges``'s result,
+    untouched. Also returns what that takes off the KV tokens ``step_delivered`` reads (the
+    requests that sample this step), so a meter reads the step's service as it was charged."""
+    per_agent = step_charges(requests, scheduled, info_of, ahead)
+    if len(scheduled) < 2:
+        return per_agent, 0
+    get, held, agent_of, samples = requests.get, {}, {}, set()
+    for request_id, n in scheduled.items():
+        info = info_of(request_id)
+        request = get(request_id)
+        if info is None or request is None:
+            continue
+        tokens, seq = request.num_computed_tokens, request.num_tokens
+        held[request_id] = tokens
+        agent_of[request_id] = info.agent_id
+        if ahead:  # as step_charges reads it
+            seq += request.num_output_placeholders - (0 if request.is_prefill_chunk else ahead)
+        if tokens == seq or (tokens - n == seq - 1 and seq > request.num_prompt_tokens):
+            samples.add(request_id)
+    saved = shared_kv_savings({r: blocks_of(r) for r in held}, held, block_size, never_shared)
+    metered = 0
+    for request_id, off in saved.items():
+        per_agent[agent_of[request_id]][3] -= off
+        if request_id in samples:
+            metered += off
+    return per_agent, metered
 
 
 def attention_pairs(offset: int, n: int) -> int:

@@ -5,7 +5,7 @@ Use it as ``LLM(..., scheduler_cls=JustitiaScheduler, scheduling_policy="priorit
 ``--scheduler-cls justitia.vllm.plugin.JustitiaScheduler --scheduling-policy priority``.
 Configuration comes from the environment (vLLM starts the scheduler in its own process;
 ``justitia.defaults`` lists the variables and their defaults; ``policy_settings`` reads them):
-``JUSTITIA_POLICY`` (default justitia), ``JUSTITIA_COST`` (kv|compute), ``JUSTITIA_CAPACITY`` (the
+``JUSTITIA_POLICY`` (default justitia), ``JUSTITIA_COST`` (kv|kv-prefix|compute), ``JUSTITIA_CAPACITY`` (the
 clock's M in cost units per second; default: the M of ``JUSTITIA_CALIBRATION``, a ``justitia
 calibrate`` file for this KV cache, else what the KV cache, or the token budget for compute,
 delivers per ``JUSTITIA_ITERATION_S``), ``JUSTITIA_MEASURE_CAPACITY`` (0: keep that M rather than
@@ -45,9 +45,9 @@ from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 from vllm.v1.core.sched.request_queue import PriorityRequestQueue, RequestQueue
 from vllm.v1.request import Request
 
-from justitia.core import (REGISTER, RESET, RETIRE, STATE, WINDOW_STEPS, AgentBook, AgentInfo, AgentScheduler, Charge,
-                           ControlCall, RequestMeta, calibrated_capacity, capacity_per_s, cost_model, step_charges,
-                           step_delivered)
+from justitia.core import (KV_PREFIX, REGISTER, RESET, RETIRE, STATE, WINDOW_STEPS, AgentBook, AgentInfo,
+                           AgentScheduler, Charge, ControlCall, RequestMeta, calibrated_capacity, capacity_per_s,
+                           cost_model, prefix_step_charges, step_charges, step_delivered)
 from justitia.defaults import DOOR_KEY, policy_settings
 from justitia.vllm.base import ASYNC_VARIANTS, StepLogScheduler, logger
 from justitia.vllm.base import SUPPORTED_VLLM, AsyncStepLogScheduler, check_version  # noqa: F401  (named here too)
@@ -196,7 +196,25 @@ class JustitiaScheduler(StepLogScheduler):
         self._rekey, self._measure = traits.keys_move, traits.measures_capacity
         self._rekey = self._rekey or traits.keys_shift  # tenants' keys move at their tenant's events
         self._busy_step: tuple[float, Charge] | None = None  # the last step, if requests waited in it
+        self._kv_blocks = self._block_lists() if cost == KV_PREFIX.name else None  # kv-prefix: shared blocks split
         self._open_step_log(step_log)  # the policy's clock starts with the step log's
+
+    def _block_lists(self) -> tuple | None:
+        """Under ``kv-prefix``, what splits a shared block (``core.prefix_step_charges``): vLLM's
+        per-request block lists of its first KV cache group (``kv_cache_manager.coordinator
+        .single_type_managers[0].req_to_blocks``, request id -> ``KVCacheBlock`` list in token order)
+        and that group's tokens per block. None where nothing is shared: prefix caching off (then the
+        charge is ``kv``'s), or a vLLM without those internals (the same, with a warning)."""
+        manager = self.kv_cache_manager
+        if not getattr(manager, "enable_caching", False):
+            return None
+        try:
+            group = manager.coordinator.single_type_managers[0]
+            return group.req_to_blocks, group.block_size
+        except (AttributeError, IndexError):
+            logger.warning("justitia: kv-prefix: this vLLM's KV cache manager has no per-request block lists where "
+                           "0.32 keeps them; each request is charged the KV token-time it holds, as under kv")
+            return None
 
     # ----------------------------------------------------------------------------- control
     def control(self, call: ControlCall):
@@ -305,6 +323,8 @@ class JustitiaScheduler(StepLogScheduler):
 
     def _after_step(self, now_s: float, waiting: int, output) -> tuple | None:
         """The service vLLM scheduled, charged; a step in which requests waited, kept to measure M."""
+        if self._kv_blocks is not None:
+            return self._after_prefix_step(now_s, waiting, output)
         if self._charge:
             for info, p, d, kv in step_charges(self.requests, output.num_scheduled_tokens, self.book.request,
                                                self._ahead).values():
@@ -313,6 +333,45 @@ class JustitiaScheduler(StepLogScheduler):
             delivered = step_delivered(self.requests, output.num_scheduled_tokens, self._ahead)
             p, d, kv, _, _ = delivered
             self._busy_step = (now_s, Charge(p, d, kv))
+            return delivered
+        return None
+
+    def _after_prefix_step(self, now_s: float, waiting: int, output) -> tuple | None:
+        """``_after_step`` under ``kv-prefix``: each request's KV token-time, a full block that ``n``
+        requests of this step hold at once counted ``1/n`` to each (``core.prefix_step_charges``;
+        nothing shared: ``_after_step``'s charges exactly); the meter reads the KV its sampling
+        requests were charged, shared blocks split as charged. The step log's KV column stays the
+        tokens each holds."""
+        measure = self._measure and waiting > 0
+        if not (self._charge or measure):
+            return None
+        lists, block_size = self._kv_blocks
+        blocks = lists.get
+
+        def blocks_of(request_id: str) -> list[int] | None:
+            """The ids of the request's leading blocks that another request also holds (``ref_cnt``
+            above 1): where vLLM's prefix cache shares blocks, a hit being a run of blocks from the
+            first. The rest are its own; so this is O(shared blocks), one read when none is."""
+            held = blocks(request_id)
+            if not held or held[0].ref_cnt < 2:
+                return None
+            ids = []
+            for block in held:
+                if block.is_null or block.ref_cnt < 2:
+                    break
+                ids.append(block.block_id)
+            return ids
+
+        scheduled = output.num_scheduled_tokens
+        per_agent, saved = prefix_step_charges(self.requests, scheduled, self.book.request, blocks_of, block_size,
+                                               self._ahead)
+        if self._charge:
+            for info, p, d, kv in per_agent.values():
+                self.core.charge(info, Charge(p, d, kv), now_s)
+        if measure:
+            delivered = step_delivered(self.requests, scheduled, self._ahead)
+            p, d, kv, _, _ = delivered
+            self._busy_step = (now_s, Charge(p, d, kv - saved if saved else kv))
             return delivered
         return None
 
