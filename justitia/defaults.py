@@ -15,12 +15,15 @@ from pathlib import Path
 from typing import Mapping
 
 from justitia.core import AGENT_IDLE_S, is_positive_finite
+from justitia.core.book import SESSION_KEEP_S
 
 # Nominal seconds of a memory-saturated engine step, where no latency profile says otherwise: the
 # clock's M is the engine's KV tokens over this (core.cost.capacity_per_s).
 ITERATION_S = 0.02
 # AGENT_IDLE_S (imported above): an agent with no open request for this long is released even if it
 # never said agent_done. The core holds the number (its AgentBook's default): it imports nothing outside it.
+# SESSION_KEEP_S (imported above, the core's too): a session (requests marked ``session``: the door marks
+# those a session header or field names) with nothing open is kept this long across its pauses, then released.
 
 ENV_POLICY = "JUSTITIA_POLICY"  # fcfs|sjf|parrot|vtc|srjf|justitia|las, or justitia-eligible|justitia-chained|tagged
 # (default justitia)
@@ -29,6 +32,7 @@ ENV_CAPACITY = "JUSTITIA_CAPACITY"  # the clock's M in cost units per second (de
 ENV_CALIBRATION = "JUSTITIA_CALIBRATION"  # a `justitia calibrate` file: the plug-in's clock starts at the M it measured
 ENV_ITERATION_S = "JUSTITIA_ITERATION_S"  # the nominal step time (default ITERATION_S)
 ENV_AGENT_IDLE_S = "JUSTITIA_AGENT_IDLE_S"  # default AGENT_IDLE_S
+ENV_SESSION_KEEP_S = "JUSTITIA_SESSION_KEEP_S"  # default SESSION_KEEP_S
 ENV_LOG_AGENTS = "JUSTITIA_LOG_AGENTS"  # 1: one log line per agent arrival and release
 ENV_MEASURE_CAPACITY = "JUSTITIA_MEASURE_CAPACITY"  # 0: keep the formula's M (default 1: measure it)
 ENV_RETAG = "JUSTITIA_RETAG"  # 0: an agent keeps its first tag (default 1: it moves back when it reveals more work)
@@ -74,6 +78,7 @@ class PolicySettings:
     calibration: str | None = None  # a `justitia calibrate` file to start the clock's M from
     iteration_s: float = ITERATION_S
     agent_idle_s: float = AGENT_IDLE_S
+    session_keep_s: float = SESSION_KEEP_S
     log_agents: bool = False
     measure_capacity: bool = True  # the clock's M follows what the engine delivers
     retag: bool = True  # an agent that reveals more work than predicted moves back
@@ -106,6 +111,7 @@ def policy_settings(environ: Mapping[str, str] | None = None) -> PolicySettings:
         policy=env.get(ENV_POLICY, "justitia"), cost=env.get(ENV_COST, "kv"),
         capacity_per_s=number(ENV_CAPACITY, None), calibration=env.get(ENV_CALIBRATION) or None, iteration_s=number(ENV_ITERATION_S, ITERATION_S),
         agent_idle_s=number(ENV_AGENT_IDLE_S, AGENT_IDLE_S, strict=False),
+        session_keep_s=number(ENV_SESSION_KEEP_S, SESSION_KEEP_S, strict=False),
         log_agents=env.get(ENV_LOG_AGENTS) == "1", measure_capacity=env.get(ENV_MEASURE_CAPACITY, "1") != "0",
         retag=env.get(ENV_RETAG, "1") != "0", client_prices={"1": True, "0": False}.get(prices or "", None),
         door_token=env.get(ENV_DOOR_TOKEN) or None,

@@ -39,7 +39,8 @@ def server(tmp_path_factory):
                   "--scheduling-policy", "priority",
                   "--enable-auto-tool-choice", "--tool-call-parser", "hermes"], port, where / "vllm.log",
                  env={"VLLM_PLUGINS": "justitia", "JUSTITIA_SERVE": json.dumps(serve), "HF_HUB_OFFLINE": "1",
-                      "VLLM_CPU_KVCACHE_SPACE": "1", "JUSTITIA_LOG_AGENTS": "1"})
+                      "VLLM_CPU_KVCACHE_SPACE": "1", "JUSTITIA_LOG_AGENTS": "1",
+                      "JUSTITIA_SESSION_KEEP_S": "3600"})  # no session is released while the module runs
     srv.wait_ready("/health")
     with httpx.Client(base_url=srv.url, timeout=120, headers={"Authorization": f"Bearer {KEY}"}) as client:
         client.server = srv
@@ -144,7 +145,20 @@ def test_the_agent_api_and_justitias_metrics_live_beside_vllms(server):
 
 
 # --------------------------------------------------------------------------------- frameworks
+def plugin_lines(server, words: str, count: int, timeout_s: float = 10.0) -> list[str]:
+    """The plug-in's log lines that hold ``words``, once there are ``count`` of them (or the timeout passes)."""
+    deadline = time.time() + timeout_s
+    while True:
+        lines = [line for line in server.server.output().splitlines() if "justitia: agent" in line and words in line]
+        if len(lines) >= count or time.time() > deadline:
+            return lines
+        time.sleep(0.2)
+
+
 def test_an_openai_agents_sdk_agent_with_a_forced_tool_and_two_parallel_subagents_runs_as_one_agent(server):
+    """Two user turns of an Agents SDK agent in one session (``X-Session-ID``), with two parallel
+    subagents (``X-Claude-Code-Agent-Id``) inside the first: the door counts two turns and the
+    subagents, and the plug-in sees one agent that paused between the turns and returned."""
     from agents import Agent, ModelSettings, OpenAIChatCompletionsModel, Runner, function_tool, set_tracing_disabled
     from openai import AsyncOpenAI
 
@@ -161,16 +175,33 @@ def test_an_openai_agents_sdk_agent_with_a_forced_tool_and_two_parallel_subagent
         client = AsyncOpenAI(base_url=f"{server.server.url}/v1", api_key=KEY, max_retries=0,
                              default_headers={"X-Session-ID": "sdk-trip"})  # the one header
         model = OpenAIChatCompletionsModel(model="tiny", openai_client=client)
-        agent = Agent(name="forecaster", instructions="Answer with the weather.", tools=[get_weather], model=model,
-                      model_settings=ModelSettings(tool_choice="required", max_tokens=400))
-        return await asyncio.gather(*(Runner.run(agent, f"Weather in {c}?", max_turns=4) for c in ("Paris", "Rome")))
+
+        def forecaster(subagent: str | None = None) -> Agent:
+            headers = {"X-Claude-Code-Agent-Id": subagent} if subagent else None  # a subagent of the session
+            return Agent(name=subagent or "forecaster", instructions="Answer with the weather.", tools=[get_weather],
+                         model=model, model_settings=ModelSettings(tool_choice="required", max_tokens=400,
+                                                                   extra_headers=headers))
+
+        first = await Runner.run(forecaster(), "Weather in Paris?", max_turns=6)  # turn 1: a user message
+        subagents = await asyncio.gather(*(Runner.run(forecaster(c.lower()), f"Weather in {c}?", max_turns=6)
+                                           for c in ("Paris", "Rome")))  # inside turn 1: they never open one
+        second = await Runner.run(forecaster(), first.to_input_list() + [{"role": "user", "content": "And Rome?"}],
+                                  max_turns=6)  # turn 2: the conversation so far, then the user's new message
+        return [first, *subagents, second]
 
     results = asyncio.run(asyncio.wait_for(run(), 600))
-    assert len(results) == 2 and all(r.final_output is not None for r in results)
-    assert len(calls) >= 2  # each subagent called the tool
+    assert len(results) == 4 and all(r.final_output is not None for r in results)
+    assert len(calls) >= 4  # each run called the tool
     session = sessions(server)["sdk-trip"]
     sent = sum(len(r.raw_responses) for r in results)
     assert session["requests"] == sent and session["by_endpoint"] == {"chat": sent}
+    assert session["turns"] == 2 and session["subagents"] == ["paris", "rome"], session
+    assert session["source"] == "X-Session-ID"
+    # the plug-in saw one agent: it arrived once, paused when turn 2 opened with nothing of it open, and returned
+    arrivals = plugin_lines(server, "/sdk-trip arrived", 1)
+    returns = plugin_lines(server, "/sdk-trip returned after a pause", 1)
+    assert len(arrivals) == 1 and len(returns) == 1, (arrivals, returns)
+    assert arrivals[0].endswith("tenant=team-a") and returns[0].endswith("tenant=team-a")
 
 
 def test_langchain_bind_tools_strict_and_a_json_schema_answer(server):

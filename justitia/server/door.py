@@ -14,6 +14,10 @@ does only what is Justitia's:
    ``session_id``, the key's ``tenant`` and ``agent_weight``, and the door's token, which tells the
    plug-in that these were checked: ``justitia.vllm.general``), and vLLM's own ``session_id`` field
    and ``X-Session-ID`` header taken out, so that vLLM's ``Request.session_id`` is the namespaced id.
+   An id from a source that names a session (``identity.SESSION_SOURCES``) also writes ``session``,
+   and ``turn_start`` when the body opens a user turn (``identity.opens_turn``): the door's reading
+   replaces the client's own for these; an agent's id (``X-Agent-Id``, ``vllm_xargs.agent_id``)
+   keeps what its client sent.
 
 Everything else (the body's shape, the model's name, the context length, tools, structured output)
 is vLLM's validation, with vLLM's messages. A body that is not a JSON object goes on untouched, for
@@ -28,12 +32,13 @@ import os
 import re
 import time
 from collections import OrderedDict
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from justitia.core import META_KEYS, PRICE_KEYS
+from justitia.core.protocol import SESSION, TURN_START
 from justitia.defaults import DOOR_KEY, ENV_DOOR_TOKEN
-from justitia.server.identity import Identity, IdentityError, identify
+from justitia.server.identity import Identity, IdentityError, identify, opens_turn
 from justitia.server.keys import ANONYMOUS
 from justitia.server.limits import INFERENCE_PATHS, answer, retry_after
 from justitia.backends.wire import error_doc, once, replay
@@ -59,6 +64,8 @@ def check_xargs(xargs: Any, trusted: bool) -> str | None:
             return f"{where}: set by the server (its pricing and your key's tenant); only a trusted key may send it."
         if value is not None and not isinstance(value, (str, int, float, bool)):
             return f"{where}: must be a string, number or boolean, got {type(value).__name__}."
+        if key in (SESSION, TURN_START) and value is not None and not isinstance(value, bool):
+            return f"{where}: must be a boolean, got {type(value).__name__}."
         if isinstance(value, int) and not isinstance(value, bool) and not -(2**63) <= value < 2**63:
             return f"{where}: integer out of range."
         if isinstance(value, str) and len(value) > 256:
@@ -87,11 +94,12 @@ class Session:
     requests: dict[str, int] = field(default_factory=dict)  # by endpoint
     subagents: set[str] = field(default_factory=set)
     in_flight: int = 0
+    turns: int = 0  # requests that opened a user turn (sent on with turn_start)
 
     def doc(self) -> dict:
         return {"session_id": self.session_id, "source": self.source, "requests": sum(self.requests.values()),
-                "by_endpoint": dict(self.requests), "subagents": sorted(self.subagents), "in_flight": self.in_flight,
-                "first_seen": self.first_s, "last_seen": self.last_s}
+                "by_endpoint": dict(self.requests), "turns": self.turns, "subagents": sorted(self.subagents),
+                "in_flight": self.in_flight, "first_seen": self.first_s, "last_seen": self.last_s}
 
 
 class Sessions:
@@ -111,6 +119,7 @@ class Sessions:
         self.known.move_to_end(who.agent_id)
         s.last_s = now
         s.requests[kind] = s.requests.get(kind, 0) + 1
+        s.turns += who.turn_start
         if who.subagent is not None and len(s.subagents) < 1024:
             s.subagents.add(who.subagent)
         return s
@@ -232,6 +241,12 @@ class Door:
         if who.agent_id is not None:
             given["agent_id"] = who.agent_id
             given["session_id"] = who.agent_id
+            if who.session:  # the door's reading, not the client's (a subagent never opens a turn)
+                given[SESSION] = True
+                given.pop(TURN_START, None)
+                if opens_turn(kind, doc, who.subagent):
+                    given[TURN_START] = True
+            who = replace(who, turn_start=given.get(TURN_START) is True)
         else:  # an agent of its own, done when its one request is
             given.pop("agent_id", None)
             given["agent_done"] = True

@@ -1,5 +1,5 @@
-"""Which agent (later: which session) an OpenAI or Anthropic request belongs to, read from the
-headers and fields agent harnesses already send.
+"""Which agent or session an OpenAI or Anthropic request belongs to, and whether it opens a user
+turn, read from the headers, fields and bodies agent harnesses already send.
 
 ``SOURCES`` is the table, highest precedence first; the first one a request carries names its
 agent. ``X-Claude-Code-Agent-Id`` names a subagent inside the session. Every id is checked (a
@@ -7,6 +7,10 @@ string of 1-256 printable characters; 400 naming the header or field otherwise) 
 key's own namespace (``owner/id``): two keys sending the same id name two agents, so an id is
 used for correlation only, never to authorize anything. A request that carries none is an agent of
 its own. docs/server.md, "Who a request belongs to", has the table for users.
+
+A source whose third column is ``session`` names a session (docs/sessions.md): the door marks its
+requests ``session`` and reads from each body whether it opens a user turn (``opens_turn``). The
+first two name agents and keep agent semantics.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ SOURCES: tuple[tuple[str, str, str, str], ...] = (
     ("field", "user", "session", "OpenAI's end-user id"),
 )
 SUBAGENT_HEADER = "X-Claude-Code-Agent-Id"  # a subagent of the session (Claude Code's Task tool)
+SESSION_SOURCES = frozenset(name for _, name, names, _ in SOURCES if names == "session")
 
 
 class IdentityError(ValueError):
@@ -46,6 +51,12 @@ class Identity:
     given: str | None = None
     source: str | None = None  # the header or field that named it
     subagent: str | None = None
+    turn_start: bool = False  # the request opens a user turn (what the door sent on: ``opens_turn``, or the client's)
+
+    @property
+    def session(self) -> bool:
+        """Whether the source that named it names a session (not an agent)."""
+        return self.source in SESSION_SOURCES
 
 
 def checked_id(value, field: str) -> str:
@@ -90,3 +101,36 @@ def identify(headers: Mapping[str, str], body: Mapping, owner: str) -> Identity:
     if found is None:
         return Identity(None, subagent=subagent)
     return Identity(f"{owner}/{found[0]}", found[0], found[1], subagent)
+
+
+def _last(items) -> Mapping | None:
+    """The last element of a list, if it is an object."""
+    if isinstance(items, list) and items and isinstance(items[-1], Mapping):
+        return items[-1]
+    return None
+
+
+def opens_turn(kind: str, body: Mapping, subagent: str | None = None) -> bool:
+    """Whether a request (``kind``: the endpoint, as ``limits.INFERENCE_PATHS`` names it) opens a new
+    user turn of its session, read from its body as harnesses send it: the conversation ends with the
+    user's own message, not a tool's result or an assistant's prefill. A subagent's request never
+    does (a subagent runs inside its session's turn), nor a completion's (a prompt has no turns)."""
+    if subagent is not None:
+        return False
+    if kind == "chat":  # a tool's result is role "tool" (or the legacy "function")
+        last = _last(body.get("messages"))
+        return last is not None and last.get("role") == "user"
+    if kind == "responses":  # a string is the user's; a list ends with a user message, not a function_call_output
+        given = body.get("input")
+        if isinstance(given, str):
+            return True
+        last = _last(given)
+        return last is not None and last.get("role") == "user" and last.get("type", "message") == "message"
+    if kind == "messages":  # Anthropic: a tool's result is a tool_result block in a user message
+        last = _last(body.get("messages"))
+        if last is None or last.get("role") != "user":
+            return False
+        content = last.get("content")
+        return not (isinstance(content, list)
+                    and any(isinstance(b, Mapping) and b.get("type") == "tool_result" for b in content))
+    return False  # completions, generate: no turn structure

@@ -10,9 +10,11 @@ clock's M in cost units per second; default: the M of ``JUSTITIA_CALIBRATION``, 
 calibrate`` file for this KV cache, else what the KV cache, or the token budget for compute,
 delivers per ``JUSTITIA_ITERATION_S``), ``JUSTITIA_MEASURE_CAPACITY`` (0: keep that M rather than
 measure it), ``JUSTITIA_AGENT_IDLE_S`` (an agent with no open request is released after this),
+``JUSTITIA_SESSION_KEEP_S`` (a session with nothing open is released after this),
 ``JUSTITIA_RETAG`` (0: an agent keeps its first tag), ``JUSTITIA_LOG_AGENTS`` (1: log agents'
-arrivals and releases), ``JUSTITIA_CLIENT_PRICES`` (whether requests' prices, weights and tenants
-are read) and ``JUSTITIA_DOOR_TOKEN`` (the secret of the door that checked them).
+arrivals, sessions' returns after a pause, and releases), ``JUSTITIA_CLIENT_PRICES`` (whether
+requests' prices, weights and tenants are read) and ``JUSTITIA_DOOR_TOKEN`` (the secret of the door
+that checked them).
 
 Per-request metadata comes from ``SamplingParams.extra_args`` (``vllm_xargs`` on the OpenAI
 server), read by ``core.protocol.RequestMeta``; missing costs are estimated from the prompt and
@@ -158,7 +160,7 @@ class JustitiaScheduler(StepLogScheduler):
         self.kv_tokens = blocks * self.cache_config.block_size
         self.log_agents = settings.log_agents
         self.client_prices, self.door_token = settings.client_prices, settings.door_token
-        self.idle_release_s = settings.agent_idle_s
+        self.idle_release_s, self.session_keep_s = settings.agent_idle_s, settings.session_keep_s
         self.iteration_s = settings.iteration_s
         cost = cost_model(settings.cost)
         capacity = settings.capacity_per_s or self._calibrated(settings.calibration) or capacity_per_s(
@@ -188,7 +190,7 @@ class JustitiaScheduler(StepLogScheduler):
         """Fresh policy state and clock (at start-up, or on a ``reset`` of an idle engine)."""
         window = WINDOW_STEPS * self.iteration_s if measure else None
         self.core = AgentScheduler.for_policy(policy, capacity, cost, window, retag)
-        self.book = AgentBook(self.core, cost, self.idle_release_s, logger)
+        self.book = AgentBook(self.core, cost, self.idle_release_s, logger, self.session_keep_s)
         # what the policy needs from each step, read once (they are fixed for a policy)
         traits = self.core.traits
         # charged every step if the policy reads service, or to retag agents charged beyond their price
@@ -223,11 +225,12 @@ class JustitiaScheduler(StepLogScheduler):
         if call.verb == REGISTER:
             agent_id = str(args["agent_id"])
             resume = args.get("resume_cost")
+            before = self.core.agent(agent_id)  # a paused session's standing: its return is logged as one
             agent = self.book.register(agent_id, str(args.get("agent_type", "")), float(args["predicted_cost"]), now,
                                        float(args.get("weight", 1.0)), args.get("tenant"),
                                        None if resume is None else float(resume))
             if agent is not None:
-                self._log_arrival(agent)
+                self._log_arrival(agent, before)
             return self.book.virtual_finish(agent_id)
         if call.verb == RETIRE:
             agent_id = str(args["agent_id"])
@@ -262,10 +265,11 @@ class JustitiaScheduler(StepLogScheduler):
             if not trusted(extra, self.client_prices, self.door_token):  # a client's own prices: ignored
                 meta = meta.without_prices()
             max_tokens = getattr(sp, "max_tokens", None) or 256
+            before = self.core.agent(meta.agent_id) if meta.agent_id is not None else None
             info, agent = self.book.arrive(request.request_id, meta, request.num_prompt_tokens, max_tokens,
                                            self._now())
             if agent is not None:
-                self._log_arrival(agent)
+                self._log_arrival(agent, before)
         request.priority = self.core.priority(info)
 
     def _hold(self, request: Request) -> None:
@@ -278,8 +282,13 @@ class JustitiaScheduler(StepLogScheduler):
         else:
             request.priority = self.core.priority(info)
 
-    def _log_arrival(self, agent: AgentInfo) -> None:
-        if self.log_agents:
+    def _log_arrival(self, agent: AgentInfo, before=None) -> None:
+        """One line for an agent's arrival; ``before``: its standing until now (a session that paused, returning)."""
+        if self.log_agents and before is not None:
+            logger.info("justitia: agent %s returned after a pause: predicted_cost=%.6g virtual_finish=%s (was %s) "
+                        "tenant=%s", agent.agent_id, agent.predicted_cost, self.book.virtual_finish(agent.agent_id),
+                        before.virtual_finish, agent.tenant)
+        elif self.log_agents:
             logger.info("justitia: agent %s arrived: type=%r predicted_cost=%.6g virtual_finish=%s tenant=%s",
                         agent.agent_id, agent.agent_type, agent.predicted_cost,
                         self.book.virtual_finish(agent.agent_id), agent.tenant)
