@@ -14,8 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping
 
-from justitia.core import AGENT_IDLE_S, is_positive_finite
-from justitia.core.book import SESSION_KEEP_S
+from justitia.core import AGENT_IDLE_S, SESSION_KEEP_S, is_positive_finite
 
 # Nominal seconds of a memory-saturated engine step, where no latency profile says otherwise: the
 # clock's M is the engine's KV tokens over this (core.cost.capacity_per_s).

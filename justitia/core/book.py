@@ -99,6 +99,8 @@ class AgentBook:
         return, None if it is known and not paused."""
         standing = self._core.agent(agent_id)
         if standing is not None and not standing.paused:
+            if session:  # registered ahead as an agent, its requests say it is a session: kept as one
+                self._sessions.add(agent_id)
             return None
         info = self._core.agent_arrived(agent_id, agent_type, predicted_cost, now_s, weight, tenant, resume_cost,
                                         session or agent_id in self._sessions)

@@ -389,15 +389,18 @@ def _engine(name: str, seed: int) -> Preset:
 def _sessions_engine(name: str, seed: int) -> Preset:
     # Sessions on real vLLM with its prefix cache on (its default), sized by lab.sessions for the
     # engine preset's engine; the calibration's agents are the engine preset's (no shared text).
-    from justitia.lab.sessions import SESSIONS_ENGINE_POLICIES, sessions_engine_summary, sessions_engine_workload
+    from justitia.lab.sessions import (PREFIX_LABEL, SESSIONS_ENGINE_POLICIES, sessions_engine_summary,
+                                       sessions_engine_workload)
     from justitia.vllm.engine import EngineSpec
 
     spec = EngineSpec(**ENGINE_OPTIONS)
     agents, info = sessions_engine_workload(seed, spec.usable_blocks * CPU_BLOCK_SIZE, CPU_BLOCK_SIZE)
     calib, _ = build_workload(ENGINE_CALIBRATION_AGENTS, seed + 1, MOONCAKE_ARRIVALS, ENGINE_DENSITY)
-    specs = [RunSpec(p, p) for p in SESSIONS_ENGINE_POLICIES]
+    # and justitia priced and charged by the prefix-aware cost (the plug-in splits shared blocks)
+    specs = [RunSpec(p, p) for p in SESSIONS_ENGINE_POLICIES] + [RunSpec(PREFIX_LABEL, "justitia", cost="kv-prefix")]
     return Preset(name, f"{len(agents)} coding-agent sessions on real vLLM (tiny model, CPU), the prefix cache on: "
-                  f"{', '.join(SESSIONS_ENGINE_POLICIES)} + front-end tagging, {ENGINE_REPEATS} interleaved repeats",
+                  f"{', '.join(SESSIONS_ENGINE_POLICIES)}, justitia with the prefix-aware cost, + front-end tagging, "
+                  f"{ENGINE_REPEATS} interleaved repeats",
                   agents, info, specs, engine="vllm", engine_options=dict(ENGINE_OPTIONS, prefix_caching=None),
                   calibration_agents=scale_tokens(calib, CPU_SCALE), repeats=ENGINE_REPEATS, tagging=True,
                   speed_probes=True, summary=sessions_engine_summary)

@@ -321,7 +321,8 @@ def _judge_against_simulator(entry: dict, spec: RunSpec, agents: list[Agent], co
 
 
 # Justitia against the baselines the paper sets it against, through the plug-in and by tagging.
-COMPARED = [("justitia", b) for b in ("vtc", "srjf", "las", "fcfs")] + [(TAGGING_LABEL, "vtc"), (TAGGING_LABEL, "justitia")]
+COMPARED = [("justitia", b) for b in ("vtc", "srjf", "las", "fcfs")] + [(TAGGING_LABEL, "vtc"), (TAGGING_LABEL, "justitia"),
+                                                                     ("justitia@prefix-aware", "justitia")]
 
 
 def comparisons(tries: dict[str, list], seed: int = 0, metric: str = "jct") -> dict:

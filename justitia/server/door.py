@@ -35,8 +35,7 @@ from collections import OrderedDict
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from justitia.core import META_KEYS, PRICE_KEYS
-from justitia.core.protocol import SESSION, TURN_START
+from justitia.core import META_KEYS, PRICE_KEYS, SESSION, TURN_START
 from justitia.defaults import DOOR_KEY, ENV_DOOR_TOKEN
 from justitia.server.identity import Identity, IdentityError, identify, opens_turn
 from justitia.server.keys import ANONYMOUS
