@@ -130,11 +130,11 @@ class AgentProcess:
         """Start after what ``answers`` holds (a restarted server): the stages answered in full, then
         perhaps one answered in part (None where a task is not). Predict (if not yet done) and return
         the calls still to make: the part stage's missing tasks, or the next stage's (none if every
-        stage is answered)."""
+        stage is answered), each after its stage's pause (waited again by a stage answered in part)."""
         if self.state != "new":
             raise RuntimeError(f"agent '{self.agent.agent_id}' has already started.")
-        if any(node.branches or node.pause_s for node in self._layout):
-            raise ValueError(f"agent '{self.agent.agent_id}': only agents without pauses or branches resume.")
+        if any(node.branches for node in self._layout):
+            raise ValueError(f"agent '{self.agent.agent_id}': only agents without branches resume.")
         self.predict()
         self.state = "running"
         self._top = _Chain(None, [(s, node) for s, node in enumerate(self._layout)], None)

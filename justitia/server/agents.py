@@ -3,7 +3,8 @@
 Submitting an agent checks it, prices it with the predictor, registers it with the policy that
 orders the engine (which stamps its virtual finish tag) and starts it. Every request carries the
 agent's ``RequestMeta``; the last stage's say ``agent_done``, so the policy releases the agent
-when they finish. A cancelled or failed agent is released at once.
+when they finish. A cancelled or failed agent is released at once. A session runs turn by turn
+(``server.turns``).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import logging
 import math
 import time
 import uuid
+from dataclasses import replace
 
 from justitia.agent import AgentProcess, Answer, Call, drive
 from justitia.predictors import Predictor
@@ -24,8 +26,9 @@ from justitia.server.journal import Journal, Record
 from justitia.server.keys import ANONYMOUS, Client
 from justitia.server.limits import RateLimit
 from justitia.server.pricing import Pricer
-from justitia.server.runs import TERMINAL, AgentRun, Settings  # noqa: F401  (Settings: the server's, imported from here)
+from justitia.server.runs import TERMINAL, AgentRun, Settings, Turn  # noqa: F401  (Settings: the server's, imported from here)
 from justitia.server.schema import AgentSpec, SpecError, check_agent
+from justitia.server.turns import await_turn, price_turn
 
 log = logging.getLogger("justitia.server")
 JCT_BUCKETS = (0.1, 0.25, 0.5, 1, 2.5, 5, 10, 25, 50, 100, 250, 500, float("inf"))
@@ -138,9 +141,10 @@ class AgentManager:
         return run
 
     async def _accept(self, spec: AgentSpec, client: Client, idempotency_key: str | None) -> AgentRun:
-        check_agent(spec, self.settings.max_tasks_per_agent, self.settings.max_model_len - 1)
+        check_agent(spec, self.settings.max_tasks_per_agent, self.settings.max_model_len - 1, self.settings.max_pause_s)
         agent_id = f"agent-{uuid.uuid4().hex[:12]}"
-        process, first, predict_s = await asyncio.to_thread(self.pricer.priced, agent_id, spec, client)
+        process, first, predict_s = await asyncio.to_thread(price_turn, self.pricer, agent_id, spec.type,
+                                                            list(spec.stages), client, [])
         predicted = process.predicted_cost
         self.predict_s += predict_s
         self.predictions += 1
@@ -149,8 +153,11 @@ class AgentManager:
         arrival = self.now()
         run = AgentRun(agent_id, spec, process, arrival, None, client.owner,
                        outputs=[[None] * len(stage) for stage in spec.stages])
-        run.client, run.first_ids = client, dict(enumerate(first))
-        v = await self._register(run)  # refused: nothing journaled, its Idempotency-Key free (submit)
+        run.client, run.first_ids = client, first
+        if spec.session:  # its requests make it a session in the engine (server.turns): not registered
+            run.turns, v = [Turn(list(spec.stages), 0, predicted)], None
+        else:
+            v = await self._register(run)  # refused: nothing journaled, its Idempotency-Key free (submit)
         if self.journal is not None:  # committed before the 202: accepted work survives a crash
             try:
                 await self.journal.accept(Record(agent_id, client.owner, client.tenant, client.weight,
@@ -209,7 +216,7 @@ class AgentManager:
         """Run the registered agent (after the stages ``resume`` answered)."""
         self.agents[run.agent_id] = run
         self.owner_agents[run.owner] = self.owner_agents.get(run.owner, 0) + 1
-        run.emit("queued", predicted_cost=run.process.predicted_cost, virtual_finish=run.virtual_finish, **event)
+        run.emit("queued", predicted_cost=run.predicted_cost, virtual_finish=run.virtual_finish, **event)
         run.task = asyncio.get_running_loop().create_task(self._run(run, resume))
 
     def wall(self, now_s: float) -> float:
@@ -223,33 +230,39 @@ class AgentManager:
         return await recover(self)
 
     async def _serve(self, run: AgentRun, call: Call) -> Answer:
-        """One task of an agent on the backend."""
-        task = call.task
-        ids = run.first_ids.pop(call.index, None) if call.stage == 0 else None  # tokenized at submission
+        """One task of an agent on the backend (``call.stage`` counts in its turn's process; ``stage``,
+        in the session)."""
+        task, stage = call.task, run.base + call.stage
+        first = run.first_ids.pop(call.index, None) if call.stage == 0 else None  # tokenized at submission
         try:
-            if ids is None or call.prompt != run.spec.stages[0][call.index].prompt:
-                ids = await self.pricer.encode(call.prompt)
+            ids = first[1] if first is not None and call.prompt == first[0] else await self.pricer.encode(call.prompt)
         except SpecError as exc:
-            raise SpecError(f"stage {call.stage} task {call.index}: {exc}") from None
+            raise SpecError(f"stage {stage} task {call.index}: {exc}") from None
         if len(ids) + task.max_tokens > self.settings.max_model_len:
-            raise SpecError(f"stage {call.stage} task {call.index}: {len(ids)} prompt tokens (after placeholders) + "
+            raise SpecError(f"stage {stage} task {call.index}: {len(ids)} prompt tokens (after placeholders) + "
                             f"max_tokens {task.max_tokens} exceed the model's context of "
                             f"{self.settings.max_model_len} tokens.")
+        meta = call.meta
+        if run.session:  # its turn's first request opens a burst at the turn's price; only the last turn ends it
+            meta = replace(meta, session=True, turn_start=not run.turn_opened,
+                           agent_done=meta.agent_done and run.turns[-1].last)
+            run.turn_opened = True
         params = Sampling(task.max_tokens, task.temperature, task.top_p, task.seed, task.stop, task.ignore_eos,
-                          call.meta.to_extra_args())
+                          meta.to_extra_args())
+        request_id = f"{run.agent_id}/{stage}/{call.index}"
         final = None
         self.tasks_in_flight += 1
         try:
             for attempt in (1, 2):  # a replica that fails midway: the task runs once more (on another)
                 try:
                     async for out in self.backend.generate({"prompt_token_ids": ids}, params,
-                                                           call.request_id + ("" if attempt == 1 else "/retry")):
+                                                           request_id + ("" if attempt == 1 else "/retry")):
                         final = out
                     break
                 except BackendInterrupted as exc:
                     if attempt == 2 or not self.backend.alive():
                         raise
-                    log.warning(json.dumps({"event": "task_retried", "agent_id": run.agent_id, "stage": call.stage,
+                    log.warning(json.dumps({"event": "task_retried", "agent_id": run.agent_id, "stage": stage,
                                             "task": call.index, "error": str(exc)}))
         finally:
             self.tasks_in_flight -= 1
@@ -257,16 +270,19 @@ class AgentManager:
         doc = {"output": o.text, "prompt_tokens": len(ids), "output_tokens": len(o.token_ids),
                "finish_reason": o.finish_reason}
         if self.journal is not None:  # before the agent moves on: a restart resumes after it
-            await self.journal.task_done(run.agent_id, call.stage, call.index, doc)
-        run.outputs[call.stage][call.index] = doc
-        run.emit("task_done", stage=call.stage, task=call.index, output_tokens=len(o.token_ids))
+            await self.journal.task_done(run.agent_id, stage, call.index, doc)
+        run.outputs[stage][call.index] = doc
+        run.emit("task_done", stage=stage, task=call.index, output_tokens=len(o.token_ids))
         return Answer(o.text, len(ids), len(o.token_ids), o.finish_reason)
 
     async def _run(self, run: AgentRun, resume: list[list[Answer]] | None = None) -> None:
+        """The agent's life: its stages (a session's turns, each after its client's, ``await_turn``),
+        then its end (``_end``)."""
         try:
-            run.status = "running"
-            run.emit("running")
-            await drive(run.process, lambda call: self._serve(run, call), resume)
+            if run.status != "waiting":  # (a session restored while waiting waits first)
+                await self._turn(run, resume)
+            while run.session and not run.turns[-1].last and await await_turn(self, run):
+                await self._turn(run)
             run.status = "done"
         except asyncio.CancelledError:
             if not run.cancelled_by_client:  # the server is stopping: the journal resumes it at restart
@@ -279,19 +295,31 @@ class AgentManager:
                 log.warning(json.dumps({"event": "agent_interrupted", "agent_id": run.agent_id, "error": str(exc)}))
                 return
             run.status, run.error = "failed", str(exc) or type(exc).__name__
+        await self._end(run)
+
+    async def _turn(self, run: AgentRun, resume: list[list[Answer]] | None = None) -> None:
+        """Run the agent's stages, or a session's current turn (after the stages ``resume`` answered)."""
+        run.status = "running"
+        run.emit("running", **({"turn": len(run.turns) - 1} if run.session else {}))
+        await drive(run.process, lambda call: self._serve(run, call), resume)
+
+    async def _end(self, run: AgentRun) -> None:
+        """A finished agent (or session): journaled, released from the policy unless its last
+        requests said ``agent_done``, counted and kept for GET."""
         run.finish_s = self.now()
         if self.journal is not None:
             try:
                 await self.journal.ended(run.agent_id, run.status, run.error, self.wall(run.finish_s))
             except Exception as exc:  # noqa: BLE001  (kept in memory; a restart would run it again)
                 log.warning(json.dumps({"event": "journal_failed", "agent_id": run.agent_id, "error": str(exc)}))
-        if run.status != "done":  # its agent_done requests may never have run: release it now
+        # its agent_done requests may never have run (or a session ended waiting): release it now
+        if run.status != "done" or (run.session and not run.turns[-1].last):
             try:
                 await self.backend.retire(run.agent_id)
             except Exception as exc:  # noqa: BLE001  (the policy's idle timeout still releases it)
                 log.warning(json.dumps({"event": "release_failed", "agent_id": run.agent_id, "error": str(exc)}))
         self.finished[run.status] += 1
-        if run.status == "done":
+        if run.status == "done" and not run.session:  # (a session's time is its client's too)
             jct = run.finish_s - run.arrival_s
             label = run.spec.type if run.spec.type in self.jct or len(self.jct) < MAX_METRIC_TYPES else "other"
             counts = self.jct.setdefault(label, [0] * len(JCT_BUCKETS))

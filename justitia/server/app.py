@@ -23,13 +23,23 @@ from justitia.server.journal import Journal, JournalError
 from justitia.server.keys import KeyRing, client_of
 from justitia.server.limits import Authenticate, BodyLimit, BodyTooLarge, body_too_large, retry_after
 from justitia.server.metrics import prometheus_text
-from justitia.server.schema import AgentSpec, SpecError, first_error
+from justitia.server.schema import AgentSpec, SpecError, TurnSpec, first_error
+from justitia.server.turns import TurnRefused, continue_session
 
 __all__ = ["Settings", "create_app"]
 
 
 def _error(status: int, message: str, headers: dict | None = None) -> JSONResponse:
     return JSONResponse({"error": message}, status_code=status, headers=headers)
+
+
+async def _parse(model, request: Request):
+    """The request's body as ``model``, or the 422 that names its first bad field."""
+    try:
+        return model.model_validate(json.loads(await request.body()))
+    except ValueError as exc:  # not JSON, or not the model (pydantic's ValidationError is a ValueError)
+        errors = exc.errors() if isinstance(exc, ValidationError) else [{"type": "json_invalid", "loc": ()}]
+        return _error(422, first_error(list(errors)))
 
 
 def add_justitia(app: FastAPI, holder, keys: KeyRing, settings: Settings) -> None:
@@ -76,17 +86,16 @@ def create_app(backend: Backend, tokenizer, settings: Settings, predictor: Predi
 
 
 def add_agent_routes(app: FastAPI, holder) -> None:
-    """The agent API (``/v1/agents``) and the door's sessions (``/v1/sessions``) on ``app``."""
+    """The agent API (``/v1/agents``, a session's ``/v1/agents/{id}/turns``) and the door's sessions
+    (``/v1/sessions``) on ``app``."""
 
     @app.post("/v1/agents", status_code=202)
     async def submit(request: Request):
         manager = holder.manager
         settings = manager.settings
-        try:
-            spec = AgentSpec.model_validate(json.loads(await request.body()))
-        except ValueError as exc:  # not JSON, or not an agent (pydantic's ValidationError is a ValueError)
-            errors = exc.errors() if isinstance(exc, ValidationError) else [{"type": "json_invalid", "loc": ()}]
-            return _error(422, first_error(list(errors)))
+        spec = await _parse(AgentSpec, request)
+        if isinstance(spec, JSONResponse):
+            return spec
         client = client_of(request)
         if manager.draining:
             return _error(503, "the server is stopping; retry on its successor.", retry_after(5))
@@ -148,6 +157,36 @@ def add_agent_routes(app: FastAPI, holder) -> None:
         if holder.manager.owned(agent_id, client_of(request)) is None:
             return missing(agent_id, request)
         return (await holder.manager.cancel(agent_id)).doc()
+
+    @app.post("/v1/agents/{agent_id}/turns", status_code=202)
+    async def turn(agent_id: str, request: Request):
+        """A waiting session's next turn (202), or its end (``"last": true`` with no stages: 200 and
+        its document); ``server.turns``."""
+        manager = holder.manager
+        client = client_of(request)
+        run = manager.owned(agent_id, client)
+        if run is None:
+            return missing(agent_id, request)
+        spec = await _parse(TurnSpec, request)
+        if isinstance(spec, JSONResponse):
+            return spec
+        if manager.draining:
+            return _error(503, "the server is stopping; retry on its successor.", retry_after(5))
+        if (wait := manager.rate.take(client.owner)) is not None:
+            return _error(429, f"your key's rate limit ({manager.settings.key_rate:g} requests a second); retry "
+                               f"later.", retry_after(wait))
+        try:
+            run = await continue_session(manager, run, spec)
+        except TurnRefused as exc:
+            return _error(409, str(exc))
+        except SpecError as exc:
+            return _error(400, str(exc))
+        except JournalError as exc:  # not recorded, so not taken: the session still waits
+            return _error(503, f"the turn could not be journaled ({exc}); retry later.", retry_after(5))
+        if run.status in TERMINAL:
+            return JSONResponse(run.doc())
+        return JSONResponse({"agent_id": run.agent_id, "status": run.status, "turn": len(run.turns) - 1,
+                             "first_stage": run.base}, status_code=202)
 
     @app.get("/v1/agents/{agent_id}/events")
     async def events(agent_id: str, request: Request):

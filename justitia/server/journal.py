@@ -10,6 +10,12 @@ is written (and committed) before its 202 goes out; a task's output before the a
 restart the server reloads every journaled agent: finished ones answer GET as before; unfinished
 ones start again from the first stage not fully answered, with the same id and owner.
 
+**Sessions.** A session's first turn is its spec; its later turns, as submitted, are the
+``turns`` column (a JSON list of ``{"stages", "last", "predicted_cost"}``), each written before
+its 202; its outputs are kept by their stage's number in the session; its status is ``waiting``
+(with ``waiting_wall``, when it began to wait, for its keep time) between turns, ``running`` during
+one. A restart leaves a waiting session waiting, and resumes a running one's turn.
+
 **A resume that keeps its place.** Each agent's row also keeps the virtual finish tag ``f`` its
 registration returned (``virtual_finish``), the clock's ``V`` as last read when it registered
 (``virtual_time``; read at most once a second) and the run of the server whose clock stamped them
@@ -41,7 +47,8 @@ SCHEMA = """
 CREATE TABLE IF NOT EXISTS agents (
     agent_id TEXT PRIMARY KEY, owner TEXT NOT NULL, tenant TEXT, weight REAL NOT NULL, spec TEXT NOT NULL,
     idempotency_key TEXT, predicted_cost REAL NOT NULL, status TEXT NOT NULL, error TEXT,
-    arrival_wall REAL NOT NULL, finish_wall REAL, clock_run INTEGER, virtual_finish REAL, virtual_time REAL);
+    arrival_wall REAL NOT NULL, finish_wall REAL, clock_run INTEGER, virtual_finish REAL, virtual_time REAL,
+    turns TEXT, waiting_wall REAL);
 CREATE UNIQUE INDEX IF NOT EXISTS agents_idempotency ON agents (owner, idempotency_key)
     WHERE idempotency_key IS NOT NULL;
 CREATE TABLE IF NOT EXISTS outputs (
@@ -49,8 +56,9 @@ CREATE TABLE IF NOT EXISTS outputs (
     PRIMARY KEY (agent_id, stage, task));
 """
 COLUMNS = ("agent_id", "owner", "tenant", "weight", "spec", "idempotency_key", "predicted_cost", "status", "error",
-           "arrival_wall", "finish_wall", "clock_run", "virtual_finish", "virtual_time")
-ADDED = {"clock_run": "INTEGER", "virtual_finish": "REAL", "virtual_time": "REAL"}  # to a journal written before them
+           "arrival_wall", "finish_wall", "clock_run", "virtual_finish", "virtual_time", "turns", "waiting_wall")
+ADDED = {"clock_run": "INTEGER", "virtual_finish": "REAL", "virtual_time": "REAL",  # to a journal written before them
+         "turns": "TEXT", "waiting_wall": "REAL"}
 ENDED = ("done", "failed", "cancelled")
 
 
@@ -81,6 +89,8 @@ class Record:
     clock_run: int | None = None  # the server run whose clock stamped the two below (None: this run)
     virtual_finish: float | None = None  # its tag f at its registration (None: a policy without a clock)
     virtual_time: float | None = None  # the clock's V as last read when it registered
+    turns: list[dict] = field(default_factory=list)  # a session's turns after its first, as submitted
+    waiting_wall: float | None = None  # a waiting session: when it began to wait
     outputs: dict[tuple[int, int], dict] = field(default_factory=dict)
 
 
@@ -120,7 +130,8 @@ class Journal:
                         f"INSERT INTO agents ({', '.join(COLUMNS)}) VALUES ({', '.join('?' * len(COLUMNS))})",
                         (r.agent_id, r.owner, r.tenant, r.weight, json.dumps(r.spec), r.idempotency_key,
                          r.predicted_cost, r.status, r.error, r.arrival_wall, r.finish_wall,
-                         self.run if r.clock_run is None else r.clock_run, r.virtual_finish, r.virtual_time))
+                         self.run if r.clock_run is None else r.clock_run, r.virtual_finish, r.virtual_time,
+                         json.dumps(r.turns) if r.turns else None, r.waiting_wall))
 
     async def stamped(self, agent_id: str, virtual_finish: float | None, virtual_time: float | None) -> None:
         """A resumed agent registered again: its tag and ``V`` in this run's clock."""
@@ -131,6 +142,17 @@ class Journal:
     async def task_done(self, agent_id: str, stage: int, task: int, doc: dict) -> None:
         await self._run(self._db.execute, "INSERT OR REPLACE INTO outputs VALUES (?, ?, ?, ?)",
                         (agent_id, stage, task, json.dumps(doc)))
+
+    async def turned(self, agent_id: str, turns: list[dict]) -> None:
+        """A session took a turn (committed before its 202): its turns after the first, and it runs."""
+        await self._run(self._db.execute,
+                        "UPDATE agents SET turns = ?, status = 'running', waiting_wall = NULL WHERE agent_id = ?",
+                        (json.dumps(turns), agent_id))
+
+    async def waiting(self, agent_id: str, since_wall: float) -> None:
+        """A session's turn is answered: it waits for its client's next, since ``since_wall``."""
+        await self._run(self._db.execute, "UPDATE agents SET status = 'waiting', waiting_wall = ? WHERE agent_id = ?",
+                        (since_wall, agent_id))
 
     async def ended(self, agent_id: str, status: str, error: str | None, finish_wall: float) -> None:
         await self._run(self._db.execute, "UPDATE agents SET status = ?, error = ?, finish_wall = ? WHERE agent_id = ?",
@@ -150,7 +172,8 @@ class Journal:
         def read():
             records = {}
             for row in self._db.execute(f"SELECT {', '.join(COLUMNS)} FROM agents ORDER BY arrival_wall"):
-                rec = Record(row[0], row[1], row[2], row[3], json.loads(row[4]), *row[5:])
+                rec = Record(row[0], row[1], row[2], row[3], json.loads(row[4]), *row[5:14],
+                             json.loads(row[14]) if row[14] else [], row[15])
                 records[rec.agent_id] = rec
             for agent_id, stage, task, doc in self._db.execute("SELECT * FROM outputs"):
                 if agent_id in records:

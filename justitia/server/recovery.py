@@ -1,6 +1,7 @@
 """A server's restart: the journal reloaded (``AgentManager.recover``). Finished agents answer as
 before; unfinished ones run again from their first stage not fully answered, same id and owner,
-registered again in their old tags' order with what GPS still owed them (``journal.resume_order``).
+registered again in their old tags' order with what GPS still owed them (``journal.resume_order``);
+a session waits again, or runs its current turn again (``server.turns``).
 """
 
 from __future__ import annotations
@@ -12,9 +13,10 @@ import logging
 from justitia.agent import AgentProcess, Answer
 from justitia.core import KV
 from justitia.server.runs import TERMINAL, AgentRun
-from justitia.server.journal import resume_order
+from justitia.server.journal import Record, resume_order
 from justitia.server.keys import Client
 from justitia.server.schema import AgentSpec, SpecError
+from justitia.server.turns import price_turn, session_turns
 from justitia.workload import Agent, Task
 
 log = logging.getLogger("justitia.server")
@@ -24,26 +26,17 @@ async def recover(manager) -> tuple[int, int]:
     """Reload the journal at start-up: finished agents answer as before, unfinished ones run
     again from their first stage not fully answered, same id and owner, registered again in
     their old tags' order with what GPS still owed them (``journal.resume_order``): before
-    every agent that arrives from now on with their cost and weight. (finished, resumed)."""
+    every agent that arrives from now on with their cost and weight. A waiting session waits
+    again (its keep time counted from when it began); a running one runs its turn again from its
+    first stage not fully answered (unregistered, as sessions are: ``server.turns``). (finished,
+    resumed)."""
     if manager.journal is None:
         return 0, 0
     finished = 0
     records = manager.journal.load()
-    waiting = {}  # unfinished: agent id -> its run and the answers kept
+    waiting = {}  # unfinished: agent id -> its run and the answers kept (of its current turn, for a session)
     for rec in records:
-        spec = AgentSpec.model_validate(rec.spec)
-        client = Client(rec.owner, rec.tenant, rec.weight)
-        try:
-            process, _ = await asyncio.to_thread(manager.pricer.process, rec.agent_id, spec, client)
-        except SpecError:  # the server now runs a model with a shorter context: fail it, with why
-            process = AgentProcess(Agent(rec.agent_id, spec.type, 0.0, ((Task("", 1, 1),),)), manager.predictor, KV)
-            rec.status, rec.error = "failed", rec.error or "the restarted server cannot fit its first stage."
-        process.predicted_cost = rec.predicted_cost
-        arrival = rec.arrival_wall - manager.wall(0.0)
-        run = AgentRun(rec.agent_id, spec, process, arrival, None, rec.owner,
-                       outputs=[[rec.outputs.get((s, i)) for i in range(len(stage))]
-                                for s, stage in enumerate(spec.stages)])
-        run.client = client
+        run = await _restore(manager, rec)
         if rec.idempotency_key is not None:
             done = asyncio.get_running_loop().create_future()
             done.set_result(run)
@@ -57,25 +50,63 @@ async def recover(manager) -> tuple[int, int]:
             manager._keep(run)
             finished += 1
             continue
-        answered = []
-        for stage in run.outputs:  # the stages answered in full, then one answered in part (if any)
-            answered.append([None if d is None else Answer(d["output"], d["prompt_tokens"], d["output_tokens"],
-                                                           d["finish_reason"]) for d in stage])
-            if any(doc is None for doc in stage):
-                break
-        for s in range(len(answered), len(run.outputs)):  # later stages: nothing kept (none can have run)
-            run.outputs[s] = [None] * len(run.outputs[s])
-        waiting[rec.agent_id] = run, answered
+        waiting[rec.agent_id] = run, None if run.status == "waiting" else _answered(run.outputs, run.base)
     for rec, owed in resume_order(records):  # in their old order, each registered before the next
         run, answered = waiting[rec.agent_id]
-        v = await manager._register(run, owed)
-        try:  # its stamps in this run's clock, for a later restart
-            await manager.journal.stamped(run.agent_id, run.virtual_finish, v)
-        except Exception as exc:  # noqa: BLE001  (its old stamps stay: a later restart places it by them)
-            log.warning(json.dumps({"event": "journal_failed", "agent_id": run.agent_id, "error": str(exc)}))
-        part = bool(answered) and None in answered[-1]
-        manager._launch(run, answered, resumed_after_stage=len(answered) - 1 - part, resume_cost=owed,
-                     tasks_kept=sum(d is not None for stage in run.outputs for d in stage))
+        if not run.session:
+            v = await manager._register(run, owed)
+            try:  # its stamps in this run's clock, for a later restart
+                await manager.journal.stamped(run.agent_id, run.virtual_finish, v)
+            except Exception as exc:  # noqa: BLE001  (its old stamps stay: a later restart places it by them)
+                log.warning(json.dumps({"event": "journal_failed", "agent_id": run.agent_id, "error": str(exc)}))
+        event = {"resume_cost": owed, "tasks_kept": sum(d is not None for stage in run.outputs for d in stage)}
+        if answered is not None:
+            part = bool(answered) and None in answered[-1]
+            event["resumed_after_stage"] = run.base + len(answered) - 1 - part
+        manager._launch(run, answered, **event)
     log.info(json.dumps({"event": "journal_recovered", "journal": str(manager.journal.path),
                          "finished": finished, "resumed": len(waiting)}))
     return finished, len(waiting)
+
+
+async def _restore(manager, rec: Record) -> AgentRun:
+    """A journaled agent as a run: its outputs, and (unless it has ended, or is a session waiting)
+    the process of its stages, or of its session's current turn, priced as journaled. One the
+    server cannot run now (a model with a shorter context) is failed, with why."""
+    spec = AgentSpec.model_validate(rec.spec)
+    client = Client(rec.owner, rec.tenant, rec.weight)
+    turns = session_turns(spec.stages, rec.predicted_cost, rec.turns) if spec.session else []
+    stages = [stage for turn in turns for stage in turn.stages] if turns else spec.stages
+    run = AgentRun(rec.agent_id, spec, None, rec.arrival_wall - manager.wall(0.0), None, rec.owner,
+                   outputs=[[rec.outputs.get((s, i)) for i in range(len(stage))] for s, stage in enumerate(stages)])
+    run.client, run.turns = client, turns
+    if spec.session and rec.status == "waiting":
+        run.status, run.waiting_wall = "waiting", rec.waiting_wall or manager.wall(manager.now())
+        return run
+    current = turns[-1] if turns else None
+    own = current.stages if current else list(spec.stages)
+    earlier = [[doc["output"] for doc in stage] for stage in run.outputs[:run.base]]
+    if rec.status not in TERMINAL or not spec.session:
+        try:
+            run.process, _, _ = await asyncio.to_thread(price_turn, manager.pricer, rec.agent_id, spec.type, own,
+                                                        client, earlier)
+        except SpecError:  # the server now runs a model with a shorter context: fail it, with why
+            run.process = AgentProcess(Agent(rec.agent_id, spec.type, 0.0, ((Task("", 1, 1),),)), manager.predictor,
+                                       KV)
+            rec.status, rec.error = "failed", rec.error or "the restarted server cannot fit its first stage."
+        run.process.predicted_cost = current.predicted_cost if current else rec.predicted_cost
+    return run
+
+
+def _answered(outputs: list[list[dict | None]], base: int) -> list[list[Answer | None]]:
+    """The answers kept from stage ``base`` on: the stages answered in full, then one answered in
+    part (if any); later stages' outputs are dropped (none can have run)."""
+    answered = []
+    for stage in outputs[base:]:
+        answered.append([None if d is None else Answer(d["output"], d["prompt_tokens"], d["output_tokens"],
+                                                       d["finish_reason"]) for d in stage])
+        if any(doc is None for doc in stage):
+            break
+    for s in range(base + len(answered), len(outputs)):
+        outputs[s] = [None] * len(outputs[s])
+    return answered

@@ -1,6 +1,6 @@
 """What a server keeps of each agent it runs (``AgentRun``: what it asked, where it is, what it
-produced) and the server's limits (``Settings``): the records the agent API, its recovery and its
-metrics share."""
+produced; a session's turns, ``Turn``) and the server's limits (``Settings``): the records the
+agent API, its recovery and its metrics share."""
 
 from __future__ import annotations
 
@@ -9,8 +9,10 @@ import time
 from dataclasses import dataclass, field
 
 from justitia.agent import AgentProcess
+from justitia.core import AGENT_IDLE_S
 from justitia.server.keys import ANONYMOUS, Client
 from justitia.server.schema import AgentSpec
+from justitia.workload import Stage
 
 TERMINAL = ("done", "failed", "cancelled")
 
@@ -35,10 +37,29 @@ class Settings:
     key_burst: int = 0  # the rate limit's burst (0: one second's worth, at least 1)
     max_requests_in_flight: int = 1024  # OpenAI requests in all (beyond: 503)
     max_streams_per_agent: int = 8  # open event streams of one agent
+    # a stage's pause_s, waited by the server: at most the engine's idle release, so that no agent is
+    # released while it waits (a session's pause inside a turn keeps its place for session_keep_s)
+    max_pause_s: float = AGENT_IDLE_S
+    session_keep_s: float = 600.0  # a waiting session not continued for this long ends (the core's SESSION_KEEP_S)
 
     @property
     def max_prompt_chars(self) -> int:
         return self.chars_per_context_token * self.max_model_len
+
+
+@dataclass
+class Turn:
+    """One turn of a session: its stages as submitted, where they begin among the session's, its
+    predicted cost (its first request's ``agent_cost``) and whether it is the last."""
+
+    stages: list[Stage]
+    first_stage: int
+    predicted_cost: float
+    last: bool = False
+
+    def doc(self) -> dict:
+        return {"first_stage": self.first_stage, "stages": len(self.stages), "predicted_cost": self.predicted_cost,
+                "last": self.last}
 
 
 @dataclass
@@ -47,7 +68,7 @@ class AgentRun:
 
     agent_id: str
     spec: AgentSpec
-    process: AgentProcess
+    process: AgentProcess | None  # (a session's current turn's; None for a session restored while waiting)
     arrival_s: float
     virtual_finish: float | None
     owner: str = ANONYMOUS.owner  # the key that submitted it (its owner id, not the key)
@@ -61,7 +82,29 @@ class AgentRun:
     streams: int = 0  # open event streams
     client: Client = ANONYMOUS  # who submitted it (owner, tenant, weight)
     cancelled_by_client: bool = False  # (a task cancelled otherwise is the server stopping)
-    first_ids: dict[int, list[int]] = field(default_factory=dict)  # the first stage's prompts, tokenized at submission
+    # the (current turn's) first stage's prompts, tokenized at submission: task -> (prompt, its token ids)
+    first_ids: dict[int, tuple[str, list[int]]] = field(default_factory=dict)
+    turns: list[Turn] = field(default_factory=list)  # a session's (an agent's: none)
+    turn_opened: bool = False  # a request of the current turn has gone out (the next does not say turn_start)
+    turn_ready: asyncio.Event = field(default_factory=asyncio.Event)  # a waiting session: a turn came, or its end
+    closed: bool = False  # a waiting session ended by its client with nothing more to send
+    waiting_wall: float | None = None  # a waiting session: the wall-clock time it began waiting
+
+    @property
+    def session(self) -> bool:
+        return self.spec.session
+
+    @property
+    def base(self) -> int:
+        """The session's number of the current turn's first stage (its process counts from 0)."""
+        return self.turns[-1].first_stage if self.turns else 0
+
+    @property
+    def predicted_cost(self) -> float | None:
+        """The agent's predicted cost; a session's, its turns' summed."""
+        if self.turns:
+            return sum(t.predicted_cost for t in self.turns)
+        return self.process.predicted_cost
 
     def emit(self, kind: str, **data) -> None:
         self.events.append({"event": kind, "agent_id": self.agent_id, "t_s": round(time.monotonic(), 6)} | data)
@@ -73,6 +116,6 @@ class AgentRun:
         return {
             "agent_id": self.agent_id, "type": self.spec.type, "status": self.status, "error": self.error,
             "arrival_s": self.arrival_s, "finish_s": self.finish_s, "jct_s": jct,
-            "predicted_cost": self.process.predicted_cost, "virtual_finish": self.virtual_finish,
+            "predicted_cost": self.predicted_cost, "virtual_finish": self.virtual_finish,
             "stages": self.outputs,
-        }
+        } | ({"session": True, "turns": [t.doc() for t in self.turns]} if self.session else {})
