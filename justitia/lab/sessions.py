@@ -71,13 +71,15 @@ def sessions_engine_summary(doc: dict) -> list[str]:
     """Per run: mean turn time on the engine and on the simulator, vLLM's and the simulator's
     prefix-cache hit rates, the bound; then Justitia's mean turn time against the others, with the
     paired bootstrap's 95 % intervals."""
-    lines = ["run                    engine turn s   sim turn s   sim error   vLLM hit   sim hit   sessions over bound"]
+    lines = ["run                    engine turn s   sim turn s   sim error   (at run speed)   vLLM hit   sim hit   "
+             "sessions over bound"]
+    nan = float("nan")
     for label, e in doc["policies"].items():
         over = f"{e['bound_violations']} of {len(e['agents'])}" if "bound_violations" in e else "-"
         hit, sim_hit = e.get("prefix_cache", {}).get("hit_rate"), e.get("sim_prefix_hit_rate")
-        lines.append(f"{label:22s} {e['mean_turn_s']:13.2f} {e.get('sim_mean_turn_s', float('nan')):12.2f} "
-                     f"{e.get('sim_turn_error', float('nan')):+10.1%} {'-' if hit is None else f'{hit:.1%}':>10s} "
-                     f"{'-' if sim_hit is None else f'{sim_hit:.1%}':>9s}   {over}")
+        lines.append(f"{label:22s} {e['mean_turn_s']:13.2f} {e.get('sim_mean_turn_s', nan):12.2f} "
+                     f"{e.get('sim_turn_error', nan):+10.1%} {e.get('sim_turn_error_at_run_speed', nan):+15.1%} "
+                     f"{'-' if hit is None else f'{hit:.1%}':>10s} {'-' if sim_hit is None else f'{sim_hit:.1%}':>9s}   {over}")
     for key, c in doc.get("turn_comparisons", {}).items():
         lo, hi = c["ci95"]
         lines.append(f"mean turn time {key.replace('_vs_', ' / ')}: {c['ratio']:.2f} (95 % interval {lo:.2f}-{hi:.2f}, "

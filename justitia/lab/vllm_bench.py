@@ -306,6 +306,9 @@ def _judge_against_simulator(entry: dict, spec: RunSpec, agents: list[Agent], co
             entry["run_speed_per_repeat"] = speeds
             at_speed = float(np.mean([sim_mean_jct(spec, s) for s in speeds]))
             entry["sim_error_at_run_speed"] = at_speed / entry["mean_jct_s"] - 1
+            if "mean_turn_s" in entry:
+                at_speed = float(np.mean([turn_stats(sim_run(spec, s).agents)["mean_turn_s"] for s in speeds]))
+                entry["sim_turn_error_at_run_speed"] = at_speed / entry["mean_turn_s"] - 1
     entry["sim_mean_jct_s"] = sim_mean
     entry["sim_error"] = sim_mean / entry["mean_jct_s"] - 1
     if "mean_turn_s" in entry:  # sessions: the turn time at the speeds the JCT was predicted at
