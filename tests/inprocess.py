@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import threading
 import time
@@ -111,3 +112,23 @@ class RecordingBackend(Backend):
 
     def alive(self):
         return not self.dead
+
+
+@contextlib.contextmanager
+def door_app(tmp_path, keys: str):
+    """The front end's app in process over a ``RecordingBackend`` (``client.backend``), with the
+    key file ``keys`` (one key per line, as ``KeyRing`` reads it)."""
+    from fastapi.testclient import TestClient
+
+    from justitia.predictors import make_predictor
+    from justitia.server.app import Settings, create_app
+    from justitia.server.keys import KeyRing
+
+    path = tmp_path / "keys.txt"
+    path.write_text(keys)
+    backend = RecordingBackend()
+    application = create_app(backend, WordTokenizer(chat=True), Settings(max_model_len=512, key_requests_in_flight=10),
+                             make_predictor("oracle"), KeyRing.load(None, path))
+    with TestClient(application) as client:
+        client.backend = backend
+        yield client

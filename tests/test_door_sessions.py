@@ -6,15 +6,11 @@ app in process, over a backend that records what reaches it; no engine)."""
 from __future__ import annotations
 
 import pytest
-from fastapi.testclient import TestClient
 
-from inprocess import RecordingBackend, WordTokenizer
+from inprocess import door_app
 from justitia.core.book import SESSION_KEEP_S
 from justitia.defaults import policy_settings
-from justitia.predictors import make_predictor
-from justitia.server.app import Settings, create_app
 from justitia.server.identity import SESSION_SOURCES, SOURCES, opens_turn
-from justitia.server.keys import KeyRing
 
 KEY = "sk-door-sessions-a"
 AUTH = {"Authorization": f"Bearer {KEY}"}
@@ -43,13 +39,7 @@ BODIES = {
 
 @pytest.fixture
 def app(tmp_path):
-    keys = tmp_path / "keys.txt"
-    keys.write_text(f"{KEY}\n")
-    backend = RecordingBackend()
-    application = create_app(backend, WordTokenizer(chat=True), Settings(max_model_len=512, key_requests_in_flight=10),
-                             make_predictor("oracle"), KeyRing.load(None, keys))
-    with TestClient(application) as client:
-        client.backend = backend
+    with door_app(tmp_path, f"{KEY}\n") as client:
         yield client
 
 

@@ -10,13 +10,9 @@ import threading
 
 import httpx
 import pytest
-from fastapi.testclient import TestClient
 
-from inprocess import RecordingBackend, WordTokenizer
-from justitia.predictors import make_predictor
-from justitia.server.app import Settings, create_app
+from inprocess import door_app
 from justitia.server.identity import SOURCES, IdentityError, identify
-from justitia.server.keys import KeyRing
 
 A, B = "sk-identity-a", "sk-identity-b"
 CHAT = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
@@ -28,13 +24,7 @@ def auth(key: str) -> dict:
 
 @pytest.fixture
 def app(tmp_path):
-    keys = tmp_path / "keys.txt"
-    keys.write_text(f"{A} team-a 2\n{B}\n")
-    backend = RecordingBackend()
-    application = create_app(backend, WordTokenizer(chat=True), Settings(max_model_len=512, key_requests_in_flight=10),
-                             make_predictor("oracle"), KeyRing.load(None, keys))
-    with TestClient(application) as client:
-        client.backend = backend
+    with door_app(tmp_path, f"{A} team-a 2\n{B}\n") as client:
         yield client
 
 

@@ -18,7 +18,7 @@ import time
 import uuid
 from dataclasses import replace
 
-from justitia.agent import AgentProcess, Answer, Call, drive
+from justitia.agent import Answer, Call, drive
 from justitia.predictors import Predictor
 from justitia.backends.base import Backend, BackendInterrupted, Sampling
 from justitia.server.door import Sessions
