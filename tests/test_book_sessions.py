@@ -88,3 +88,18 @@ def test_a_session_is_kept_across_pauses_until_its_keep_time_then_released():
     assert b.sweep(10.0) == ["plain"]  # a plain agent goes after its idle time
     assert b.agent("s") is not None and b.sweep(40.0) == []
     assert b.sweep(51.0) == ["s"] and b.agent("s") is None
+
+
+def test_a_front_end_clock_keeps_sessions_as_long_as_the_plug_in_is_told(monkeypatch):
+    from justitia.backends.tagging import TaggingBackend
+
+    class Front(TaggingBackend):  # the clock alone: --upstream's and --ray's, without their engines
+        generate = unfinished = None
+
+    monkeypatch.setenv("JUSTITIA_SESSION_KEEP_S", "42")
+    front = Front()
+    front._start_clock("justitia", M, 60.0, True)
+    assert front.book.session_keep_s == 42.0
+    monkeypatch.setenv("JUSTITIA_SESSION_KEEP_S", "soon")
+    with pytest.raises(ValueError, match="JUSTITIA_SESSION_KEEP_S"):
+        Front()._start_clock("justitia", M, 60.0, True)

@@ -20,6 +20,7 @@ import time
 
 from justitia.core import KV, AgentBook, PolicyState, RequestInfo, RequestMeta
 from justitia.backends.base import Backend
+from justitia.defaults import policy_settings
 
 log = logging.getLogger("justitia.server")
 
@@ -29,8 +30,10 @@ class TaggingBackend(Backend):
 
     def _start_clock(self, policy: str, capacity: float, idle_release_s: float, retag: bool,
                      measure_every_s: float | None = None, kv_tokens: int | None = None) -> None:
-        """The book and the clock's time origin (``AgentBook.tagging``'s arguments)."""
+        """The book and the clock's time origin (``AgentBook.tagging``'s arguments; sessions are kept
+        for ``JUSTITIA_SESSION_KEEP_S``, as in the plug-in)."""
         self.book = AgentBook.tagging(policy, capacity, KV, idle_release_s, log, retag, measure_every_s, kv_tokens)
+        self.book.session_keep_s = policy_settings().session_keep_s
         self.t0 = time.monotonic()
 
     def now(self) -> float:
