@@ -90,10 +90,11 @@ def step_delivered(requests: Mapping[str, Any], scheduled: Mapping[str, int], ah
 
 
 def step_charges(requests: Mapping[str, Any], scheduled: Mapping[str, int], info_of: Callable[[str], Any],
-                 ahead: int = 0) -> dict[str, list]:
+                 ahead: int = 0, each: dict | None = None) -> dict[str, list]:
     """One step's service per agent (``step_delivered``'s arguments, and ``info_of``, a request id's
     info or None, which names its agent), ``agent_id -> [a request's info, prefill, decode, kv]``:
-    ``Charge.step_tokens`` of its scheduled requests added up, so that each agent is charged once."""
+    ``Charge.step_tokens`` of its scheduled requests added up, so that each agent is charged once.
+    ``each``, if given, gets every charged request's ``request id -> (agent id, kv, decode)``."""
     per_agent: dict[str, list] = {}
     get_info, get_request = info_of, requests.get
     for request_id, n in scheduled.items():
@@ -108,6 +109,8 @@ def step_charges(requests: Mapping[str, Any], scheduled: Mapping[str, int], info
             p, d = 0, 1
         else:
             p, d = n, int(held == seq)
+        if each is not None:
+            each[request_id] = (info.agent_id, held, d)
         total = per_agent.get(info.agent_id)
         if total is None:
             per_agent[info.agent_id] = [info, p, d, held]
@@ -181,27 +184,17 @@ def prefix_step_charges(requests: Mapping[str, Any], scheduled: Mapping[str, int
     several, is paid for once, split evenly. With nothing shared it is ``step_charges``'s result,
     untouched. Also returns what that takes off the KV tokens ``step_delivered`` reads (the
     requests that sample this step), so a meter reads the step's service as it was charged."""
-    per_agent = step_charges(requests, scheduled, info_of, ahead)
-    if len(scheduled) < 2:
+    each: dict = {}  # request id -> (agent id, kv held, whether it samples), from the one walk
+    per_agent = step_charges(requests, scheduled, info_of, ahead, each)
+    if len(each) < 2:
         return per_agent, 0
-    get, held, agent_of, samples = requests.get, {}, {}, set()
-    for request_id, n in scheduled.items():
-        info = info_of(request_id)
-        request = get(request_id)
-        if info is None or request is None:
-            continue
-        tokens, seq = request.num_computed_tokens, request.num_tokens
-        held[request_id] = tokens
-        agent_of[request_id] = info.agent_id
-        if ahead:  # as step_charges reads it
-            seq += request.num_output_placeholders - (0 if request.is_prefill_chunk else ahead)
-        if tokens == seq or (tokens - n == seq - 1 and seq > request.num_prompt_tokens):
-            samples.add(request_id)
+    held = {r: kv for r, (_, kv, _) in each.items()}
     saved = shared_kv_savings({r: blocks_of(r) for r in held}, held, block_size, never_shared)
     metered = 0
     for request_id, off in saved.items():
-        per_agent[agent_of[request_id]][3] -= off
-        if request_id in samples:
+        agent_id, _, samples = each[request_id]
+        per_agent[agent_id][3] -= off
+        if samples:
             metered += off
     return per_agent, metered
 
