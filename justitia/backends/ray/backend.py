@@ -207,13 +207,16 @@ class RayBackend(TaggingBackend):
                     if streamed:
                         self.interrupted += 1
                         raise BackendInterrupted(f"request {request_id}: its replica failed midway ({reason}).") from exc
+                    late = BackendError(f"request {request_id}: no live replica could serve it before its "
+                                        f"deadline ({attempt + 1} tries; last: {reason}).")
                     if time.monotonic() + wait > deadline:
-                        raise BackendError(f"request {request_id}: no live replica could serve it before its "
-                                           f"deadline ({attempt + 1} tries; last: {reason}).") from exc
-                    self.retried += 1
+                        raise late from exc
                     log.warning(json.dumps({"event": "replica_failed", "request_id": request_id, "error": reason,
                                             "action": "send again", "in_s": wait}))
                     await asyncio.sleep(wait)
+                    if time.monotonic() > deadline:  # the wait overran it: no send after the deadline
+                        raise late from exc
+                    self.retried += 1
                     wait, attempt = min(2 * wait, RETRY_MAX_S), attempt + 1
                 finally:
                     stream.cancel()  # a closed generator (a cancelled request) aborts it in the replica
