@@ -63,10 +63,14 @@ class Server:
         except subprocess.TimeoutExpired:
             self.proc.kill()
         self._out.close()
-        time.sleep(2)
-        left = [p for p in children if os.path.exists(f"/proc/{p}")]
+        deadline = time.time() + 15  # vLLM's children stop on their own once it has: on a busy machine, seconds later
+        while (left := [p for p in children if running(p)]) and time.time() < deadline:
+            time.sleep(0.2)
         for p in left:
-            os.kill(p, 9)
+            try:
+                os.kill(p, 9)
+            except ProcessLookupError:  # it stopped after all
+                pass
         if check:
             assert (children or not spawns) and not left, f"processes outlived {self.proc.args[:4]}: {left}"
 

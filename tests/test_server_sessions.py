@@ -158,6 +158,17 @@ def test_a_session_ends_by_its_client_or_after_its_keep_time_and_is_released(sta
     assert turn(app, left, {"stages": [[TASK]]}).status_code == 409
 
 
+def test_a_stopping_server_waits_for_working_agents_not_for_sessions_waiting_for_their_client(start):
+    app = start(journal=False)
+    agent_id = session(app, [[TASK]])
+    until(app, agent_id, "waiting")
+    assert app.manager.in_flight() == 1 and app.manager.working() == 0  # a drain (serve's SIGTERM) ends at once
+    app.backend.hold = 0  # a plain agent whose requests the engine holds: a drain waits for it
+    plain = app.post("/v1/agents", json={"stages": [[TASK]]}, headers=auth(A)).json()["agent_id"]
+    until(app, plain, "running")
+    assert app.manager.in_flight() == 2 and app.manager.working() == 1
+
+
 # ------------------------------------------------------------------------------ bad input
 @pytest.mark.parametrize("stage, status, words", [
     ({"tasks": [TASK], "pause_s": -1}, 422, "field 'stages[1].pause_s'"),

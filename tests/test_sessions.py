@@ -475,3 +475,26 @@ def test_a_session_call_s_prompt_is_its_context_as_text_then_its_own():
     assert t1.prompt == t0.prompt + "the first answer" + "tool said"  # the conversation so far, then the new text
     other = AgentProcess(session("u"), OraclePredictor()).start()[0]
     assert other.prompt.startswith(system)  # another session's prompt begins with the same system text
+
+
+def test_the_engine_presets_rate_sweep_shows_ordering_pays_only_once_sessions_queue():
+    """``lab.sessions_rates``, how the sessions-engine preset's rate was chosen: each policy's mean
+    turn time per seed; at a rate the engine keeps up with, Justitia buys nothing over VTC, and at
+    the preset's rate, where sessions queue, it does."""
+    from justitia.lab.presets import CPU_BLOCK_SIZE, ENGINE_OPTIONS
+    from justitia.lab.sessions import SESSIONS_ENGINE_RATE_PER_S
+    from justitia.lab.sessions_rates import POLICIES, rate_table
+    from justitia.lab.vllm_bench import engine_config
+    from justitia.sim import LatencyProfile
+    from justitia.vllm.engine import EngineSpec
+
+    # the tiny model's steps on this machine as the recorded bench calibrated them (rounded)
+    profile = LatencyProfile(name="tiny-cpu", floor_ms=0.0, base_ms=1.85, per_batched_token_ms=0.015,
+                             per_context_token_ms=3e-5, scale=1.0, kv_blocks=23,
+                             source="rounded from a sessions-engine calibration", block_size=CPU_BLOCK_SIZE)
+    config = engine_config(profile, EngineSpec(**ENGINE_OPTIONS), CPU_BLOCK_SIZE)
+    light, dense = rate_table(config, [1.0, SESSIONS_ENGINE_RATE_PER_S], seeds=1)
+    assert set(light["mean_turn_s"]) == set(POLICIES) and all(len(v) == 1 for v in light["mean_turn_s"].values())
+    ratio = {row["rate_per_s"]: row["mean_turn_s"]["justitia"][0] / row["mean_turn_s"]["vtc"][0] for row in (light, dense)}
+    assert ratio[1.0] > 0.9 and ratio[SESSIONS_ENGINE_RATE_PER_S] < 0.7, ratio
+    assert dense["mean_turn_s"]["vtc"][0] > 2 * light["mean_turn_s"]["vtc"][0]  # queueing dominates there

@@ -79,6 +79,12 @@ class AgentManager:
         """Agents submitted and not ended, and those being accepted now (``admitting``)."""
         return sum(self.owner_agents.values()) + sum(self.admitting.values())
 
+    def working(self) -> int:
+        """Agents in flight less the sessions waiting for their client (``server.turns``): what a
+        stopping server waits for. A waiting session is journaled as waiting; the next start
+        keeps it waiting for its next turn (``recovery``), so a drain need not wait for it."""
+        return self.in_flight() - sum(run.status == "waiting" for run in self.agents.values())
+
     def owner_in_flight(self, owner: str) -> int:
         return self.owner_agents.get(owner, 0) + self.admitting.get(owner, 0)
 

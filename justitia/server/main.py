@@ -278,17 +278,19 @@ async def serve(settings: ServeSettings, ready: asyncio.Event | None = None) -> 
         loop = asyncio.get_running_loop()
         status = 0
 
-        async def drain():  # stop taking agents; wait for those in flight, up to drain_s; then stop
+        async def drain():  # stop taking agents; wait for those working (not a waiting session), up to drain_s
             manager.draining = True
             deadline = loop.time() + drain_s
-            while manager.in_flight() and loop.time() < deadline:
+            while manager.working() and loop.time() < deadline:
                 await asyncio.sleep(0.1)
             server.should_exit = True
 
         def stop():
             if not manager.draining:
-                print(f"justitia serve: stopping: {manager.in_flight()} agent(s) in flight, waiting up to "
-                      f"{drain_s:g} s", flush=True)
+                waiting = manager.in_flight() - manager.working()
+                print(f"justitia serve: stopping: {manager.working()} agent(s) in flight, waiting up to {drain_s:g} s"
+                      + (f"; {waiting} session(s) waiting for their client, kept by the journal" if waiting else ""),
+                      flush=True)
                 loop.create_task(drain())
             else:  # a second signal: stop now
                 server.should_exit = True
