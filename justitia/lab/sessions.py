@@ -34,13 +34,14 @@ TAG_EVICTION_LABEL = "justitia@tag-eviction"  # KV kept across tool pauses: evic
 
 
 # sessions-engine: the same generator sized for the tiny model on a 2-core CPU (vLLM's CPU backend,
-# KV blocks of 128 tokens). Tuned on the simulator at the engine preset's calibrated profile so that
-# queueing dominates a turn (each policy's run about 40 s): token lengths / 16 as on the simulator's
-# preset, every call within 60 % of the engine's 2,944-token KV cache (and its 2,048-token context);
-# tool pauses and think times / 20, or a run would last as long as its users think (minutes);
-# 100 sessions at 8 a second, where the simulator's Justitia / VTC in mean turn time stops falling
-# with the rate (``python -m justitia.lab.sessions_rates``; docs/results.md). The first recorded
-# runs were at 5 a second, where it is 0.56-0.63 from one seed to the next.
+# KV blocks of 128 tokens), sized on the simulator so that queueing dominates a turn (each policy's
+# run about 40 s): token lengths / 16 as on the simulator's preset, every call within 60 % of the
+# engine's 2,944-token KV cache (and its 2,048-token context); tool pauses and think times / 20, or
+# a run would last as long as its users think (minutes); 100 sessions at 8 a second, where the
+# simulator's Justitia / VTC in mean turn time stops falling with the rate, at the profile the
+# engine was calibrated to (``python -m justitia.lab.sessions_rates``; docs/results.md). The first
+# recorded runs were at 5 a second, chosen at the engine preset's older, slower profile: at the
+# engine's own, 0.68-0.76 from one seed to the next there.
 SESSIONS_ENGINE_N, SESSIONS_ENGINE_RATE_PER_S = 100, 8.0
 SESSIONS_ENGINE_SCALE, SESSIONS_ENGINE_TIME_SCALE, SESSIONS_ENGINE_FRACTION = 16, 20, 0.6
 SESSIONS_ENGINE_POLICIES = ("fcfs", "vtc", "las", "justitia")
