@@ -9,7 +9,7 @@ from collections import defaultdict
 import pytest
 from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 
-from justitia.core import REGISTER, RESET, ControlCall
+from justitia.core import REGISTER, RESET, RETIRE, ControlCall
 from justitia.vllm.plugin import JustitiaScheduler, StepLogScheduler, check_version
 from justitia.vllm.steplog import read_step_log
 from vllm_scheduler import Driver, make_scheduler, request
@@ -160,3 +160,21 @@ def test_an_agent_charged_beyond_its_price_loses_its_place_on_both_paths(async_s
         order[retag] = driver.admitted
     assert order["1"] == ["trojan-1", "honest-1", "trojan-2"]
     assert order["0"] == ["trojan-1", "trojan-2", "honest-1"]  # the price alone would have kept its place
+
+
+def test_a_session_registered_through_the_control_channel_pauses_and_returns(monkeypatch):
+    """``register`` with ``session`` (the agent API registers each turn of a session ahead): the
+    plug-in's book keeps it as a session, so a pause settles it and a second registration returns
+    it at its next turn's price; an agent registered without it, or with a flag that is not true,
+    is a plain agent, which a pause leaves alone."""
+    monkeypatch.setenv("JUSTITIA_POLICY", "justitia")
+    scheduler = make_scheduler(JustitiaScheduler, True)
+    first = scheduler.control(ControlCall(REGISTER, {"agent_id": "s", "predicted_cost": 100.0, "session": True}))
+    assert scheduler.control(ControlCall(RETIRE, {"agent_id": "s", "pause": True}))  # settled now: nothing open
+    assert scheduler.book.agent("s").paused
+    again = scheduler.control(ControlCall(REGISTER, {"agent_id": "s", "predicted_cost": 50.0, "session": True}))
+    assert first is not None and again is not None and not scheduler.book.agent("s").paused
+    for agent_id, extra in (("plain", {}), ("flagged", {"session": "yes"})):
+        scheduler.control(ControlCall(REGISTER, {"agent_id": agent_id, "predicted_cost": 10.0} | extra))
+        assert not scheduler.control(ControlCall(RETIRE, {"agent_id": agent_id, "pause": True}))
+        assert not scheduler.book.agent(agent_id).paused

@@ -55,8 +55,9 @@ class ClocklessBackend(Backend):
     def generate(self, prompt, params, request_id):
         raise BackendError("no engine here")
 
-    async def register(self, agent_id, agent_type, predicted_cost, weight=1.0, tenant=None, resume_cost=None):
-        self.book.register(agent_id, agent_type, predicted_cost, 0.0, weight, tenant, resume_cost)
+    async def register(self, agent_id, agent_type, predicted_cost, weight=1.0, tenant=None, resume_cost=None,
+                       session=False):
+        self.book.register(agent_id, agent_type, predicted_cost, 0.0, weight, tenant, resume_cost, session)
         return self.book.virtual_finish(agent_id)
 
     async def retire(self, agent_id, pause=False):

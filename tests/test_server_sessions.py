@@ -12,6 +12,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from inprocess import RecordingBackend, WordTokenizer, settle
+from justitia.backends import BackendError
 from justitia.core.book import SESSION_KEEP_S
 from justitia.predictors import make_predictor
 from justitia.server.app import Settings, create_app
@@ -36,6 +37,7 @@ class SessionBackend(RecordingBackend):
         self.arrivals: list[tuple[str, float, bool]] = []  # (request id, time, its agent paused before it)
         self.retired: list[tuple[str, bool]] = []
         self.hold: int | None = None
+        self.pause_fails = False
 
     async def generate(self, prompt, params, request_id):
         agent_id, stage = request_id.split("/")[0], int(request_id.split("/")[1])
@@ -48,6 +50,8 @@ class SessionBackend(RecordingBackend):
 
     async def retire(self, agent_id, pause=False):
         self.retired.append((agent_id, pause))
+        if pause and self.pause_fails:
+            raise BackendError("the engine did not answer")
         await super().retire(agent_id, pause)
 
 
@@ -104,12 +108,14 @@ def stop(client, agent_id):
 
 
 # ------------------------------------------------------------------------------ one flow
-def test_a_sessions_turns_run_as_one_flow_paused_between_them_and_returned_with_turn_start(start):
+def test_a_sessions_turns_are_registered_ahead_as_one_flow_paused_between_them(start):
     app = start(journal=False)
     agent_id = session(app, [[TASK, TASK]])
     doc = until(app, agent_id, "waiting")
     assert doc["session"] and [t["stages"] for t in doc["turns"]] == [1]
-    assert app.backend.registered == []  # not registered ahead: its requests make it a session in the book
+    assert app.backend.registered == [(agent_id, 1.0, "team-a")]  # registered ahead, as a session
+    first_tag = doc["virtual_finish"]
+    assert first_tag == pytest.approx(doc["turns"][0]["predicted_cost"])  # V = 0 here: f = C
     assert app.backend.retired == [(agent_id, True)] and app.backend.book.agent(agent_id).paused
     assert app.backend.book.state(0.0).agents == 1  # kept while it waits
 
@@ -120,16 +126,34 @@ def test_a_sessions_turns_run_as_one_flow_paused_between_them_and_returned_with_
     assert doc["status"] == "done" and [len(s) for s in doc["stages"]] == [2, 1, 1]
     assert doc["stages"][1][0]["prompt_tokens"] == 4  # "tool said: ok ok": an earlier turn's outputs quoted
     assert doc["predicted_cost"] == pytest.approx(sum(t["predicted_cost"] for t in doc["turns"]))
-
+    # registered again, it returned at its next turn's price: the fake engine's clock stands still
+    # (V = 0, GPS served nothing), so the pause settled it at its start and f = max(V, f) + C = C;
+    # had the engine still held it open, its tag would have stayed the first turn's
     metas = app.backend.metas
+    assert len(app.backend.registered) == 2
+    assert doc["virtual_finish"] == pytest.approx(doc["turns"][1]["predicted_cost"]) != first_tag
     assert all(m.session and m.agent_id == agent_id for m in metas)
-    assert [m.turn_start for m in metas] == [True, False, True, False]  # each turn's first request
+    assert not any(m.turn_start for m in metas)  # each turn was opened by its registration
     assert [m.agent_done for m in metas] == [False, False, False, True]  # only the last turn's last stage
-    assert metas[2].agent_cost == pytest.approx(doc["turns"][1]["predicted_cost"])  # the turn's price
-    # the same flow: its next turn's first request found it paused, and returned it
-    assert [paused for _, _, paused in app.backend.arrivals] == [False, False, True, False]
+    assert not any(paused for _, _, paused in app.backend.arrivals)  # returned before its requests came
     assert app.backend.book.agent(agent_id) is None  # released by its agent_done
     assert app.backend.book.state(0.0).agents == 0
+
+
+def test_a_turn_the_engine_could_not_pause_before_is_opened_by_its_first_request(start):
+    app = start(journal=False)
+    app.backend.pause_fails = True
+    agent_id = session(app, [[TASK]])
+    until(app, agent_id, "waiting")
+    assert not app.backend.book.agent(agent_id).paused  # the pause failed: the engine may hold it open
+    assert turn(app, agent_id, {"stages": [[TASK]], "last": True}).status_code == 202
+    doc = settle(app, agent_id, A)
+    assert doc["status"] == "done" and len(app.backend.registered) == 1  # its second turn: not registered
+    metas = app.backend.metas
+    assert [m.turn_start for m in metas] == [False, True]  # so its first request opens it, at its price
+    assert metas[1].agent_cost == pytest.approx(doc["turns"][1]["predicted_cost"])
+    assert [paused for _, _, paused in app.backend.arrivals] == [False, False]
+    assert app.backend.book.agent(agent_id) is None
 
 
 def test_the_server_waits_each_stages_pause_before_sending_it(start):
@@ -244,7 +268,9 @@ def test_a_waiting_session_survives_a_restart_and_can_be_continued(start, tmp_pa
     assert r.status_code == 202, r.text
     doc = settle(second, agent_id, A)
     assert doc["status"] == "done" and doc["stages"][1][0]["prompt_tokens"] == 5  # "tool said: ok ok ok"
-    assert [m.turn_start for m in second.backend.metas] == [True]  # only the new turn reached the engine
+    assert len(second.backend.metas) == 1  # only the new turn reached the engine
+    assert second.backend.registered == [(agent_id, 1.0, "team-a")]  # registered there as it came
+    assert not second.backend.metas[0].turn_start
 
     third = start()  # the finished session answers the same after another restart
     assert third.portal.call(third.manager.recover) == (1, 0)
@@ -274,5 +300,9 @@ def test_a_running_turn_resumes_after_a_restart_from_its_first_stage_not_fully_a
     assert doc["stages"][2][0]["prompt_tokens"] == 2  # "then ok": its turn's earlier stage, kept, quoted
     assert [rid for rid, _, _ in second.backend.arrivals] == [f"{agent_id}/2/0"]  # only what was not answered
     meta, = second.backend.metas
-    assert meta.session and meta.turn_start and meta.agent_done
-    assert second.backend.registered == [] and second.backend.book.agent(agent_id) is None
+    assert meta.session and meta.agent_done and not meta.turn_start  # its turn was registered at the start
+    assert second.backend.registered == [(agent_id, 1.0, "team-a")] and second.backend.book.agent(agent_id) is None
+    # what GPS still owed it, priced at its running turn's cost (not its first turn's): all of it
+    # here, as the first server's clock stood still (V = 0)
+    assert doc["turns"][0]["predicted_cost"] < doc["turns"][1]["predicted_cost"]
+    assert doc["virtual_finish"] == pytest.approx(doc["turns"][1]["predicted_cost"])

@@ -98,11 +98,14 @@ class Backend(ABC):
 
     @abstractmethod
     async def register(self, agent_id: str, agent_type: str, predicted_cost: float, weight: float = 1.0,
-                       tenant: str | None = None, resume_cost: float | None = None) -> float | None:
+                       tenant: str | None = None, resume_cost: float | None = None,
+                       session: bool = False) -> float | None:
         """Register an agent (of ``weight``, in ``tenant``: hierarchical GPS) with the policy that orders the
         engine, ahead of its requests; its virtual finish tag (None under a policy without a clock).
         ``resume_cost``: an agent resumed from the journal, with this much still owed by GPS
-        (``AgentScheduler.agent_arrived``)."""
+        (``AgentScheduler.agent_arrived``). ``session``: a session, kept across its pauses; one
+        paused between turns, registered again, returns with ``predicted_cost`` its next turn's
+        price (``AgentBook.register``)."""
 
     @abstractmethod
     async def retire(self, agent_id: str, pause: bool = False) -> None:

@@ -41,10 +41,11 @@ class EngineBackend(Backend):
             yield output_of(out)
 
     async def register(self, agent_id: str, agent_type: str, predicted_cost: float, weight: float = 1.0,
-                       tenant: str | None = None, resume_cost: float | None = None) -> float | None:
+                       tenant: str | None = None, resume_cost: float | None = None,
+                       session: bool = False) -> float | None:
         """Register the agent in the plug-in; the tag its clock stamped."""
         args = {"agent_id": agent_id, "agent_type": agent_type, "predicted_cost": predicted_cost, "weight": weight,
-                "tenant": tenant, "resume_cost": resume_cost}
+                "tenant": tenant, "resume_cost": resume_cost, "session": session}
         return await control(self.llm, ControlCall(REGISTER, args))
 
     async def retire(self, agent_id: str, pause: bool = False) -> None:

@@ -44,11 +44,12 @@ class TaggingBackend(Backend):
         """An agent is about to be registered (or tagged for the first time) at ``now_s``."""
 
     async def register(self, agent_id: str, agent_type: str, predicted_cost: float, weight: float = 1.0,
-                       tenant: str | None = None, resume_cost: float | None = None) -> float | None:
+                       tenant: str | None = None, resume_cost: float | None = None,
+                       session: bool = False) -> float | None:
         """Register the agent with the clock here; its tag."""
         now = self.now()
         self._arriving(agent_id, now)
-        self.book.register(agent_id, agent_type, predicted_cost, now, weight, tenant, resume_cost)
+        self.book.register(agent_id, agent_type, predicted_cost, now, weight, tenant, resume_cost, session)
         return self.book.virtual_finish(agent_id)
 
     async def retire(self, agent_id: str, pause: bool = False) -> None:

@@ -141,8 +141,9 @@ VERBS = (REGISTER, RETIRE, STATE, RESET)
 class ControlCall:
     """One call into the plug-in: a verb and its arguments (plain JSON values).
 
-    ``register``: ``agent_id``, ``agent_type``, ``predicted_cost`` -> the agent's virtual finish
-    tag (None under a policy without a clock); ``retire``: ``agent_id`` -> whether it was released now (else: when its last open request ends),
+    ``register``: ``agent_id``, ``agent_type``, ``predicted_cost`` (and ``weight``, ``tenant``,
+    ``resume_cost``, ``session``: ``AgentBook.register``'s) -> the agent's virtual finish tag (None
+    under a policy without a clock); ``retire``: ``agent_id`` -> whether it was released now (else: when its last open request ends),
     or with ``pause`` true: a session paused between bursts, settled now or when its last open request ends;
     ``state`` -> ``PolicyState.to_json()``; ``reset``: ``policy``, ``cost``,
     ``capacity_per_s``, ``measure_capacity``, ``retag``, ``step_log`` (a CSV path or None) -> whether the idle

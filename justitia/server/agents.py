@@ -160,10 +160,10 @@ class AgentManager:
         run = AgentRun(agent_id, spec, process, arrival, None, client.owner,
                        outputs=[[None] * len(stage) for stage in spec.stages])
         run.client, run.first_ids = client, first
-        if spec.session:  # its requests make it a session in the engine (server.turns): not registered
-            run.turns, v = [Turn(list(spec.stages), 0, predicted)], None
-        else:
-            v = await self._register(run)  # refused: nothing journaled, its Idempotency-Key free (submit)
+        if spec.session:  # registered as a session: kept across its pauses, each turn registered (server.turns)
+            run.turns = [Turn(list(spec.stages), 0, predicted)]
+        v = await self._register(run)  # refused: nothing journaled, its Idempotency-Key free (submit)
+        run.turn_opened = spec.session  # its first request need not open the turn
         if self.journal is not None:  # committed before the 202: accepted work survives a crash
             try:
                 await self.journal.accept(Record(agent_id, client.owner, client.tenant, client.weight,
@@ -183,9 +183,11 @@ class AgentManager:
         a lower bound on ``V`` when the server stops is all it needs), read again alongside the
         registration (a control call more, at once) when the last reading is older than
         ``V_READ_EVERY_S``; None under a policy without a clock. ``resume_cost``: what GPS still
-        owed a resumed agent (``Backend.register``)."""
+        owed a resumed agent (``Backend.register``). A session's is its current turn's (``server.turns``)."""
         client = run.client
         extra = {"resume_cost": resume_cost} if resume_cost is not None else {}
+        if run.session:
+            extra["session"] = True
         register = self.backend.register(run.agent_id, run.spec.type, run.process.predicted_cost, client.weight,
                                          client.tenant, **extra)
         now = self.now()
@@ -249,7 +251,7 @@ class AgentManager:
                             f"max_tokens {task.max_tokens} exceed the model's context of "
                             f"{self.settings.max_model_len} tokens.")
         meta = call.meta
-        if run.session:  # its turn's first request opens a burst at the turn's price; only the last turn ends it
+        if run.session:  # a turn not registered ahead: its first request opens it at its price; the last turn ends it
             meta = replace(meta, session=True, turn_start=not run.turn_opened,
                            agent_done=meta.agent_done and run.turns[-1].last)
             run.turn_opened = True

@@ -1,7 +1,8 @@
 """A server's restart: the journal reloaded (``AgentManager.recover``). Finished agents answer as
 before; unfinished ones run again from their first stage not fully answered, same id and owner,
 registered again in their old tags' order with what GPS still owed them (``journal.resume_order``);
-a session waits again, or runs its current turn again (``server.turns``).
+a session waits again (its next turn is registered when it comes), or runs its current turn again,
+registered so, its price the turn's (``server.turns``).
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+from dataclasses import replace
 
 from justitia.agent import AgentProcess, Answer
 from justitia.core import KV
@@ -28,8 +30,8 @@ async def recover(manager) -> tuple[int, int]:
     their old tags' order with what GPS still owed them (``journal.resume_order``): before
     every agent that arrives from now on with their cost and weight. A waiting session waits
     again (its keep time counted from when it began); a running one runs its turn again from its
-    first stage not fully answered (unregistered, as sessions are: ``server.turns``). (finished,
-    resumed)."""
+    first stage not fully answered, registered as the agents are with what GPS still owed its
+    turn (``server.turns``). (finished, resumed)."""
     if manager.journal is None:
         return 0, 0
     finished = 0
@@ -51,10 +53,14 @@ async def recover(manager) -> tuple[int, int]:
             finished += 1
             continue
         waiting[rec.agent_id] = run, None if run.status == "waiting" else _answered(run.outputs, run.base)
-    for rec, owed in resume_order(records):  # in their old order, each registered before the next
+    # a session's cost, to what GPS owed it, is its current turn's (its tag is that turn's)
+    priced = [replace(rec, predicted_cost=waiting[rec.agent_id][0].turns[-1].predicted_cost)
+              if rec.agent_id in waiting and waiting[rec.agent_id][0].turns else rec for rec in records]
+    for rec, owed in resume_order(priced):  # in their old order, each registered before the next
         run, answered = waiting[rec.agent_id]
-        if not run.session:
+        if run.status != "waiting":  # (a waiting session's next turn registers it)
             v = await manager._register(run, owed)
+            run.turn_opened = run.session
             try:  # its stamps in this run's clock, for a later restart
                 await manager.journal.stamped(run.agent_id, run.virtual_finish, v)
             except Exception as exc:  # noqa: BLE001  (its old stamps stay: a later restart places it by them)

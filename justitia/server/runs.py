@@ -85,7 +85,10 @@ class AgentRun:
     # the (current turn's) first stage's prompts, tokenized at submission: task -> (prompt, its token ids)
     first_ids: dict[int, tuple[str, list[int]]] = field(default_factory=dict)
     turns: list[Turn] = field(default_factory=list)  # a session's (an agent's: none)
-    turn_opened: bool = False  # a request of the current turn has gone out (the next does not say turn_start)
+    turn_opened: bool = False  # the current turn is open in the engine: registered ahead, or a request has gone out
+    # a session: the engine holds it paused, or not at all (a restart), so its next turn is
+    # registered ahead; False when pausing it failed: its next turn's first request says turn_start
+    engine_idle: bool = True
     turn_ready: asyncio.Event = field(default_factory=asyncio.Event)  # a waiting session: a turn came, or its end
     closed: bool = False  # a waiting session ended by its client with nothing more to send
     waiting_wall: float | None = None  # a waiting session: the wall-clock time it began waiting

@@ -6,10 +6,13 @@ answered it does not finish: it **waits** for its client (status ``waiting``), p
 (``Backend.retire(agent_id, pause=True)``: settled for the turn it ran, its place kept), until
 ``POST /v1/agents/{id}/turns`` brings its next turn (``continue_session``), ends it (``"last":
 true`` with no stages), or ``Settings.session_keep_s`` passes (it ends as ``done``). Each turn is
-priced on its own (``price_turn``); its first request says ``turn_start`` with the turn's price,
-every request says ``session``, and the last turn's last stage says ``agent_done``. A session is not
-registered ahead of its requests: the engine's book learns that it is a session from them (a
-registration would make it a plain agent there), so its ``virtual_finish`` is null.
+priced on its own (``price_turn``) and registered ahead of its requests, as a session
+(``Backend.register(..., session=True)``): the first turn arrives, each later one returns the
+paused session at its own price (``AgentBook.register``), and ``virtual_finish`` is the current
+turn's tag. Every request says ``session``, and the last turn's last stage says ``agent_done``.
+Where a turn could not be registered (pausing the session failed, so the engine may still hold it
+open; or the registration failed), its first request says ``turn_start`` with the turn's price,
+and the engine's book opens the turn from it (``AgentBook``'s session rules).
 """
 
 from __future__ import annotations
@@ -128,11 +131,30 @@ async def continue_session(manager, run: AgentRun, turn: TurnSpec) -> AgentRun:
     run.turns.append(new)
     run.outputs += [[None] * len(stage) for stage in turn.stages]
     run.process, run.first_ids, run.turn_opened = process, first, False
+    if run.engine_idle:
+        await register_turn(manager, run)
     run.turn_ready.set()
     log.info(json.dumps({"event": "session_turn", "agent_id": run.agent_id, "turn": len(run.turns) - 1,
                          "tasks": sum(len(s) for s in turn.stages), "predicted_cost": new.predicted_cost,
                          "last": turn.last}))
     return run
+
+
+async def register_turn(manager, run: AgentRun) -> None:
+    """Register a session's current turn ahead of its requests (the engine returns it, paused, at
+    the turn's price; after a restart it arrives), its stamps journaled; if that fails, its first
+    request opens the turn (``turn_start``)."""
+    try:
+        v = await manager._register(run)
+    except Exception as exc:  # noqa: BLE001  (the turn's first request opens it instead)
+        log.warning(json.dumps({"event": "register_failed", "agent_id": run.agent_id, "error": str(exc)}))
+        return
+    run.turn_opened = True
+    if manager.journal is not None:
+        try:  # a restart places its running turn by these
+            await manager.journal.stamped(run.agent_id, run.virtual_finish, v)
+        except Exception as exc:  # noqa: BLE001  (a restart then places it by its earlier turn's)
+            log.warning(json.dumps({"event": "journal_failed", "agent_id": run.agent_id, "error": str(exc)}))
 
 
 async def await_turn(manager, run: AgentRun) -> bool:
@@ -150,7 +172,9 @@ async def await_turn(manager, run: AgentRun) -> bool:
     run.emit("waiting", turn=len(run.turns) - 1)
     try:
         await manager.backend.retire(run.agent_id, pause=True)
+        run.engine_idle = True
     except Exception as exc:  # noqa: BLE001  (its next turn's turn_start settles it in the engine)
+        run.engine_idle = False
         log.warning(json.dumps({"event": "pause_failed", "agent_id": run.agent_id, "error": str(exc)}))
     seen = len(run.turns)
     while True:

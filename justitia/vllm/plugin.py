@@ -228,7 +228,7 @@ class JustitiaScheduler(StepLogScheduler):
             before = self.core.agent(agent_id)  # a paused session's standing: its return is logged as one
             agent = self.book.register(agent_id, str(args.get("agent_type", "")), float(args["predicted_cost"]), now,
                                        float(args.get("weight", 1.0)), args.get("tenant"),
-                                       None if resume is None else float(resume))
+                                       None if resume is None else float(resume), args.get("session") is True)
             if agent is not None:
                 self._log_arrival(agent, before)
             return self.book.virtual_finish(agent_id)
