@@ -207,6 +207,33 @@ def test_a_map_reduce_agent_runs_its_stages_in_order_and_quotes_earlier_outputs(
     assert events.count("event: task_done") == 4
 
 
+def test_a_session_over_the_agent_api_is_registered_turn_by_turn_in_the_engine(server):
+    """Its first turn arrives in the plug-in's book as a session; paused while it waits, its next
+    turn, registered ahead, returns it there at its own price: the tags the server reports are the
+    ones the plug-in's clock stamped, and its requests did not open a turn again."""
+    r = server.post("/v1/agents", json={"type": "chat", "session": True,
+                                        "stages": [[{"prompt": "Plan the fix.", "max_tokens": 6}]]})
+    assert r.status_code == 202, r.text
+    agent_id = r.json()["agent_id"]
+    deadline = time.time() + 60
+    while (doc := server.get(f"/v1/agents/{agent_id}").json())["status"] != "waiting":
+        assert time.time() < deadline and doc["status"] in ("queued", "running"), doc
+        time.sleep(0.05)
+    first = doc["virtual_finish"]
+    r = server.post(f"/v1/agents/{agent_id}/turns", json={"last": True, "stages": [
+        [{"prompt": "The tool said: {{stage[0]}}", "max_tokens": 6}]]})
+    assert r.status_code == 202, r.text
+    doc = wait_agent(server, agent_id)
+    assert doc["status"] == "done" and [t["stages"] for t in doc["turns"]] == [1, 1]
+    out = server.server.output()
+    arrived = re.findall(rf"justitia: agent {agent_id} arrived: type='chat' predicted_cost=\S+ virtual_finish=(\S+)", out)
+    returned = re.findall(rf"justitia: agent {agent_id} returned after a pause: predicted_cost=(\S+) "
+                          rf"virtual_finish=(\S+) \(was", out)
+    assert [float(f) for f in arrived] == [first]
+    assert [(float(c), float(f)) for c, f in returned] == [(pytest.approx(doc["turns"][1]["predicted_cost"], rel=1e-5),
+                                                           doc["virtual_finish"])]
+
+
 @pytest.mark.parametrize("body, status, words", [
     ({"type": "x"}, 422, "field 'stages' is missing"),
     ({"stages": []}, 422, "field 'stages'"),
