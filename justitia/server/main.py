@@ -289,7 +289,9 @@ async def serve(settings: ServeSettings, ready: asyncio.Event | None = None) -> 
             if not manager.draining:
                 waiting = manager.in_flight() - manager.working()
                 print(f"justitia serve: stopping: {manager.working()} agent(s) in flight, waiting up to {drain_s:g} s"
-                      + (f"; {waiting} session(s) waiting for their client, kept by the journal" if waiting else ""),
+                      + (f"; {waiting} session(s) waiting for their client, not waited for"
+                         + (" (the journal keeps them)" if manager.journal is not None else " (no --journal: lost)")
+                         if waiting else ""),
                       flush=True)
                 loop.create_task(drain())
             else:  # a second signal: stop now
