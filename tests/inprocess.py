@@ -115,6 +115,28 @@ class RecordingBackend(Backend):
         return not self.dead
 
 
+def open_app(backend, settings, keyring, journal=None):
+    """The server's app in process over ``backend`` (a ``RecordingBackend``), entered: a
+    ``TestClient`` with ``backend``, ``manager`` and ``journal`` on it; ``close_app`` ends it."""
+    from fastapi.testclient import TestClient
+
+    from justitia.predictors import make_predictor
+    from justitia.server.app import create_app
+
+    app = create_app(backend, WordTokenizer(), settings, make_predictor("oracle"), keyring, journal)
+    client = TestClient(app).__enter__()
+    client.backend, client.manager, client.journal = backend, app.state.manager, journal
+    return client
+
+
+def close_app(client) -> None:
+    """End an ``open_app`` client: requests held at the backend's gate go on, then its journal closes."""
+    client.backend.gate.set()
+    client.__exit__(None, None, None)
+    if client.journal is not None:
+        client.journal.close()
+
+
 @contextlib.contextmanager
 def door_app(tmp_path, keys: str):
     """The front end's app in process over a ``RecordingBackend`` (``client.backend``), with the

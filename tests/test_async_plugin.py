@@ -12,7 +12,7 @@ from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 from justitia.core import REGISTER, RESET, RETIRE, ControlCall
 from justitia.vllm.plugin import JustitiaScheduler, StepLogScheduler, check_version
 from justitia.vllm.steplog import read_step_log
-from vllm_scheduler import Driver, make_scheduler, request
+from vllm_scheduler import Driver, count_charges, make_scheduler, request
 
 SIZES = [(40, 5), (50, 6), (60, 7), (70, 8), (80, 9), (90, 10)]  # (prompt tokens, output tokens)
 
@@ -22,17 +22,7 @@ def _run(policy: str, async_scheduling: bool, monkeypatch) -> tuple[dict, list[s
     were admitted in, and the scheduler."""
     monkeypatch.setenv("JUSTITIA_POLICY", policy)
     scheduler = make_scheduler(JustitiaScheduler, async_scheduling)
-    charged: dict[str, list[int]] = defaultdict(lambda: [0, 0, 0])
-    charge = scheduler.core.charge
-
-    def counting(info, service, *rest):
-        total = charged[info.agent_id]
-        total[0] += service.prefill_tokens
-        total[1] += service.decode_tokens
-        total[2] += service.kv_token_iters
-        charge(info, service, *rest)
-
-    scheduler.core.charge = counting
+    _, charged = count_charges(scheduler)
     for i, (p, d) in enumerate(SIZES):
         scheduler.add_request(request(f"r{i}", p, d, first_token=100 * i, agent_id=f"a{i % 3}"))
     driver = Driver(scheduler, 2 if async_scheduling else 1)

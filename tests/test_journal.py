@@ -12,12 +12,10 @@ import time
 from types import SimpleNamespace
 
 import pytest
-from fastapi.testclient import TestClient
 
-from inprocess import RecordingBackend, WordTokenizer, settle
+from inprocess import RecordingBackend, close_app, open_app, settle
 from justitia.core import AgentBook, AgentScheduler, RequestMeta
-from justitia.predictors import make_predictor
-from justitia.server.app import Settings, create_app
+from justitia.server.app import Settings
 from justitia.server.journal import Journal, JournalError, Record, resume_order
 from justitia.server.keys import ANONYMOUS, KeyRing
 from justitia.server.schema import AgentSpec
@@ -38,20 +36,14 @@ def start(tmp_path):
     opened = []
 
     def build(journal_path=tmp_path / "journal.sqlite", backend=None, open_server=False):
-        backend = backend or RecordingBackend()
-        journal = Journal(journal_path)
-        app = create_app(backend, WordTokenizer(), Settings(max_model_len=64), make_predictor("oracle"),
-                         KeyRing() if open_server else KeyRing.load(path=keys), journal)
-        client = TestClient(app).__enter__()
-        client.backend, client.manager, client.journal = backend, app.state.manager, journal
+        client = open_app(backend or RecordingBackend(), Settings(max_model_len=64),
+                          KeyRing() if open_server else KeyRing.load(path=keys), Journal(journal_path))
         opened.append(client)
         return client
 
     yield build
     for client in opened:
-        client.backend.gate.set()
-        client.__exit__(None, None, None)
-        client.journal.close()
+        close_app(client)
 
 
 def test_a_finished_agent_is_journaled_and_answers_the_same_after_a_restart(start, tmp_path):

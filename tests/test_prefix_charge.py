@@ -6,7 +6,6 @@ plug-in's build vLLM's scheduler without an engine (``tests/vllm_scheduler.py``)
 from __future__ import annotations
 
 import random
-from collections import defaultdict
 from types import SimpleNamespace
 
 import pytest
@@ -154,26 +153,14 @@ def _run(cost: str, shared: bool, async_scheduling: bool, monkeypatch):
     order, (agent, prefill, decode, kv), each agent's total, and the scheduler."""
     from vllm.sampling_params import SamplingParams
     from vllm.v1.request import Request
-    from vllm_scheduler import _HASHER, Driver, make_scheduler
+    from vllm_scheduler import _HASHER, Driver, count_charges, make_scheduler
 
     from justitia.vllm.plugin import JustitiaScheduler
 
     monkeypatch.setenv("JUSTITIA_POLICY", "justitia")
     monkeypatch.setenv("JUSTITIA_COST", cost)
     scheduler = make_scheduler(JustitiaScheduler, async_scheduling)
-    calls: list[tuple] = []
-    totals: dict[str, list] = defaultdict(lambda: [0, 0, 0])
-    charge = scheduler.core.charge
-
-    def counting(info, service, *rest):
-        calls.append((info.agent_id, service.prefill_tokens, service.decode_tokens, service.kv_token_iters))
-        total = totals[info.agent_id]
-        total[0] += service.prefill_tokens
-        total[1] += service.decode_tokens
-        total[2] += service.kv_token_iters
-        charge(info, service, *rest)
-
-    scheduler.core.charge = counting
+    calls, totals = count_charges(scheduler)
     for i, ((p, d), agent) in enumerate(zip(SIZES, "abc")):
         prompt = [(100 * i + j) % 1000 + 3 for j in range(p)]
         if shared and agent == "b":  # a's first 64 tokens, then its own

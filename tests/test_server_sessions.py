@@ -9,13 +9,11 @@ import sqlite3
 import time
 
 import pytest
-from fastapi.testclient import TestClient
 
-from inprocess import RecordingBackend, WordTokenizer, settle
+from inprocess import RecordingBackend, close_app, open_app, settle
 from justitia.backends import BackendError
 from justitia.core.book import SESSION_KEEP_S
-from justitia.predictors import make_predictor
-from justitia.server.app import Settings, create_app
+from justitia.server.app import Settings
 from justitia.server.journal import Journal
 from justitia.server.keys import KeyRing
 
@@ -62,20 +60,14 @@ def start(tmp_path):
     opened = []
 
     def build(journal=True, **settings):
-        backend = SessionBackend()
-        j = Journal(tmp_path / "journal.sqlite") if journal else None
-        app = create_app(backend, WordTokenizer(), Settings(**{"max_model_len": 64} | settings),
-                         make_predictor("oracle"), KeyRing.load(path=keys), j)
-        client = TestClient(app).__enter__()
-        client.backend, client.manager, client.journal = backend, app.state.manager, j
+        client = open_app(SessionBackend(), Settings(**{"max_model_len": 64} | settings), KeyRing.load(path=keys),
+                          Journal(tmp_path / "journal.sqlite") if journal else None)
         opened.append(client)
         return client
 
     yield build
     for client in opened:
-        client.__exit__(None, None, None)
-        if client.journal is not None:
-            client.journal.close()
+        close_app(client)
 
 
 def until(client, agent_id, status, key=A) -> dict:

@@ -42,6 +42,25 @@ def make_scheduler(cls, async_scheduling: bool, num_blocks: int = 64, max_num_se
                block_size=BLOCK, log_stats=False)
 
 
+def count_charges(scheduler) -> tuple[list[tuple], dict[str, list[int]]]:
+    """Record what the plug-in charges from now on: each charge in order, ``(agent, prefill,
+    decode, kv)``, and each agent's running ``[prefill, decode, kv]`` (both filled as it runs)."""
+    calls: list[tuple] = []
+    totals: dict[str, list[int]] = {}
+    charge = scheduler.core.charge
+
+    def counting(info, service, *rest):
+        calls.append((info.agent_id, service.prefill_tokens, service.decode_tokens, service.kv_token_iters))
+        total = totals.setdefault(info.agent_id, [0, 0, 0])
+        total[0] += service.prefill_tokens
+        total[1] += service.decode_tokens
+        total[2] += service.kv_token_iters
+        charge(info, service, *rest)
+
+    scheduler.core.charge = counting
+    return calls, totals
+
+
 def request(request_id: str, prompt_tokens: int, max_tokens: int, first_token: int = 7, **extra_args) -> Request:
     """A request of ``prompt_tokens`` tokens that decodes exactly ``max_tokens`` (``ignore_eos``),
     with ``extra_args`` (vllm_xargs) as given."""
