@@ -91,7 +91,7 @@ class RecordingBackend(Backend):
         return JSONResponse(answer)
 
     async def register(self, agent_id, agent_type, predicted_cost, weight=1.0, tenant=None, resume_cost=None,
-                       session=False):
+                       session=False, dist=None):
         if self.register_failures:  # the engine cannot take an agent now
             self.register_failures -= 1
             raise BackendError("the engine is busy")

@@ -56,7 +56,7 @@ class ClocklessBackend(Backend):
         raise BackendError("no engine here")
 
     async def register(self, agent_id, agent_type, predicted_cost, weight=1.0, tenant=None, resume_cost=None,
-                       session=False):
+                       session=False, dist=None):
         self.book.register(agent_id, agent_type, predicted_cost, 0.0, weight, tenant, resume_cost, session)
         return self.book.virtual_finish(agent_id)
 

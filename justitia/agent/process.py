@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any, Sequence
 
 from justitia.agent.calls import AgentResult, Answer, Call, Render
-from justitia.core import KV, CostModel, RequestMeta
+from justitia.core import KV, CostDist, CostModel, RequestMeta
 from justitia.predictors import Predictor
 from justitia.workload import Agent, shared_text
 
@@ -79,6 +79,8 @@ class AgentProcess:
         self.state = "new"
         self.stage = -1
         self.predicted_cost: float | None = None
+        self.predicted_dist: CostDist | None = None  # the price as a distribution, if the predictor gives one
+        self._so_far = 0.0  # what its answered calls have cost (the cost model's unit)
         # a stage's calls: its own tasks, then its branches' (depth first); answers by that index
         self._layout = [_Node.of(stage, 0) for stage in self.tasks]
         self.answers: list[list[Answer | None]] = [[None] * node.size for node in self._layout]
@@ -95,6 +97,7 @@ class AgentProcess:
         self._texts: dict[tuple[str, str], str] = {}  # (task id, "in" | "out") -> its prompt as sent, its answer
         self._turn_sent = -1  # the turn of the calls sent last
         self.turn_predicted: dict[int, float] = {}  # a session's turns: predicted cost as each started
+        self.turn_dists: dict[int, CostDist] = {}  # ... and as a distribution, if the predictor gives one
         self.turn_true: dict[int, float] = {}  # ... and what its answered calls cost (the cost model's unit)
         self._turn_released = 0  # the latest turn whose calls were handed out
         # [sent at, true KV cost of its answered calls]: the work as it came, a burst started whenever a
@@ -110,10 +113,19 @@ class AgentProcess:
     def predict(self) -> float:
         """The agent's predicted total cost (the predictor runs once)."""
         if self.predicted_cost is None:
-            cost = float(self.predictor.agent_cost(self.agent, self.cost))
+            dist = None if self.agent.is_session else self.predictor.agent_dist(self.agent, self.cost)
+            if dist is None:
+                cost = float(self.predictor.agent_cost(self.agent, self.cost))
             if self.pricing == "all-stages":
                 p, a, m = self.predictor, self.agent, self.cost
-                cost = max(cost, sum(float(p.request_cost(a, s, i, m)) for s, st in enumerate(a.stages) for i in range(len(st.all_tasks()))))
+                floor = sum(float(p.request_cost(a, s, i, m)) for s, st in enumerate(a.stages) for i in range(len(st.all_tasks())))
+                if dist is not None:  # no value below what every stage's requests will cost
+                    dist = CostDist.from_weighted([(max(v, floor), q) for v, q in zip(dist.values, dist.probs)])
+                else:
+                    cost = max(cost, floor)
+            if dist is not None:
+                self.predicted_dist = dist
+                cost = dist.index(0.0)
             self.predicted_cost = cost
         return self.predicted_cost
 
@@ -170,6 +182,10 @@ class AgentProcess:
             self.turn_true[call.turn] = (self.turn_true.get(call.turn, 0.0)
                                          + self.cost.request_cost(answer.prompt_tokens, answer.output_tokens))
             self.predictor.observe_call(self.agent.type, answer.prompt_tokens, answer.output_tokens)
+            self.predictor.progress(self.agent, self.turn_true[call.turn], call.turn)
+        else:
+            self._so_far += self.cost.request_cost(answer.prompt_tokens, answer.output_tokens)
+            self.predictor.progress(self.agent, self._so_far)
         if now_s is not None and (times := self.turn_times.get(call.turn)) is not None:
             times[1] = max(times[1], now_s)
         chain = self._chains.pop((call.stage, call.index))
@@ -190,7 +206,10 @@ class AgentProcess:
             chain = chain.parent
         self.state = "done"
         self._turn_over(call.turn)
-        self.predictor.observe(self.agent.type, self.predicted_cost, self.true_cost(self.cost), self.agent.tenant)
+        true = self.true_cost(self.cost)
+        self.predictor.observe(self.agent.type, self.predicted_cost, true, self.agent.tenant)
+        if not self.agent.is_session:
+            self.predictor.learn(self.agent, true)
         return []
 
     def _turn_over(self, turn: int) -> None:
@@ -198,6 +217,7 @@ class AgentProcess:
         if turn in self.turn_predicted:
             self.predictor.observe_turn(self.agent.type, turn, self.turn_predicted[turn], self.turn_true.get(turn, 0.0),
                                         self.turn_true.get(turn - 1))
+            self.predictor.learn(self.agent, self.turn_true.get(turn, 0.0), turn, self._earlier(turn))
 
     def sent(self, calls: Sequence[Call], now_s: float) -> None:
         """The driver sent ``calls`` at ``now_s`` (after their pause): a turn starts at its first."""
@@ -238,10 +258,26 @@ class AgentProcess:
         return sum(float(self.predictor.request_cost(a, s, i, self.cost))
                    for s, node in chain.stages for i in range(node.offset, node.offset + node.own))
 
+    def burst_dist(self, calls: Sequence[Call]) -> CostDist | None:
+        """A burst's predicted cost as a distribution, when ``calls`` open it (``burst_cost``), if
+        the predictor gives one for a turn (``burst="turn"``, subagents sharing its flow)."""
+        if self.burst == "pause" or self.subagents == "flows":
+            return None
+        turn = max(c.turn for c in calls)
+        self._predict_turn(turn)
+        return self.turn_dists.get(turn)
+
+    def _earlier(self, turn: int) -> list[float]:
+        return [self.turn_true.get(t, 0.0) for t in sorted(self.turn_predicted) if t < turn]
+
     def _predict_turn(self, turn: int) -> float:
         if turn not in self.turn_predicted:
-            earlier = [self.turn_true.get(t, 0.0) for t in sorted(self.turn_predicted) if t < turn]
-            if self.subagents == "flows":  # the turn's own calls: its subagents are priced in their flows
+            earlier = self._earlier(turn)
+            dist = None if self.subagents == "flows" else self.predictor.turn_dist(self.agent, turn, earlier, self.cost)
+            if dist is not None:
+                self.turn_dists[turn] = dist
+                self.turn_predicted[turn] = dist.index(0.0)
+            elif self.subagents == "flows":  # the turn's own calls: its subagents are priced in their flows
                 a = self.agent
                 self.turn_predicted[turn] = sum(float(self.predictor.request_cost(a, s, i, self.cost))
                                                 for s, i in a.turn_calls(turn) if i < len(a.stages[s]))

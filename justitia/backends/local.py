@@ -13,7 +13,7 @@ import os
 from dataclasses import replace
 from pathlib import Path
 
-from justitia.core import REGISTER, RETIRE, STATE, ControlCall, PolicyState
+from justitia.core import REGISTER, RETIRE, STATE, ControlCall, CostDist, PolicyState
 from justitia.defaults import DOOR_KEY, ENV_DOOR_TOKEN
 from justitia.backends.base import Backend, Completion, Output, Sampling
 from justitia.vllm.engine import control
@@ -42,10 +42,12 @@ class EngineBackend(Backend):
 
     async def register(self, agent_id: str, agent_type: str, predicted_cost: float, weight: float = 1.0,
                        tenant: str | None = None, resume_cost: float | None = None,
-                       session: bool = False) -> float | None:
+                       session: bool = False, dist: CostDist | None = None) -> float | None:
         """Register the agent in the plug-in; the tag its clock stamped."""
         args = {"agent_id": agent_id, "agent_type": agent_type, "predicted_cost": predicted_cost, "weight": weight,
                 "tenant": tenant, "resume_cost": resume_cost, "session": session}
+        if dist is not None:
+            args["dist"] = [list(dist.values), list(dist.probs)]
         return await control(self.llm, ControlCall(REGISTER, args))
 
     async def retire(self, agent_id: str, pause: bool = False) -> None:

@@ -18,7 +18,7 @@ from __future__ import annotations
 import logging
 import time
 
-from justitia.core import KV, AgentBook, PolicyState, RequestInfo, RequestMeta
+from justitia.core import KV, AgentBook, CostDist, PolicyState, RequestInfo, RequestMeta
 from justitia.backends.base import Backend
 from justitia.defaults import policy_settings
 
@@ -45,11 +45,11 @@ class TaggingBackend(Backend):
 
     async def register(self, agent_id: str, agent_type: str, predicted_cost: float, weight: float = 1.0,
                        tenant: str | None = None, resume_cost: float | None = None,
-                       session: bool = False) -> float | None:
+                       session: bool = False, dist: CostDist | None = None) -> float | None:
         """Register the agent with the clock here; its tag."""
         now = self.now()
         self._arriving(agent_id, now)
-        self.book.register(agent_id, agent_type, predicted_cost, now, weight, tenant, resume_cost, session)
+        self.book.register(agent_id, agent_type, predicted_cost, now, weight, tenant, resume_cost, session, dist)
         return self.book.virtual_finish(agent_id)
 
     async def retire(self, agent_id: str, pause: bool = False) -> None:

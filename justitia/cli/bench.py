@@ -24,7 +24,8 @@ def add_parser(sub) -> None:
     b.add_argument("--scale", type=float, default=1.0, help="divide every token length by this (small engines)")
     b.add_argument("--policies", default=",".join(POLICY_NAMES),
                    help="comma-separated policies (also: justitia-eligible, an option for the tail; docs/design.md)")
-    b.add_argument("--predictor", default="oracle", help=f"{SPEC_HELP} (default oracle)")
+    b.add_argument("--predictor", help=f"{SPEC_HELP} (default oracle; with --preset: every run of the preset that "
+                   "uses the oracle's costs uses this instead, or the bench fails saying why)")
     b.add_argument("--cost", choices=["kv", "kv-prefix", "compute"], default="kv",
                    help="cost model (default kv; kv-prefix: a prefix requests sent together share is held once)")
     b.add_argument("--capacity", choices=["measured", "formula"], default="measured",
@@ -67,6 +68,21 @@ def add_parser(sub) -> None:
     b.add_argument("--no-progress", action="store_true", help="hide the progress bar")
 
 
+def with_predictor(preset, predictor: str) -> list:
+    """The preset's runs with ``predictor`` in place of the oracle's costs; a ValueError naming why
+    when the preset compares predictors itself (its own choice would be silently overridden)."""
+    from dataclasses import replace
+
+    from justitia.predictors import make_predictor
+
+    own = sorted({s.predictor for s in preset.specs if s.predictor != "oracle"})
+    if own:
+        raise ValueError(f"--predictor {predictor}: preset '{preset.name}' compares predictors itself (its runs use "
+                         f"{', '.join(own)}); drop --predictor, or run --workload with --predictor.")
+    make_predictor(predictor)  # validate before running anything
+    return [replace(s, predictor=predictor) for s in preset.specs]
+
+
 def run(args) -> int:
     from justitia.core import OPTION_NAMES, POLICY_NAMES
     from justitia.lab.bench import RunSpec, run_bench, write_results
@@ -82,6 +98,9 @@ def run(args) -> int:
         agents, info = in_tenant(args, preset.agents, preset.workload_info)
         specs = preset.specs
         title = f"preset '{preset.name}': {preset.description}"
+        if args.predictor is not None:
+            specs = with_predictor(preset, args.predictor)
+            title += f"; --predictor {args.predictor} for every run that priced by the oracle"
         for note in preset.notes:
             print(f"note: {note}", file=sys.stderr)
         if args.workload:
@@ -103,6 +122,7 @@ def run(args) -> int:
         if unknown or not names:
             raise ValueError(f"--policies: unknown policy '{(unknown or [''])[0]}'; expected some of: "
                              f"{', '.join(POLICY_NAMES + OPTION_NAMES)}.")
+        args.predictor = args.predictor or "oracle"
         make_predictor(args.predictor)  # validate before running anything
         specs = [RunSpec(p, p, args.predictor, args.cost, args.capacity, not args.no_retag, args.pricing, args.router,
                          args.cluster_clock, burst=args.burst, subagents=args.subagents, kv_eviction=args.kv_eviction)

@@ -57,6 +57,10 @@ def add_parser(sub) -> None:
                     help="SQLite journal of accepted agents and their outputs (default "
                          "~/.local/state/justitia/serve-HOST-PORT.sqlite, or $JUSTITIA_STATE_DIR)")
     sv.add_argument("--no-journal", action="store_true", help="keep agents in memory only (a restart loses them)")
+    sv.add_argument("--predictor-state", type=Path, metavar="FILE",
+                    help="--predictor online: where it keeps what it learned from this deployment's finished agents "
+                         "and turns, reloaded at the next start (default: beside the journal, *.online.json; "
+                         "none with --no-journal)")
     sv.add_argument("--upstream-timeout", type=float, default=D.upstream_timeout, metavar="S",
                     help="--upstream: seconds a replica may take to send the next bytes of an answer "
                          f"(default {D.upstream_timeout:g})")

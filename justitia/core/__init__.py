@@ -5,6 +5,7 @@ only the names below (``docs/design.md``, "The core's contract")."""
 from justitia.core.book import AGENT_IDLE_S, SESSION_KEEP_S, AgentBook, int_priority
 from justitia.core.capacity import WINDOW_STEPS, CapacityMeter, calibrated_capacity
 from justitia.core.clock import VirtualClock
+from justitia.core.gittins import CostDist
 from justitia.core.cost import (COMPUTE, COST_MODELS, KV, KV_PREFIX, NO_CHARGE, Charge, CostModel, attention_pairs, capacity_per_s,
                                 compute_tokens, cost_model, kv_token_iters, prefill_attention, prefix_step_charges,
                                 shared_kv_charge, shared_kv_savings, step_charges, step_delivered)
@@ -17,7 +18,7 @@ from justitia.core.scheduler import AgentScheduler, ClockReading, LookAhead, Sta
 from justitia.core.validate import is_positive_finite, positive_finite
 
 __all__ = [
-    "AgentBook", "AgentInfo", "AgentScheduler", "CapacityMeter", "calibrated_capacity", "Charge", "ControlCall", "CostModel", "PolicyState", "RequestInfo",
+    "AgentBook", "AgentInfo", "CostDist", "AgentScheduler", "CapacityMeter", "calibrated_capacity", "Charge", "ControlCall", "CostModel", "PolicyState", "RequestInfo",
     "RequestMeta", "VirtualClock", "STATE", "COMPUTE", "COST_MODELS", "ENGINE_UTILITY", "KV", "KV_PREFIX", "META_KEYS", "SESSION", "TURN_START", "PRICE_KEYS", "NO_CHARGE",
     "OPTION_NAMES", "POLICY_NAMES", "Policy", "REGISTER", "RETIRE", "RESET", "STATIC_POLICY_NAMES", "WINDOW_STEPS", "capacity_per_s", "compute_tokens",
     "attention_pairs", "cost_model", "int_priority", "kv_token_iters", "make_policy", "prefill_attention", "step_charges",

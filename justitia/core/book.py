@@ -29,6 +29,7 @@ from __future__ import annotations
 import logging
 
 from justitia.core.cost import KV, NO_CHARGE, Charge, CostModel, cost_model, kv_token_iters
+from justitia.core.gittins import CostDist
 from justitia.core.policies import STATIC_POLICY_NAMES, AgentInfo, RequestInfo, make_policy
 from justitia.core.protocol import PolicyState, RequestMeta
 from justitia.core.scheduler import AgentScheduler, ClockReading, Standing
@@ -93,7 +94,7 @@ class AgentBook:
     # ------------------------------------------------------------------------------ agents
     def register(self, agent_id: str, agent_type: str, predicted_cost: float, now_s: float,
                  weight: float = 1.0, tenant: str | None = None, resume_cost: float | None = None,
-                 session: bool = False) -> AgentInfo | None:
+                 session: bool = False, dist: CostDist | None = None) -> AgentInfo | None:
         """Register an agent ahead of its requests (``resume_cost``: a resumed one, ``agent_arrived``;
         ``session``: a session, kept across pauses); its info if it is new or a paused session's
         return, None if it is known and not paused."""
@@ -103,7 +104,7 @@ class AgentBook:
                 self._sessions.add(agent_id)
             return None
         info = self._core.agent_arrived(agent_id, agent_type, predicted_cost, now_s, weight, tenant, resume_cost,
-                                        session or agent_id in self._sessions)
+                                        session or agent_id in self._sessions, dist)
         self._known.add(agent_id)
         if session:
             self._sessions.add(agent_id)

@@ -222,7 +222,8 @@ class VirtualClock:
         return None if known is None else known[1]
 
     # ------------------------------------------------------------------------------- verbs
-    def retag(self, agent_id: str, remaining_cost: float, now_s: float, revealed_cost: float | None = None) -> float | None:
+    def retag(self, agent_id: str, remaining_cost: float, now_s: float, revealed_cost: float | None = None,
+              anchored: bool = False) -> float | None:
         """The agent has revealed more work than it was stamped with, ``remaining_cost`` of it not done:
         its tag becomes ``max(tag, V(now) + remaining / w)``, that of an agent arriving now with that
         work (it counts among the active agents again if GPS had finished it); in a tenant, the same
@@ -230,11 +231,12 @@ class VirtualClock:
         start), also at least ``S + revealed / w``, where GPS would finish it had it been priced at
         what it revealed: never past its GPS finish, which counts all its work from ``S``. The new
         tag (the inner one, in a tenant), or None if the agent is not known here (never arrived, or
-        settled)."""
+        settled). ``anchored``: only the last rule, ``S + revealed / w`` (a price
+        repriced as its distribution's index: ``core.gittins``)."""
         self._advance(now_s)
         tenant = self._tenant_of.get(agent_id)
         if tenant is not None:
-            tag = self._inner(tenant).retag(agent_id, remaining_cost, self._v, revealed_cost)
+            tag = self._inner(tenant).retag(agent_id, remaining_cost, self._v, revealed_cost, anchored)
             pampering = self._tenants[tenant].schedule
             left = pampering.left(agent_id)
             if tag is not None and remaining_cost > left:
@@ -246,7 +248,7 @@ class VirtualClock:
         if known is None:
             return None
         start, old, weight = known[:3]
-        tag = max(old, self._v + (remaining_cost if weight == 1 else remaining_cost / weight))
+        tag = old if anchored else max(old, self._v + (remaining_cost if weight == 1 else remaining_cost / weight))
         if revealed_cost is not None:
             tag = max(tag, start + revealed_cost / weight)
         if tag > old:

@@ -31,6 +31,7 @@ from typing import Iterable, Mapping, NamedTuple
 
 from justitia.core.capacity import CapacityMeter
 from justitia.core.cost import KV, NO_CHARGE, Charge, CostModel, cost_model
+from justitia.core.gittins import CostDist
 from justitia.core.policies import make_policy
 from justitia.core.policies.base import AgentInfo, Policy, RequestInfo
 from justitia.core.queue import WaitingQueue
@@ -116,16 +117,22 @@ class AgentScheduler:
     # ------------------------------------------------------------------------------ agents
     def agent_arrived(self, agent_id: str, agent_type: str, predicted_cost: float, now_s: float,
                       weight: float = 1.0, tenant: str | None = None, resume_cost: float | None = None,
-                      session: bool = False) -> AgentInfo:
+                      session: bool = False, dist: CostDist | None = None) -> AgentInfo:
         """Register an agent with its predicted total cost, its weight (its share under weighted
         fairness) and its tenant (justitia: hierarchical GPS; vtc: one counter per tenant); justitia's clock
         stamps it here. ``resume_cost``: an agent resumed after a restart, with this much of its
         predicted cost still owed by GPS (clipped to ``[0, predicted_cost]``): justitia stamps it
         ``V(now) + resume_cost / w``, its old place; its predicted cost stays whole (retagging and
         settling read it). ``session``: the agent is a session, priced burst by burst: a burst that
-        reveals more work than predicted also moves back to ``S + revealed / w`` (justitia)."""
+        reveals more work than predicted also moves back to ``S + revealed / w`` (justitia). ``dist``: its
+        price as a distribution (``core.gittins``): it is priced at its Gittins index, ``dist.index(0)``
+        on arrival (``predicted_cost`` is then ignored), and repriced at ``dist.index(attained)`` as
+        the engine charges it service past each of the distribution's atoms (``charge`` with
+        ``now_s``), anchored at its start; it settles at the service it was charged."""
+        if dist is not None:
+            predicted_cost = dist.index(0.0)
         if agent_id in self._paused:
-            return self._returned(agent_id, predicted_cost, now_s)
+            return self._returned(agent_id, predicted_cost, now_s, dist)
         if agent_id in self._agents:
             raise ValueError(f"agent '{agent_id}' has already arrived.")
         positive_finite(weight, f"agent '{agent_id}': weight")
@@ -138,21 +145,21 @@ class AgentScheduler:
                 raise ValueError(f"agent '{agent_id}': resume_cost must be a finite number, got {resume_cost}.")
             resume_cost = min(max(float(resume_cost), 0.0), predicted_cost)
         info = AgentInfo(agent_id, agent_type, self._agent_seq, now_s, predicted_cost, float(weight), tenant,
-                         resume_cost, session)
+                         resume_cost, session, dist)
         self._agent_seq += 1
         self._agents[agent_id] = info
         self._open[agent_id] = 0
         self._policy.agent_arrived(info, now_s)
         return info
 
-    def _returned(self, agent_id: str, predicted_cost: float, now_s: float) -> AgentInfo:
+    def _returned(self, agent_id: str, predicted_cost: float, now_s: float, dist: CostDist | None = None) -> AgentInfo:
         """A paused session arrives again with its next burst's predicted cost: its policy keeps what
         it knew (attained service, arrival order; justitia: its flow in GPS, ``f = max(f, V(now)) +
         C / w``); retagging counts from the burst's start."""
         if self._meter is not None and (m := self._meter.update(now_s)) is not None:
             self._policy.set_capacity(m, now_s)
         self._paused.discard(agent_id)
-        info = dataclasses.replace(self._agents[agent_id], predicted_cost=predicted_cost, resume_cost=None)
+        info = dataclasses.replace(self._agents[agent_id], predicted_cost=predicted_cost, resume_cost=None, dist=dist)
         self._agents[agent_id] = info
         self._revealed.pop(agent_id, None)
         self._attained.pop(agent_id, None)
@@ -171,21 +178,30 @@ class AgentScheduler:
             if agent_id not in self._agents or self._open[agent_id] or agent_id in self._paused:
                 raise ValueError(f"agent '{agent_id}' cannot pause: it is not known, has requests open, or is paused.")
             revealed = self._revealed.pop(agent_id, None)
-            self._attained.pop(agent_id, None)
-            self._policy.settle(agent_id, revealed[1] if revealed else 0.0, now_s)
+            attained = self._attained.pop(agent_id, None)
+            self._policy.settle(agent_id, self._asked(agent_id, revealed, attained), now_s)
             self._paused.add(agent_id)
             return
         self._paused.discard(agent_id)
         revealed = self._revealed.pop(agent_id, None)
-        self._attained.pop(agent_id, None)
+        attained = self._attained.pop(agent_id, None)
         if agent_id in self._agents:
-            self._policy.settle(agent_id, revealed[1] if revealed else 0.0, now_s)
+            self._policy.settle(agent_id, self._asked(agent_id, revealed, attained), now_s)
         for req in self._waiting.requests_of(agent_id):
             self.request_finished(req)
         self._agents.pop(agent_id, None)
         self._open.pop(agent_id, None)
         self._moved.discard(agent_id)
         self._policy.agent_finished(agent_id, now_s)
+
+    def _asked(self, agent_id: str, revealed: list[float] | None, attained: list[float] | None) -> float:
+        """What a leaving agent asked for, to settle it at: its finished requests' predicted costs;
+        for an agent priced as a distribution, the service it was charged (the truth, when the
+        engine charges it), if any."""
+        info = self._agents[agent_id]
+        if info.dist is not None and attained is not None and attained[0] > 0:
+            return attained[0]
+        return revealed[1] if revealed else 0.0
 
     def agent(self, agent_id: str) -> Standing | None:
         """The agent's standing, or None if it has not arrived or has finished."""
@@ -209,7 +225,9 @@ class AgentScheduler:
             raise KeyError(f"request '{request_id}': agent '{agent_id}' has not arrived.")
         revealed = self._revealed.setdefault(agent_id, [0.0, 0.0])
         revealed[0] += predicted_cost
-        if self._retag and now_s is not None and revealed[0] > info.predicted_cost * (1 + 1e-9):
+        # an agent priced as a distribution moves on the service it is charged (the truth), not on
+        # its requests' predicted costs (``charge``)
+        if self._retag and now_s is not None and info.dist is None and revealed[0] > info.predicted_cost * (1 + 1e-9):
             self._policy.revise(agent_id, revealed[0], revealed[0] - revealed[1], now_s)
             if self._policy.dynamic:
                 self._waiting.touch(agent_id)
@@ -254,20 +272,30 @@ class AgentScheduler:
         if info is not None:
             attained = self._attained.get(agent_id)
             if attained is None:
-                attained = self._attained[agent_id] = [0.0, info.predicted_cost * (1 + 1e-9)]
+                first = info.predicted_cost if info.dist is None else info.dist.next_level(0.0)
+                attained = self._attained[agent_id] = [0.0, first * (1 + 1e-9)]
             attained[0] += self._cost.service(service)
-            if now_s is not None and self._retag:
+            if now_s is not None and self._retag and info.dist is not None:
+                if attained[0] > attained[1]:  # past an atom: priced at its index now, anchored at its start
+                    self._policy.reprice(agent_id, info.dist.index(attained[0]), attained[0], now_s)
+                    attained[1] = info.dist.next_level(attained[0]) * (1 + 1e-9)
+                    self._rekey(agent_id)
+            elif now_s is not None and self._retag:
                 if attained[0] > attained[1]:
                     self._policy.revise(agent_id, attained[0], attained[0] - info.predicted_cost, now_s)
                     attained[1] = max(attained[0] * RETAG_STEP, attained[0] + 1.0)
-                    if not self._policy.dynamic:  # its waiting requests take the new key too
-                        for waiting in self._waiting.requests_of(agent_id):
-                            self._waiting.remove(waiting)
-                            self._waiting.add(waiting)
-                    self._moved.add(agent_id)
+                    self._rekey(agent_id)
         if self._policy.dynamic:
             self._waiting.touch(agent_id)
             self._moved.add(agent_id)
+
+    def _rekey(self, agent_id: str) -> None:
+        """The agent was retagged on its service: its waiting requests take the new key too."""
+        if not self._policy.dynamic:
+            for waiting in self._waiting.requests_of(agent_id):
+                self._waiting.remove(waiting)
+                self._waiting.add(waiting)
+        self._moved.add(agent_id)
 
     # ------------------------------------------------------------------------------- order
     def advance(self, now_s: float) -> set[str]:

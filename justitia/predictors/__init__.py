@@ -11,10 +11,24 @@ from __future__ import annotations
 
 from justitia.core import KV
 from justitia.predictors.base import NoisyPredictor, OraclePredictor, Predictor
+from justitia.predictors.online import OnlinePredictor
 from justitia.predictors.session import SessionPredictor
 from justitia.predictors.committed import DEFAULT_PROFILE, trained_predictors
 from justitia.predictors.registry import KINDS, SPEC_HELP, kind_of_dir
 from justitia.workload import load_workload
+
+
+ONLINE_PRIOR = "mlp"  # the cold start of ``online``: trained on the committed profile
+
+
+def make_online(prior: str = ONLINE_PRIOR, seed: int = 0, background: bool = False) -> "OnlinePredictor":
+    """``online`` cold-started from the predictor ``prior`` names (``none``: prompt tokens alone)."""
+    if prior in ("online", "session") or prior.startswith("online:"):
+        raise ValueError(f"predictor 'online:{prior}': the prior must be a trained kind ({', '.join(KINDS)}), "
+                         "oracle-free, or none.")
+    if prior in ("oracle",) or prior.startswith("noisy:"):
+        raise ValueError(f"predictor 'online:{prior}': the prior must not read the true cost.")
+    return OnlinePredictor(None if prior == "none" else make_predictor(prior, seed), background, prior)
 
 
 def make_predictor(spec: str, seed: int = 0) -> Predictor:
@@ -23,6 +37,8 @@ def make_predictor(spec: str, seed: int = 0) -> Predictor:
         return OraclePredictor()
     if spec == "session":
         return SessionPredictor()
+    if spec == "online" or spec.startswith("online:"):
+        return make_online(spec.partition(":")[2] or ONLINE_PRIOR, seed)
     if spec.startswith("noisy:"):
         try:
             lam = float(spec.split(":", 1)[1])
@@ -43,4 +59,4 @@ def make_predictor(spec: str, seed: int = 0) -> Predictor:
     return kind.train(load_workload(arg), KV, seed)
 
 
-__all__ = ["Predictor", "make_predictor", "SPEC_HELP"]
+__all__ = ["Predictor", "OnlinePredictor", "make_predictor", "make_online", "SPEC_HELP"]

@@ -12,7 +12,7 @@ import zlib
 
 import numpy as np
 
-from justitia.core import CostModel
+from justitia.core import CostDist, CostModel
 from justitia.workload import Agent
 
 
@@ -34,10 +34,29 @@ class Predictor:
         true costs of its turns before it. By default: its calls' predicted request costs, summed."""
         return sum(float(self.request_cost(agent, s, i, model)) for s, i in agent.turn_calls(turn))
 
+    def agent_dist(self, agent: Agent, model: CostModel) -> CostDist | None:
+        """The agent's cost as a distribution, for a predictor that knows what it does not know
+        (``core.gittins``: the engine then ranks it by its Gittins index); None: ``agent_cost`` is
+        its price."""
+        return None
+
+    def turn_dist(self, agent: Agent, turn: int, earlier: list[float], model: CostModel) -> CostDist | None:
+        """A session turn's cost as a distribution (``agent_dist``'s, for a turn); None by default."""
+        return None
+
     def observe_turn(self, agent_type: str, turn: int, predicted: float, actual: float,
                      earlier: float | None = None) -> None:
         """A session's turn finished: what was predicted for it, what it cost, and what its turn
         before cost (None for its first); learning predictors use it."""
+
+    def learn(self, agent: Agent, actual: float, turn: int | None = None, earlier: list[float] | None = None) -> None:
+        """``agent`` (as it showed itself on arrival) finished, or its user turn ``turn`` did, having
+        cost ``actual`` (in the cost model's unit); ``earlier``: the true costs of the turns before
+        it. Predictors that learn from a deployment's own traffic use it."""
+
+    def progress(self, agent: Agent, so_far: float, turn: int | None = None) -> None:
+        """``agent`` (or its user turn ``turn``) is still running and its answered calls have cost
+        ``so_far``: a lower bound on its cost, for a predictor that learns from running traffic."""
 
     def observe_call(self, agent_type: str, prompt_tokens: int, output_tokens: int) -> None:
         """A session's call was answered with ``output_tokens`` (learning predictors use it)."""

@@ -188,6 +188,8 @@ class AgentManager:
         extra = {"resume_cost": resume_cost} if resume_cost is not None else {}
         if run.session:
             extra["session"] = True
+        if run.process.predicted_dist is not None:
+            extra["dist"] = run.process.predicted_dist
         register = self.backend.register(run.agent_id, run.spec.type, run.process.predicted_cost, client.weight,
                                          client.tenant, **extra)
         now = self.now()

@@ -29,7 +29,8 @@ class ServeSettings:
 
     model: str | None = None  # tiny, smollm2 or a model directory (None: tiny; upstream: the replicas' model)
     policy: str = "justitia"
-    predictor: str = "mlp"
+    predictor: str = "online"
+    predictor_state: Path | None = None  # None: next to the journal (nothing kept under no_journal)
     host: str = "127.0.0.1"
     port: int = 8000
     kv_blocks: int | None = None  # None: what memory allows
@@ -102,6 +103,14 @@ class ServeSettings:
 
         return self.journal or default_path(self.host, self.port)
 
+    def predictor_state_path(self) -> Path | None:
+        """Where ``online`` keeps what it learned: ``predictor_state``, else beside the journal
+        (``*.online.json``); None without a journal."""
+        if self.predictor_state is not None:
+            return self.predictor_state
+        journal = self.journal_path()
+        return None if journal is None else journal.with_suffix(".online.json")
+
 
 def run(settings: ServeSettings) -> int:
     """Run ``justitia serve`` until it stops; returns its exit status. Without ``upstream`` or ``ray``:
@@ -110,13 +119,15 @@ def run(settings: ServeSettings) -> int:
     if not settings.upstream and settings.ray is None:
         from justitia.server.keys import KeyRing
 
-        make_predictor(settings.predictor)  # fail before minutes of start-up
+        make_predictor(settings.predictor)  # fail before minutes of start-up (online: its prior, trained once)
         KeyRing.load(settings.api_key, settings.api_keys)
         if settings.policy not in POLICY_NAMES:
             raise ValueError(f"--policy: unknown policy '{settings.policy}'; expected one of: "
                              f"{', '.join(POLICY_NAMES)}.")
         path = settings.journal_path()
-        config = {"predictor": settings.predictor, "api_keys": settings.api_key or [],
+        state = settings.predictor_state_path()
+        config = {"predictor": settings.predictor, "predictor_state": None if state is None else str(state),
+                  "api_keys": settings.api_key or [],
                   "api_keys_file": None if settings.api_keys is None else str(settings.api_keys),
                   "journal": None if path is None else str(path),
                   "limits": settings.limits() | {"max_tasks_per_agent": settings.max_tasks_per_agent,
@@ -239,7 +250,9 @@ async def serve(settings: ServeSettings, ready: asyncio.Event | None = None) -> 
     policy, host, port, drain_s = settings.policy, settings.host, settings.port, settings.drain_s
     if policy not in POLICY_NAMES:
         raise ValueError(f"--policy: unknown policy '{policy}'; expected one of: {', '.join(POLICY_NAMES)}.")
-    pred = make_predictor(settings.predictor)  # before the engine: a bad predictor (or key file) fails fast
+    from justitia.server.learning import server_predictor
+
+    pred = server_predictor(settings.predictor, settings.predictor_state_path())  # before the engine: fails fast
     from justitia.server.keys import KeyRing
 
     keys = KeyRing.load(settings.api_key, settings.api_keys)

@@ -14,7 +14,8 @@ vLLM's endpoints, request models, validation and error messages are vLLM's, unch
 
 Configuration: the scheduler reads ``JUSTITIA_POLICY`` and the other ``JUSTITIA_*`` variables
 (``justitia.defaults``); this plugin reads ``JUSTITIA_SERVE``, a JSON object (``serve_config``):
-``predictor``, ``api_keys``, ``api_keys_file``, ``journal`` (a path, or false) and ``limits`` (the
+``predictor`` (default ``online``), ``predictor_state`` (where ``online`` keeps what it learned, or
+null), ``api_keys``, ``api_keys_file``, ``journal`` (a path, or false) and ``limits`` (the
 ``agents.Settings`` fields). ``justitia serve`` sets both; docs/server.md has the recipe for a
 ``vllm serve`` command line.
 """
@@ -30,7 +31,7 @@ from justitia.defaults import policy_settings
 
 ENV_SERVE = "JUSTITIA_SERVE"
 log = logging.getLogger("justitia.server")
-SERVE_KEYS = ("predictor", "api_keys", "api_keys_file", "journal", "limits")
+SERVE_KEYS = ("predictor", "predictor_state", "api_keys", "api_keys_file", "journal", "limits")
 
 
 def serve_config(environ=None) -> dict:
@@ -55,14 +56,14 @@ class JustitiaPlugin:
     required_tasks = ("generate",)
 
     def __init__(self):
-        from justitia.predictors import make_predictor
         from justitia.server.agents import Settings
+        from justitia.server.learning import server_predictor
         from justitia.server.keys import KeyRing
 
         try:
             config = serve_config()
             self.policy = policy_settings().policy
-            self.predictor = make_predictor(config.get("predictor", "mlp"))
+            self.predictor = server_predictor(config.get("predictor", "online"), config.get("predictor_state"))
             self.keys = KeyRing.load(config.get("api_keys"), config.get("api_keys_file"))
             self.journal_path = config.get("journal")
             self.settings = Settings(policy=self.policy, **(config.get("limits") or {}))

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Protocol, Sequence
 
 from justitia.agent import AgentProcess, AgentResult, Answer, Call, Options, RunResult
-from justitia.core import (WINDOW_STEPS, kv_token_iters, AgentScheduler, CapacityMeter, CostModel, Policy, ReplicaLoad, Replicas,
+from justitia.core import (WINDOW_STEPS, kv_token_iters, AgentScheduler, CapacityMeter, CostDist, CostModel, Policy, ReplicaLoad, Replicas,
                            RouteRequest, cost_model, make_policy)
 from justitia.predictors import Predictor
 from justitia.sim.config import PS_PER_S, EngineConfig
@@ -30,6 +30,7 @@ class _AgentRun:
     engines: list[tuple[int, str]] = field(default_factory=list)  # (engine, flow) whose core knows it
     burst: set[tuple[int, str]] = field(default_factory=set)  # ... that it arrived at in its burst (it pauses there)
     burst_cost: float | None = None  # a session: its burst's predicted cost, which engines learn it arrive with
+    burst_dist: CostDist | None = None  # ... and as a distribution, if the predictor gives one
 
 
 @dataclass(eq=False)
@@ -220,6 +221,7 @@ class EngineLoop:
             if run.burst:  # a next turn sent with no pause before it: the last one leaves first
                 self._leave(run, now_ps)
             run.burst_cost = proc.burst_cost(calls)
+            run.burst_dist = proc.burst_dist(calls)
         proc.sent(calls, now_ps / PS_PER_S)
         if not (self._in_ps or self._per_request_ps):
             self._submit(run, calls, now_ps)
@@ -306,11 +308,13 @@ class EngineLoop:
                     e.report_service()  # the clock's M may follow what the engine delivered so far
                 # the engine sees the agent at the step boundary where it takes it in, as a real one does
                 if flow != agent.agent_id:  # a subagent's own flow
-                    cost = run.process.flow_cost(first[flow])
+                    cost, dist = run.process.flow_cost(first[flow]), None
+                elif run.burst_cost is None:
+                    cost, dist = run.process.predicted_cost, run.process.predicted_dist
                 else:
-                    cost = run.process.predicted_cost if run.burst_cost is None else run.burst_cost
+                    cost, dist = run.burst_cost, run.burst_dist
                 e.core.agent_arrived(flow, agent.type, cost, e.now_ps / PS_PER_S, agent.weight, agent.tenant,
-                                     session=agent.is_session and flow == agent.agent_id)
+                                     session=agent.is_session and flow == agent.agent_id, dist=dist)
                 run.burst.add(key)
                 if key not in run.engines:
                     run.engines.append(key)

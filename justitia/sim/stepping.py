@@ -23,7 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from justitia.core import AgentScheduler, Charge, RequestInfo
+from justitia.core import AgentScheduler, Charge, RequestInfo, kv_token_iters
 from justitia.sim.config import PS_PER_S, EngineConfig
 from justitia.sim.prefix import PrefixCache
 
@@ -74,6 +74,9 @@ class PlainRun:
         self.core = core
         self.finished = finished  # told of every request that finishes, in the step's finishing order
         self.charged = core.traits.uses_service  # other policies skip that work
+        # an agent priced as a distribution is repriced on its service (core.gittins): where the policy
+        # is not charged step by step, each request is charged its whole service when it finishes
+        self.charge_finished = core.traits.retags_on_service
         self.timed = core.traits.timed  # keys that move with time (justitia-eligible): advanced each step
         self.now_ps = 0
         self.next_arrival_ps: int | None = None  # the simulator keeps this up to date
@@ -198,9 +201,17 @@ class PlainRun:
         self._release(r)
         if self.cache is not None:
             self.cache.forget(r)
+        if self.charge_finished and not self.charged:
+            self._charge_finished(r)
         self.core.request_finished(r.info)
         del self.reqs[r.info.request_id]
         self.finished(r)
+
+    def _charge_finished(self, r: SimRequest) -> None:
+        standing = self.core.agent(r.info.agent_id)
+        if standing is not None and standing.info.dist is not None:
+            p, d = r.prompt_tokens, r.output_tokens
+            self.core.charge(r.info, Charge(p, d, kv_token_iters(p, d)), self.now_ps / PS_PER_S)
 
     def _charge_for(self, r: SimRequest, n: int) -> Charge:
         return Charge.for_step(r.computed, n, r.num_tokens, r.generated)

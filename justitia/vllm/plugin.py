@@ -47,12 +47,25 @@ from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 from vllm.v1.core.sched.request_queue import PriorityRequestQueue, RequestQueue
 from vllm.v1.request import Request
 
-from justitia.core import (KV_PREFIX, REGISTER, RESET, RETIRE, STATE, WINDOW_STEPS, AgentBook, AgentInfo,
+from justitia.core import (KV_PREFIX, REGISTER, RESET, RETIRE, STATE, WINDOW_STEPS, AgentBook, AgentInfo, CostDist,
                            AgentScheduler, Charge, ControlCall, RequestMeta, calibrated_capacity, capacity_per_s,
                            cost_model, prefix_step_charges, step_charges, step_delivered)
 from justitia.defaults import DOOR_KEY, policy_settings
 from justitia.vllm.base import ASYNC_VARIANTS, StepLogScheduler, logger
 from justitia.vllm.base import SUPPORTED_VLLM, AsyncStepLogScheduler, check_version  # noqa: F401  (named here too)
+
+
+def parse_dist(doc) -> CostDist | None:
+    """A register call's ``dist`` (``[values, probs]``, ``CostDist``'s), or None if it has none or
+    it is malformed (the agent is then priced at its point price)."""
+    if doc is None:
+        return None
+    try:
+        values, probs = doc
+        return CostDist(tuple(float(v) for v in values), tuple(float(p) for p in probs))
+    except (TypeError, ValueError):
+        logger.warning("justitia: a register call's price distribution is malformed; its point price is used.")
+        return None
 
 
 def trusted(extra_args, client_prices: bool | None, door_token: str | None) -> bool:
@@ -228,7 +241,8 @@ class JustitiaScheduler(StepLogScheduler):
             before = self.core.agent(agent_id)  # a paused session's standing: its return is logged as one
             agent = self.book.register(agent_id, str(args.get("agent_type", "")), float(args["predicted_cost"]), now,
                                        float(args.get("weight", 1.0)), args.get("tenant"),
-                                       None if resume is None else float(resume), args.get("session") is True)
+                                       None if resume is None else float(resume), args.get("session") is True,
+                                       parse_dist(args.get("dist")))
             if agent is not None:
                 self._log_arrival(agent, before)
             return self.book.virtual_finish(agent_id)

@@ -6,6 +6,8 @@ from justitia.core.policies.eligible import EligibleJustitia
 from justitia.core.policies.fcfs import FCFS
 from justitia.core.policies.justitia import Justitia
 from justitia.core.policies.las import LAS
+from justitia.core.policies.las_decay import DecayedLAS
+from justitia.core.policies.las_turn import TurnLAS
 from justitia.core.policies.parrot import Parrot
 from justitia.core.policies.sjf import SJF
 from justitia.core.policies.srjf import SRJF
@@ -14,7 +16,8 @@ from justitia.core.policies.vtc import VTC
 
 POLICY_NAMES = ("fcfs", "sjf", "parrot", "vtc", "srjf", "justitia", "las")
 STATIC_POLICY_NAMES = tuple(n for n in POLICY_NAMES if n not in ("vtc", "srjf", "las"))  # keys fixed on arrival
-OPTION_NAMES = ("justitia-eligible", "justitia-chained", "tagged")  # options beside the paper's seven (not run unless named);
+BASELINE_NAMES = ("las-turn", "las-decay")  # the non-clairvoyant baselines a user would pick instead (docs/design.md)
+OPTION_NAMES = ("justitia-eligible", "justitia-chained", "tagged", *BASELINE_NAMES)  # options beside the paper's seven (not run unless named);
 # justitia-chained: a tenant's agents in arrival order (the tenants rule before hierarchical GPS);
 # tagged: an engine behind a front end that keeps the clock (its requests carry their tags)
 CLOCK_POLICY_NAMES = ("justitia", "justitia-eligible", "justitia-chained")  # those that keep a GPS clock
@@ -44,14 +47,16 @@ def make_policy(name: str, capacity_per_s: float | None = None, cost: str | Cost
         if name == "justitia-eligible":
             return EligibleJustitia(capacity_per_s, cost)
         return Justitia(capacity_per_s, chained=name == "justitia-chained")
-    if name in ("srjf", "las"):
-        return {"srjf": SRJF, "las": LAS}[name](cost)
+    if name in ("srjf", "las", "las-turn"):
+        return {"srjf": SRJF, "las": LAS, "las-turn": TurnLAS}[name](cost)
+    if name == "las-decay":
+        return DecayedLAS()
     classes = {"fcfs": FCFS, "sjf": SJF, "parrot": Parrot, "vtc": VTC, "tagged": Tagged}
     if name not in classes:
         raise ValueError(f"unknown policy '{name}'; expected one of: {', '.join(POLICY_NAMES + OPTION_NAMES)}.")
     return classes[name]()
 
 
-__all__ = ["AgentInfo", "Policy", "RequestInfo", "POLICY_NAMES", "STATIC_POLICY_NAMES", "OPTION_NAMES", "CLOCK_POLICY_NAMES",
+__all__ = ["AgentInfo", "Policy", "RequestInfo", "POLICY_NAMES", "BASELINE_NAMES", "DecayedLAS", "TurnLAS", "STATIC_POLICY_NAMES", "OPTION_NAMES", "CLOCK_POLICY_NAMES",
            "has_clock", "keeps_front_clock", "make_policy",
            "FCFS", "SJF", "Parrot", "VTC", "SRJF", "Justitia", "LAS", "EligibleJustitia", "Tagged"]

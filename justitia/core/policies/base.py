@@ -7,6 +7,7 @@ from typing import ClassVar, Iterable
 
 from justitia.core.clock import VirtualClock
 from justitia.core.cost import NO_CHARGE, Charge
+from justitia.core.gittins import CostDist
 
 
 @dataclass(frozen=True)
@@ -22,6 +23,7 @@ class AgentInfo:
     tenant: str | None = None  # tenants share the engine, agents their tenant's part (None: on its own)
     resume_cost: float | None = None  # an agent resumed after a restart: the work GPS still owed it (<= predicted)
     session: bool = False  # a session, priced burst by burst (docs/sessions.md)
+    dist: CostDist | None = None  # its price as a distribution (core.gittins): predicted_cost is its index at 0
 
 
 @dataclass(frozen=True, eq=False)
@@ -137,6 +139,12 @@ class Policy:
     def revise(self, agent_id: str, revealed_cost: float, remaining_cost: float, now_s: float) -> None:
         """The agent has revealed more work than predicted: ``revealed_cost`` in all (its requests so
         far, at their predicted costs), of which ``remaining_cost`` is not finished."""
+
+    def reprice(self, agent_id: str, index_cost: float, attained: float, now_s: float) -> None:
+        """An agent priced as a distribution has attained ``attained`` (the engine's charges, in the
+        cost unit) and is now priced at ``index_cost`` (its Gittins index, ``core.gittins``): justitia
+        moves its tag to ``S + index_cost / w``, anchored at its start, never forward."""
+        self.revise(agent_id, index_cost, max(0.0, index_cost - attained), now_s)
 
     def settle(self, agent_id: str, cost: float, now_s: float) -> None:
         """The agent is leaving (``agent_finished`` follows) having asked for ``cost`` in all (its

@@ -29,12 +29,13 @@ class Justitia(Policy):
         self._tenant = self._groups.tenant  # agents in a tenant -> the tenant
         self._inner: dict[str, float] = {}  # agents in a tenant -> their inner tag
         self._sessions: set[str] = set()  # sessions: a burst that reveals more retags from its start too
+        self._priced: dict[str, tuple[float, float, float]] = {}  # priced as distributions: (S, w, GPS cost)
 
     def agent_arrived(self, agent: AgentInfo, now_s: float) -> None:
         """Stamp the agent with its virtual finish tag (in a tenant: its inner tag, and its root key)."""
         # a resumed agent is stamped with the work GPS still owed it (its place before the restart)
         owed = agent.predicted_cost if agent.resume_cost is None else agent.resume_cost
-        tag = self.clock.arrive(agent.agent_id, owed, now_s, agent.weight, agent.tenant)
+        tag = self._arrive(agent, owed, now_s)
         self._tags[agent.agent_id] = (tag, agent.seq)
         if agent.session:
             self._sessions.add(agent.agent_id)
@@ -46,16 +47,29 @@ class Justitia(Policy):
     def agent_returned(self, agent: AgentInfo, now_s: float) -> None:
         """A paused session's next burst: stamped as an arrival, behind its earlier work if GPS has
         not finished it (``VirtualClock.arrive``), in its arrival order."""
-        tag = self.clock.arrive(agent.agent_id, agent.predicted_cost, now_s, agent.weight, agent.tenant)
+        tag = self._arrive(agent, agent.predicted_cost, now_s)
         self._tags[agent.agent_id] = (tag, agent.seq)
         if agent.tenant is not None:
             self._inner[agent.agent_id] = agent.seq if self._chained else self.clock.inner_tag(agent.agent_id)
             self._groups.moved(agent.tenant)
 
+    def _arrive(self, agent: AgentInfo, cost: float, now_s: float) -> float:
+        """Stamp the agent on the clock; its tag. An agent priced as a distribution (without a
+        tenant) counts in GPS as the distribution's largest value (``_priced``: it is active until it
+        leaves, when it settles at what it asked for), and is ordered by its index, ``S + cost / w``."""
+        if agent.dist is None or agent.tenant is not None:
+            self._priced.pop(agent.agent_id, None)
+            return self.clock.arrive(agent.agent_id, cost, now_s, agent.weight, agent.tenant)
+        self.clock.arrive(agent.agent_id, max(cost, agent.dist.top), now_s, agent.weight)
+        start = self.clock.start(agent.agent_id)
+        self._priced[agent.agent_id] = (start, agent.weight, max(cost, agent.dist.top))
+        return start + cost / agent.weight
+
     def agent_finished(self, agent_id: str, now_s: float) -> None:
         """Forget the agent's tag (the clock keeps it as ``settle`` left it)."""
         self._tags.pop(agent_id, None)
         self._sessions.discard(agent_id)
+        self._priced.pop(agent_id, None)
         self._inner.pop(agent_id, None)
         self._groups.leave(agent_id)
 
@@ -69,10 +83,32 @@ class Justitia(Policy):
         """An agent that reveals more work than its tag assumed moves back to where an agent arriving
         now with its remaining work would be: ``f = max(f, V(now) + remaining / w)`` (in a tenant, its
         inner tag); requests queued from now on carry the new tag."""
+        self._retag(agent_id, remaining_cost, now_s, revealed_cost if agent_id in self._sessions else None, False)
+
+    def reprice(self, agent_id: str, index_cost: float, attained: float, now_s: float) -> None:
+        """An agent priced as a distribution, repriced at its Gittins index having attained
+        ``attained``: ``f = max(f, S + index / w)``, anchored at its GPS start (never at ``V(now)``:
+        a burst the engine has delayed is not pushed further back for it)."""
+        priced = self._priced.get(agent_id)
+        entry = self._tags.get(agent_id)
+        if priced is None or entry is None:
+            self._retag(agent_id, max(0.0, index_cost - attained), now_s, index_cost, True)
+            return
+        start, weight, counted = priced
+        if 2 * attained > counted:  # past its distribution: it stays active in GPS while it runs
+            counted = 2 * attained
+            self.clock.retag(agent_id, 0.0, now_s, counted, anchored=True)
+            self._priced[agent_id] = (start, weight, counted)
+        tag = start + index_cost / weight
+        if tag > entry[0]:
+            self._tags[agent_id] = (tag, entry[1])
+
+    def _retag(self, agent_id: str, remaining_cost: float, now_s: float, revealed_cost: float | None,
+               anchored: bool) -> None:
         entry = self._tags.get(agent_id)
         if entry is None:
             return
-        tag = self.clock.retag(agent_id, remaining_cost, now_s, revealed_cost if agent_id in self._sessions else None)
+        tag = self.clock.retag(agent_id, remaining_cost, now_s, revealed_cost, anchored=anchored)
         tenant = self._tenant.get(agent_id)
         if tenant is not None:
             if tag is not None and tag > self._inner[agent_id] and not self._chained:

@@ -1,0 +1,385 @@
+"""``online``: prices learned from the deployment's own traffic, as distributions.
+
+What a server sees when an agent arrives (its type, tenant, first-stage prompts and their tokens,
+its fan-out) or a session's turn starts (the turn's index, its first call's prompt tokens, what the
+session's earlier turns cost) is turned into a small feature vector ``x``; the price is the
+distribution of ``log C`` given ``x``:
+
+    log C = beta . x + e,      e ~ the residuals of the last fit (``ATOMS`` equal-weight quantiles)
+
+``x`` starts with 1 and the log of a *prior* price: for agents, a predictor trained on the
+committed profile (``mlp`` by default: the paper's per-type TF-IDF + MLP, its text included; the
+``online:KIND`` spec names another), for turns the ``session`` heuristic (its own earlier turns,
+grown by its type's ratio). With no history, ``beta`` is the prior itself (``log C = log prior +
+offset``) and the spread a wide default; as agents and turns finish (``learn``), a ridge regression
+pulled toward that prior is refitted on the last ``WINDOW`` of them, per (tenant, type, kind):
+
+    beta = argmin |X beta - y|^2 + RIDGE |beta - beta_0|^2,   beta_0 = (offset, 1, 0, ...)
+
+A tenant's traffic moves only its own prices (clients are untrusted); the models kept are bounded
+(``MAX_MODELS``, least recently used out; ``WINDOW`` observations each), so memory is too.
+Refits happen every ``REFIT_EVERY`` observations of a model: inline (the simulator: deterministic,
+and only on what finished earlier in the run), or in a background thread (``background=True``,
+the server: pricing reads the last fitted coefficients and never waits for a fit). What was learned
+is saved and loaded as JSON (``state``/``from_state``, ``save``/``load``), so a restart keeps it.
+
+The point price ``agent_cost`` / ``turn_cost`` is the distribution's Gittins index at zero
+(``core.gittins``), which is what Justitia tags a burst with; the engine reprices it as service
+is attained.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import queue
+import threading
+from collections import OrderedDict, deque
+from pathlib import Path
+
+import numpy as np
+
+from justitia.core import CostDist, CostModel
+from justitia.predictors.base import Predictor
+from justitia.predictors.session import SessionPredictor
+from justitia.workload import Agent
+
+SCHEMA = "justitia.online/1"
+WINDOW = 256  # observations kept per model (the newest)
+REFIT_EVERY = 4  # observations between two refits of a model
+MIN_FIT = 6  # observations before a model's own regression replaces the prior plus offset
+RIDGE = 2.0  # the pull toward the prior's coefficients
+ATOMS = 8  # quantiles of the residuals a price's distribution has
+PRIOR_SPREAD = 1.0  # the residuals' deviation (log units) assumed before any was seen
+MAX_MODELS = 4096  # (kind, tenant, type) models kept, least recently used dropped
+PRIOR_OUTPUT_TOKENS = 32  # the answer length a prompt is priced with when no prior says more
+PRIOR_RANGE = math.exp(4.0)  # how far a prior may stray from that, either way
+PRIOR_WEIGHT = 1.0  # pseudo-observations of the tenant's pooled offset and the default spread, in a type's cold start
+OFFSET_WEIGHT = 0.2  # the newest observation's weight in a (kind, tenant)'s offset from its prior
+_Z = [float(x) for x in np.array([-1.5341, -0.8871, -0.4888, -0.1573, 0.1573, 0.4888, 0.8871, 1.5341])]
+# ^ standard normal quantiles at (k + 0.5) / 8: the default spread's atoms
+
+
+class _Model:
+    """One (kind, tenant, type)'s window of observations and its last fit."""
+
+    __slots__ = ("xs", "ys", "beta", "residuals", "pending", "prior_resid")
+
+    def __init__(self) -> None:
+        self.xs: deque = deque(maxlen=WINDOW)
+        self.ys: deque = deque(maxlen=WINDOW)
+        self.beta: tuple[float, ...] | None = None  # None: the prior plus its offset
+        self.residuals: tuple[float, ...] = ()  # ATOMS quantiles of the last fit's residuals
+        self.pending = 0  # observations since the last fit
+        self.prior_resid: deque = deque(maxlen=WINDOW)  # log(actual / prior) of its observations
+
+
+class _Running:
+    """A (kind, tenant, type)'s bursts priced and not yet learned: each one's log price (its
+    distribution's center) and how far its cost so far runs past it, summed."""
+
+    __slots__ = ("entries", "excess")
+
+    def __init__(self) -> None:
+        self.entries: OrderedDict[tuple, list[float]] = OrderedDict()  # ident -> [mu, excess]
+        self.excess = 0.0
+
+    def start(self, ident: tuple, mu: float) -> None:
+        if ident in self.entries:
+            return
+        self.entries[ident] = [mu, 0.0]
+        while len(self.entries) > WINDOW:
+            _, (_, old) = self.entries.popitem(last=False)
+            self.excess -= old
+
+    def progress(self, ident: tuple, log_so_far: float) -> None:
+        entry = self.entries.get(ident)
+        if entry is not None:
+            new = max(0.0, log_so_far - entry[0])
+            self.excess += new - entry[1]
+            entry[1] = new
+
+    def finish(self, ident: tuple) -> None:
+        entry = self.entries.pop(ident, None)
+        if entry is not None:
+            self.excess -= entry[1]
+
+    def lift(self) -> float:
+        """The mean excess over the bursts running (and one pseudo-burst that runs at its price)."""
+        return max(0.0, self.excess) / (len(self.entries) + PRIOR_WEIGHT)
+
+
+def _fit(xs: list[list[float]], ys: list[float], offset: float) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """Ridge toward (offset, 1, 0, ...): the coefficients and the residuals' ``ATOMS`` quantiles."""
+    x = np.asarray(xs, dtype=float)
+    y = np.asarray(ys, dtype=float)
+    k = x.shape[1]
+    beta0 = np.zeros(k)
+    beta0[0], beta0[1] = offset, 1.0
+    a = x.T @ x + RIDGE * np.eye(k)
+    b = x.T @ y + RIDGE * beta0
+    beta = np.linalg.solve(a, b)
+    res = y - x @ beta
+    # leave-one-out residuals (the hat matrix's diagonal): in-sample ones would understate the spread
+    h = np.einsum("ij,jk,ik->i", x, np.linalg.inv(a), x)
+    res = res / np.maximum(1.0 - h, 0.05)
+    qs = np.quantile(res, (np.arange(ATOMS) + 0.5) / ATOMS)
+    return tuple(float(v) for v in beta), tuple(float(v) for v in qs)
+
+
+class OnlinePredictor(Predictor):
+    """Prices learned online from finished agents and turns (the module's docstring)."""
+
+    name = "online"
+
+    def __init__(self, prior: Predictor | None = None, background: bool = False, prior_name: str = "none"):
+        self.prior = prior
+        self.prior_name = prior_name
+        self.session = SessionPredictor()  # the turns' prior, and a session call's cost
+        self._models: OrderedDict[tuple[str, str, str], _Model] = OrderedDict()
+        self._offsets: dict[tuple[str, str], list[float]] = {}  # (kind, tenant) -> [offset, residuals seen]
+        self._running: OrderedDict[tuple[str, str, str], _Running] = OrderedDict()  # bursts priced, not yet learned
+        self._lock = threading.Lock()
+        self.observations = 0
+        self.observations_loaded = 0  # of them, those a saved state brought back
+        self.refits = 0
+        self.after_learn = None  # called (in the learning thread) after each observation: a server saves
+        self._queue: queue.SimpleQueue | None = None
+        self._worker: threading.Thread | None = None
+        if background:
+            self._queue = queue.SimpleQueue()
+            self._worker = threading.Thread(target=self._work, name="justitia-online-refit", daemon=True)
+            self._worker.start()
+
+    # ------------------------------------------------------------------------------ features
+    def _agent_features(self, agent: Agent, model: CostModel) -> list[float]:
+        first = agent.stages[0]
+        prior = self._agent_prior(agent, model)
+        return [1.0, math.log(max(prior, 1.0)), math.log1p(sum(t.prompt_tokens for t in first)), math.log1p(len(first))]
+
+    def _agent_prior(self, agent: Agent, model: CostModel) -> float:
+        """The prior's price, kept within ``PRIOR_RANGE`` of what the first stage's prompts alone
+        would cost with short answers: a model trained elsewhere can extrapolate wildly on text it
+        never saw (the committed ``mlp`` prices some agents at e^60)."""
+        first = agent.stages[0]
+        lengths = max(1.0, sum(model.request_cost(t.prompt_tokens, PRIOR_OUTPUT_TOKENS) for t in first))
+        if self.prior is None:
+            return lengths
+        price = float(self.prior.agent_cost(agent, model))
+        if not math.isfinite(price):
+            return lengths
+        return min(max(price, lengths / PRIOR_RANGE), lengths * PRIOR_RANGE)
+
+    def _turn_features(self, agent: Agent, turn: int, earlier: list[float], model: CostModel) -> list[float]:
+        prior = self.session.turn_cost(agent, turn, earlier, model)
+        calls = agent.turn_calls(turn)
+        first = agent.task(*calls[0]).prompt_tokens if calls else 0
+        recent = [max(c, 1.0) for c in earlier[-3:]]
+        history = sum(math.log(c) for c in recent) / len(recent) if recent else 0.0
+        return [1.0, math.log(max(prior, 1.0)), math.log1p(turn), math.log1p(first), history, 1.0 if recent else 0.0]
+
+    # ------------------------------------------------------------------------------- prices
+    def _dist(self, kind: str, agent: Agent, x: list[float], ident: tuple | None = None) -> CostDist:
+        tenant = agent.tenant or ""
+        with self._lock:
+            m = self._models.get((kind, tenant, agent.type))
+            beta, residuals = (m.beta, m.residuals) if m is not None else (None, ())
+            seen = list(m.prior_resid) if m is not None and beta is None else []
+            pooled = self._offsets.get((kind, tenant), [0.0, 0])[0]
+            running = self._running.get((kind, tenant, agent.type))
+            lift = running.lift() if running is not None else 0.0
+        if beta is not None:
+            mu = float(np.dot(beta, x))
+            spread = residuals
+        else:  # the prior, moved by what this type has shown (shrunk toward the tenant's pooled offset)
+            n = len(seen)
+            offset = (sum(seen) + PRIOR_WEIGHT * pooled) / (n + PRIOR_WEIGHT)
+            mean = sum(seen) / n if n else 0.0
+            sd = math.sqrt((sum((r - mean) ** 2 for r in seen) + PRIOR_WEIGHT * PRIOR_SPREAD ** 2) / (n + PRIOR_WEIGHT))
+            mu = x[1] + offset
+            spread = tuple(sd * z for z in _Z)
+        if ident is not None:
+            with self._lock:
+                running = self._running.get((kind, tenant, agent.type))
+                if running is None:
+                    running = self._running[(kind, tenant, agent.type)] = _Running()
+                    while len(self._running) > MAX_MODELS:
+                        self._running.popitem(last=False)
+                running.start(ident, mu)
+        # bursts of this type running past their prices: the upper half of the distribution moves up by
+        # their mean excess (the lower half stays: a price errs low, where service corrects it)
+        values = sorted(math.exp(min(mu + r + (lift if r > 0 else 0.0), 80.0)) for r in spread)
+        return CostDist.from_samples(values)
+
+    def agent_dist(self, agent: Agent, model: CostModel) -> CostDist:
+        return self._dist("agent", agent, self._agent_features(agent, model), (agent.agent_id, None))
+
+    def agent_cost(self, agent: Agent, model: CostModel) -> float:
+        if agent.is_session:
+            return self.turn_cost(agent, 0, [], model)
+        return self.agent_dist(agent, model).index(0.0)
+
+    def turn_dist(self, agent: Agent, turn: int, earlier: list[float], model: CostModel) -> CostDist:
+        return self._dist("turn", agent, self._turn_features(agent, turn, earlier, model), (agent.agent_id, turn))
+
+    def turn_cost(self, agent: Agent, turn: int, earlier: list[float], model: CostModel) -> float:
+        return self.turn_dist(agent, turn, earlier, model).index(0.0)
+
+    def request_cost(self, agent: Agent, stage: int, index: int, model: CostModel) -> float:
+        if agent.is_session or self.prior is None:
+            return self.session.request_cost(agent, stage, index, model)
+        with self._lock:
+            offset = self._offsets.get(("agent", agent.tenant or ""), [0.0, 0])[0]
+        return float(self.prior.request_cost(agent, stage, index, model)) * math.exp(offset)
+
+    # ------------------------------------------------------------------------------ learning
+    def observe_turn(self, agent_type: str, turn: int, predicted: float, actual: float, earlier: float | None = None) -> None:
+        self.session.observe_turn(agent_type, turn, predicted, actual, earlier)
+
+    def observe_call(self, agent_type: str, prompt_tokens: int, output_tokens: int) -> None:
+        self.session.observe_call(agent_type, prompt_tokens, output_tokens)
+
+    def progress(self, agent: Agent, so_far: float, turn: int | None = None) -> None:
+        """An agent (or its turn ``turn``) still running has cost ``so_far`` (its answered calls): a
+        lower bound on its cost. While bursts of a type run past their prices, the type's next
+        prices rise by their mean excess (``_Running.lift``): what a finished-only learner could not
+        see until they finish, when the engine has long been serving them."""
+        if so_far > 0 and math.isfinite(so_far):
+            with self._lock:
+                running = self._running.get(("agent" if turn is None else "turn", agent.tenant or "", agent.type))
+                if running is not None:
+                    running.progress((agent.agent_id, turn), math.log(so_far))
+
+    def learn(self, agent: Agent, actual: float, turn: int | None = None, earlier: list[float] | None = None) -> None:
+        """A finished agent or turn: its features as they were at its start, and its true cost."""
+        with self._lock:
+            running = self._running.get(("agent" if turn is None else "turn", agent.tenant or "", agent.type))
+            if running is not None:
+                running.finish((agent.agent_id, turn))
+        if not (actual > 0 and math.isfinite(actual)):
+            return
+        from justitia.core import KV
+
+        if turn is None:
+            kind, x = "agent", self._agent_features(agent, KV)
+        else:
+            kind, x = "turn", self._turn_features(agent, turn, list(earlier or []), KV)
+        item = (kind, agent.tenant or "", agent.type, x, math.log(actual))
+        if self._queue is not None:
+            self._queue.put(item)
+        else:
+            self._add(*item)
+
+    def _add(self, kind: str, tenant: str, agent_type: str, x: list[float], y: float) -> None:
+        with self._lock:
+            off = self._offsets.setdefault((kind, tenant), [0.0, 0])
+            resid = y - x[1]
+            off[0] = resid if off[1] == 0 else (1 - OFFSET_WEIGHT) * off[0] + OFFSET_WEIGHT * resid
+            off[1] += 1
+            key = (kind, tenant, agent_type)
+            m = self._models.get(key)
+            if m is None:
+                m = self._models[key] = _Model()
+                while len(self._models) > MAX_MODELS:
+                    self._models.popitem(last=False)
+            else:
+                self._models.move_to_end(key)
+            m.xs.append(x)
+            m.ys.append(y)
+            m.prior_resid.append(resid)
+            m.pending += 1
+            self.observations += 1
+            due = len(m.ys) >= MIN_FIT and m.pending >= REFIT_EVERY
+            data = (list(m.xs), list(m.ys), off[0]) if due else None
+            if due:
+                m.pending = 0
+        if data is not None:
+            beta, residuals = _fit(*data)  # outside the lock: pricing never waits for a fit
+            with self._lock:
+                m.beta, m.residuals = beta, residuals
+                self.refits += 1
+
+    def _work(self) -> None:
+        while True:
+            item = self._queue.get()
+            if item is None:
+                return
+            if isinstance(item, threading.Event):
+                item.set()
+                continue
+            try:
+                self._add(*item)
+                if self.after_learn is not None:
+                    self.after_learn()
+            except Exception:  # a bad fit or a failed save must not stop learning
+                continue
+
+    def flush(self, timeout_s: float = 5.0) -> bool:
+        """Wait until the background worker has learned everything queued so far (tests, shutdown);
+        True if it did within ``timeout_s``."""
+        if self._queue is None:
+            return True
+        done = threading.Event()
+        self._queue.put(done)
+        return done.wait(timeout_s)
+
+    def close(self) -> None:
+        """Stop the background worker (it finishes what is queued)."""
+        if self._queue is not None and self._worker is not None and self._worker.is_alive():
+            self._queue.put(None)
+            self._worker.join(timeout=5.0)
+
+    # --------------------------------------------------------------------------------- state
+    def state(self) -> dict:
+        """What was learned, as a JSON document (``from_state`` reads it back)."""
+        with self._lock:
+            models = [{"kind": k, "tenant": t, "type": ty, "xs": [list(x) for x in m.xs], "ys": list(m.ys)}
+                      for (k, t, ty), m in self._models.items()]
+            offsets = [{"kind": k, "tenant": t, "offset": v[0], "seen": v[1]} for (k, t), v in self._offsets.items()]
+        return {"schema": SCHEMA, "prior": self.prior_name, "models": models, "offsets": offsets}
+
+    def load_state(self, doc: dict) -> None:
+        """Restore what ``state`` saved (refitting each model); a malformed document raises ValueError."""
+        if not isinstance(doc, dict) or doc.get("schema") != SCHEMA:
+            raise ValueError(f"not an online predictor's state (expected schema '{SCHEMA}').")
+        try:
+            offsets = {(str(o["kind"]), str(o["tenant"])): [float(o["offset"]), int(o["seen"])] for o in doc["offsets"]}
+            models = []
+            for d in doc["models"][-MAX_MODELS:]:
+                xs = [[float(v) for v in x] for x in d["xs"]][-WINDOW:]
+                ys = [float(v) for v in d["ys"]][-WINDOW:]
+                if len(xs) != len(ys) or any(len(x) != len(xs[0]) for x in xs) or not all(map(math.isfinite, ys)):
+                    raise ValueError("ragged or non-finite observations")
+                models.append(((str(d["kind"]), str(d["tenant"]), str(d["type"])), xs, ys))
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ValueError(f"malformed online predictor state: {exc}") from None
+        with self._lock:
+            self._offsets = offsets
+            self._models = OrderedDict()
+            self.observations = self.observations_loaded = sum(len(ys) for _, _, ys in models)
+        for key, xs, ys in models:
+            m = _Model()
+            m.xs.extend(xs)
+            m.ys.extend(ys)
+            m.prior_resid.extend(y - x[1] for x, y in zip(xs, ys))
+            if len(ys) >= MIN_FIT:
+                m.beta, m.residuals = _fit(xs, ys, offsets.get(key[:2], [0.0, 0])[0])
+            with self._lock:
+                self._models[key] = m
+
+    def save(self, path: str | Path) -> None:
+        """Write the state to ``path`` atomically."""
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(path.suffix + ".tmp")
+        tmp.write_text(json.dumps(self.state()))
+        os.replace(tmp, path)
+
+    def load(self, path: str | Path) -> bool:
+        """Read a state ``save`` wrote, if the file exists; True if it did."""
+        path = Path(path)
+        if not path.is_file():
+            return False
+        self.load_state(json.loads(path.read_text()))
+        return True
