@@ -75,12 +75,12 @@ def with_predictor(preset, predictor: str) -> list:
 
     from justitia.predictors import make_predictor
 
-    own = sorted({s.predictor for s in preset.specs if s.predictor != "oracle"})
-    if own:
+    if preset.compares_predictors:
+        own = sorted({s.predictor for s in preset.specs if s.predictor != "oracle"})
         raise ValueError(f"--predictor {predictor}: preset '{preset.name}' compares predictors itself (its runs use "
                          f"{', '.join(own)}); drop --predictor, or run --workload with --predictor.")
     make_predictor(predictor)  # validate before running anything
-    return [replace(s, predictor=predictor) for s in preset.specs]
+    return [replace(s, predictor=predictor) if s.predictor == "oracle" else s for s in preset.specs]
 
 
 def run(args) -> int:

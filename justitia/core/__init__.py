@@ -9,7 +9,7 @@ from justitia.core.gittins import CostDist
 from justitia.core.cost import (COMPUTE, COST_MODELS, KV, KV_PREFIX, NO_CHARGE, Charge, CostModel, attention_pairs, capacity_per_s,
                                 compute_tokens, cost_model, kv_token_iters, prefill_attention, prefix_step_charges,
                                 shared_kv_charge, shared_kv_savings, step_charges, step_delivered)
-from justitia.core.policies import (CLOCK_POLICY_NAMES, OPTION_NAMES, POLICY_NAMES, STATIC_POLICY_NAMES, AgentInfo, Policy,
+from justitia.core.policies import (BASELINE_NAMES, CLOCK_POLICY_NAMES, OPTION_NAMES, POLICY_NAMES, STATIC_POLICY_NAMES, AgentInfo, Policy,
                                     RequestInfo, has_clock, keeps_front_clock, make_policy)
 from justitia.core.protocol import (ENGINE_UTILITY, META_KEYS, PRICE_KEYS, REGISTER, RESET, RETIRE, SESSION, STATE, TURN_START,
                                     ControlCall, PolicyState, RequestMeta)
@@ -18,7 +18,7 @@ from justitia.core.scheduler import AgentScheduler, ClockReading, LookAhead, Sta
 from justitia.core.validate import is_positive_finite, positive_finite
 
 __all__ = [
-    "AgentBook", "AgentInfo", "CostDist", "AgentScheduler", "CapacityMeter", "calibrated_capacity", "Charge", "ControlCall", "CostModel", "PolicyState", "RequestInfo",
+    "AgentBook", "AgentInfo", "BASELINE_NAMES", "CostDist", "AgentScheduler", "CapacityMeter", "calibrated_capacity", "Charge", "ControlCall", "CostModel", "PolicyState", "RequestInfo",
     "RequestMeta", "VirtualClock", "STATE", "COMPUTE", "COST_MODELS", "ENGINE_UTILITY", "KV", "KV_PREFIX", "META_KEYS", "SESSION", "TURN_START", "PRICE_KEYS", "NO_CHARGE",
     "OPTION_NAMES", "POLICY_NAMES", "Policy", "REGISTER", "RETIRE", "RESET", "STATIC_POLICY_NAMES", "WINDOW_STEPS", "capacity_per_s", "compute_tokens",
     "attention_pairs", "cost_model", "int_priority", "kv_token_iters", "make_policy", "prefill_attention", "step_charges",

@@ -12,7 +12,7 @@ import numpy as np
 
 from justitia.core import POLICY_NAMES
 from justitia.lab.bench import RunSpec
-from justitia.lab.sessions import sessions_specs, sessions_summary, sessions_workload
+from justitia.lab.sessions import ONLINE_LABEL, sessions_specs, sessions_summary, sessions_workload
 from justitia.sim import EngineConfig
 from justitia.sim.config import load_profile
 from justitia.workload import Agent, Task, build_workload, load_workload, scale_tokens
@@ -64,6 +64,12 @@ class Preset:
     speed_probes: bool = False  # vllm: the calibration agents run again around every run (run_bench_vllm)
     replicas: int = 1  # sim: engines in the cluster (sim.Cluster when > 1)
     summary: Callable[[dict], list[str]] | None = None  # lines printed after the results table, from results.json
+    compares_predictors: bool = False  # its runs are about predictors: --predictor would override its point
+
+
+def online_specs() -> list[RunSpec]:
+    """Justitia and SRJF priced by ``online``, learning from what finished earlier in the run."""
+    return [RunSpec(ONLINE_LABEL, "justitia", "online"), RunSpec("srjf@online", "srjf", "online")]
 
 
 def _all_policies(predictor: str = "oracle", formula: bool = False) -> list[RunSpec]:
@@ -255,6 +261,7 @@ def make_preset(name: str, seed: int = 0) -> Preset:
 def _main(name: str, seed: int) -> Preset:
     agents, info = build_workload(300, seed, MOONCAKE_ARRIVALS, 1.0)
     specs = _all_policies(formula=True) + [RunSpec("justitia-eligible", "justitia-eligible")]  # an option for the tail
+    specs += online_specs()
     return Preset(name, "300 agents of nine workflows at 1x density, all seven policies", agents, info, specs)
 
 
@@ -279,14 +286,15 @@ def _sustained(name: str, seed: int) -> Preset:
     load = SUSTAINED_LOADS[name]
     agents, info = sustained_workload(seed, load, EngineConfig(profile=load_profile(SIM_DEFAULT_PROFILE)))
     return Preset(name, f"an elephant, then small agents at {load:g}x the engine's saturated rate for "
-                  f"{SUSTAINED_S / 60:.0f} minutes, all seven policies", agents, info, _all_policies(formula=True),
-                  summary=elephant_summary)
+                  f"{SUSTAINED_S / 60:.0f} minutes, all seven policies", agents, info,
+                  _all_policies(formula=True) + online_specs(), summary=elephant_summary)
 
 
 def _tenants(name: str, seed: int) -> Preset:
     agents, info = tenants_workload(seed, EngineConfig(profile=load_profile(SIM_DEFAULT_PROFILE)))
     return Preset(name, "main's agents in three tenants weighted 1, 1 and 2, and a fourth tenant streaming small "
-                  f"agents at {STREAM_LOAD:g}x the engine's saturated rate for {STREAM_S:.0f} s", agents, info, tenant_specs())
+                  f"agents at {STREAM_LOAD:g}x the engine's saturated rate for {STREAM_S:.0f} s", agents, info,
+                  tenant_specs() + [RunSpec(ONLINE_LABEL, "justitia", "online")])
 
 
 def _elephant_stream(name: str, seed: int) -> Preset:
@@ -307,7 +315,7 @@ def _noise(name: str, seed: int) -> Preset:
     specs += [RunSpec(f"justitia@noisy:{lam:g}/no-retag", "justitia", f"noisy:{lam:g}", retag=False)
               for lam in (1.5, 3)]
     return Preset(name, "Justitia with predictions off by up to a factor lambda, retagging on and off",
-                  agents, info, specs)
+                  agents, info, specs, compares_predictors=True)
 
 
 def _ablation(name: str, seed: int) -> Preset:
@@ -328,10 +336,12 @@ def _ablation(name: str, seed: int) -> Preset:
     trained = trained_predictors(train, seed, names)
     specs += [RunSpec(f"justitia@{n}", "justitia", spec) for n, spec in trained.items()]
     specs.append(RunSpec("justitia@mlp/no-retag", "justitia", trained["mlp"], retag=False))  # what retagging costs
+    # online, learning in the run: cold-started from prompts alone, and from the MLP trained on the profile's rest
+    specs += [RunSpec(ONLINE_LABEL, "justitia", "online"), RunSpec("justitia@online:mlp", "justitia", f"online:{trained['mlp']}")]
     notes = [] if "lm" in names else [f"lm predictor skipped: {_lm_missing()}"]
     return Preset(name, f"cost model (Justitia/C) and predictor ablation on real-LM (SmolLM2) agents, "
                   f"{ABLATION_DENSITY:g}x density, KV cache / {scale:g}", agents, info, specs, notes,
-                  sim_options={"kv_blocks": blocks})
+                  sim_options={"kv_blocks": blocks}, compares_predictors=True)
 
 
 def _trojan(name: str, seed: int) -> Preset:
@@ -351,7 +361,8 @@ def _trojan(name: str, seed: int) -> Preset:
              RunSpec("srjf@mlp", "srjf", mlp), RunSpec("srjf@mlp/no-retag", "srjf", mlp, retag=False)]
     return Preset(name, f"{TROJAN_FRAC:.0%} of the ablation's agents are trojans (first stage 1/"
                   f"{1 + TROJAN_COPIES} of their cost): the paper's predictor, retagging on and off",
-                  agents, info, specs, sim_options={"kv_blocks": blocks}, summary=trojan_summary)
+                  agents, info, specs, sim_options={"kv_blocks": blocks}, summary=trojan_summary,
+                  compares_predictors=True)
 
 
 def _cpu(name: str, seed: int) -> Preset:
@@ -427,7 +438,8 @@ def _sessions(name: str, seed: int) -> Preset:
             if name == "sessions-choices" else "fcfs, vtc, las, srjf, justitia")
     return Preset(name, f"{len(agents)} coding-agent sessions (turns, tool pauses, subagents, shared prompts), "
                   f"the prefix cache on: {what}", agents, info, sessions_specs(name == "sessions-choices"),
-                  sim_options={"prefix_caching": True}, summary=sessions_summary)
+                  sim_options={"prefix_caching": True}, summary=sessions_summary,
+                  compares_predictors=name == "sessions-choices")
 
 
 PRESETS = {  # name -> the function that builds it

@@ -19,6 +19,7 @@ online (its error turn by turn).
 
 from __future__ import annotations
 
+from justitia.core import BASELINE_NAMES
 from justitia.lab.bench import RunSpec
 from justitia.workload import build_sessions
 from justitia.workload.sessions import load_session_params
@@ -28,6 +29,7 @@ SESSIONS_RATE_PER_S = 0.5  # their Poisson arrival rate: the work offered outrun
 SESSIONS_POLICIES = ("fcfs", "vtc", "las", "srjf", "justitia")
 PAUSE_LABEL = "justitia@pause"
 LEARNED_LABEL = "justitia@session-predictor"
+ONLINE_LABEL = "justitia@online"  # the row that ships: prices learned in the run (predictors.online)
 FLOWS_LABEL = "justitia@subagent-flows"
 PREFIX_LABEL = "justitia@prefix-aware"
 TAG_EVICTION_LABEL = "justitia@tag-eviction"  # KV kept across tool pauses: evict the latest next tags first
@@ -96,7 +98,8 @@ def sessions_engine_summary(doc: dict) -> list[str]:
 def sessions_specs(choices: bool = False) -> list[RunSpec]:
     """The policies, or (``choices``) justitia under each of its design's choices."""
     if not choices:
-        return [RunSpec(p, p) for p in SESSIONS_POLICIES]
+        return ([RunSpec(p, p) for p in SESSIONS_POLICIES] + [RunSpec(p, p) for p in BASELINE_NAMES]
+                + [RunSpec(ONLINE_LABEL, "justitia", "online")])
     return [RunSpec("justitia", "justitia"), RunSpec(PAUSE_LABEL, "justitia", burst="pause"),
             RunSpec(FLOWS_LABEL, "justitia", subagents="flows"),
             RunSpec(TAG_EVICTION_LABEL, "justitia", kv_eviction="tag"),
@@ -122,11 +125,14 @@ def sessions_summary(doc: dict) -> list[str]:
                          + f" (all turns: {errors['all']['within_2x']:.0%}, median |log2 error| "
                            f"{errors['all']['median_abs_log2_error']:.2f})")
     j = runs.get("justitia")
-    if j is not None:
-        ratios = ", ".join(f"{other} {j['mean_turn_s'] / runs[other]['mean_turn_s']:.2f}x"
-                           for other in ("las", "vtc", "fcfs") if other in runs)
+    for label in (ONLINE_LABEL, "justitia"):
+        e = runs.get(label)
+        if e is None:
+            continue
+        ratios = ", ".join(f"{other} {e['mean_turn_s'] / runs[other]['mean_turn_s']:.2f}x"
+                           for other in ("las", *BASELINE_NAMES, "vtc", "fcfs", "justitia") if other in runs and other != label)
         if ratios:
-            lines.append(f"justitia's mean turn time against {ratios}")
+            lines.append(f"{label}'s mean turn time against {ratios}")
     p = runs.get(PREFIX_LABEL)
     if j is not None and p is not None:
         lines.append(f"prefix-aware cost against prefix-blind (justitia): mean turn "

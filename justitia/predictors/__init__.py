@@ -18,7 +18,7 @@ from justitia.predictors.registry import KINDS, SPEC_HELP, kind_of_dir
 from justitia.workload import load_workload
 
 
-ONLINE_PRIOR = "mlp"  # the cold start of ``online``: trained on the committed profile
+ONLINE_PRIOR = "none"  # the cold start of ``online``: first-stage prompts priced with short answers (online:mlp: the committed profile's MLP)
 
 
 def make_online(prior: str = ONLINE_PRIOR, seed: int = 0, background: bool = False) -> "OnlinePredictor":

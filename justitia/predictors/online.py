@@ -107,7 +107,7 @@ class _Running:
 
     def lift(self) -> float:
         """The mean excess over the bursts running (and one pseudo-burst that runs at its price)."""
-        return max(0.0, self.excess) / (len(self.entries) + PRIOR_WEIGHT)
+        return self.excess / (len(self.entries) + PRIOR_WEIGHT) if self.excess > 1e-9 else 0.0
 
 
 def _fit(xs: list[list[float]], ys: list[float], offset: float) -> tuple[tuple[float, ...], tuple[float, ...]]:
@@ -334,7 +334,9 @@ class OnlinePredictor(Predictor):
     def state(self) -> dict:
         """What was learned, as a JSON document (``from_state`` reads it back)."""
         with self._lock:
-            models = [{"kind": k, "tenant": t, "type": ty, "xs": [list(x) for x in m.xs], "ys": list(m.ys)}
+            models = [{"kind": k, "tenant": t, "type": ty, "xs": [list(x) for x in m.xs], "ys": list(m.ys),
+                       "beta": None if m.beta is None else list(m.beta), "residuals": list(m.residuals),
+                       "pending": m.pending}
                       for (k, t, ty), m in self._models.items()]
             offsets = [{"kind": k, "tenant": t, "offset": v[0], "seen": v[1]} for (k, t), v in self._offsets.items()]
         return {"schema": SCHEMA, "prior": self.prior_name, "models": models, "offsets": offsets}
@@ -349,21 +351,31 @@ class OnlinePredictor(Predictor):
             for d in doc["models"][-MAX_MODELS:]:
                 xs = [[float(v) for v in x] for x in d["xs"]][-WINDOW:]
                 ys = [float(v) for v in d["ys"]][-WINDOW:]
-                if len(xs) != len(ys) or any(len(x) != len(xs[0]) for x in xs) or not all(map(math.isfinite, ys)):
+                if (not xs or len(xs) != len(ys) or any(len(x) != len(xs[0]) for x in xs)
+                        or not all(math.isfinite(v) for x in xs for v in x) or not all(map(math.isfinite, ys))):
                     raise ValueError("ragged or non-finite observations")
-                models.append(((str(d["kind"]), str(d["tenant"]), str(d["type"])), xs, ys))
-        except (KeyError, TypeError, ValueError) as exc:
+                beta = d.get("beta")
+                fit = None
+                if beta is not None:
+                    fit = (tuple(float(v) for v in beta), tuple(float(v) for v in d.get("residuals") or ()))
+                    if len(fit[0]) != len(xs[0]) or len(fit[1]) != ATOMS or not all(map(math.isfinite, fit[0] + fit[1])):
+                        raise ValueError("a fit that does not match its observations")
+                models.append(((str(d["kind"]), str(d["tenant"]), str(d["type"])), xs, ys, fit, int(d.get("pending", 0))))
+        except (KeyError, TypeError, ValueError, IndexError) as exc:
             raise ValueError(f"malformed online predictor state: {exc}") from None
         with self._lock:
             self._offsets = offsets
             self._models = OrderedDict()
-            self.observations = self.observations_loaded = sum(len(ys) for _, _, ys in models)
-        for key, xs, ys in models:
+            self.observations = self.observations_loaded = sum(len(m[2]) for m in models)
+        for key, xs, ys, fit, pending in models:
             m = _Model()
             m.xs.extend(xs)
             m.ys.extend(ys)
             m.prior_resid.extend(y - x[1] for x, y in zip(xs, ys))
-            if len(ys) >= MIN_FIT:
+            m.pending = pending
+            if fit is not None:  # the fit as it was: prices after a restart are those before it
+                m.beta, m.residuals = fit
+            elif len(ys) >= MIN_FIT:
                 m.beta, m.residuals = _fit(xs, ys, offsets.get(key[:2], [0.0, 0])[0])
             with self._lock:
                 self._models[key] = m
