@@ -4,7 +4,7 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: setup run test speed presets cpu engine sessions-engine noise-study overhead profile predictor-eval load load-upstream load-ray ray-affinity server-bench flags-bench throughput ray-kill abuse replay clean
+.PHONY: setup run test speed presets cpu engine sessions-engine noise-study overhead profile predictor-eval load load-upstream load-ray ray-affinity pricing server-bench flags-bench throughput ray-kill abuse replay clean
 
 $(VENV)/.installed: pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
@@ -55,6 +55,10 @@ profile: setup
 # The predictor table in the README: mlp, lm, mean and linear on held-out agents of that profile.
 predictor-eval: setup
 	$(BIN)/justitia predictor eval --profile justitia/data/profile-smollm2.jsonl.gz --cold-start --out results/predictor-eval.json
+
+# What online pricing costs on the request path (1,000 agents in flight), and whether its refits stall the event loop.
+pricing: setup
+	$(BIN)/python -m justitia.lab.bench_pricing --agents 1000 --out results/pricing.json
 
 # justitia serve under load: 1,000 agents submitted at once, all must finish (about 8 minutes here).
 load: setup

@@ -319,3 +319,33 @@ def test_las_decay_forgets_service_long_past_as_llm_d_does():
     las.charge(las.request_arrived("new/0", "new", 10, 1.0, 600.0), Charge(10, 0, 0))
     las.request_arrived("old/1", "old", 10, 1.0, 600.0)
     assert las.peek().agent_id == "new"
+
+
+# ------------------------------------------------------------------- --preset --predictor
+def test_a_presets_oracle_runs_take_the_predictor_asked_for():
+    from justitia.cli.bench import with_predictor
+    from justitia.lab.presets import make_preset
+
+    preset = make_preset("starvation")
+    specs = with_predictor(preset, "online")
+    assert [s.label for s in specs] == [s.label for s in preset.specs]
+    assert {s.predictor for s in specs} == {"online"}
+
+
+@pytest.mark.parametrize("name", ["noise", "sessions-choices"])
+def test_a_preset_that_compares_predictors_refuses_another_naming_why(name):
+    from justitia.cli.bench import with_predictor
+    from justitia.lab.presets import make_preset
+
+    with pytest.raises(ValueError, match=f"preset '{name}' compares predictors itself"):
+        with_predictor(make_preset(name), "online")
+
+
+def test_a_bad_predictor_fails_before_the_preset_runs():
+    from justitia.cli.bench import with_predictor
+    from justitia.lab.presets import make_preset
+
+    with pytest.raises(ValueError, match="unknown predictor"):
+        with_predictor(make_preset("starvation"), "no-such")
+    with pytest.raises(ValueError, match="must not read the true cost"):
+        with_predictor(make_preset("starvation"), "online:oracle")

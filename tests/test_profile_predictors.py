@@ -157,7 +157,8 @@ def test_ablation_preset_replays_held_out_profile_agents_with_trained_predictors
     labels = [s.label for s in preset.specs]
     # a run per trained predictor (lm left out here), the cost models, and what retagging costs
     assert {"vtc", "justitia", "justitia/C", "justitia@mlp/no-retag"} <= set(labels) and len(set(labels)) == len(labels)
-    assert {label.split("@")[1] for label in labels if "@" in label and "/" not in label} == {"mlp", "mean", "linear"}
+    assert {label.split("@")[1] for label in labels if "@" in label and "/" not in label} == {"mlp", "mean", "linear",
+                                                                                             "online", "online:mlp"}
     assert preset.notes and "lm predictor skipped" in preset.notes[0]
     held_out = {a.agent_id.split("#")[0] for a in preset.agents}
     trained_on = {a.agent_id for a in load_workload(tmp_path / "cache" / "predictors" /

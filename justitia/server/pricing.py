@@ -11,7 +11,7 @@ import functools
 import time
 
 from justitia.agent import AgentProcess
-from justitia.core import KV
+from justitia.core import KV, CostDist
 from justitia.predictors import Predictor
 from justitia.server.keys import Client
 from justitia.server.schema import PLACEHOLDER, AgentSpec, SpecError, render
@@ -102,5 +102,10 @@ class Pricer:
                 ceiling += KV.request_cost(p, task.output_tokens)
                 if given.ignore_eos:
                     known += KV.request_cost(task.prompt_tokens, task.output_tokens)
-        process.predicted_cost = min(max(process.predicted_cost, known), ceiling)
+        if process.predicted_dist is not None:  # every value of a distribution within the same limits
+            process.predicted_dist = CostDist.from_weighted(
+                [(min(max(v, known), ceiling), q) for v, q in zip(process.predicted_dist.values, process.predicted_dist.probs)])
+            process.predicted_cost = process.predicted_dist.index(0.0)
+        else:
+            process.predicted_cost = min(max(process.predicted_cost, known), ceiling)
         return process, first, time.perf_counter() - t0
