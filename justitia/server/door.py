@@ -243,7 +243,7 @@ class Door:
             if who.session:  # the door's reading, not the client's (a subagent never opens a turn)
                 given[SESSION] = True
                 given.pop(TURN_START, None)
-                if opens_turn(kind, doc, who.subagent):
+                if opens_turn(kind, doc, who.subagent, headers):
                     given[TURN_START] = True
             who = replace(who, turn_start=given.get(TURN_START) is True)
         else:  # an agent of its own, done when its one request is

@@ -15,6 +15,7 @@ first two name agents and keep agent semantics.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from typing import Mapping
 
@@ -110,24 +111,62 @@ def _last(items) -> Mapping | None:
     return None
 
 
-def opens_turn(kind: str, body: Mapping, subagent: str | None = None) -> bool:
+CODEX_TURN_HEADER = "x-codex-turn-metadata"  # Codex CLI: JSON with turn_id, request_kind, thread_id, ...
+# roles a harness appends after the user's message without it being a reply: Claude Code (2.1.332)
+# ends a continued session's request with a mid-conversation "system" message (the model's name);
+# OpenAI's chat format calls the same "developer"
+TRAILING_ROLES = frozenset({"system", "developer"})
+
+
+def _last_spoken(items) -> Mapping | None:
+    """The last message of a list that is not a trailing system or developer message."""
+    if not isinstance(items, list):
+        return None
+    for item in reversed(items):
+        if not isinstance(item, Mapping):
+            return None
+        if item.get("role") not in TRAILING_ROLES:
+            return item
+    return None
+
+
+def harness_turn(headers: Mapping[str, str]) -> str | None:
+    """What a harness's own turn metadata says the request is (Codex's ``request_kind``: ``turn``
+    for a step of a user turn), or None if it sends none (or sends it malformed: the body decides)."""
+    raw = headers.get(CODEX_TURN_HEADER)
+    if raw is None or len(raw) > 16_384:
+        return None
+    try:
+        meta = json.loads(raw)
+    except ValueError:
+        return None
+    kind = meta.get("request_kind") if isinstance(meta, dict) else None
+    return kind if isinstance(kind, str) else None
+
+
+def opens_turn(kind: str, body: Mapping, subagent: str | None = None, headers: Mapping[str, str] | None = None) -> bool:
     """Whether a request (``kind``: the endpoint, as ``limits.INFERENCE_PATHS`` names it) opens a new
     user turn of its session, read from its body as harnesses send it: the conversation ends with the
-    user's own message, not a tool's result or an assistant's prefill. A subagent's request never
-    does (a subagent runs inside its session's turn), nor a completion's (a prompt has no turns)."""
+    user's own message (trailing system or developer messages aside), not a tool's result or an
+    assistant's prefill. A subagent's request never does (a subagent runs inside its session's
+    turn), nor a completion's (a prompt has no turns), nor one a harness's turn metadata says is not
+    a turn's step (``harness_turn``; docs/sessions.md has the table of harnesses)."""
     if subagent is not None:
         return False
+    said = harness_turn(headers or {})
+    if said is not None and said != "turn":
+        return False
     if kind == "chat":  # a tool's result is role "tool" (or the legacy "function")
-        last = _last(body.get("messages"))
+        last = _last_spoken(body.get("messages"))
         return last is not None and last.get("role") == "user"
     if kind == "responses":  # a string is the user's; a list ends with a user message, not a function_call_output
         given = body.get("input")
         if isinstance(given, str):
             return True
-        last = _last(given)
+        last = _last_spoken(given)
         return last is not None and last.get("role") == "user" and last.get("type", "message") == "message"
     if kind == "messages":  # Anthropic: a tool's result is a tool_result block in a user message
-        last = _last(body.get("messages"))
+        last = _last_spoken(body.get("messages"))
         if last is None or last.get("role") != "user":
             return False
         content = last.get("content")

@@ -1,0 +1,66 @@
+"""Turn detection from what agent harnesses really send: requests captured from Claude Code 2.1.332
+and Codex CLI 0.171.0 (``tests/data/harness``: their headers and body shapes, texts cut short, no
+key), each run against a loopback server that recorded them (docs/sessions.md, "Harnesses")."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import pytest
+
+from justitia.server.identity import harness_turn, identify, opens_turn
+from justitia.server.limits import INFERENCE_PATHS
+
+CAPTURED = Path(__file__).parent / "data" / "harness"
+# file -> whether it opens a user turn
+EXPECTED = {
+    "claude-code-turn-1.json": True,
+    "claude-code-turn-2.json": True,  # ends with a mid-conversation system message after the user's
+    "claude-code-tool-turn-1.json": True,  # so does this first turn
+    "claude-code-tool-result.json": False,  # the Bash tool's result: inside turn 1
+    "claude-code-tool-turn-2.json": True,
+    "codex-turn-1.json": True,
+    "codex-turn-2.json": True,
+}
+
+
+def load(name: str) -> tuple[str, dict, dict]:
+    doc = json.loads((CAPTURED / name).read_text())
+    return INFERENCE_PATHS[urlsplit(doc["path"]).path], doc["headers"], doc["body"]
+
+
+def test_every_capture_is_listed():
+    assert sorted(p.name for p in CAPTURED.glob("*.json")) == sorted(EXPECTED)
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED))
+def test_a_captured_request_opens_a_turn_exactly_when_its_harness_began_one(name):
+    kind, headers, body = load(name)
+    who = identify(headers, body, "key")
+    assert who.session and who.agent_id is not None  # each harness names its session
+    assert opens_turn(kind, body, who.subagent, headers) is EXPECTED[name]
+
+
+def test_one_session_across_a_harness_continuing_it():
+    for harness in ("claude-code-turn", "claude-code-tool", "codex-turn"):
+        ids = {identify(load(n)[1], load(n)[2], "key").agent_id for n in EXPECTED if n.startswith(harness)}
+        assert len(ids) == 1, harness
+
+
+def test_claude_codes_trailing_system_message_is_what_hid_its_turns():
+    kind, headers, body = load("claude-code-turn-2.json")
+    assert body["messages"][-1]["role"] == "system" and body["messages"][-2]["role"] == "user"
+    assert not opens_turn(kind, dict(body, messages=body["messages"] + [{"role": "assistant", "content": "Sure"}]))
+
+
+def test_codex_turn_metadata_says_which_requests_are_a_turns_steps():
+    kind, headers, body = load("codex-turn-2.json")
+    assert harness_turn(headers) == "turn"
+    meta = json.loads(headers["x-codex-turn-metadata"])
+    other = dict(headers, **{"x-codex-turn-metadata": json.dumps(dict(meta, request_kind="compaction"))})
+    assert not opens_turn(kind, body, None, other)  # not a step of a user turn, whatever its body ends with
+    for bad in ("{", "[]", json.dumps({"request_kind": 3}), "x" * 20_000):  # the body decides then
+        assert harness_turn({"x-codex-turn-metadata": bad}) is None
+        assert opens_turn(kind, body, None, {"x-codex-turn-metadata": bad})
