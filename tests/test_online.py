@@ -349,3 +349,25 @@ def test_a_bad_predictor_fails_before_the_preset_runs():
         with_predictor(make_preset("starvation"), "no-such")
     with pytest.raises(ValueError, match="must not read the true cost"):
         with_predictor(make_preset("starvation"), "online:oracle")
+
+
+def test_a_server_keeps_what_online_learned_and_reloads_it(tmp_path):
+    from justitia.server.learning import SAVE_EVERY, server_predictor
+
+    path = tmp_path / "serve.online.json"
+    pred = server_predictor("online", path)
+    try:
+        for i in range(SAVE_EVERY + 1):
+            a = typed(f"a{i}", "t", 100, 2, 40 + i % 7)
+            pred.learn(a, a.cost(KV))  # the worker learns it, and saves once SAVE_EVERY are in
+        assert pred.flush()
+    finally:
+        pred.close()
+    assert path.is_file()
+    again = server_predictor("online", path)
+    try:
+        assert again.observations_loaded >= SAVE_EVERY
+        probe = typed("p", "t", 100, 2, 43)
+        assert again.agent_dist(probe, KV) != make_predictor("online").agent_dist(probe, KV)
+    finally:
+        again.close()

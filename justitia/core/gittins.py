@@ -8,16 +8,16 @@ convention, the smallest rank is served first) is
     r(a) = min over atoms x_k > a of  E[min(X, x_k) - a | X > a] / P(X <= x_k | X > a)
 
 the least expected service per unit of probability of finishing, over every next quantum that
-ends at an atom. Justitia tags the burst with its index ``a + r(a)``, the cost it is priced at
-now: ``f = S + (a + r(a)) / w`` on the GPS clock (``docs/design.md``, "Prices that are
-distributions"). With one atom (the cost known) ``a + r(a) = x_1`` for every ``a``: the paper's
-tag, and SRPT inside the clock. With a heavy tail the index grows as the burst attains service
-without finishing: it moves back, as LAS would move it, but only as far as its distribution says.
+ends at an atom. Justitia tags the burst with its index ``I(a) = a + min(r(a), r(0))``, the cost
+it is priced at now: ``f = S + I(a) / w`` on the GPS clock (``docs/design.md``, "Prices that are
+distributions"). With one atom (the cost known) ``I(a) = x_1`` for every ``a``: the paper's tag,
+and SRPT inside the clock. With a heavy tail the index grows as the burst attains service without
+finishing: it moves back, as LAS would move it, but only as far as its distribution says. The cap
+``r(0)`` keeps a tag from running more than the price at arrival past the service attained.
 
-Past the last atom the distribution has said all it can: the rank becomes the distribution's last
-quantum (``tail``), or a quarter of what the burst has attained if that is less, so a burst longer than its distribution allows is served at GPS's pace (its tag
-``S + a + tail`` follows its attained service) rather than pushed back geometrically, which would
-leave it ever further behind its GPS finish.
+Past the last atom the distribution has said all it can: the rank is 0, and the burst's tag
+``S + a / w`` follows its attained service, GPS's pace, rather than being pushed back further,
+which would leave it ever further behind its GPS finish.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class CostDist:
-    """A discrete cost distribution: ``values`` ascending (> 0), ``probs`` summing to 1."""
+    """A discrete cost distribution: ``values`` ascending (>= 0), ``probs`` (> 0) summing to 1."""
 
     values: tuple[float, ...]
     probs: tuple[float, ...]
@@ -78,10 +78,10 @@ class CostDist:
         return self.values[-1]
 
     def rank(self, attained: float) -> float:
-        """The Gittins rank ``r(a)`` (the module's docstring); ``a`` past the last atom: ``a``."""
+        """The Gittins rank ``r(a)`` (the module's docstring); 0 past the last atom."""
         a = max(0.0, float(attained))
         best = math.inf
-        mass = 0.0  # P(X > a), built as atoms above a are met
+        mass = 0.0  # P(a < X <= x_k), built as atoms above a are met
         above = [(v, p) for v, p in zip(self.values, self.probs) if v > a]
         if not above:
             return 0.0
@@ -95,17 +95,8 @@ class CostDist:
             best = min(best, expected / (mass / total))
         return best
 
-    @property
-    def tail(self) -> float:
-        """The rank past the last atom: the distribution's last quantum (its top over the value
-        below it; a quarter of it for a single atom), so that a burst longer than its distribution
-        allows moves back by a bounded step beyond what it has attained, at GPS's pace."""
-        if len(self.values) > 1:
-            return max(self.values[-1] - self.values[-2], 1.0)
-        return max(0.25 * self.values[-1], 1.0)
-
     def index(self, attained: float = 0.0) -> float:
-        """The cost the burst is priced at having attained ``attained``: ``a + r(a)``."""
+        """The cost the burst is priced at having attained ``attained``: ``a + min(r(a), r(0))``."""
         a = max(0.0, float(attained))
         return a + min(self.rank(a), self.rank(0.0))
 

@@ -68,9 +68,10 @@ def _keep(pred: OnlinePredictor, path: Path) -> None:
 
     def at_exit() -> None:
         pred.close()
-        try:
-            pred.save(path)
-        except OSError:
-            pass
+        if pred.observations != last[0] and path.parent.is_dir():  # what was learned since the last save
+            try:
+                pred.save(path)
+            except OSError:
+                pass
 
     atexit.register(at_exit)
