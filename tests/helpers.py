@@ -20,6 +20,17 @@ def agent(agent_id: str, arrival_s: float, *stages: list[tuple[int, int]], type:
     return Agent(agent_id, type, arrival_s, tuple(tuple(Task(f"{agent_id} task", p, d) for p, d in s) for s in stages))
 
 
+def task_parallel_agents(rng, n: int) -> list[Agent]:
+    """Single-stage agents (the theorem's task-parallel agents) with bursty arrivals."""
+    t = 0.0
+    out = []
+    for i in range(n):
+        t += float(rng.exponential(0.15))
+        tasks = [(int(rng.integers(1, 200)), int(rng.integers(1, 150))) for _ in range(rng.integers(1, 12))]
+        out.append(agent(f"a{i:03d}", round(t, 3), tasks))
+    return out
+
+
 def random_agents(rng: np.random.Generator, n: int, max_stages: int = 3, max_tasks: int = 8,
                   max_prompt: int = 300, max_output: int = 120, mean_gap_s: float = 0.3) -> list[Agent]:
     """Random multi-stage agents with Poisson arrivals."""

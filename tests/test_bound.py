@@ -5,7 +5,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from helpers import agent, engine
+from helpers import agent, engine, task_parallel_agents
 from justitia.lab.metrics import delay_bound_s, gps_finish_times
 from justitia.core.policies import make_policy
 from justitia.predictors import make_predictor
@@ -19,17 +19,6 @@ def violations(agents, cfg, policy="justitia"):
     bound = delay_bound_s(agents, cfg)
     late = {a.agent_id: a.finish_s - gps[a.agent_id] - bound for a in res.agents if a.finish_s > gps[a.agent_id] + bound}
     return late, bound
-
-
-def task_parallel_agents(rng, n):
-    """Single-stage agents (the theorem's task-parallel agents) with bursty arrivals."""
-    t = 0.0
-    out = []
-    for i in range(n):
-        t += float(rng.exponential(0.15))
-        tasks = [(int(rng.integers(1, 200)), int(rng.integers(1, 150))) for _ in range(rng.integers(1, 12))]
-        out.append(agent(f"a{i:03d}", round(t, 3), tasks))
-    return out
 
 
 @settings(max_examples=40, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])

@@ -18,7 +18,7 @@ from justitia.core import make_policy
 from justitia.lab.metrics import delay_bound_s, gps_finish_times
 from justitia.predictors import make_predictor
 from justitia.sim import Cluster, LatencyProfile, Simulator
-from test_bound import task_parallel_agents
+from helpers import task_parallel_agents
 
 LINEAR = LatencyProfile("lin", 1.0, 0.5, 0.01, 0.001, 1.3, 64, "tests: load-dependent latency")
 RUNS = [("justitia", "global"), ("justitia", "replica"), ("fcfs", "replica"), ("sjf", "replica"), ("vtc", "replica"),

@@ -13,7 +13,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from helpers import agent, engine
+from helpers import agent, engine, task_parallel_agents
 from justitia.core import KV, AgentScheduler, Charge, CostDist, make_policy
 from justitia.lab.metrics import delay_bound_s, gps_finish_times
 from justitia.predictors import OnlinePredictor, make_predictor
@@ -95,15 +95,6 @@ class NoisyDistributions(OraclePredictor):
         return lognormal(a.cost(model) * math.exp(rng.uniform(-math.log(4), math.log(4))), 1.5)
 
 
-def task_parallel_agents(rng, n):
-    t, out = 0.0, []
-    for i in range(n):
-        t += float(rng.exponential(0.15))
-        tasks = [(int(rng.integers(1, 200)), int(rng.integers(1, 150))) for _ in range(rng.integers(1, 12))]
-        out.append(agent(f"a{i:03d}", round(t, 3), tasks))
-    return out
-
-
 @settings(max_examples=25, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
 @given(seed=st.integers(0, 100_000), blocks=st.integers(90, 200), n=st.integers(2, 40))
 def test_agents_priced_by_uncertain_distributions_stay_within_the_bound_of_their_true_work(seed, blocks, n):
@@ -127,7 +118,6 @@ def test_agents_priced_by_uncertain_distributions_stay_within_the_bound_of_their
 def test_uncertain_prices_still_pamper_the_small_agents():
     # ten large agents and ten small ones at once, every price off by up to 4x and wide: the small
     # ones still finish first on average (FCFS would serve them in arrival order, interleaved)
-    rng = np.random.default_rng(3)
     agents = []
     for i in range(20):
         big = i % 2 == 0
@@ -137,7 +127,6 @@ def test_uncertain_prices_still_pamper_the_small_agents():
     small = np.mean([a.finish_s for a in res.agents if int(a.agent_id[1:]) % 2])
     large = np.mean([a.finish_s for a in res.agents if not int(a.agent_id[1:]) % 2])
     assert small < 0.5 * large
-    del rng
 
 
 # ---------------------------------------------------------------------------- online

@@ -39,8 +39,6 @@ async def _lags(seconds: float, busy) -> list[float]:
 
 
 async def measure(agents: int, seed: int) -> dict:
-    import threading
-
     from justitia.server.learning import server_predictor
 
     pred = server_predictor("online")

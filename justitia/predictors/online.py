@@ -7,21 +7,25 @@ distribution of ``log C`` given ``x``:
 
     log C = beta . x + e,      e ~ the residuals of the last fit (``ATOMS`` equal-weight quantiles)
 
-``x`` starts with 1 and the log of a *prior* price: for agents, a predictor trained on the
-committed profile (``mlp`` by default: the paper's per-type TF-IDF + MLP, its text included; the
-``online:KIND`` spec names another), for turns the ``session`` heuristic (its own earlier turns,
-grown by its type's ratio). With no history, ``beta`` is the prior itself (``log C = log prior +
-offset``) and the spread a wide default; as agents and turns finish (``learn``), a ridge regression
-pulled toward that prior is refitted on the last ``WINDOW`` of them, per (tenant, type, kind):
+``x`` starts with 1 and the log of a *prior* price: for agents, the first stage's prompts priced
+with short answers (``online``), or a predictor trained on the committed profile kept within
+``PRIOR_RANGE`` of that (``online:KIND``, e.g. ``online:mlp``: the paper's per-type TF-IDF + MLP);
+for turns, the ``session`` heuristic (its own earlier turns, grown by its type's ratio). With no
+history, ``beta`` is the prior itself (``log C = log prior + offset``) and the spread a wide
+default; as agents and turns finish (``learn``), a ridge regression pulled toward that prior is
+refitted on the last ``WINDOW`` of them, per (kind, tenant, type):
 
     beta = argmin |X beta - y|^2 + RIDGE |beta - beta_0|^2,   beta_0 = (offset, 1, 0, ...)
+
+While bursts of a type are still running past their prices (``progress``: what their answered
+calls cost so far), the upper half of the type's next distributions moves up by their mean excess.
 
 A tenant's traffic moves only its own prices (clients are untrusted); the models kept are bounded
 (``MAX_MODELS``, least recently used out; ``WINDOW`` observations each), so memory is too.
 Refits happen every ``REFIT_EVERY`` observations of a model: inline (the simulator: deterministic,
 and only on what finished earlier in the run), or in a background thread (``background=True``,
 the server: pricing reads the last fitted coefficients and never waits for a fit). What was learned
-is saved and loaded as JSON (``state``/``from_state``, ``save``/``load``), so a restart keeps it.
+is saved and loaded as JSON (``state``/``load_state``, ``save``/``load``), so a restart keeps it.
 
 The point price ``agent_cost`` / ``turn_cost`` is the distribution's Gittins index at zero
 (``core.gittins``), which is what Justitia tags a burst with; the engine reprices it as service
@@ -53,11 +57,12 @@ RIDGE = 2.0  # the pull toward the prior's coefficients
 ATOMS = 8  # quantiles of the residuals a price's distribution has
 PRIOR_SPREAD = 1.0  # the residuals' deviation (log units) assumed before any was seen
 MAX_MODELS = 4096  # (kind, tenant, type) models kept, least recently used dropped
+RUNNING_PER_MODEL = 64  # bursts priced and not yet learned tracked per model (the newest)
 PRIOR_OUTPUT_TOKENS = 32  # the answer length a prompt is priced with when no prior says more
 PRIOR_RANGE = math.exp(4.0)  # how far a prior may stray from that, either way
 PRIOR_WEIGHT = 1.0  # pseudo-observations of the tenant's pooled offset and the default spread, in a type's cold start
 OFFSET_WEIGHT = 0.2  # the newest observation's weight in a (kind, tenant)'s offset from its prior
-_Z = [float(x) for x in np.array([-1.5341, -0.8871, -0.4888, -0.1573, 0.1573, 0.4888, 0.8871, 1.5341])]
+_Z = [-1.5341, -0.8871, -0.4888, -0.1573, 0.1573, 0.4888, 0.8871, 1.5341]
 # ^ standard normal quantiles at (k + 0.5) / 8: the default spread's atoms
 
 
@@ -89,7 +94,7 @@ class _Running:
         if ident in self.entries:
             return
         self.entries[ident] = [mu, 0.0]
-        while len(self.entries) > WINDOW:
+        while len(self.entries) > RUNNING_PER_MODEL:  # bursts never learned (cancelled) age out
             _, (_, old) = self.entries.popitem(last=False)
             self.excess -= old
 
