@@ -169,7 +169,9 @@ def test_the_plug_ins_scheduler_prices_a_request_by_the_setting(client_prices, m
                 "1": {"plain": True, "door": True, "guess": True}}[client_prices]
     assert read == expected
     for agent in (a for a, was_read in read.items() if not was_read):  # priced by prompt and max_tokens
-        assert agents[agent].predicted_cost >= 32 * 64 and agents[agent].tenant is None
+        # as a distribution of its answer's length up to max_tokens (core.book.unpriced)
+        assert agents[agent].dist is not None and agents[agent].dist.top == 32 * 64 + 64 * 64 / 2
+        assert 32 < agents[agent].predicted_cost < 32 * 64 and agents[agent].tenant is None
 
 
 def test_the_plug_in_reads_prices_only_from_requests_the_door_checked(monkeypatch):

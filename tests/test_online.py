@@ -360,3 +360,24 @@ def test_a_server_keeps_what_online_learned_and_reloads_it(tmp_path):
         assert again.agent_dist(probe, KV) != make_predictor("online").agent_dist(probe, KV)
     finally:
         again.close()
+
+
+def test_a_burst_without_a_price_is_priced_by_what_its_max_tokens_allows_and_moves_back_as_it_runs():
+    # the plug-in's book: a harness turn that names a session but no price (Claude Code asks for
+    # max_tokens 32,000) was priced as if it would write all of them; now as a distribution of its
+    # answer's length up to that, a short answer first, moved back as the engine charges it
+    from justitia.core import AgentBook, RequestMeta
+
+    core = AgentScheduler.for_policy("justitia", 1e6)
+    book = AgentBook(core)
+    meta = RequestMeta("s", "chat", None, None, False, session=True)
+    info, new = book.arrive("r0", meta, 20_000, 32_000, 0.0)
+    point = KV.request_cost(20_000, 32_000)
+    assert new.dist is not None and new.dist.top == point
+    first = book.virtual_finish("s")
+    assert first < 0.01 * point  # not the whole of max_tokens
+    core.charge(info, Charge(20_000, 100, KV.request_cost(20_000, 100)), 1.0)
+    assert book.virtual_finish("s") > first  # it wrote more than a short answer: it moves back
+    tagging = AgentBook(AgentScheduler.for_policy("justitia", 1e6))
+    tagging.tag("r0", meta, 20_000, 32_000, 0.0)  # a front end sees no service: the bound, as before
+    assert tagging.agent("s").info.dist is None and tagging.virtual_finish("s") == point

@@ -3,8 +3,10 @@
 An engine that receives loose requests (the vLLM plug-in; front ends that tag requests for stock
 vLLM) learns about agents from each request's ``RequestMeta``. An agent is registered by its first
 request (or ahead of it, ``register``) and released when its ``agent_done`` requests have all
-finished, when ``release`` is called, or after ``idle_release_s`` with no open request. Missing
-costs are estimated as the cost model's price of the prompt and ``max_tokens``.
+finished, when ``release`` is called, or after ``idle_release_s`` with no open request. A missing
+request cost is estimated as the cost model's price of the prompt and ``max_tokens``; a missing
+agent cost, on an engine that charges service (the plug-in), as a distribution over the answer's
+length up to ``max_tokens`` (``unpriced``), repriced by its Gittins index as it is served.
 
 A **session** (``RequestMeta.session``; docs/sessions.md) is priced and tagged burst by burst. It
 leaves the engine between two bursts (``agent_finished(..., pause=True)``: settled for the burst it
@@ -40,6 +42,19 @@ AGENT_IDLE_S = 60.0
 # A session with nothing open for this long is released (its policy state dropped); before that it
 # is kept across tool pauses and user turns (Copilot's sessions run for minutes between turns).
 SESSION_KEEP_S = 600.0
+
+
+UNPRICED_ATOMS = 8  # a burst without a price: its answer's length, log-uniform in [1, max_tokens], at this many quantiles
+
+
+def unpriced(cost: CostModel, prompt_tokens: int, max_tokens: int) -> CostDist:
+    """What a request that comes without a price may cost, as a distribution: its prompt, and an
+    answer of 1 to ``max_tokens`` tokens, log-uniformly (the client's bound, and nothing else known).
+    Its Gittins index prices it as a short answer first and moves it back as it runs; it never
+    exceeds ``p*m + m^2/2``, what the point price was."""
+    m = max(1, int(max_tokens))
+    lengths = [max(1, round(m ** ((k + 1) / UNPRICED_ATOMS))) for k in range(UNPRICED_ATOMS)]  # the last: m
+    return CostDist.from_weighted([(float(cost.request_cost(prompt_tokens, d)), 1.0 / UNPRICED_ATOMS) for d in lengths])
 
 
 class AgentBook:
@@ -194,19 +209,23 @@ class AgentBook:
         return self._core.stamp(info)
 
     def arrive(self, request_id: str, meta: RequestMeta, prompt_tokens: int, max_tokens: int,
-               now_s: float) -> tuple[RequestInfo, AgentInfo | None]:
-        """Queue a new request; returns its info and its agent's if the request brought a new one."""
+               now_s: float, charged: bool = True) -> tuple[RequestInfo, AgentInfo | None]:
+        """Queue a new request; returns its info and its agent's if the request brought a new one.
+        ``charged``: the engine charges service as it schedules it (the plug-in): a burst that comes
+        without a price is priced as a distribution (``unpriced``) and repriced as it is served;
+        else (a tagging front end) at its prompt and ``max_tokens``."""
         agent_id = meta.agent_id or request_id
         request_cost = meta.request_cost
         if request_cost is None:
             request_cost = self.cost.request_cost(prompt_tokens, max_tokens)
         agent_cost = request_cost if meta.agent_cost is None else meta.agent_cost
+        dist = unpriced(self.cost, prompt_tokens, max_tokens) if charged and meta.agent_cost is None else None
         self._pause_pending.discard(agent_id)  # a request of the burst: the pause waits for it
         standing = self._core.agent(agent_id) if meta.turn_start else None
         if standing is not None and not standing.open_requests:  # a new burst: the session leaves, then returns
             self.pause(agent_id, now_s)
         new = self.register(agent_id, meta.agent_type, agent_cost, now_s, meta.agent_weight or 1.0, meta.tenant,
-                            session=meta.session and meta.agent_id is not None)
+                            session=meta.session and meta.agent_id is not None, dist=dist)
         self._idle_since.pop(agent_id, None)
         if meta.agent_done or meta.agent_id is None:  # an unnamed request is an agent of its own
             self._agent_done.add(agent_id)
@@ -222,7 +241,7 @@ class AgentBook:
         ``finish`` it when the engine is done with it."""
         if self.kv_tokens is not None:
             self._look(now_s)
-        info, _ = self.arrive(request_id, meta, prompt_tokens, max_tokens, now_s)
+        info, _ = self.arrive(request_id, meta, prompt_tokens, max_tokens, now_s, charged=False)
         self._core.dequeue(info)  # the engine queues it; this book only tags it
         if self.kv_tokens is not None:
             self._demand[request_id] = prompt_tokens + max_tokens
