@@ -381,3 +381,17 @@ def test_a_burst_without_a_price_is_priced_by_what_its_max_tokens_allows_and_mov
     tagging = AgentBook(AgentScheduler.for_policy("justitia", 1e6))
     tagging.tag("r0", meta, 20_000, 32_000, 0.0)  # a front end sees no service: the bound, as before
     assert tagging.agent("s").info.dist is None and tagging.virtual_finish("s") == point
+
+
+def test_a_turn_is_learned_with_the_features_it_was_priced_with():
+    from justitia.workload.sessions import generate_session
+
+    session = generate_session("s", 0.0, np.random.default_rng(1))
+    pred = make_predictor("online")
+    pred.turn_dist(session, 0, [], KV)  # priced as it starts
+    priced = pred._turn_features(session, 0, [], KV)
+    for _ in range(3):  # other sessions' first turns finish meanwhile: the heuristic prior moves
+        pred.observe_turn(session.type, 0, 1.0, 5e6)
+    assert pred._turn_features(session, 0, [], KV) != priced
+    pred.learn(session, 2e5, 0, [])
+    assert list(pred._models[("turn", "", session.type)].xs)[-1] == priced

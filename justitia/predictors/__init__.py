@@ -24,8 +24,8 @@ ONLINE_PRIOR = "none"  # the cold start of ``online``: first-stage prompts price
 def make_online(prior: str = ONLINE_PRIOR, seed: int = 0, background: bool = False) -> "OnlinePredictor":
     """``online`` cold-started from the predictor ``prior`` names (``none``: prompt tokens alone)."""
     if prior in ("online", "session") or prior.startswith("online:"):
-        raise ValueError(f"predictor 'online:{prior}': the prior must be a trained kind ({', '.join(KINDS)}), "
-                         "oracle-free, or none.")
+        raise ValueError(f"predictor 'online:{prior}': the cold start must be one of {', '.join(KINDS)} (trained on "
+                         "the committed profile), KIND:DIR, or none.")
     if prior in ("oracle",) or prior.startswith("noisy:"):
         raise ValueError(f"predictor 'online:{prior}': the prior must not read the true cost.")
     return OnlinePredictor(None if prior == "none" else make_predictor(prior, seed), background, prior)

@@ -87,15 +87,15 @@ class _Running:
     __slots__ = ("entries", "excess")
 
     def __init__(self) -> None:
-        self.entries: OrderedDict[tuple, list[float]] = OrderedDict()  # ident -> [mu, excess]
+        self.entries: OrderedDict[tuple, list] = OrderedDict()  # ident -> [mu, excess, its features as priced]
         self.excess = 0.0
 
-    def start(self, ident: tuple, mu: float) -> None:
+    def start(self, ident: tuple, mu: float, x: list[float]) -> None:
         if ident in self.entries:
             return
-        self.entries[ident] = [mu, 0.0]
+        self.entries[ident] = [mu, 0.0, x]
         while len(self.entries) > RUNNING_PER_MODEL:  # bursts never learned (cancelled) age out
-            _, (_, old) = self.entries.popitem(last=False)
+            _, (_, old, _) = self.entries.popitem(last=False)
             self.excess -= old
 
     def progress(self, ident: tuple, log_so_far: float) -> None:
@@ -105,10 +105,13 @@ class _Running:
             self.excess += new - entry[1]
             entry[1] = new
 
-    def finish(self, ident: tuple) -> None:
+    def finish(self, ident: tuple) -> list[float] | None:
+        """The burst is learned: it leaves; its features as they were when it was priced."""
         entry = self.entries.pop(ident, None)
-        if entry is not None:
-            self.excess -= entry[1]
+        if entry is None:
+            return None
+        self.excess -= entry[1]
+        return entry[2]
 
     def lift(self) -> float:
         """The mean excess over the bursts running (and one pseudo-burst that runs at its price)."""
@@ -211,7 +214,7 @@ class OnlinePredictor(Predictor):
                     running = self._running[(kind, tenant, agent.type)] = _Running()
                     while len(self._running) > MAX_MODELS:
                         self._running.popitem(last=False)
-                running.start(ident, mu)
+                running.start(ident, mu, x)
         # bursts of this type running past their prices: the upper half of the distribution moves up by
         # their mean excess (the lower half stays: a price errs low, where service corrects it)
         values = sorted(math.exp(min(mu + r + (lift if r > 0 else 0.0), 80.0)) for r in spread)
@@ -258,18 +261,17 @@ class OnlinePredictor(Predictor):
 
     def learn(self, agent: Agent, actual: float, turn: int | None = None, earlier: list[float] | None = None) -> None:
         """A finished agent or turn: its features as they were at its start, and its true cost."""
+        kind = "agent" if turn is None else "turn"
         with self._lock:
-            running = self._running.get(("agent" if turn is None else "turn", agent.tenant or "", agent.type))
-            if running is not None:
-                running.finish((agent.agent_id, turn))
+            running = self._running.get((kind, agent.tenant or "", agent.type))
+            x = running.finish((agent.agent_id, turn)) if running is not None else None
         if not (actual > 0 and math.isfinite(actual)):
             return
-        from justitia.core import KV
+        if x is None:  # not priced here (or aged out): its features now
+            from justitia.core import KV
 
-        if turn is None:
-            kind, x = "agent", self._agent_features(agent, KV)
-        else:
-            kind, x = "turn", self._turn_features(agent, turn, list(earlier or []), KV)
+            x = (self._agent_features(agent, KV) if turn is None
+                 else self._turn_features(agent, turn, list(earlier or []), KV))
         item = (kind, agent.tenant or "", agent.type, x, math.log(actual))
         if self._queue is not None:
             self._queue.put(item)
