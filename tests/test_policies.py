@@ -298,7 +298,10 @@ def test_agent_book_registers_on_first_request_and_releases_on_done_cancel_or_id
 
     # a request without agent_id is an agent of its own, released when it finishes; bad costs are replaced
     info, agent = book.arrive("solo", RequestMeta.parse({"agent_cost": "nan"}, "solo"), 8, 2, now_s=16.0)
-    assert agent.agent_id == "solo" and agent.predicted_cost == info.predicted_cost == 8 * 2 + 2
+    # its own estimate: the request at its prompt and max_tokens; the agent, by the plug-in's book, as a
+    # distribution of its answer's length up to max_tokens (core.book.unpriced), whose top is that
+    assert agent.agent_id == "solo" and agent.dist.top == info.predicted_cost == 8 * 2 + 2
+    assert 0 < agent.predicted_cost < info.predicted_cost
     book.finish("solo", 17.0)
     assert book.agent("solo") is None and len(core) == 0
 

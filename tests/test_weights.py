@@ -54,6 +54,14 @@ def test_the_gps_reference_is_weighted_too():
     assert gps == {"A": pytest.approx(4 / 3), "B": pytest.approx(2.0)}
 
 
+def estimate(prompt_tokens: int, max_tokens: int) -> float:
+    """The tag an unpriced request of weight 1 gets on its own: its own estimate (by its prompt and
+    ``max_tokens``, as a distribution of its answer's length: ``core.book``)."""
+    book = AgentBook.for_policy("justitia", 100.0)
+    book.arrive("r", RequestMeta("x"), prompt_tokens, max_tokens, now_s=0.0)
+    return book.virtual_finish("x")
+
+
 def test_weights_travel_in_workload_files_and_request_metadata(tmp_path, caplog):
     path = save_workload([replace(agent("A", 0.0, [(10, 5)]), weight=2.5), agent("B", 0.0, [(10, 5)])],
                          tmp_path / "w.jsonl")
@@ -72,7 +80,7 @@ def test_weights_travel_in_workload_files_and_request_metadata(tmp_path, caplog)
     assert "agent_weight=0 is not a finite number > 0" in caplog.text
     book = AgentBook.for_policy("justitia", 100.0)
     book.arrive("r1", meta, 10, 10, now_s=0.0)
-    assert book.virtual_finish("a") == pytest.approx((10 * 10 + 50) / 2)  # C / w: the request's estimate
+    assert book.virtual_finish("a") == pytest.approx(estimate(10, 10) / 2)  # C / w: the request's estimate
 
 
 # ------------------------------------------------------------------------------------ tenants
@@ -186,4 +194,4 @@ def test_tenants_travel_in_workload_files_and_request_metadata(tmp_path, caplog)
     book = AgentBook.for_policy("justitia", 100.0)
     book.arrive("r1", RequestMeta("a", tenant="acme"), 10, 10, now_s=0.0)
     book.arrive("r2", RequestMeta("b", tenant="acme"), 10, 10, now_s=0.0)
-    assert book.virtual_finish("b") == pytest.approx(2 * (10 * 10 + 50))  # behind a in acme's flow
+    assert book.virtual_finish("b") == pytest.approx(2 * estimate(10, 10))  # behind a in acme's flow
