@@ -395,3 +395,11 @@ def test_a_turn_is_learned_with_the_features_it_was_priced_with():
     assert pred._turn_features(session, 0, [], KV) != priced
     pred.learn(session, 2e5, 0, [])
     assert list(pred._models[("turn", "", session.type)].xs)[-1] == priced
+
+
+def test_a_state_learned_with_another_cold_start_is_refused():
+    pred = make_predictor("online")
+    a = typed("a", "t", 100, 2, 40)
+    pred.learn(a, a.cost(KV))
+    with pytest.raises(ValueError, match="cold start 'none'"):
+        OnlinePredictor(None, prior_name="linear").load_state(pred.state())

@@ -59,4 +59,4 @@ def make_predictor(spec: str, seed: int = 0) -> Predictor:
     return kind.train(load_workload(arg), KV, seed)
 
 
-__all__ = ["Predictor", "OnlinePredictor", "make_predictor", "make_online", "SPEC_HELP"]
+__all__ = ["Predictor", "OnlinePredictor", "ONLINE_PRIOR", "make_predictor", "make_online", "SPEC_HELP"]

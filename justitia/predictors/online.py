@@ -352,6 +352,8 @@ class OnlinePredictor(Predictor):
         """Restore what ``state`` saved (refitting each model); a malformed document raises ValueError."""
         if not isinstance(doc, dict) or doc.get("schema") != SCHEMA:
             raise ValueError(f"not an online predictor's state (expected schema '{SCHEMA}').")
+        if doc.get("prior") != self.prior_name:  # its features hold another prior's prices
+            raise ValueError(f"learned with the cold start '{doc.get('prior')}', not '{self.prior_name}'.")
         try:
             offsets = {(str(o["kind"]), str(o["tenant"])): [float(o["offset"]), int(o["seen"])] for o in doc["offsets"]}
             models = []

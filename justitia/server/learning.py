@@ -15,7 +15,7 @@ import logging
 import threading
 from pathlib import Path
 
-from justitia.predictors import OnlinePredictor, Predictor, make_online, make_predictor
+from justitia.predictors import ONLINE_PRIOR, OnlinePredictor, Predictor, make_online, make_predictor
 
 SAVE_EVERY = 32  # finished agents or turns between two saves of an online predictor's state
 log = logging.getLogger("justitia.server")
@@ -30,7 +30,7 @@ def server_predictor(spec: str, state_path: str | Path | None = None) -> Predict
     ``state_path`` loaded now and saved as it learns; None: not kept)."""
     if not is_online(spec):
         return make_predictor(spec)
-    pred = make_online(spec.partition(":")[2] or "mlp", background=True)
+    pred = make_online(spec.partition(":")[2] or ONLINE_PRIOR, background=True)  # the bench's cold start too
     if state_path is not None:
         path = Path(state_path)
         try:
@@ -44,7 +44,7 @@ def server_predictor(spec: str, state_path: str | Path | None = None) -> Predict
             except OSError:
                 pass
             print(f"justitia: online predictor: {path} cannot be read ({exc}); set aside as {bad.name}, "
-                  "starting from the committed profile", flush=True)
+                  "starting cold", flush=True)
         _keep(pred, path)
     return pred
 

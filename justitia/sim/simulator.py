@@ -123,6 +123,10 @@ class EngineLoop:
                           and not (tenants and core.traits.pools_service)
                           else PlainRun)(cfg, core, lambda r, i=i: self._reported(i, r)) for i, core in enumerate(self.cores)]
         engines = self._engines
+        # only a predictor that prices by distributions has agents the core reprices on their service
+        prices_dists = any(getattr(type(self.predictor), m) is not getattr(Predictor, m) for m in ("agent_dist", "turn_dist"))
+        for e in engines:
+            e.charge_finished = e.charge_finished and prices_dists
         self.book = Replicas([ReplicaLoad(str(i), cfg.kv_tokens) for i in range(len(engines))], self.router)
         self._affinity = self.router == "affinity"
         self._caching = cfg.prefix_caching  # requests carry their text as runs, for the engines' prefix cache
