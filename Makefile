@@ -4,7 +4,7 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: setup run test speed presets cpu engine sessions-engine noise-study overhead profile predictor-eval load load-upstream load-ray ray-affinity pricing server-bench flags-bench throughput ray-kill abuse replay clean
+.PHONY: setup harnesses run test speed presets cpu engine sessions-engine noise-study overhead profile predictor-eval load load-upstream load-ray ray-affinity pricing server-bench flags-bench throughput ray-kill abuse replay clean
 
 $(VENV)/.installed: pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
@@ -19,10 +19,18 @@ $(VENV)/.installed: pyproject.toml Makefile
 
 setup: $(VENV)/.installed
 
+# The agent harnesses the tests run as clients (Claude Code, Codex CLI), test-only: npm, pinned.
+HARNESSES := tests/harnesses
+$(HARNESSES)/node_modules/.installed: $(HARNESSES)/package.json $(HARNESSES)/package-lock.json
+	npm ci --prefix $(HARNESSES) --no-audit --no-fund --loglevel=error
+	touch $@
+
+harnesses: $(HARNESSES)/node_modules/.installed
+
 run: setup
 	$(BIN)/justitia bench --preset main --out results/main
 
-test: setup
+test: setup harnesses
 	$(BIN)/python -m pytest
 
 speed: setup

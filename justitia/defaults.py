@@ -44,6 +44,8 @@ ENV_CLIENT_PRICES = "JUSTITIA_CLIENT_PRICES"
 # its engine process) share: set once per server (justitia.vllm.general), inherited by vLLM's processes
 ENV_DOOR_TOKEN = "JUSTITIA_DOOR_TOKEN"
 DOOR_KEY = "justitia_door"  # the extra-args key that carries it
+# benches only: an answer's length, read by the scripted logits processor (justitia.vllm.scripted), never by pricing
+ANSWER_TOKENS_KEY = "justitia_answer_tokens"
 ENV_CACHE = "JUSTITIA_CACHE"  # built models and trained predictors (default ~/.cache/justitia)
 ENV_STATE_DIR = "JUSTITIA_STATE_DIR"  # the server's journal (default ~/.local/state/justitia)
 

@@ -21,6 +21,8 @@ EXPECTED = {
     "claude-code-tool-turn-1.json": True,  # so does this first turn
     "claude-code-tool-result.json": False,  # the Bash tool's result: inside turn 1
     "claude-code-tool-turn-2.json": True,
+    "claude-code-subagent.json": False,  # a subagent's request (x-claude-code-agent-id): inside its turn
+    "claude-code-notification.json": False,  # a background subagent's end, as <system-reminder> blocks
     "codex-turn-1.json": True,
     "codex-turn-2.json": True,
 }
@@ -44,8 +46,9 @@ def test_a_captured_request_opens_a_turn_exactly_when_its_harness_began_one(name
 
 
 def test_one_session_across_a_harness_continuing_it():
-    for harness in ("claude-code-turn", "claude-code-tool", "codex-turn"):
-        ids = {identify(load(n)[1], load(n)[2], "key").agent_id for n in EXPECTED if n.startswith(harness)}
+    for group in (("claude-code-turn",), ("claude-code-tool",), ("claude-code-subagent", "claude-code-notification"),
+                  ("codex-turn",)):
+        ids = {identify(load(n)[1], load(n)[2], "key").agent_id for n in EXPECTED if n.startswith(group)}
         assert len(ids) == 1, harness
 
 
@@ -64,3 +67,16 @@ def test_codex_turn_metadata_says_which_requests_are_a_turns_steps():
     for bad in ("{", "[]", json.dumps({"request_kind": 3}), "x" * 20_000):  # the body decides then
         assert harness_turn({"x-codex-turn-metadata": bad}) is None
         assert opens_turn(kind, body, None, {"x-codex-turn-metadata": bad})
+
+
+def test_a_user_message_of_harness_reminders_alone_is_not_the_users():
+    """Claude Code tells the model that a background subagent ended in a user message made only of
+    <system-reminder> blocks; a user message with the user's own text beside reminders is a turn."""
+    kind, headers, body = load("claude-code-notification.json")
+    note = body["messages"][-1]
+    assert note["role"] == "user" and all(p["text"].startswith("<system-reminder>") for p in note["content"])
+    spoken = dict(note, content=note["content"] + [{"type": "text", "text": "And now?"}])
+    assert opens_turn(kind, dict(body, messages=body["messages"][:-1] + [spoken]), None, headers)
+    for kind, key in (("chat", "messages"), ("responses", "input")):  # the same rule on every endpoint
+        assert not opens_turn(kind, {key: [{"role": "user", "content": "<system-reminder>\nthe task ended"}]})
+        assert opens_turn(kind, {key: [{"role": "user", "content": "the task ended"}]})

@@ -79,6 +79,15 @@ def test_without_a_valid_key_every_v1_route_is_401_and_health_stays_open(app):
     assert app.get("/health").status_code == 200 and app.get("/metrics").status_code == 200
 
 
+def test_anthropics_x_api_key_header_is_a_key_too_and_authorization_comes_first(app):
+    """Claude Code sends ``ANTHROPIC_API_KEY`` as ``x-api-key``; ``Authorization`` wins when both come."""
+    body = {"model": "tiny", "prompt": "hi there", "max_tokens": 2}
+    assert app.post("/v1/completions", headers={"x-api-key": A}, json=body).status_code == 200
+    assert app.post("/v1/completions", headers={"x-api-key": "sk-nobody-999"}, json=body).status_code == 401
+    r = app.post("/v1/completions", headers=auth("sk-nobody-999") | {"x-api-key": A}, json=body)
+    assert r.status_code == 401 and "x-api-key" in r.json()["error"]["message"]
+
+
 def test_an_agent_belongs_to_its_key_and_runs_in_its_tenants_flow(app):
     body = {"type": "mrs", "stages": [[{"prompt": "one two", "max_tokens": 4}], [{"prompt": "{{prev}}", "max_tokens": 2}]]}
     agent_id = app.post("/v1/agents", json=body, headers=auth(A)).json()["agent_id"]
@@ -114,6 +123,15 @@ def test_only_a_trusted_key_may_set_prices_and_shares(app, field, value):
     meta = app.backend.metas[-1]
     assert {"agent_cost": meta.agent_cost, "request_cost": meta.request_cost, "agent_weight": meta.agent_weight,
             "tenant": meta.tenant}[field] == value
+
+
+def test_only_a_trusted_key_may_send_a_benchs_answer_length(app):
+    """``justitia_answer_tokens`` ends an answer on an engine with the scripted logits processor
+    (benches only); any other key is refused it, naming the field."""
+    body = {"prompt": "hi", "max_tokens": 2, "vllm_xargs": {"justitia_answer_tokens": 1}}
+    r = app.post("/v1/completions", json=body, headers=auth(A))
+    assert r.status_code == 400 and "'vllm_xargs.justitia_answer_tokens': unknown key" in r.json()["error"]["message"]
+    assert app.post("/v1/completions", json=body, headers=auth(FRONT)).status_code == 200
 
 
 @pytest.mark.parametrize("xargs, words", [({"justitia_control": "reset"}, "unknown key"),

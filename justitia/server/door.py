@@ -4,8 +4,8 @@ Plain ASGI middleware on ``POST`` to the inference paths (``INFERENCE_PATHS``). 
 ``limits.BodyLimit`` (413) and ``limits.Authenticate`` (401), before any route reads the body, and
 does only what is Justitia's:
 
-1. ``vllm_xargs``: only the request-metadata keys, each a scalar; prices and shares only from a
-   trusted key (``check_xargs``; 400 naming the field);
+1. ``vllm_xargs``: only the request-metadata keys, each a scalar; prices, shares and a bench's
+   answer length only from a trusted key (``check_xargs``; 400 naming the field);
 2. identity: the agent the harness headers and fields name (``identity.identify``; 400 naming a
    bad one), in the key's namespace;
 3. limits: requests in flight for the key (429) and for the server (503), the key's rate (429),
@@ -36,7 +36,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from justitia.core import META_KEYS, PRICE_KEYS, SESSION, TURN_START
-from justitia.defaults import DOOR_KEY, ENV_DOOR_TOKEN
+from justitia.defaults import ANSWER_TOKENS_KEY, DOOR_KEY, ENV_DOOR_TOKEN
 from justitia.server.identity import Identity, IdentityError, identify, opens_turn
 from justitia.server.keys import ANONYMOUS
 from justitia.server.limits import INFERENCE_PATHS, answer, retry_after
@@ -46,6 +46,8 @@ from justitia.server.schema import TYPE_PATTERN
 # where a body carries vLLM's extra args: ``vllm_xargs``, except on vLLM's token-in generate endpoint
 EXTRA_ARGS_AT = {"/inference/v1/generate": ("sampling_params", "extra_args")}
 XARGS_KEYS = (*META_KEYS, "session_id")  # session_id: vLLM's own, the third place it looks for a session
+# a bench's answer length (justitia.vllm.scripted), from a trusted key only: pricing never reads it
+TRUSTED_XARGS_KEYS = (ANSWER_TOKENS_KEY,)
 MAX_SESSIONS = 100_000  # sessions remembered for GET /v1/sessions; the least recently seen go first
 
 
@@ -57,7 +59,7 @@ def check_xargs(xargs: Any, trusted: bool) -> str | None:
         return f"field 'vllm_xargs': must be an object, got {type(xargs).__name__}."
     for key, value in xargs.items():
         where = f"field 'vllm_xargs.{key}'"
-        if key not in XARGS_KEYS:
+        if key not in XARGS_KEYS and not (trusted and key in TRUSTED_XARGS_KEYS):
             return f"{where}: unknown key; vllm_xargs takes only {', '.join(XARGS_KEYS)}."
         if key in PRICE_KEYS and not trusted:
             return f"{where}: set by the server (its pricing and your key's tenant); only a trusted key may send it."

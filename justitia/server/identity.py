@@ -116,16 +116,33 @@ CODEX_TURN_HEADER = "x-codex-turn-metadata"  # Codex CLI: JSON with turn_id, req
 # ends a continued session's request with a mid-conversation "system" message (the model's name);
 # OpenAI's chat format calls the same "developer"
 TRAILING_ROLES = frozenset({"system", "developer"})
+# Claude Code (2.1.332) also tells the model of a background subagent's end in a message of role
+# "user" made only of <system-reminder> blocks ("[SYSTEM NOTIFICATION - NOT USER INPUT]"): the
+# harness speaks there, not its user
+HARNESS_NOTE = "<system-reminder>"
+
+
+def _harness_note(item: Mapping) -> bool:
+    """Whether a user message is only a harness's own reminders (every text in it one)."""
+    content = item.get("content")
+    if isinstance(content, str):
+        return content.lstrip().startswith(HARNESS_NOTE)
+    if not isinstance(content, list) or not content:
+        return False
+    return all(isinstance(part, Mapping) and part.get("type") in ("text", "input_text")
+               and isinstance(part.get("text"), str) and part["text"].lstrip().startswith(HARNESS_NOTE)
+               for part in content)
 
 
 def _last_spoken(items) -> Mapping | None:
-    """The last message of a list that is not a trailing system or developer message."""
+    """The last message of a list that is not a trailing system or developer message, nor a user
+    message made only of a harness's reminders."""
     if not isinstance(items, list):
         return None
     for item in reversed(items):
         if not isinstance(item, Mapping):
             return None
-        if item.get("role") not in TRAILING_ROLES:
+        if item.get("role") not in TRAILING_ROLES and not (item.get("role") == "user" and _harness_note(item)):
             return item
     return None
 

