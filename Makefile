@@ -4,7 +4,7 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: setup harnesses run test speed presets cpu engine sessions-engine noise-study overhead profile predictor-eval load load-upstream load-ray ray-affinity pricing server-bench flags-bench throughput ray-kill abuse replay clean
+.PHONY: setup harnesses harness-load run test speed presets cpu engine sessions-engine noise-study overhead profile predictor-eval load load-upstream load-ray ray-affinity pricing server-bench flags-bench throughput ray-kill abuse replay clean
 
 $(VENV)/.installed: pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
@@ -67,6 +67,10 @@ predictor-eval: setup
 # What online pricing costs on the request path (1,000 agents in flight), and whether its refits stall the event loop.
 pricing: setup
 	$(BIN)/python -m justitia.lab.bench_pricing --agents 1000 --out results/pricing.json
+
+# Claude Code and Codex CLI sessions from two keyed tenants at once on justitia serve (tiny-long): turn times and service shares.
+harness-load: setup harnesses
+	$(BIN)/python -m justitia.lab.harness_load --sessions 3 --duration 120 --out results/harness-load.json
 
 # justitia serve under load: 1,000 agents submitted at once, all must finish (about 8 minutes here).
 load: setup

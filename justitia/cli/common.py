@@ -22,7 +22,7 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     from justitia.vllm.engine import EngineSpec
 
     d = EngineSpec()
-    p.add_argument("--model", help=f"vllm: tiny, smollm2 or a model directory (default {d.model})")
+    p.add_argument("--model", help=f"vllm: tiny, tiny-long, smollm2 or a model directory (default {d.model})")
     p.add_argument("--kv-blocks", type=int, help=f"KV cache size in blocks (sim default: the profile's; vllm {d.kv_blocks})")
     p.add_argument("--max-num-batched-tokens", type=int, help=f"token budget per step (default {d.max_num_batched_tokens})")
     p.add_argument("--max-num-seqs", type=int, help=f"cap on running requests (sim default 256; vllm {d.max_num_seqs})")

@@ -7,7 +7,7 @@ from pathlib import Path
 
 def add_parser(sub) -> None:
     pf = sub.add_parser("profile", help="run generated agents through a real model (vLLM) and record their costs")
-    pf.add_argument("--model", default="smollm2", help="tiny, smollm2 or a model directory (default smollm2)")
+    pf.add_argument("--model", default="smollm2", help="tiny, tiny-long, smollm2 or a model directory (default smollm2)")
     pf.add_argument("--agents-per-type", type=int, default=30, help="agents of each workflow (default 30)")
     pf.add_argument("--types", help="comma-separated workflows (default all nine)")
     pf.add_argument("--size", choices=["small", "medium", "large"], default="small", help="size class (default small)")

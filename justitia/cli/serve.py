@@ -18,7 +18,7 @@ def add_parser(sub) -> None:
                         description="vLLM's own OpenAI server with Justitia's scheduler and endpoint plugin; "
                                     "any other option is vLLM's (vllm serve --help), passed through, e.g. "
                                     "--enable-auto-tool-choice --tool-call-parser hermes (docs/server.md)")
-    sv.add_argument("--model", help="tiny, smollm2 or a model directory (default tiny; with --upstream: the "
+    sv.add_argument("--model", help="tiny, tiny-long, smollm2 or a model directory (default tiny; with --upstream: the "
                                     "tokenizer, by default the replicas' model directory)")
     sv.add_argument("--policy", default=D.policy, help=f"scheduling policy (default {D.policy})")
     sv.add_argument("--predictor", default=D.predictor, help=f"cost predictor: {SPEC_HELP} (default {D.predictor})")

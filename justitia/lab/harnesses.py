@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -58,19 +59,28 @@ def write_script(path: Path) -> Path:
 
 @dataclass
 class Run:
-    """One harness session: its id as the harness names it, and each turn's final answer."""
+    """One harness session: its id as the harness names it, and per turn its final answer, its
+    time (the harness command's wall clock) and the tokens the harness says it was served (prompt,
+    cached prompt and answer tokens of all its requests)."""
 
     harness: str
     session_id: str | None = None
     answers: list[str] = field(default_factory=list)
     outputs: list[str] = field(default_factory=list)
+    turn_s: list[float] = field(default_factory=list)
+    tokens: list[int] = field(default_factory=list)
+    ended: list[float] = field(default_factory=list)  # time.monotonic() when each turn ended
 
 
-def _run(cmd: list[str], env: dict, cwd: Path) -> str:
+def _run(cmd: list[str], env: dict, cwd: Path, run: Run) -> str:
+    start = time.monotonic()
     done = subprocess.run(cmd, env=env, cwd=cwd, capture_output=True, text=True, timeout=TIMEOUT_S,
                           stdin=subprocess.DEVNULL)
     if done.returncode != 0:
         raise RuntimeError(f"{cmd[0]} exited {done.returncode}:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
+    run.ended.append(time.monotonic())
+    run.turn_s.append(run.ended[-1] - start)
+    run.outputs.append(done.stdout)
     return done.stdout
 
 
@@ -85,11 +95,12 @@ def claude_code(url: str, key: str, model: str, where: Path, turns=None, bin_dir
     for i, (prompt, _) in enumerate(turns or SESSION["claude-code"]):
         cmd = [str(bin_dir / "claude"), "-p", prompt, "--output-format", "json",
                "--allowedTools", "Bash(echo:*)", "Agent", *(["--continue"] if i else [])]
-        out = _run(cmd, env, work)
-        run.outputs.append(out)
-        doc = json.loads(out.strip().splitlines()[-1])
+        doc = json.loads(_run(cmd, env, work, run).strip().splitlines()[-1])
         run.session_id = run.session_id or doc.get("session_id")
         run.answers.append(doc.get("result", ""))
+        usage = doc.get("usage") or {}
+        run.tokens.append(sum(int(usage.get(k) or 0) for k in ("input_tokens", "cache_creation_input_tokens",
+                                                                "cache_read_input_tokens", "output_tokens")))
     return run
 
 
@@ -105,10 +116,8 @@ def codex(url: str, key: str, model: str, where: Path, turns=None, bin_dir: Path
     for i, (prompt, _) in enumerate(turns or SESSION["codex"]):
         cmd = [str(bin_dir / "codex"), "exec", "--skip-git-repo-check", "--json", "-m", model,
                "-c", "model_provider=justitia", "-c", provider, *(["resume", "--last"] if i else []), prompt]
-        out = _run(cmd, env, work)
-        run.outputs.append(out)
-        answer = ""
-        for line in out.splitlines():
+        answer, tokens = "", 0
+        for line in _run(cmd, env, work, run).splitlines():
             try:
                 event = json.loads(line)
             except ValueError:
@@ -118,7 +127,11 @@ def codex(url: str, key: str, model: str, where: Path, turns=None, bin_dir: Path
             item = event.get("item") or {}
             if event.get("type") == "item.completed" and item.get("type") == "agent_message":
                 answer = item.get("text", "")
+            if event.get("type") == "turn.completed":  # its input_tokens include the cached ones
+                usage = event.get("usage") or {}
+                tokens += int(usage.get("input_tokens") or 0) + int(usage.get("output_tokens") or 0)
         run.answers.append(answer)
+        run.tokens.append(tokens)
     return run
 
 

@@ -36,8 +36,8 @@ KINDS: dict[str, Kind] = {k.name: k for k in (
     Kind("linear", "per type, log C linear in log first-stage prompt tokens and tasks",
          lambda agents, cost, seed: LinearPredictor.train(agents, cost)),
 )}
-SPEC_HELP = ("online (learned from the run's own finished agents and turns, cold-started from mlp; online:KIND "
-             "or online:none for another cold start), oracle, noisy:L, session (sessions: turns learned online), " + ", ".join(KINDS) + " (trained on the committed profile), "
+SPEC_HELP = ("online (learned from the run's own finished agents and turns, cold-started from the prompts alone; "
+             "online:KIND for a trained cold start), oracle, noisy:L, session (sessions: turns learned online), " + ", ".join(KINDS) + " (trained on the committed profile), "
              + ", ".join(f"{k}:DIR" for k, kind in KINDS.items() if kind.load) + " or "
              + " / ".join(f"{k}:FILE" for k, kind in KINDS.items() if not kind.load))
 

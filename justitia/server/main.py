@@ -27,7 +27,7 @@ class ServeSettings:
     passed through; ``ray``, the replicas' ``RaySpec`` (``justitia.backends.ray``: its options check themselves) or
     None. Checked when made: a bad value raises ValueError naming its option."""
 
-    model: str | None = None  # tiny, smollm2 or a model directory (None: tiny; upstream: the replicas' model)
+    model: str | None = None  # tiny, tiny-long, smollm2 or a model directory (None: tiny; upstream: the replicas' model)
     policy: str = "justitia"
     predictor: str = "online"
     predictor_state: Path | None = None  # None: next to the journal (nothing kept under no_journal)
@@ -170,7 +170,7 @@ def vllm_command(model: str, host: str, port: int, kv_blocks: int | None, max_nu
 
     given = {a.split("=", 1)[0] for a in passthrough if a.startswith("--")}
     if "--model" in given:
-        raise ValueError("--model: give it to justitia serve itself (tiny, smollm2 or a model directory).")
+        raise ValueError("--model: give it to justitia serve itself (tiny, tiny-long, smollm2 or a model directory).")
     argv = ["--model", str(resolve_model(model)), "--scheduler-cls", "justitia.vllm.plugin.JustitiaScheduler",
             "--scheduling-policy", "priority"]
     defaults = {"--host": host, "--port": str(port), "--max-model-len": str(max_model_len),
