@@ -60,17 +60,26 @@ def test_a_turn_opens_with_the_users_own_message_on_each_endpoint_and_never_for_
     assert "X-Agent-Id" not in SESSION_SOURCES and "vllm_xargs.agent_id" not in SESSION_SOURCES
 
 
+def next_turn(kind: str, tool: dict) -> dict:
+    """The tool's body, answered, then the user's same words again: a second turn."""
+    key = "input" if kind == "responses" else "messages"
+    return dict(tool, **{key: tool[key] + [{"role": "assistant", "content": "done"}, {"role": "user", "content": "go on"}]})
+
+
 @pytest.mark.parametrize("kind", sorted(BODIES))
 def test_a_sessions_requests_are_marked_session_and_its_turns_start_where_the_user_speaks(app, kind):
+    """A turn, its tool's return, a subagent's request, the turn's first request again (a retry: no
+    new turn), then the same words after an answer (a new turn)."""
     path, turn, tool = BODIES[kind]
-    for body, headers in ((turn, {}), (tool, {}), (turn, {"X-Claude-Code-Agent-Id": "explorer"}), (turn, {})):
+    for body, headers in ((turn, {}), (tool, {}), (turn, {"X-Claude-Code-Agent-Id": "explorer"}), (turn, {}),
+                          (next_turn(kind, tool), {})):
         r = app.post(path, json={"model": "tiny"} | body, headers=AUTH | {"X-Claude-Code-Session-Id": "cc-1"} | headers)
         assert r.status_code == 200, r.text
     metas = app.backend.metas
     assert all(m.session and m.agent_id.endswith("/cc-1") for m in metas)
-    assert [m.turn_start for m in metas] == [True, False, False, True]
+    assert [m.turn_start for m in metas] == [True, False, False, False, True]
     doc, = app.get("/v1/sessions", headers=AUTH).json()["data"]
-    assert (doc["requests"], doc["turns"], doc["subagents"]) == (4, 2, ["explorer"])
+    assert (doc["requests"], doc["turns"], doc["subagents"]) == (5, 2, ["explorer"])
     assert app.backend.book.agent(metas[0].agent_id).info.session  # the engine's book took it as a session
 
 

@@ -1,5 +1,5 @@
-"""Turn detection from what agent harnesses really send: requests captured from Claude Code 2.1.332
-and Codex CLI 0.171.0 (``tests/data/harness``: their headers and body shapes, texts cut short, no
+"""Turn detection from what agent harnesses really send: requests captured from Claude Code 2.1.332,
+Codex CLI 0.171.0 and OpenCode 1.18.33 (``tests/data/harness``: their headers and body shapes, texts cut short, no
 key), each run against a loopback server that recorded them (docs/sessions.md, "Harnesses")."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from justitia.server.identity import harness_turn, identify, opens_turn
+from justitia.server.identity import harness_turn, identify, opens_turn, turn_opener
 from justitia.server.limits import INFERENCE_PATHS
 
 CAPTURED = Path(__file__).parent / "data" / "harness"
@@ -23,6 +23,11 @@ EXPECTED = {
     "claude-code-tool-turn-2.json": True,
     "claude-code-subagent.json": False,  # a subagent's request (x-claude-code-agent-id): inside its turn
     "claude-code-notification.json": False,  # a background subagent's end, as <system-reminder> blocks
+    "opencode-title.json": True,  # its title request: the door counts it or the agent's, not both (below)
+    "opencode-turn-1.json": True,
+    "opencode-tool-result.json": False,  # the bash tool's result (role "tool")
+    "opencode-turn-2.json": True,
+    "opencode-subagent.json": False,  # the task tool's child session, a subagent under X-Parent-Session-Id
     "codex-turn-1.json": True,
     "codex-turn-2.json": True,
 }
@@ -47,7 +52,7 @@ def test_a_captured_request_opens_a_turn_exactly_when_its_harness_began_one(name
 
 def test_one_session_across_a_harness_continuing_it():
     for group in (("claude-code-turn",), ("claude-code-tool",), ("claude-code-subagent", "claude-code-notification"),
-                  ("codex-turn",)):
+                  ("codex-turn",), ("opencode",)):
         ids = {identify(load(n)[1], load(n)[2], "key").agent_id for n in EXPECTED if n.startswith(group)}
         assert len(ids) == 1, harness
 
@@ -80,3 +85,15 @@ def test_a_user_message_of_harness_reminders_alone_is_not_the_users():
     for kind, key in (("chat", "messages"), ("responses", "input")):  # the same rule on every endpoint
         assert not opens_turn(kind, {key: [{"role": "user", "content": "<system-reminder>\nthe task ended"}]})
         assert opens_turn(kind, {key: [{"role": "user", "content": "the task ended"}]})
+
+
+def test_opencodes_title_request_and_its_agents_first_open_one_turn_and_its_child_session_is_a_subagent():
+    """OpenCode asks for a title with the user's first message while its agent answers it: the same
+    opener, so the door counts one turn (a retry is the same case); its task tool's child session
+    names the parent in X-Parent-Session-Id and runs as a subagent of it."""
+    openers = {n: turn_opener(*load(n)[::2]) for n in ("opencode-title.json", "opencode-turn-1.json", "opencode-turn-2.json")}
+    assert openers["opencode-title.json"] == openers["opencode-turn-1.json"] != openers["opencode-turn-2.json"]
+    _, headers, body = load("opencode-subagent.json")
+    who = identify(headers, body, "key")
+    assert who.given == headers["x-parent-session-id"] and who.subagent == headers["x-session-id"] != who.given
+    assert who.source == "X-Parent-Session-Id" and who.session

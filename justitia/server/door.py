@@ -37,7 +37,7 @@ from typing import Any
 
 from justitia.core import META_KEYS, PRICE_KEYS, SESSION, TURN_START
 from justitia.defaults import ANSWER_TOKENS_KEY, DOOR_KEY, ENV_DOOR_TOKEN
-from justitia.server.identity import Identity, IdentityError, identify, opens_turn
+from justitia.server.identity import Identity, IdentityError, identify, opens_turn, turn_opener
 from justitia.server.keys import ANONYMOUS
 from justitia.server.limits import INFERENCE_PATHS, answer, retry_after
 from justitia.backends.wire import error_doc, once, replay
@@ -96,6 +96,7 @@ class Session:
     subagents: set[str] = field(default_factory=set)
     in_flight: int = 0
     turns: int = 0  # requests that opened a user turn (sent on with turn_start)
+    opener: str | None = None  # what opened the current turn (identity.turn_opener): its repeats open none
 
     def doc(self) -> dict:
         return {"session_id": self.session_id, "source": self.source, "requests": sum(self.requests.values()),
@@ -121,6 +122,8 @@ class Sessions:
         s.last_s = now
         s.requests[kind] = s.requests.get(kind, 0) + 1
         s.turns += who.turn_start
+        if who.turn_start:
+            s.opener = who.opener
         if who.subagent is not None and len(s.subagents) < 1024:
             s.subagents.add(who.subagent)
         return s
@@ -246,7 +249,11 @@ class Door:
                 given[SESSION] = True
                 given.pop(TURN_START, None)
                 if opens_turn(kind, doc, who.subagent, headers):
-                    given[TURN_START] = True
+                    opener = turn_opener(kind, doc)
+                    known = manager.sessions.known.get(who.agent_id)
+                    if known is None or opener is None or known.opener != opener:  # not a retry, nor a side request
+                        given[TURN_START] = True
+                        who = replace(who, opener=opener)
             who = replace(who, turn_start=given.get(TURN_START) is True)
         else:  # an agent of its own, done when its one request is
             given.pop("agent_id", None)

@@ -2,7 +2,8 @@
 turn, read from the headers, fields and bodies agent harnesses already send.
 
 ``SOURCES`` is the table, highest precedence first; the first one a request carries names its
-agent. ``X-Claude-Code-Agent-Id`` names a subagent inside the session. Every id is checked (a
+agent. ``X-Claude-Code-Agent-Id`` names a subagent inside the session, and so does OpenCode's child
+session under ``X-Parent-Session-Id`` (its ``X-Session-ID``). Every id is checked (a
 string of 1-256 printable characters; 400 naming the header or field otherwise) and lives in the
 key's own namespace (``owner/id``): two keys sending the same id name two agents, so an id is
 used for correlation only, never to authorize anything. A request that carries none is an agent of
@@ -15,6 +16,7 @@ first two name agents and keep agent semantics.
 
 from __future__ import annotations
 
+import hashlib
 import json
 from dataclasses import dataclass
 from typing import Mapping
@@ -26,12 +28,14 @@ SOURCES: tuple[tuple[str, str, str, str], ...] = (
     ("header", "X-Agent-Id", "agent", "Justitia's own"),
     ("field", "vllm_xargs.agent_id", "agent", "Justitia's own, through vLLM's extra-args field"),
     ("field", "session_id", "session", "vLLM's native session field"),
+    ("header", "X-Parent-Session-Id", "session", "OpenCode, on a subagent's requests (their X-Session-ID: the subagent)"),
     ("header", "X-Session-ID", "session", "vLLM's native session header; llm-d, SGLang-style routers"),
     ("header", "X-Claude-Code-Session-Id", "session", "Claude Code, on every request"),
     ("field", "prompt_cache_key", "session", "OpenAI's prompt-cache key (Codex, the Agents SDK when set)"),
     ("field", "user", "session", "OpenAI's end-user id"),
 )
 SUBAGENT_HEADER = "X-Claude-Code-Agent-Id"  # a subagent of the session (Claude Code's Task tool)
+PARENT_HEADER = "X-Parent-Session-Id"  # OpenCode's child session runs as a subagent of this one
 SESSION_SOURCES = frozenset(name for _, name, names, _ in SOURCES if names == "session")
 
 
@@ -53,6 +57,7 @@ class Identity:
     source: str | None = None  # the header or field that named it
     subagent: str | None = None
     turn_start: bool = False  # the request opens a user turn (what the door sent on: ``opens_turn``, or the client's)
+    opener: str | None = None  # the user's message it opens the turn with (``turn_opener``), if it does
 
     @property
     def session(self) -> bool:
@@ -90,15 +95,18 @@ def identify(headers: Mapping[str, str], body: Mapping, owner: str) -> Identity:
     """The agent ``body`` (a request's JSON) and ``headers`` (lower-case names) name, in ``owner``'s
     namespace. Every id present is checked, not only the one that wins."""
     found: tuple[str, str] | None = None
-    for where, name, _, _ in SOURCES:
+    child: str | None = None  # under a parent session: the next session id, OpenCode's child session
+    for where, name, names, _ in SOURCES:
         value = _lookup(where, name, headers, body)
         if value is None or (where == "field" and name == "user" and value == ""):
             continue
         text = checked_id(value, f"{where} '{name}'")
         if found is None:
             found = (text, name)
+        elif found[1] == PARENT_HEADER and child is None and names == "session":
+            child = text
     sub = headers.get(SUBAGENT_HEADER.lower())
-    subagent = checked_id(sub, f"header '{SUBAGENT_HEADER}'") if sub is not None else None
+    subagent = checked_id(sub, f"header '{SUBAGENT_HEADER}'") if sub is not None else child
     if found is None:
         return Identity(None, subagent=subagent)
     return Identity(f"{owner}/{found[0]}", found[0], found[1], subagent)
@@ -145,6 +153,32 @@ def _last_spoken(items) -> Mapping | None:
         if item.get("role") not in TRAILING_ROLES and not (item.get("role") == "user" and _harness_note(item)):
             return item
     return None
+
+
+def _text(content) -> str:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "\n".join(p["text"] for p in content if isinstance(p, Mapping) and isinstance(p.get("text"), str))
+    return ""
+
+
+def turn_opener(kind: str, body: Mapping) -> str | None:
+    """A digest of the user's message a turn-opening request ends with, and of how many assistant
+    messages come before it. A request that repeats the one that opened its session's current turn
+    opens no other: a client's retry, or a harness's side request on the same message (OpenCode
+    1.18.33 asks for a title with the user's first message while its agent answers it); the same
+    words said again after an answer ("continue") are a new turn."""
+    items = body.get("input") if kind == "responses" else body.get("messages")
+    if isinstance(items, str):
+        said, answers = items, 0
+    else:
+        last = _last_spoken(items)
+        if last is None:
+            return None
+        said = _text(last.get("content"))
+        answers = sum(1 for m in items if isinstance(m, Mapping) and m.get("role") == "assistant")
+    return hashlib.blake2b(f"{answers}\n{said}".encode("utf-8", "replace"), digest_size=16).hexdigest()
 
 
 def harness_turn(headers: Mapping[str, str]) -> str | None:
