@@ -233,3 +233,33 @@ def test_no_agent_is_priced_above_what_its_max_tokens_allow():
             prices.append(client.get(f"/v1/agents/{agent_id}").json()["predicted_cost"])
     p = len(prompt.split())  # WordTokenizer: a token per word
     assert prices[0] <= 4 * KV.request_cost(p + 2, 1) < prices[1], prices  # (+2: a margin for the tokenizer's extras)
+
+
+@pytest.mark.parametrize("path", ["/v1/agents", "turns", "/v1/chat/completions", "/v1/completions", "/v1/responses",
+                                  "/v1/messages"])
+def test_a_body_nested_past_the_depth_limit_is_a_400_naming_it_on_every_endpoint_justitia_owns(app, path):
+    """A 100,000-deep array once made Python's parser recurse past its stack: a 500."""
+    from justitia.server.limits import MAX_JSON_DEPTH
+
+    if path == "turns":  # a session's next turn: the session must exist
+        r = app.post("/v1/agents", json={"type": "chat", "session": True, "stages": [[{"prompt": "hi", "max_tokens": 2}]]})
+        assert r.status_code == 202, r.text
+        path = f"/v1/agents/{r.json()['agent_id']}/turns"
+        app.backend.metas.clear()
+    for body in ("[" * 100_000 + "]" * 100_000, '{"stages": ' + "[" * (MAX_JSON_DEPTH + 1) + "]" * (MAX_JSON_DEPTH + 1) + "}"):
+        r = app.post(path, content=body, headers={"content-type": "application/json"})
+        assert r.status_code == 400, (path, r.status_code, r.text[:200])
+        assert f"nested deeper than {MAX_JSON_DEPTH} levels" in r.text
+    assert app.backend.metas == []  # nothing reached the engine
+
+
+def test_the_depth_limit_counts_containers_not_brackets_in_strings():
+    from justitia.server.limits import MAX_JSON_DEPTH, JsonTooDeep, load_json
+
+    deep = "[" * MAX_JSON_DEPTH + "]" * MAX_JSON_DEPTH
+    assert load_json(deep.encode()) == json.loads(deep)  # at the limit: taken
+    assert load_json(json.dumps({"text": "[" * 10_000})) == {"text": "[" * 10_000}  # brackets in a string
+    with pytest.raises(JsonTooDeep):
+        load_json("[" + deep + "]")
+    with pytest.raises(JsonTooDeep):
+        load_json(b'{"a": ' * 70_000 + b"1" + b"}" * 70_000)

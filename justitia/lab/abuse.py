@@ -401,6 +401,14 @@ def _(ctx):
                             headers={"Content-Type": "application/json"}), 400, "surrogate")
 
 
+@case("validation", "a JSON body nested 100,000 deep, on the agent API, chat and messages", "400 naming the limit on each")
+def _(ctx):
+    deep = b"[" * 100_000 + b"]" * 100_000
+    said = [check(ctx.a.post(path, content=deep, headers={"Content-Type": "application/json"}), 400, "nested deeper")
+            for path in ("/v1/agents", "/v1/chat/completions", "/v1/messages")]
+    return said[-1]
+
+
 @case("validation", "a chat that fills the context, no max_tokens", "vLLM's 400 naming the context length")
 def _(ctx):
     body = {"messages": [{"role": "user", "content": "go " * 1300}]}

@@ -21,7 +21,8 @@ from justitia.server.door import Door
 from justitia.server.forward import add_forwarding_routes
 from justitia.server.journal import Journal, JournalError
 from justitia.server.keys import KeyRing, client_of
-from justitia.server.limits import Authenticate, BodyLimit, BodyTooLarge, body_too_large, retry_after
+from justitia.server.limits import (Authenticate, BodyLimit, BodyTooLarge, JsonTooDeep, body_too_large, load_json,
+                                   retry_after)
 from justitia.server.metrics import prometheus_text
 from justitia.server.schema import AgentSpec, SpecError, TurnSpec, first_error
 from justitia.server.turns import TurnRefused, continue_session
@@ -34,9 +35,12 @@ def _error(status: int, message: str, headers: dict | None = None) -> JSONRespon
 
 
 async def _parse(model, request: Request):
-    """The request's body as ``model``, or the 422 that names its first bad field."""
+    """The request's body as ``model``, or the 422 that names its first bad field (400 for a body
+    nested past ``limits.MAX_JSON_DEPTH``)."""
     try:
-        return model.model_validate(json.loads(await request.body()))
+        return model.model_validate(load_json(await request.body()))
+    except JsonTooDeep as exc:
+        return _error(400, str(exc))
     except ValueError as exc:  # not JSON, or not the model (pydantic's ValidationError is a ValueError)
         errors = exc.errors() if isinstance(exc, ValidationError) else [{"type": "json_invalid", "loc": ()}]
         return _error(422, first_error(list(errors)))

@@ -39,7 +39,7 @@ from justitia.core import META_KEYS, PRICE_KEYS, SESSION, TURN_START
 from justitia.defaults import ANSWER_TOKENS_KEY, DOOR_KEY, ENV_DOOR_TOKEN
 from justitia.server.identity import Identity, IdentityError, identify, opens_turn, turn_opener
 from justitia.server.keys import ANONYMOUS
-from justitia.server.limits import INFERENCE_PATHS, answer, retry_after
+from justitia.server.limits import INFERENCE_PATHS, JsonTooDeep, answer, load_json, retry_after
 from justitia.backends.wire import error_doc, once, replay
 from justitia.server.schema import TYPE_PATTERN
 
@@ -163,7 +163,9 @@ class Door:
                 break
         body = b"".join(chunks)
         try:
-            doc = json.loads(body)
+            doc = load_json(body)
+        except JsonTooDeep as exc:  # before vLLM's own parser, which would recurse past its stack (a 500)
+            return await answer(send, 400, error_doc(kind, 400, str(exc)))
         except (ValueError, UnicodeDecodeError):
             doc = None
         manager = self.holder.manager

@@ -21,6 +21,8 @@ import json
 from dataclasses import dataclass
 from typing import Mapping
 
+from justitia.server.limits import load_json
+
 MAX_ID_CHARS = 256
 
 # (where, name, what it names, who sends it), highest precedence first
@@ -188,7 +190,7 @@ def harness_turn(headers: Mapping[str, str]) -> str | None:
     if raw is None or len(raw) > 16_384:
         return None
     try:
-        meta = json.loads(raw)
+        meta = load_json(raw)  # a header nested past the limit is malformed metadata: ignored
     except ValueError:
         return None
     kind = meta.get("request_kind") if isinstance(meta, dict) else None

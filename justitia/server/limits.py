@@ -70,6 +70,38 @@ class Authenticate:
         await self.app(scope, receive, send)
 
 
+MAX_JSON_DEPTH = 64  # arrays and objects inside one another, in any body Justitia parses
+
+
+class JsonTooDeep(ValueError):
+    """A JSON document nested past ``MAX_JSON_DEPTH``."""
+
+    def __init__(self) -> None:
+        super().__init__(f"the JSON body is nested deeper than {MAX_JSON_DEPTH} levels, this server's limit.")
+
+
+def load_json(raw: bytes | str):
+    """``json.loads`` with nesting capped at ``MAX_JSON_DEPTH`` (``JsonTooDeep``, a ValueError, past
+    it). Python's parser recurses once a level and fails past its stack's limit with a
+    RecursionError (a 500); the cap is checked without recursion, and only walks the document when
+    it holds more brackets than the cap."""
+    try:
+        doc = json.loads(raw)
+    except RecursionError:
+        raise JsonTooDeep() from None
+    opening = raw.count(b"[") + raw.count(b"{") if isinstance(raw, bytes) else raw.count("[") + raw.count("{")
+    if opening <= MAX_JSON_DEPTH:
+        return doc
+    stack = [(doc, 1)]
+    while stack:
+        node, depth = stack.pop()
+        if isinstance(node, (dict, list)):
+            if depth > MAX_JSON_DEPTH:
+                raise JsonTooDeep()
+            stack.extend((child, depth + 1) for child in (node.values() if isinstance(node, dict) else node))
+    return doc
+
+
 DRAIN_BYTES = 64 << 20  # the most of a refused body read (and dropped) before the 413, so that the client reads it
 DRAIN_S = 10.0  # and for at most this long
 
