@@ -34,6 +34,8 @@ ENV_AGENT_IDLE_S = "JUSTITIA_AGENT_IDLE_S"  # default AGENT_IDLE_S
 ENV_SESSION_KEEP_S = "JUSTITIA_SESSION_KEEP_S"  # default SESSION_KEEP_S
 ENV_LOG_AGENTS = "JUSTITIA_LOG_AGENTS"  # 1: one log line per agent arrival and release
 ENV_MEASURE_CAPACITY = "JUSTITIA_MEASURE_CAPACITY"  # 0: keep the formula's M (default 1: measure it)
+ENV_PRICING = "JUSTITIA_PRICING"  # online|max-tokens: how the plug-in prices a burst that comes without a price (default online)
+ENV_PRICING_STATE = "JUSTITIA_PRICING_STATE"  # where the plug-in keeps what its online pricing learned (default: nowhere)
 ENV_RETAG = "JUSTITIA_RETAG"  # 0: an agent keeps its first tag (default 1: it moves back when it reveals more work)
 # whether the plug-in reads agent_cost, request_cost, agent_weight, tenant, agent_tag and agent_rank
 # from a request: 1, from every one; 0, from none; unset, from every one in an engine with no door
@@ -69,6 +71,9 @@ def process_cpus() -> frozenset[int]:
     return frozenset(os.sched_getaffinity(0))
 
 
+PRICINGS = ("online", "max-tokens")
+
+
 @dataclass(frozen=True)
 class PolicySettings:
     """A policy holder's configuration (the plug-in's, or a front end's), from the environment."""
@@ -85,6 +90,8 @@ class PolicySettings:
     retag: bool = True  # an agent that reveals more work than predicted moves back
     client_prices: bool | None = None  # read costs, weights and tenants: True, always; False, never; None: auto
     door_token: str | None = None  # auto: from a request that carries this (the door's), or from all if None
+    pricing: str = "online"  # a burst without a price: learned from the engine's own bursts, or its max_tokens alone
+    pricing_state: str | None = None  # the online pricing's state file, kept across restarts
 
 
 def policy_settings(environ: Mapping[str, str] | None = None) -> PolicySettings:
@@ -108,6 +115,10 @@ def policy_settings(environ: Mapping[str, str] | None = None) -> PolicySettings:
         raise ValueError(f"{ENV_CLIENT_PRICES}={prices!r}: expected 1 (read every request's prices) or 0 (none); "
                          "unset: only those Justitia's door checked, in vLLM's OpenAI server.")
 
+    pricing = env.get(ENV_PRICING, "online")
+    if pricing not in PRICINGS:
+        raise ValueError(f"{ENV_PRICING}={pricing!r}: expected one of {', '.join(PRICINGS)}.")
+
     return PolicySettings(
         policy=env.get(ENV_POLICY, "justitia"), cost=env.get(ENV_COST, "kv"),
         capacity_per_s=number(ENV_CAPACITY, None), calibration=env.get(ENV_CALIBRATION) or None, iteration_s=number(ENV_ITERATION_S, ITERATION_S),
@@ -115,5 +126,5 @@ def policy_settings(environ: Mapping[str, str] | None = None) -> PolicySettings:
         session_keep_s=number(ENV_SESSION_KEEP_S, SESSION_KEEP_S, strict=False),
         log_agents=env.get(ENV_LOG_AGENTS) == "1", measure_capacity=env.get(ENV_MEASURE_CAPACITY, "1") != "0",
         retag=env.get(ENV_RETAG, "1") != "0", client_prices={"1": True, "0": False}.get(prices or "", None),
-        door_token=env.get(ENV_DOOR_TOKEN) or None,
+        door_token=env.get(ENV_DOOR_TOKEN) or None, pricing=pricing, pricing_state=env.get(ENV_PRICING_STATE) or None,
     )

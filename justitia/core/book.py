@@ -209,17 +209,21 @@ class AgentBook:
         return self._core.stamp(info)
 
     def arrive(self, request_id: str, meta: RequestMeta, prompt_tokens: int, max_tokens: int,
-               now_s: float, charged: bool = True) -> tuple[RequestInfo, AgentInfo | None]:
+               now_s: float, charged: bool = True, dist: CostDist | None = None) -> tuple[RequestInfo, AgentInfo | None]:
         """Queue a new request; returns its info and its agent's if the request brought a new one.
         ``charged``: the engine charges service as it schedules it (the plug-in): a burst that comes
-        without a price is priced as a distribution (``unpriced``) and repriced as it is served;
-        else (a tagging front end) at its prompt and ``max_tokens``."""
+        without a price is priced as a distribution (``dist``, the engine's own price for it, else
+        ``unpriced``) and repriced as it is served; else (a tagging front end) at its prompt and
+        ``max_tokens``."""
         agent_id = meta.agent_id or request_id
         request_cost = meta.request_cost
         if request_cost is None:
             request_cost = self.cost.request_cost(prompt_tokens, max_tokens)
         agent_cost = request_cost if meta.agent_cost is None else meta.agent_cost
-        dist = unpriced(self.cost, prompt_tokens, max_tokens) if charged and meta.agent_cost is None else None
+        if not charged or meta.agent_cost is not None:
+            dist = None
+        elif dist is None:
+            dist = unpriced(self.cost, prompt_tokens, max_tokens)
         self._pause_pending.discard(agent_id)  # a request of the burst: the pause waits for it
         standing = self._core.agent(agent_id) if meta.turn_start else None
         if standing is not None and not standing.open_requests:  # a new burst: the session leaves, then returns

@@ -189,13 +189,15 @@ class OnlinePredictor(Predictor):
 
     # ------------------------------------------------------------------------------- prices
     def _dist(self, kind: str, agent: Agent, x: list[float], ident: tuple | None = None) -> CostDist:
-        tenant = agent.tenant or ""
+        return self._priced(kind, agent.tenant or "", agent.type, x, ident)
+
+    def _priced(self, kind: str, tenant: str, agent_type: str, x: list[float], ident: tuple | None) -> CostDist:
         with self._lock:
-            m = self._models.get((kind, tenant, agent.type))
+            m = self._models.get((kind, tenant, agent_type))
             beta, residuals = (m.beta, m.residuals) if m is not None else (None, ())
             seen = list(m.prior_resid) if m is not None and beta is None else []
             pooled = self._offsets.get((kind, tenant), [0.0, 0])[0]
-            running = self._running.get((kind, tenant, agent.type))
+            running = self._running.get((kind, tenant, agent_type))
             lift = running.lift() if running is not None else 0.0
         if beta is not None:
             mu = float(np.dot(beta, x))
@@ -209,9 +211,9 @@ class OnlinePredictor(Predictor):
             spread = tuple(sd * z for z in _Z)
         if ident is not None:
             with self._lock:
-                running = self._running.get((kind, tenant, agent.type))
+                running = self._running.get((kind, tenant, agent_type))
                 if running is None:
-                    running = self._running[(kind, tenant, agent.type)] = _Running()
+                    running = self._running[(kind, tenant, agent_type)] = _Running()
                     while len(self._running) > MAX_MODELS:
                         self._running.popitem(last=False)
                 running.start(ident, mu, x)
@@ -233,6 +235,35 @@ class OnlinePredictor(Predictor):
 
     def turn_cost(self, agent: Agent, turn: int, earlier: list[float], model: CostModel) -> float:
         return self.turn_dist(agent, turn, earlier, model).index(0.0)
+
+    # -------------------------------------------- bursts an engine sees (no workload behind them)
+    @staticmethod
+    def burst_features(prompt_tokens: int, turn: int, earlier: list[float], model: CostModel) -> list[float]:
+        """What an engine knows when a burst without a price opens (a harness's turn, a named agent's
+        first request): its first request's prompt tokens, the burst's index in its session, and what
+        the session's earlier bursts cost. The prior: that prompt with a short answer."""
+        prior = max(1.0, float(model.request_cost(prompt_tokens, PRIOR_OUTPUT_TOKENS)))
+        recent = [max(c, 1.0) for c in earlier[-3:]]
+        history = sum(math.log(c) for c in recent) / len(recent) if recent else 0.0
+        return [1.0, math.log(prior), math.log1p(turn), math.log1p(prompt_tokens), history, 1.0 if recent else 0.0]
+
+    def burst_dist(self, tenant: str, agent_type: str, ident: tuple, x: list[float]) -> CostDist:
+        """A burst's price from ``burst_features``, learned per (tenant, type) from the bursts that
+        ended before it (``burst_learn``)."""
+        return self._priced("burst", tenant, agent_type, x, ident)
+
+    def burst_learn(self, tenant: str, agent_type: str, ident: tuple, x: list[float], actual: float) -> None:
+        """A burst ended: its features as priced, and the service it was charged."""
+        with self._lock:
+            running = self._running.get(("burst", tenant, agent_type))
+            if running is not None:
+                running.finish(ident)
+        if actual > 0 and math.isfinite(actual):
+            item = ("burst", tenant, agent_type, list(x), math.log(actual))
+            if self._queue is not None:
+                self._queue.put(item)
+            else:
+                self._add(*item)
 
     def request_cost(self, agent: Agent, stage: int, index: int, model: CostModel) -> float:
         if agent.is_session or self.prior is None:
@@ -404,3 +435,21 @@ class OnlinePredictor(Predictor):
             return False
         self.load_state(json.loads(path.read_text()))
         return True
+
+
+def load_kept(pred: OnlinePredictor, path: str | Path) -> str:
+    """Load what ``pred`` learned before from ``path``, saying so in one line: reloaded, nothing
+    there yet, or damaged (set aside as ``*.bad``, and ``pred`` starts cold: a damaged file never
+    stops a server)."""
+    path = Path(path)
+    try:
+        if pred.load(path):
+            return f"{pred.observations_loaded} finished agents, turns and bursts reloaded from {path}"
+        return f"nothing kept at {path} yet: starting cold"
+    except (ValueError, OSError) as exc:
+        bad = path.with_suffix(path.suffix + ".bad")
+        try:
+            path.replace(bad)
+        except OSError:
+            pass
+        return f"{path} cannot be read ({exc}); set aside as {bad.name}, starting cold"

@@ -16,6 +16,7 @@ import threading
 from pathlib import Path
 
 from justitia.predictors import ONLINE_PRIOR, OnlinePredictor, Predictor, make_online, make_predictor
+from justitia.predictors.online import load_kept
 
 SAVE_EVERY = 32  # finished agents or turns between two saves of an online predictor's state
 log = logging.getLogger("justitia.server")
@@ -33,18 +34,7 @@ def server_predictor(spec: str, state_path: str | Path | None = None) -> Predict
     pred = make_online(spec.partition(":")[2] or ONLINE_PRIOR, background=True)  # the bench's cold start too
     if state_path is not None:
         path = Path(state_path)
-        try:
-            if pred.load(path):
-                print(f"justitia: online predictor: {pred.observations_loaded} finished agents and turns "
-                      f"reloaded from {path}", flush=True)
-        except (ValueError, OSError) as exc:
-            bad = path.with_suffix(path.suffix + ".bad")
-            try:
-                path.replace(bad)
-            except OSError:
-                pass
-            print(f"justitia: online predictor: {path} cannot be read ({exc}); set aside as {bad.name}, "
-                  "starting cold", flush=True)
+        print(f"justitia: online predictor: {load_kept(pred, path)}", flush=True)
         _keep(pred, path)
     return pred
 

@@ -136,7 +136,8 @@ def run(settings: ServeSettings) -> int:
         argv = vllm_command(settings.model or "tiny", settings.host, settings.port, settings.kv_blocks,
                             settings.max_num_seqs, settings.max_model_len, settings.vllm_args)
         try:
-            return serve_vllm(argv, vllm_environment(settings.policy, config, settings.calibration),
+            pricing = None if state is None else state.with_suffix(".pricing.json")  # the plug-in's (vllm/pricer.py)
+            return serve_vllm(argv, vllm_environment(settings.policy, config, settings.calibration, pricing),
                               settings.header_timeout)
         except KeyboardInterrupt:
             return 0
@@ -187,11 +188,13 @@ def vllm_command(model: str, host: str, port: int, kv_blocks: int | None, max_nu
     return argv + passthrough
 
 
-def vllm_environment(policy: str, serve: dict, calibration: Path | None = None) -> dict[str, str]:
+def vllm_environment(policy: str, serve: dict, calibration: Path | None = None,
+                     pricing_state: Path | None = None) -> dict[str, str]:
     """What configures Justitia inside vLLM's server: the plugin allowed, the scheduler's policy,
-    the plugin's settings (``server.plugin.serve_config``), and a calibration to start the clock's M
-    from (``JUSTITIA_CALIBRATION``)."""
-    from justitia.defaults import ENV_CALIBRATION, ENV_DOOR_TOKEN, ENV_POLICY
+    the plugin's settings (``server.plugin.serve_config``), a calibration to start the clock's M
+    from (``JUSTITIA_CALIBRATION``), and where the plug-in keeps what its own pricing learned
+    (``JUSTITIA_PRICING_STATE``)."""
+    from justitia.defaults import ENV_CALIBRATION, ENV_DOOR_TOKEN, ENV_POLICY, ENV_PRICING_STATE
     from justitia.server.plugin import ENV_SERVE
     from justitia.vllm.engine import has_gpu
 
@@ -202,6 +205,8 @@ def vllm_environment(policy: str, serve: dict, calibration: Path | None = None) 
         if not calibration.is_file():
             raise ValueError(f"--calibration: no file at {calibration}.")
         env[ENV_CALIBRATION] = str(calibration.resolve())
+    if pricing_state is not None and ENV_PRICING_STATE not in os.environ:
+        env[ENV_PRICING_STATE] = str(pricing_state)
     env.setdefault("HF_HUB_OFFLINE", os.environ.get("HF_HUB_OFFLINE", "1"))  # the model is a local directory
     env[ENV_DOOR_TOKEN] = os.environ.get(ENV_DOOR_TOKEN) or secrets.token_hex(16)  # justitia.vllm.general
     if "VLLM_CPU_KVCACHE_SPACE" not in os.environ and not has_gpu():

@@ -52,6 +52,7 @@ from justitia.core import (KV_PREFIX, REGISTER, RESET, RETIRE, STATE, WINDOW_STE
                            cost_model, prefix_step_charges, step_charges, step_delivered)
 from justitia.defaults import DOOR_KEY, policy_settings
 from justitia.vllm.base import ASYNC_VARIANTS, StepLogScheduler, logger
+from justitia.vllm.pricer import BurstPricer
 from justitia.vllm.base import SUPPORTED_VLLM, AsyncStepLogScheduler, check_version  # noqa: F401  (named here too)
 
 
@@ -178,6 +179,8 @@ class JustitiaScheduler(StepLogScheduler):
         cost = cost_model(settings.cost)
         capacity = settings.capacity_per_s or self._calibrated(settings.calibration) or capacity_per_s(
             cost, self.kv_tokens, self.scheduler_config.max_num_batched_tokens, settings.iteration_s)
+        # a burst without a price (a harness's turn through the door): priced from the engine's own bursts
+        self.pricer = BurstPricer(cost, state=settings.pricing_state, log=logger) if settings.pricing == "online" else None
         self._reset(settings.policy, cost.name, capacity, settings.measure_capacity, None, settings.retag)
         self.waiting = _CoreQueue(self)
         self.kv_holding_waiting = _HoldingQueue(self)
@@ -212,6 +215,8 @@ class JustitiaScheduler(StepLogScheduler):
         self._rekey = self._rekey or traits.keys_shift  # tenants' keys move at their tenant's events
         self._busy_step: tuple[float, Charge] | None = None  # the last step, if requests waited in it
         self._kv_blocks = self._block_lists() if cost == KV_PREFIX.name else None  # kv-prefix: shared blocks split
+        if self.pricer is not None:
+            self.pricer.reset()
         self._open_step_log(step_log)  # the policy's clock starts with the step log's
 
     def _block_lists(self) -> tuple | None:
@@ -251,8 +256,8 @@ class JustitiaScheduler(StepLogScheduler):
             if args.get("pause"):  # a session between bursts: settled once none of its requests is open
                 return self.book.pause(agent_id, now)
             released = self.book.retire(agent_id, now)  # requests still in vLLM's queues are served first
-            if released and self.log_agents:
-                logger.info("justitia: agent %s released", agent_id)
+            if released:
+                self._released(agent_id)
             return released
         if call.verb == STATE:
             return self.book.state(now).to_json()
@@ -280,8 +285,11 @@ class JustitiaScheduler(StepLogScheduler):
                 meta = meta.without_prices()
             max_tokens = getattr(sp, "max_tokens", None) or 256
             before = self.core.agent(meta.agent_id) if meta.agent_id is not None else None
+            dist = None
+            if self.pricer is not None and self.pricer.opens(meta, before):
+                dist = self.pricer.price(meta.agent_id, meta, request.num_prompt_tokens, before)
             info, agent = self.book.arrive(request.request_id, meta, request.num_prompt_tokens, max_tokens,
-                                           self._now())
+                                           self._now(), dist=dist)
             if agent is not None:
                 self._log_arrival(agent, before)
         request.priority = self.core.priority(info)
@@ -312,17 +320,32 @@ class JustitiaScheduler(StepLogScheduler):
         if self.book.request(request.request_id) is not None:
             if request.request_id in self.waiting.requests:
                 self.waiting.remove_request(request)
+            if self.pricer is not None:  # what its burst was charged, before the book may settle it
+                agent_id = self.book.request(request.request_id).agent_id
+                self.pricer.charged(agent_id, self.core.agent(agent_id))
             info = self.book.finish(request.request_id, self._now())
-            if self.log_agents and self.core.agent(info.agent_id) is None:
-                logger.info("justitia: agent %s released", info.agent_id)
+            if self.core.agent(info.agent_id) is None:
+                self._released(info.agent_id)
         return super()._free_request(request, *args, **kwargs)
+
+    def _released(self, agent_id: str, why: str = "") -> None:
+        """An agent's policy state was dropped: logged, and its open burst learned from."""
+        if self.pricer is not None:
+            self.pricer.gone(agent_id)
+        if self.log_agents:
+            logger.info("justitia: agent %s released%s", agent_id, why)
+
+    def shutdown(self) -> None:
+        """What online pricing learned kept (``JUSTITIA_PRICING_STATE``), then the base's shutdown."""
+        if self.pricer is not None:
+            self.pricer.close()
+        super().shutdown()
 
     # --------------------------------------------------------------------------------- steps
     def _before_step(self, now_s: float) -> None:
         """Keys refreshed before vLLM's step: idle agents swept, the clock advanced, moved keys restamped."""
         for agent_id in self.book.sweep(now_s):
-            if self.log_agents:
-                logger.info("justitia: agent %s released (idle)", agent_id)
+            self._released(agent_id, " (idle)")
         core, info_of = self.core, self.book.request
         moved = core.advance(now_s)  # keys that move with time refreshed (justitia-eligible)
         if self._rekey and moved:  # keys moved with service, or with their tenant
