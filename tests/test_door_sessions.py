@@ -141,3 +141,14 @@ def test_the_session_keep_time_is_a_setting_with_a_clear_error():
     for bad in ("soon", "-1", "inf", "nan"):
         with pytest.raises(ValueError, match=f"JUSTITIA_SESSION_KEEP_S='{bad}': expected a finite number >= 0"):
             policy_settings({"JUSTITIA_SESSION_KEEP_S": bad})
+
+
+def test_the_benchs_door_runs_shape_their_calls_as_a_harness_does():
+    """``lab.door``: a call that opens a turn ends with the user's message, one after a tool pause
+    with a tool's result; the door reads them so, and the turns' openers differ."""
+    from justitia.lab.door import messages
+    from justitia.server.identity import turn_opener
+
+    first, inside = messages("context ", "turn one", True), messages("context turn one", " tool said", False)
+    assert opens_turn("chat", {"messages": first}) and not opens_turn("chat", {"messages": inside})
+    assert turn_opener("chat", {"messages": first}) != turn_opener("chat", {"messages": messages("c", "turn two", True)})

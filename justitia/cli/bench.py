@@ -186,6 +186,6 @@ def _bench_vllm(args, agents, specs, info, preset) -> dict:
     if probes and not calibration:
         raise ValueError("--speed-probes runs the calibration agents again: it cannot go with --latency.")
     return run_bench_vllm(agents, specs, spec, info, args.seed, not args.no_progress, profile, calibration, tagging,
-                          repeats, probes)
+                          repeats, probes, preset.door if preset else None)
 
 

@@ -65,6 +65,7 @@ class Preset:
     replicas: int = 1  # sim: engines in the cluster (sim.Cluster when > 1)
     summary: Callable[[dict], list[str]] | None = None  # lines printed after the results table, from results.json
     compares_predictors: bool = False  # its runs are about predictors: --predictor would override its point
+    door: list[RunSpec] = field(default_factory=list)  # vllm: runs through justitia serve's door (lab.door)
 
 
 def online_specs() -> list[RunSpec]:
@@ -400,7 +401,8 @@ def _engine(name: str, seed: int) -> Preset:
 def _sessions_engine(name: str, seed: int) -> Preset:
     # Sessions on real vLLM with its prefix cache on (its default), sized by lab.sessions for the
     # engine preset's engine; the calibration's agents are the engine preset's (no shared text).
-    from justitia.lab.sessions import (PREFIX_LABEL, SESSIONS_ENGINE_POLICIES, sessions_engine_summary,
+    from justitia.lab.door import door_label
+    from justitia.lab.sessions import (ONLINE_LABEL, PREFIX_LABEL, SESSIONS_ENGINE_POLICIES, sessions_engine_summary,
                                        sessions_engine_workload)
     from justitia.vllm.engine import EngineSpec
 
@@ -408,13 +410,16 @@ def _sessions_engine(name: str, seed: int) -> Preset:
     agents, info = sessions_engine_workload(seed, spec.usable_blocks * CPU_BLOCK_SIZE, CPU_BLOCK_SIZE)
     calib, _ = build_workload(ENGINE_CALIBRATION_AGENTS, seed + 1, MOONCAKE_ARRIVALS, ENGINE_DENSITY)
     # and justitia priced and charged by the prefix-aware cost (the plug-in splits shared blocks)
-    specs = [RunSpec(p, p) for p in SESSIONS_ENGINE_POLICIES] + [RunSpec(PREFIX_LABEL, "justitia", cost="kv-prefix")]
+    specs = ([RunSpec(p, p) for p in SESSIONS_ENGINE_POLICIES] + [RunSpec(PREFIX_LABEL, "justitia", cost="kv-prefix")]
+             + [RunSpec(ONLINE_LABEL, "justitia", "online")])
+    # and through the door of justitia serve, as a harness sends them: priced by the server itself
+    door = [RunSpec(door_label("las"), "las"), RunSpec(door_label("justitia"), "justitia", "online")]
     return Preset(name, f"{len(agents)} coding-agent sessions on real vLLM (tiny model, CPU), the prefix cache on: "
-                  f"{', '.join(SESSIONS_ENGINE_POLICIES)}, justitia with the prefix-aware cost, + front-end tagging, "
-                  f"{ENGINE_REPEATS} interleaved repeats",
-                  agents, info, specs, engine="vllm", engine_options=dict(ENGINE_OPTIONS, prefix_caching=None),
+                  f"{', '.join(SESSIONS_ENGINE_POLICIES)}, justitia with the prefix-aware cost and priced online, "
+                  f"+ front-end tagging, + las and justitia through justitia serve's door, {ENGINE_REPEATS} interleaved "
+                  f"repeats", agents, info, specs, engine="vllm", engine_options=dict(ENGINE_OPTIONS, prefix_caching=None),
                   calibration_agents=scale_tokens(calib, CPU_SCALE), repeats=ENGINE_REPEATS, tagging=True,
-                  speed_probes=True, summary=sessions_engine_summary)
+                  speed_probes=True, summary=sessions_engine_summary, door=door)
 
 
 def _lm_missing() -> str:

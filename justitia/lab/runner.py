@@ -178,8 +178,6 @@ class VllmEngine(RunningEngine):
         if self.logged:  # the plug-in's fresh policy state (its step-log base takes the step log alone)
             await self._reset(policy, cost, capacity, str(step_log), measure_capacity, retag)
 
-        results: list[AgentResult] = []
-        lags: list[float] = []
         requests: list[tuple[str, float, float]] = []  # (request id, sent, answered), seconds into the run
         t0 = time.monotonic()
 
@@ -208,28 +206,17 @@ class VllmEngine(RunningEngine):
             requests.append((call.request_id.removeprefix(f"{run_id}/"), sent, time.monotonic() - t0))
             return Answer("", task.prompt_tokens, n)
 
-        async def run_agent(agent: Agent) -> None:
-            delay = agent.arrival_s - (time.monotonic() - t0)
-            if delay > 0:
-                await asyncio.sleep(delay)
-            lags.append(time.monotonic() - t0 - agent.arrival_s)
-            process = AgentProcess(agent, pred, model, request_prefix=f"{run_id}/", pricing=pricing)
-
-            async def paused() -> None:  # a session between bursts leaves the engine's book (AgentBook.pause)
+        def paused(agent: Agent):
+            async def pause() -> None:  # a session between bursts leaves the engine's book (AgentBook.pause)
                 if frontend is not None:
                     frontend.pause(agent.agent_id, time.monotonic() - t0)
                 else:
                     await control(self.llm, ControlCall(RETIRE, {"agent_id": agent.agent_id, "pause": True}))
+            return pause
 
-            await drive(process, serve, on_pause=paused, clock=lambda: time.monotonic() - t0)
-            result = process.result(agent.arrival_s, time.monotonic() - t0)
-            results.append(result)
-            if on_agent_finish is not None:
-                on_agent_finish(result)
-
-        wall0 = time.perf_counter()
-        await asyncio.gather(*(run_agent(a) for a in agents))
-        wall = time.perf_counter() - wall0
+        results, lags, wall = await replay(
+            agents, lambda a: AgentProcess(a, pred, model, request_prefix=f"{run_id}/", pricing=pricing), serve, t0,
+            paused, on_agent_finish)
         schedule = None
         if frontend is None:  # the plug-in's clock
             state = PolicyState.from_json(await control(self.llm, ControlCall(STATE)))
@@ -241,8 +228,6 @@ class VllmEngine(RunningEngine):
         steps = read_step_log(step_log)
         if own_log:
             os.unlink(step_log)
-        order = {a.agent_id: k for k, a in enumerate(agents)}
-        results.sort(key=lambda r: order[r.agent_id])
         preemptions = sum(row.preemptions for row in steps)
         run = RunResult(policy, results, max(r.finish_s for r in results), len(steps), len(steps), preemptions, wall,
                         schedule, prefix_cache={"queried_tokens": cache[0], "hit_tokens": cache[1],
@@ -256,6 +241,36 @@ class VllmEngine(RunningEngine):
                 "measure_capacity": measure, "retag": retag}
         if not await control(self.llm, ControlCall(RESET, args)):
             raise RuntimeError("the plug-in refused to reset (its policy state, its step log): the engine is not idle.")
+
+
+async def replay(agents: list[Agent], process_for: Callable[[Agent], AgentProcess], serve: Callable,
+                 t0: float, paused: Callable[[Agent], Callable] | None = None,
+                 on_agent_finish: Callable[[AgentResult], None] | None = None) -> tuple[list[AgentResult], list[float], float]:
+    """Every agent on the wall clock from ``t0`` (``time.monotonic()``): it arrives at its
+    ``arrival_s``, its process (``process_for``) is driven by ``agent.drive`` with ``serve``
+    (``paused(agent)``: what a session's pause does). Returns the results in the agents' order, how
+    late each agent started, and the wall time."""
+    results: list[AgentResult] = []
+    lags: list[float] = []
+
+    async def run_agent(agent: Agent) -> None:
+        delay = agent.arrival_s - (time.monotonic() - t0)
+        if delay > 0:
+            await asyncio.sleep(delay)
+        lags.append(time.monotonic() - t0 - agent.arrival_s)
+        process = process_for(agent)
+        await drive(process, serve, on_pause=paused(agent) if paused else None, clock=lambda: time.monotonic() - t0)
+        result = process.result(agent.arrival_s, time.monotonic() - t0)
+        results.append(result)
+        if on_agent_finish is not None:
+            on_agent_finish(result)
+
+    wall0 = time.perf_counter()
+    await asyncio.gather(*(run_agent(a) for a in agents))
+    wall = time.perf_counter() - wall0
+    order = {a.agent_id: k for k, a in enumerate(agents)}
+    results.sort(key=lambda r: order[r.agent_id])
+    return results, lags, wall
 
 
 process_cpus()  # read now, before any engine pins this process (then kept)
@@ -298,6 +313,7 @@ class SessionPrompts:
         self.limit = max_model_len
         self._shared: dict[tuple[str, int], list[int]] = {}  # (name, tokens) -> ids
         self._sent: dict[tuple[str, str, str], list[int]] = {}  # (agent, task id, "in"|"out") -> ids
+        self.context_tokens = 0
 
     def _fit(self, text: str, n: int) -> list[int]:
         ids = self.tokenizer.encode(text, add_special_tokens=False) or [min(3, self.tokenizer.vocab_size - 1)]
@@ -319,6 +335,7 @@ class SessionPrompts:
             else:
                 ids += self._sent[(agent_id, seg.ref, "in" if seg.kind == "prompt_of" else "out")]
         own = task.prompt_tokens - len(ids)
+        self.context_tokens = len(ids)  # of the prompt just built: its context, before its own text
         if own < 1:
             raise ValueError(f"request '{call.request_id}': its context holds {len(ids)} tokens, its prompt "
                              f"{task.prompt_tokens}: the context must be shorter.")

@@ -17,6 +17,7 @@ import numpy as np
 
 from justitia.agent import RunResult
 from justitia.lab.bench import RunSpec, check_labels, simulate, summarize
+from justitia.lab.door import SUFFIX as DOOR_SUFFIX
 from justitia.lab.calibrate import (delivered_capacity, fcfs_mean_jct, fit_frontend, fit_profile, fit_speed,
                                     probe_speed, run_speed, step_durations)
 from justitia.lab.metrics import paired_bootstrap, turn_stats
@@ -123,7 +124,7 @@ def load_bench(path: str | Path) -> tuple[dict, LatencyProfile, EngineSpec, Engi
 def run_bench_vllm(agents: list[Agent], specs: list[RunSpec], engine_spec: EngineSpec, workload_info: dict,
                    seed: int = 0, progress: bool = True, profile: LatencyProfile | None = None,
                    calibration_agents: list[Agent] | None = None, tagging: bool = False, repeats: int = 1,
-                   speed_probes: bool = False) -> dict:
+                   speed_probes: bool = False, door: list[RunSpec] | None = None) -> dict:
     """Run every spec on one vLLM engine (plus a tagging run on stock vLLM) and compare with the simulator.
 
     With ``repeats`` > 1 every run is repeated (interleaved) and each agent's JCT is its mean over
@@ -133,10 +134,14 @@ def run_bench_vllm(agents: list[Agent], specs: list[RunSpec], engine_spec: Engin
     of the speeds its two probes found (the one just before it and the one just after), the
     profile's form kept: from the probes' steps where the engine logs them (``probe_speed``), else
     from their mean JCTs (``fit_speed``).
+
+    ``door``: runs of sessions through the door of ``justitia serve`` (``lab.door``), each repeat on
+    a fresh server once the in-process engines have stopped, priced by the server itself.
     """
+    door = list(door or [])
     if repeats < 1:
         raise ValueError(f"--repeats must be >= 1, got {repeats}.")
-    check_labels(specs)
+    check_labels(specs + door)
     if profile is None and not calibration_agents:
         raise ValueError("the vLLM bench needs a latency profile (--latency) or calibration agents.")
     if speed_probes and not calibration_agents:
@@ -215,6 +220,8 @@ def run_bench_vllm(agents: list[Agent], specs: list[RunSpec], engine_spec: Engin
                             last = await probed_run(
                                 stock, TAGGING_LABEL, last, policy="justitia", predictor=predictor, cost="kv",
                                 capacity_per_s=start_m(tagged), on_agent_finish=lambda _r: advance(TAGGING_LABEL))
+        if door:
+            await door_runs(agents, door, engine_spec, seed, repeats, progress, tries, walls)
         return config
 
     t0 = time.perf_counter()
@@ -223,6 +230,7 @@ def run_bench_vllm(agents: list[Agent], specs: list[RunSpec], engine_spec: Engin
     all_specs = list(specs)
     if tagging:
         all_specs.append(RunSpec(TAGGING_LABEL, "justitia", predictor))
+    all_specs += door
     runs = {label: merge_repeats(label_tries) for label, label_tries in tries.items()}
     doc = summarize(agents, all_specs, runs, config, workload_info, engine="vllm")
     doc["repeats"] = repeats
@@ -239,6 +247,35 @@ def run_bench_vllm(agents: list[Agent], specs: list[RunSpec], engine_spec: Engin
         _judge_against_simulator(doc["policies"][spec.label], spec, agents, config, seed, _Observed(
             tries[spec.label], walls[spec.label], probes.get(spec.label), probe_steps.get(spec.label), probe_agents))
     return doc
+
+
+async def door_runs(agents: list[Agent], door: list[RunSpec], engine_spec: EngineSpec, seed: int, repeats: int,
+                    progress: bool, tries: dict, walls: dict) -> None:
+    """Each door spec's runs through ``justitia serve`` (``lab.door``), interleaved over ``repeats``,
+    each on a fresh server with the engine ``engine_spec`` describes; into ``tries`` and ``walls``."""
+    from transformers import AutoTokenizer
+
+    from justitia.lab.door import door_server, run_through_door
+    from justitia.lab.runner import pin_process
+    from justitia.defaults import process_cpus
+    from justitia.vllm.models import resolve_model
+
+    pin_process(set(process_cpus()))  # the in-process engine pinned this process; the server gets every core
+    tokenizer = AutoTokenizer.from_pretrained(str(resolve_model(engine_spec.model)))
+    with progress_bar(len(agents) * len(door) * repeats, progress, "door") as advance:
+        for _ in range(repeats):
+            for spec in door:
+                proc, url = door_server(spec.policy, engine_spec)
+                try:
+                    t = time.perf_counter()
+                    run = await run_through_door(url, agents, spec.policy, tokenizer, engine_spec.max_model_len, seed,
+                                                 on_agent_finish=lambda _r, s=spec: advance(s.label),
+                                                 served=engine_spec.model)
+                    walls[spec.label] = walls.get(spec.label, 0.0) + time.perf_counter() - t
+                    tries.setdefault(spec.label, []).append(run)
+                finally:
+                    proc.terminate()
+                    proc.wait(timeout=120)
 
 
 @dataclass
@@ -292,7 +329,7 @@ def _judge_against_simulator(entry: dict, spec: RunSpec, agents: list[Agent], co
             before = float(np.mean([sim_mean_jct(spec, pair[0]) for pair in read]))
             entry["sim_error_probe_before"] = before / entry["mean_jct_s"] - 1  # the single probe's
         sim_mean = float(np.mean([sim_mean_jct(spec, s) for s in by_steps])) if logged else at_jct
-    entry["mode"] = "tagging" if spec.label == TAGGING_LABEL else "plugin"
+    entry["mode"] = "tagging" if spec.label == TAGGING_LABEL else "door" if spec.label.endswith(DOOR_SUFFIX) else "plugin"
     entry["run_wall_s"] = seen.wall_s
     entry["max_arrival_lag_s"] = max(run.max_arrival_lag_s for run in seen.tries)
     entry["mean_jct_s_per_repeat"] = [sum(a.jct_s for a in run.result.agents) / len(agents) for run in seen.tries]
@@ -328,6 +365,9 @@ def _judge_against_simulator(entry: dict, spec: RunSpec, agents: list[Agent], co
 # Justitia against the baselines the paper sets it against, through the plug-in and by tagging.
 COMPARED = [("justitia", b) for b in ("vtc", "srjf", "las", "fcfs")] + [(TAGGING_LABEL, "vtc"), (TAGGING_LABEL, "justitia"),
                                                                      ("justitia@prefix-aware", "justitia")]
+# prices learned in the run: by the bench's driver (online), and by the server through its door
+COMPARED += [("justitia@online", "las"), ("justitia@online", "justitia"), ("justitia" + DOOR_SUFFIX, "las" + DOOR_SUFFIX),
+             ("justitia" + DOOR_SUFFIX, "las"), ("justitia" + DOOR_SUFFIX, "justitia")]
 
 
 def comparisons(tries: dict[str, list], seed: int = 0, metric: str = "jct") -> dict:

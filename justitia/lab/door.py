@@ -1,0 +1,114 @@
+"""Sessions through the door: the ``sessions-engine`` workload sent to ``justitia serve`` as a harness
+sends it, priced by the server itself.
+
+Each session call is an OpenAI chat request to ``/v1/chat/completions`` with ``X-Session-ID`` (the
+session's id). A call that opens a user turn ends with the user's message; a call after a tool
+pause ends with the tool's result (an assistant tool call, then a ``tool`` message), so the door
+counts turns as it does a harness's. The text is the call's prompt as the in-process runs build it
+(``runner.SessionPrompts``: the same shared system prompts, the conversation as sent and
+answered), decoded to text: the context in the first message, the call's own text in the last.
+
+Nothing in the request names the call's cost. ``max_tokens`` is a cap well above the answer
+(``CAP_FACTOR`` times it, within the context); the answer ends at the workload's length by a
+bench-only key that pricing never reads (``vllm_xargs.justitia_answer_tokens``, from a trusted
+key, read by the scripted logits processor ``justitia.vllm.scripted``). The plug-in prices each
+turn where it opens from what the engine sees (``vllm/pricer.py``), learning from the turns that
+ended earlier in the run: each run is a fresh server.
+"""
+
+from __future__ import annotations
+
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Callable
+
+import httpx
+
+from justitia.agent import AgentProcess
+from justitia.agent.calls import Answer, AgentResult, Call, RunResult
+from justitia.core import cost_model
+from justitia.defaults import ANSWER_TOKENS_KEY
+from justitia.lab.runner import EngineRun, SessionPrompts, replay
+from justitia.lab.servers import start_server
+from justitia.predictors import make_predictor
+from justitia.vllm.engine import EngineSpec
+from justitia.workload import Agent
+
+KEY = "sk-bench-door-trusted-0001"
+CAP_FACTOR = 4  # max_tokens: this many times the answer (at least CAP_MIN), within the context
+CAP_MIN = 64
+TEMPLATE_SLACK = 64  # tokens the chat template and the messages' roles add to a prompt, at most
+SUFFIX = "@door"
+
+
+def door_label(policy: str) -> str:
+    return policy + SUFFIX
+
+
+def messages(head: str, own: str, opens_turn: bool) -> list[dict]:
+    """A call's chat messages: the user's, or (inside a turn) a tool's result after a tool call."""
+    if opens_turn:
+        return [{"role": "user", "content": head + own}]
+    call = {"id": "call_0", "type": "function", "function": {"name": "tool", "arguments": "{}"}}
+    return [{"role": "user", "content": head}, {"role": "assistant", "content": "", "tool_calls": [call]},
+            {"role": "tool", "tool_call_id": "call_0", "content": own}]
+
+
+async def run_through_door(url: str, agents: list[Agent], policy: str, tokenizer, max_model_len: int,
+                           seed: int = 0, on_agent_finish: Callable[[AgentResult], None] | None = None,
+                           served: str = "tiny") -> EngineRun:
+    """Every session of ``agents`` through the door at ``url`` (serving the model as ``served``), on
+    the wall clock; their results."""
+    model = cost_model("kv")
+    pred = make_predictor("oracle", seed)  # the process's own bookkeeping: nothing of it is sent
+    prompts = SessionPrompts(tokenizer, max_model_len)
+    run_id = uuid.uuid4().hex[:8]
+    requests: list[tuple[str, float, float]] = []
+    limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
+    async with httpx.AsyncClient(base_url=url, timeout=600, limits=limits,
+                                 headers={"Authorization": f"Bearer {KEY}"}) as client:
+        t0 = time.monotonic()
+
+        async def serve(call: Call) -> Answer:
+            task = call.task
+            ids = prompts.prompt(call)
+            head, tail = tokenizer.decode(ids[:prompts.context_tokens]), tokenizer.decode(ids[prompts.context_tokens:])
+            cap = max(task.output_tokens, min(CAP_FACTOR * task.output_tokens + CAP_MIN,
+                                              max_model_len - len(ids) - TEMPLATE_SLACK))
+            body = {"model": served, "messages": messages(head, tail, call.meta.turn_start), "max_tokens": cap,
+                    "temperature": 0.0, "return_token_ids": True,
+                    "vllm_xargs": {ANSWER_TOKENS_KEY: int(task.output_tokens)}}
+            sent = time.monotonic() - t0
+            r = await client.post("/v1/chat/completions", json=body, headers={"X-Session-ID": call.meta.agent_id})
+            if r.status_code != 200:
+                raise RuntimeError(f"request '{call.request_id}': {r.status_code} {r.text[:300]}")
+            doc = r.json()
+            out = list(doc["choices"][0].get("token_ids") or [])
+            n = int(doc["usage"]["completion_tokens"])
+            if n != task.output_tokens:
+                raise RuntimeError(f"request '{call.request_id}': {n} tokens answered, {task.output_tokens} asked for")
+            prompts.answered(call, out[:n])
+            requests.append((call.request_id.removeprefix(f"{run_id}/"), sent, time.monotonic() - t0))
+            return Answer("", task.prompt_tokens, n)
+
+        results, lags, wall = await replay(
+            agents, lambda a: AgentProcess(a, pred, model, request_prefix=f"{run_id}/"), serve, t0,
+            on_agent_finish=on_agent_finish)
+    run = RunResult(policy, results, max(r.finish_s for r in results), 0, 0, 0, wall)
+    return EngineRun(run, [], max(lags) if lags else 0.0, requests)
+
+
+def door_server(policy: str, spec: EngineSpec):
+    """``justitia serve`` for one door run: the engine ``spec`` describes, ``policy``, the scripted
+    logits processor, one trusted key; no journal (each run starts afresh). Returns (process, url)."""
+    keys = Path(tempfile.mkdtemp(prefix="justitia-door-")) / "keys.txt"
+    keys.write_text(f"{KEY} bench 1 trusted\n")
+    args = ["--model", spec.model, "--policy", policy, "--api-keys", str(keys),
+            "--max-model-len", str(spec.max_model_len), "--max-num-seqs", str(spec.max_num_seqs),
+            "--max-num-batched-tokens", str(spec.max_num_batched_tokens),
+            "--logits-processors", "justitia.vllm.scripted:ScriptedAnswers"]
+    if spec.kv_blocks:
+        args += ["--kv-blocks", str(spec.kv_blocks)]
+    return start_server(*args, quiet=True, journal=False)
