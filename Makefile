@@ -44,7 +44,7 @@ cpu: setup
 engine: setup
 	$(BIN)/justitia bench --preset engine --out results/engine
 
-# Coding-agent sessions on real vLLM, its prefix cache on: four policies + tagging, three repeats, vLLM's hit rate beside the simulator's.
+# Coding-agent sessions on real vLLM, its prefix cache on: four policies, justitia priced online, + tagging, + las and justitia through justitia serve's door, three repeats; vLLM's hit rate beside the simulator's.
 sessions-engine: setup
 	$(BIN)/justitia bench --preset sessions-engine --out results/sessions-engine
 

@@ -96,6 +96,8 @@ async def run_through_door(url: str, agents: list[Agent], policy: str, tokenizer
         results, lags, wall = await replay(
             agents, lambda a: AgentProcess(a, pred, model, request_prefix=f"{run_id}/"), serve, t0,
             on_agent_finish=on_agent_finish)
+    for r in results:  # the prices were the server's, which it does not report: the process's own (the workload's
+        r.turn_costs = None  # true costs, its bookkeeping) are no prediction; its predicted_cost stays that bookkeeping
     run = RunResult(policy, results, max(r.finish_s for r in results), 0, 0, 0, wall)
     return EngineRun(run, [], max(lags) if lags else 0.0, requests)
 
