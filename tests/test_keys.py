@@ -164,13 +164,15 @@ def test_the_plug_in_can_ignore_client_prices():
 def test_the_plug_ins_scheduler_prices_a_request_by_the_setting(client_prices, monkeypatch):
     """The scheduler itself (vLLM's, built without an engine): in a server with a door token, a
     request's ``agent_cost`` and ``tenant`` are read only with the token (by default), never (0), or
-    always (1); an agent not priced by its client is priced by its prompt and ``max_tokens``."""
+    always (1); an agent not priced by its client is priced by the engine: here by its prompt and
+    ``max_tokens`` (``JUSTITIA_PRICING=max-tokens``; online pricing: tests/test_engine_pricing.py)."""
     from justitia.defaults import DOOR_KEY, ENV_CLIENT_PRICES, ENV_DOOR_TOKEN
     from justitia.vllm.plugin import JustitiaScheduler
     from vllm_scheduler import make_scheduler, request
 
     monkeypatch.setenv(ENV_DOOR_TOKEN, "s3cret")
     monkeypatch.setenv("JUSTITIA_POLICY", "justitia")
+    monkeypatch.setenv("JUSTITIA_PRICING", "max-tokens")
     if client_prices is None:
         monkeypatch.delenv(ENV_CLIENT_PRICES, raising=False)
     else:

@@ -401,9 +401,9 @@ def _(ctx):
                             headers={"Content-Type": "application/json"}), 400, "surrogate")
 
 
-@case("validation", "a JSON body nested 100,000 deep, on the agent API, chat and messages", "400 naming the limit on each")
+@case("validation", "a JSON body nested 9,000 deep, on the agent API, chat and messages", "400 naming the limit on each")
 def _(ctx):
-    deep = b"[" * 100_000 + b"]" * 100_000
+    deep = b"[" * 9_000 + b"]" * 9_000  # past Python's recursion, within the list's body limit
     said = [check(ctx.a.post(path, content=deep, headers={"Content-Type": "application/json"}), 400, "nested deeper")
             for path in ("/v1/agents", "/v1/chat/completions", "/v1/messages")]
     return said[-1]
