@@ -453,3 +453,35 @@ def load_kept(pred: OnlinePredictor, path: str | Path) -> str:
         except OSError:
             pass
         return f"{path} cannot be read ({exc}); set aside as {bad.name}, starting cold"
+
+
+def keep(pred: OnlinePredictor, path: str | Path, every: int = 32, warn=None):
+    """Save ``pred``'s state to ``path`` every ``every`` observations, from its learning thread (so
+    pricing never waits on a save; ``warn(message, path, error)`` hears of a failed one), and return
+    what saves the rest: call it once, at exit (it closes ``pred``)."""
+    path = Path(path)
+    lock = threading.Lock()
+    last = [pred.observations]
+
+    def maybe_save() -> None:
+        if pred.observations - last[0] >= every and lock.acquire(blocking=False):
+            try:
+                last[0] = pred.observations
+                pred.save(path)
+            except OSError as exc:
+                if warn is not None:
+                    warn("justitia: online predictor state not saved to %s: %s", path, exc)
+            finally:
+                lock.release()
+
+    pred.after_learn = maybe_save
+
+    def at_exit() -> None:
+        pred.close()
+        if pred.observations != last[0] and path.parent.is_dir():  # what was learned since the last save
+            try:
+                pred.save(path)
+            except OSError:
+                pass
+
+    return at_exit

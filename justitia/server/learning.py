@@ -12,11 +12,10 @@ from __future__ import annotations
 
 import atexit
 import logging
-import threading
 from pathlib import Path
 
-from justitia.predictors import ONLINE_PRIOR, OnlinePredictor, Predictor, make_online, make_predictor
-from justitia.predictors.online import load_kept
+from justitia.predictors import ONLINE_PRIOR, Predictor, make_online, make_predictor
+from justitia.predictors.online import keep, load_kept
 
 SAVE_EVERY = 32  # finished agents or turns between two saves of an online predictor's state
 log = logging.getLogger("justitia.server")
@@ -35,33 +34,7 @@ def server_predictor(spec: str, state_path: str | Path | None = None) -> Predict
     if state_path is not None:
         path = Path(state_path)
         print(f"justitia: online predictor: {load_kept(pred, path)}", flush=True)
-        _keep(pred, path)
+        atexit.register(keep(pred, path, SAVE_EVERY, log.warning))
     return pred
 
 
-def _keep(pred: OnlinePredictor, path: Path) -> None:
-    """Save every ``SAVE_EVERY`` observations (from the worker thread) and at exit."""
-    lock = threading.Lock()
-    last = [pred.observations]
-
-    def maybe_save() -> None:
-        if pred.observations - last[0] >= SAVE_EVERY and lock.acquire(blocking=False):
-            try:
-                last[0] = pred.observations
-                pred.save(path)
-            except OSError as exc:
-                log.warning("justitia: online predictor state not saved to %s: %s", path, exc)
-            finally:
-                lock.release()
-
-    pred.after_learn = maybe_save
-
-    def at_exit() -> None:
-        pred.close()
-        if pred.observations != last[0] and path.parent.is_dir():  # what was learned since the last save
-            try:
-                pred.save(path)
-            except OSError:
-                pass
-
-    atexit.register(at_exit)

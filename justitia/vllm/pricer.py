@@ -14,7 +14,7 @@ engine pauses it then), or when the agent is released. Bursts that come priced (
 bench, a trusted front end) never reach it. ``JUSTITIA_PRICING=max-tokens`` turns it off: such
 a burst is then priced by its first request's ``max_tokens`` alone (``core.book.unpriced``).
 What it learned is kept in ``JUSTITIA_PRICING_STATE``, when set (saved every ``SAVE_EVERY``
-bursts and at shutdown).
+bursts from the predictor's learning thread, never the scheduler's, and at shutdown).
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 
 from justitia.core import CostDist, CostModel, RequestMeta, Standing
-from justitia.predictors.online import OnlinePredictor, load_kept
+from justitia.predictors.online import OnlinePredictor, keep, load_kept
 
 EARLIER = 3  # earlier bursts of a session its features read
 MAX_AGENTS = 100_000  # agents whose burst count and history are kept (the least recently priced go)
@@ -45,15 +45,16 @@ class BurstPricer:
 
     def __init__(self, cost: CostModel, predictor: OnlinePredictor | None = None, state: str | None = None,
                  log: logging.Logger | None = None):
-        self.cost, self.state, self.log = cost, state, log
+        self.cost = cost
         self.predictor = predictor or OnlinePredictor(background=True)
+        self._final = None
         if state:
             said = load_kept(self.predictor, state)
             if log is not None:
                 log.info("justitia: online pricing: %s", said)
+            self._final = keep(self.predictor, state, SAVE_EVERY, log.warning if log is not None else None)
         self._open: dict[str, _Burst] = {}
         self._seen: OrderedDict[str, tuple[int, list[float]]] = OrderedDict()  # agent -> (bursts, earlier costs)
-        self._learned = 0
 
     @staticmethod
     def opens(meta: RequestMeta, before: Standing | None) -> bool:
@@ -94,24 +95,17 @@ class BurstPricer:
         if agent_id in self._seen and actual > 0:
             bursts, earlier = self._seen[agent_id]
             self._seen[agent_id] = (bursts, (earlier + [actual])[-EARLIER:])
-        self._learned += 1
-        if self.state and self._learned % SAVE_EVERY == 0:
-            self.save()
 
     def reset(self) -> None:
         """An idle engine's reset: the agents go (what was learned stays)."""
         self._open.clear()
         self._seen.clear()
 
-    def save(self) -> None:
-        if self.state:
-            self.predictor.flush()
-            try:
-                self.predictor.save(self.state)
-            except OSError as exc:
-                if self.log is not None:
-                    self.log.warning("justitia: cannot save the pricing state to %s: %s", self.state, exc)
-
     def close(self) -> None:
-        self.save()
-        self.predictor.close()
+        """At shutdown: what was learned since the last save is saved (``JUSTITIA_PRICING_STATE``)."""
+        if self._final is not None:
+            self.predictor.flush()
+            self._final()
+            self._final = None
+        else:
+            self.predictor.close()
