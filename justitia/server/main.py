@@ -12,6 +12,7 @@ import os
 import secrets
 import math
 import signal
+import socket
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -270,7 +271,14 @@ async def serve(settings: ServeSettings, ready: asyncio.Event | None = None) -> 
 
     from justitia.server.app import Settings, create_app
 
-    backend = await _backend(settings)
+    # the port is taken before the backend starts: a port in use fails now, not after minutes of
+    # start-up, and no process the backend starts (Ray's take ports of their own) can take it first
+    sock = _listen(host, port)
+    try:
+        backend = await _backend(settings)
+    except BaseException:
+        sock.close()
+        raise
     try:
         app_settings = Settings(model=backend.model, policy=policy, max_model_len=backend.max_model_len,
                                 max_tasks_per_agent=settings.max_tasks_per_agent,
@@ -331,7 +339,7 @@ async def serve(settings: ServeSettings, ready: asyncio.Event | None = None) -> 
             print(f"justitia serve: journal {book.path}: {finished} finished and {resumed} unfinished agent(s) "
                   f"reloaded", flush=True)
         watcher = asyncio.create_task(watch())
-        task = asyncio.create_task(server.serve())
+        task = asyncio.create_task(server.serve(sockets=[sock]))
         while not server.started and not task.done():
             await asyncio.sleep(0.05)
         if server.started:
@@ -353,9 +361,23 @@ async def serve(settings: ServeSettings, ready: asyncio.Event | None = None) -> 
         await asyncio.gather(*(r.task for r in manager.agents.values() if r.task is not None), return_exceptions=True)
         return status
     finally:
+        sock.close()
         await backend.aclose()
         if book is not None:
             book.close()
+
+
+def _listen(host: str, port: int) -> socket.socket:
+    """A socket bound to ``host:port`` for uvicorn to listen on (ValueError naming the port if it cannot)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        raise ValueError(f"--port {port}: cannot listen on {host}: {exc.strerror or exc}.") from None
+    return sock
 
 
 async def _backend(settings: ServeSettings):
