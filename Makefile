@@ -4,7 +4,7 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: setup harnesses harness-load run test speed presets cpu engine sessions-engine noise-study overhead profile predictor-eval load load-upstream load-ray ray-affinity pricing server-bench flags-bench throughput ray-kill abuse replay clean
+.PHONY: setup harnesses browser harness-load run test speed presets cpu engine sessions-engine noise-study overhead profile predictor-eval load load-upstream load-ray ray-affinity pricing server-bench flags-bench throughput ray-kill tenant-watch abuse replay clean
 
 $(VENV)/.installed: pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
@@ -27,10 +27,15 @@ $(HARNESSES)/node_modules/.installed: $(HARNESSES)/package.json $(HARNESSES)/pac
 
 harnesses: $(HARNESSES)/node_modules/.installed
 
+# Debian's Chromium, test-only: the live page (/justitia) is checked in a real headless browser.
+browser:
+	@command -v chromium >/dev/null || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
+		apt-get install -y -qq --no-install-recommends chromium >/dev/null)
+
 run: setup
 	$(BIN)/justitia bench --preset main --out results/main
 
-test: setup harnesses
+test: setup harnesses browser
 	$(BIN)/python -m pytest
 
 speed: setup
@@ -89,6 +94,9 @@ ray-affinity: setup
 	$(BIN)/python -m justitia.lab.ray_affinity --out results/ray-affinity.json
 
 # The abuse list against justitia serve (tiny model): every case a 4xx naming the field, or no effect on others.
+tenant-watch: setup
+	$(BIN)/python -m justitia.lab.tenant_watch --out results/tenant-watch.json
+
 abuse: setup
 	$(BIN)/python -m justitia.lab.abuse --out results/abuse.json
 

@@ -1,4 +1,5 @@
-"""The server's app in process, over a backend that records what reaches it (no engine)."""
+"""The server's app in process, over a backend that records what reaches it (no engine), and what
+its tests share besides: a key's headers (``auth``) and an agent polled until it ends (``settle``)."""
 
 from __future__ import annotations
 
@@ -14,9 +15,14 @@ from justitia.core import AgentBook, RequestMeta
 from justitia.backends.base import Backend, BackendError, BackendInterrupted
 
 
+def auth(key: str) -> dict:
+    """The headers that present ``key`` as a Bearer token."""
+    return {"Authorization": f"Bearer {key}"}
+
+
 def settle(client, agent_id: str, key: str | None = None) -> dict:
     """Poll the agent (with ``key``'s Bearer token, if given) until it ends; its document."""
-    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    headers = auth(key) if key else {}
     deadline = time.time() + 60
     while (doc := client.get(f"/v1/agents/{agent_id}", headers=headers).json())["status"] not in (
             "done", "failed", "cancelled"):
@@ -39,12 +45,15 @@ class WordTokenizer:
 
 
 class RecordingBackend(Backend):
-    """Answers every request with one token; keeps each request's metadata and each registration."""
+    """Answers every request with one token; keeps each request's metadata and each registration.
+    Its book runs ``policy`` at ``capacity`` (its clock's M); every event is at t=0, and ``state``
+    reads the book at ``state_at`` seconds."""
 
-    model, tokenizer_dir, kv_tokens, max_model_len, policy = "tiny", Path("."), 4096, 512, "justitia"
+    model, tokenizer_dir, kv_tokens, max_model_len = "tiny", Path("."), 4096, 512
 
-    def __init__(self):
-        self.book = AgentBook.for_policy("justitia", 1000.0)
+    def __init__(self, policy: str = "justitia", capacity: float = 1000.0, state_at: float = 0.0):
+        self.policy, self.state_at = policy, state_at
+        self.book = AgentBook.for_policy(policy, capacity)
         self.metas: list[RequestMeta] = []
         self.registered: list[tuple] = []
         self.gate = threading.Event()  # cleared: requests wait (in flight) until it is set
@@ -105,8 +114,8 @@ class RecordingBackend(Backend):
         else:
             self.book.release(agent_id, 0.0)
 
-    async def state(self):
-        return self.book.state(0.0)
+    async def state(self, detail=False, bound_s=None):
+        return self.book.state(self.state_at, detail, bound_s)
 
     def unfinished(self):
         return 0
@@ -121,7 +130,7 @@ def open_app(backend, settings, keyring, journal=None):
     from fastapi.testclient import TestClient
 
     from justitia.predictors import make_predictor
-    from justitia.server.app import create_app
+    from justitia.frontend.app import create_app
 
     app = create_app(backend, WordTokenizer(), settings, make_predictor("oracle"), keyring, journal)
     client = TestClient(app).__enter__()
@@ -138,13 +147,35 @@ def close_app(client) -> None:
 
 
 @contextlib.contextmanager
+def app_opener(tmp_path, keys: str):
+    """``open_app`` with the key file ``keys`` (one key per line, as ``KeyRing`` reads it): yields
+    ``opener(backend, settings, journal=None, keyring=None)``, which opens an app over ``backend``
+    (with ``keyring`` in place of the file's keys, if given); every app it opened is closed
+    (``close_app``) at the end."""
+    from justitia.server.keys import KeyRing
+
+    path = tmp_path / "keys.txt"
+    path.write_text(keys)
+    opened = []
+
+    def opener(backend, settings, journal=None, keyring=None):
+        client = open_app(backend, settings, KeyRing.load(path=path) if keyring is None else keyring, journal)
+        opened.append(client)
+        return client
+
+    yield opener
+    for client in opened:
+        close_app(client)
+
+
+@contextlib.contextmanager
 def door_app(tmp_path, keys: str):
     """The front end's app in process over a ``RecordingBackend`` (``client.backend``), with the
     key file ``keys`` (one key per line, as ``KeyRing`` reads it)."""
     from fastapi.testclient import TestClient
 
     from justitia.predictors import make_predictor
-    from justitia.server.app import Settings, create_app
+    from justitia.frontend.app import Settings, create_app
     from justitia.server.keys import KeyRing
 
     path = tmp_path / "keys.txt"

@@ -99,7 +99,9 @@ def test_a_front_end_clock_keeps_sessions_as_long_as_the_plug_in_is_told(monkeyp
     monkeypatch.setenv("JUSTITIA_SESSION_KEEP_S", "42")
     front = Front()
     front._start_clock("justitia", M, 60.0, True)
-    assert front.book.session_keep_s == 42.0
+    front.book.arrive("r1", meta(cost=10.0, session=True), 10, 10, 0.0)
+    front.book.finish("r1", 1.0)
+    assert front.book.sweep(42.0) == [] and front.book.sweep(43.5) == ["s"]  # kept 42 s, not the default 600
     monkeypatch.setenv("JUSTITIA_SESSION_KEEP_S", "soon")
     with pytest.raises(ValueError, match="JUSTITIA_SESSION_KEEP_S"):
         Front()._start_clock("justitia", M, 60.0, True)

@@ -74,21 +74,23 @@ def test_an_interval_far_longer_than_the_measured_steps_is_an_idle_gap_and_is_no
 
 
 def test_a_tagging_front_end_measures_m_from_its_requests_round_trips():
-    book = AgentBook.tagging("justitia", 10_000.0, measure_every_s=1.0, kv_tokens=150)
+    from justitia.backends.tagging import Tagger
+
+    book = Tagger("justitia", 10_000.0, measure_every_s=1.0, kv_tokens=150)
     book.tag("r1", RequestMeta("a"), 60, 40, now_s=0.0)  # demand 100: fits the cache, not busy yet
     book.tag("r2", RequestMeta("b"), 60, 40, now_s=1.0)  # demand 200 > 150: some request must wait
     book.finish("r1", 2.0, 40)  # 60*40 + 40*40/2 = 3200 served in 1 busy second
     book.finish("r2", 2.5, 40)  # demand 100: the half second after r1 was not busy
-    assert book.clock().capacity_per_s == 10_000.0  # M moves only at an agent's arrival
+    assert book.book.clock().capacity_per_s == 10_000.0  # M moves only at an agent's arrival
     book.tag("r3", RequestMeta("c"), 60, 40, now_s=3.0)
-    assert book.clock().capacity_per_s == pytest.approx(3200)  # the first window replaces the starting M
-    assert book.clock().schedule == [(0.0, 10_000.0), (3.0, pytest.approx(3200.0))]
-    idle = AgentBook.tagging("justitia", 10_000.0, measure_every_s=1.0, kv_tokens=10_000)
+    assert book.book.clock().capacity_per_s == pytest.approx(3200)  # the first window replaces the starting M
+    assert book.book.clock().schedule == [(0.0, 10_000.0), (3.0, pytest.approx(3200.0))]
+    idle = Tagger("justitia", 10_000.0, measure_every_s=1.0, kv_tokens=10_000)
     for k in range(5):  # never more asked than the cache holds: nothing to measure
         idle.tag(f"r{k}", RequestMeta(f"a{k}"), 60, 40, now_s=float(k))
         idle.finish(f"r{k}", k + 0.9, 40)
-    assert idle.clock().schedule == [(0.0, 10_000.0)]
-    assert AgentBook.tagging("justitia", 10_000.0).clock().schedule is None  # no kv_tokens, no meter
+    assert idle.book.clock().schedule == [(0.0, 10_000.0)]
+    assert Tagger("justitia", 10_000.0).book.clock().schedule is None  # no kv_tokens, no meter
 
 
 def test_only_a_policy_with_a_clock_is_measured_and_m_changes_only_at_arrivals():

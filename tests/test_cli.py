@@ -101,9 +101,10 @@ def test_presets_use_the_shipped_arrivals_and_name_no_local_path():
 def test_the_trojan_preset_hides_a_twentieth_of_the_cost_in_the_first_stage():
     import justitia.lab.presets as presets
     from justitia.core import KV
+    from justitia.lab.workloads import TROJAN_PREFIX
 
     preset = presets.make_preset("trojan")
-    trojans = [a for a in preset.agents if a.agent_id.startswith(presets.TROJAN_PREFIX)]
+    trojans = [a for a in preset.agents if a.agent_id.startswith(TROJAN_PREFIX)]
     assert len(trojans) == preset.workload_info["trojans"] == round(0.1 * len(preset.agents))
     for a in trojans:
         first = sum(KV.request_cost(t.prompt_tokens, t.output_tokens) for t in a.stages[0])
@@ -114,6 +115,7 @@ def test_the_trojan_preset_hides_a_twentieth_of_the_cost_in_the_first_stage():
 
 def test_the_sustained_presets_stream_small_agents_at_a_multiple_of_what_the_engine_serves():
     import justitia.lab.presets as presets
+    from justitia.lab.workloads import SUSTAINED_S
 
     over, near = presets.make_preset("sustained"), presets.make_preset("sustained-near")
     assert over.workload_info["rate_per_s"] / near.workload_info["rate_per_s"] == pytest.approx(1.2 / 0.95)
@@ -121,8 +123,8 @@ def test_the_sustained_presets_stream_small_agents_at_a_multiple_of_what_the_eng
         elephant, *mice = preset.agents
         assert elephant.agent_id == "elephant" and len(elephant.stages) == 2
         assert all(len(m.stages) == 1 and 1 <= len(m.stages[0]) <= 3 for m in mice)
-        assert max(m.arrival_s for m in mice) < presets.SUSTAINED_S
-        rate = len(mice) / presets.SUSTAINED_S  # Poisson: within a few percent of the asked rate
+        assert max(m.arrival_s for m in mice) < SUSTAINED_S
+        rate = len(mice) / SUSTAINED_S  # Poisson: within a few percent of the asked rate
         assert rate == pytest.approx(preset.workload_info["rate_per_s"], rel=0.1)
         assert [s.label for s in preset.specs] == ["fcfs", "sjf", "parrot", "vtc", "srjf", "justitia", "las",
                                                   "justitia@formula-M", "justitia@online", "srjf@online"]
@@ -168,7 +170,7 @@ def test_serve_refuses_a_bad_setting_in_one_sentence_before_starting_anything(ar
 
 
 def test_serve_settings_check_themselves_when_made():
-    from justitia.server.main import ServeSettings
+    from justitia.server.settings import ServeSettings
 
     with pytest.raises(ValueError, match="--drain-s must be a finite number >= 0"):
         ServeSettings(drain_s=float("nan"))

@@ -11,15 +11,11 @@ import threading
 import httpx
 import pytest
 
-from inprocess import door_app
+from inprocess import auth, door_app
 from justitia.server.identity import SOURCES, IdentityError, identify
 
 A, B = "sk-identity-a", "sk-identity-b"
 CHAT = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
-
-
-def auth(key: str) -> dict:
-    return {"Authorization": f"Bearer {key}"}
 
 
 @pytest.fixture

@@ -13,7 +13,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from inprocess import RecordingBackend, close_app, open_app, settle
+from inprocess import RecordingBackend, app_opener, auth, settle
 from justitia.core import AgentBook, AgentScheduler, RequestMeta
 from justitia.server.app import Settings
 from justitia.server.journal import Journal, JournalError, Record, resume_order
@@ -25,25 +25,14 @@ TWO_STAGES = {"type": "mrs", "stages": [[{"prompt": "one two", "max_tokens": 3},
                                          [{"prompt": "sum: {{prev}}", "max_tokens": 2}]]}
 
 
-def auth(key):
-    return {"Authorization": f"Bearer {key}"}
-
-
 @pytest.fixture
 def start(tmp_path):
-    keys = tmp_path / "keys.txt"
-    keys.write_text(f"{A} team-a 2\n{B} team-b 1\n")
-    opened = []
+    with app_opener(tmp_path, f"{A} team-a 2\n{B} team-b 1\n") as opener:
+        def build(journal_path=tmp_path / "journal.sqlite", backend=None, open_server=False):
+            return opener(backend or RecordingBackend(), Settings(max_model_len=64), Journal(journal_path),
+                          KeyRing() if open_server else None)
 
-    def build(journal_path=tmp_path / "journal.sqlite", backend=None, open_server=False):
-        client = open_app(backend or RecordingBackend(), Settings(max_model_len=64),
-                          KeyRing() if open_server else KeyRing.load(path=keys), Journal(journal_path))
-        opened.append(client)
-        return client
-
-    yield build
-    for client in opened:
-        close_app(client)
+        yield build
 
 
 def test_a_finished_agent_is_journaled_and_answers_the_same_after_a_restart(start, tmp_path):
@@ -146,7 +135,7 @@ def test_an_agent_whose_engine_died_under_it_is_left_to_the_next_start(start, tm
         time.sleep(0.01)
     status = sqlite3.connect(tmp_path / "journal.sqlite").execute("SELECT status FROM agents").fetchone()[0]
     assert status == "queued"  # not failed: the restarted server runs it
-    assert app.manager.agents[agent_id].status == "running" and app.manager.finished["failed"] == 0
+    assert app.manager.agents[agent_id].status == "running" and app.manager.counts.finished["failed"] == 0
 
 
 def test_a_task_whose_replica_fails_midway_runs_once_more_and_a_second_failure_fails_the_agent(start):

@@ -8,10 +8,10 @@ import re
 import pytest
 from fastapi.testclient import TestClient
 
-from inprocess import RecordingBackend, WordTokenizer, settle
+from inprocess import RecordingBackend, WordTokenizer, auth, settle
 from justitia.core import RequestMeta
 from justitia.predictors import make_predictor
-from justitia.server.app import Settings, create_app
+from justitia.frontend.app import Settings, create_app
 from justitia.server.keys import ANONYMOUS, KeyFileError, KeyRing
 
 A, B, FRONT = "sk-alpha-0001", "sk-bravo-0002", "sk-front-0003"
@@ -36,10 +36,6 @@ def app(keyfile):
         yield client
 
 
-def auth(key):
-    return {"Authorization": f"Bearer {key}"}
-
-
 def test_key_files_are_read_line_by_line_and_a_bad_line_is_named(tmp_path, keyfile):
     ring = KeyRing.load(["sk-single-key", "sk-other-key"], keyfile)
     assert len(ring) == 9 and not ring.open
@@ -58,9 +54,15 @@ def test_key_files_are_read_line_by_line_and_a_bad_line_is_named(tmp_path, keyfi
     for header in (None, "", "Bearer", f"Basic {A}", f"Bearer {A}x", f"Bearer {A[:-1]}"):
         assert ring.authenticate(header) is None
     assert KeyRing.load().authenticate(None) is ANONYMOUS  # no keys: an open server
-    for line, words in ((f"{A} t 1 trusted x", "expected 'KEY [TENANT [WEIGHT]] [trusted]'"),
+    flagged = tmp_path / "flagged.txt"  # admin sees every tenant on the live page; it may come with trusted
+    flagged.write_text(f"{A} ops 1 admin\n{FRONT} admin trusted\n{SOLO}\n")
+    ops, both, plain = (KeyRing.load(path=flagged).authenticate(f"Bearer {k}") for k in (A, FRONT, SOLO))
+    assert (ops.tenant, ops.admin, ops.trusted) == ("ops", True, False)
+    assert both.admin and both.trusted and both.tenant == both.owner and not plain.admin
+    for line, words in ((f"{A} t 1 trusted x", "expected 'KEY [TENANT WEIGHT] [trusted] [admin]'"),
                         (f"{A} t 0", "finite number > 0"),
-                        (f"{A} t heavy", "finite number > 0"), (f"{A} t 1 admin", "expected"),
+                        (f"{A} t heavy", "finite number > 0"), (f"{A} t 1 root", "expected"),
+                        (f"{A} t 1 admin admin", "expected"),
                         ("short t 1", "at least 8"), (f"{A} t 1\n{A} u 2", "listed twice")):
         bad = tmp_path / "bad.txt"
         bad.write_text("# header\n" + line + "\n")

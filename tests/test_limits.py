@@ -6,41 +6,19 @@ from __future__ import annotations
 import time
 
 import pytest
-from fastapi.testclient import TestClient
 
-from inprocess import RecordingBackend, WordTokenizer, settle
-from justitia.predictors import make_predictor
-from justitia.server.app import Settings, create_app
-from justitia.server.keys import KeyRing
+from inprocess import RecordingBackend, app_opener, auth, settle
+from justitia.server.app import Settings
 from justitia.server.limits import RateLimit
 
 A, B = "sk-alpha-0001", "sk-bravo-0002"
 AGENT = {"stages": [[{"prompt": "hi there", "max_tokens": 2}]]}
 
 
-def auth(key):
-    return {"Authorization": f"Bearer {key}"}
-
-
 @pytest.fixture
 def make(tmp_path):
-    keys = tmp_path / "keys.txt"
-    keys.write_text(f"{A} a 1\n{B} b 1\n")
-    clients = []
-
-    def build(**settings):
-        backend = RecordingBackend()
-        app = create_app(backend, WordTokenizer(), Settings(max_model_len=64, **settings), make_predictor("oracle"),
-                         KeyRing.load(path=keys))
-        client = TestClient(app).__enter__()
-        client.backend, client.manager = backend, app.state.manager
-        clients.append(client)
-        return client
-
-    yield build
-    for client in clients:
-        client.backend.gate.set()
-        client.__exit__(None, None, None)
+    with app_opener(tmp_path, f"{A} a 1\n{B} b 1\n") as opener:
+        yield lambda **settings: opener(RecordingBackend(), Settings(max_model_len=64, **settings))
 
 
 def test_a_key_over_its_agents_in_flight_gets_429_and_the_other_key_does_not(make):
@@ -55,7 +33,7 @@ def test_a_key_over_its_agents_in_flight_gets_429_and_the_other_key_does_not(mak
     for agent_id in held:
         assert settle(app, agent_id, A)["status"] == "done"
     assert app.post("/v1/agents", json=AGENT, headers=auth(A)).status_code == 202  # room again
-    assert app.manager.owner_agents[app.manager.agents[held[0]].owner] in (0, 1)
+    assert app.manager.admission.agents_in_flight(app.manager.agents[held[0]].owner) in (0, 1)
 
 
 def test_a_key_over_its_rate_gets_429_with_retry_after():
@@ -90,7 +68,7 @@ def test_openai_requests_are_capped_per_key_and_in_all(make):
     for stream in (False, True):
         r = app.post("/v1/completions", json={"prompt": "hi", "max_tokens": 2, "stream": stream}, headers=auth(A))
         assert r.status_code == 200
-    assert app.manager.requests_in_flight == 0 and set(app.manager.owner_requests.values()) == {0}
+    assert app.manager.admission.requests_in_flight() == 0
 
 
 def test_an_agent_has_at_most_so_many_event_streams(make):
@@ -106,28 +84,31 @@ def test_an_agent_has_at_most_so_many_event_streams(make):
     assert app.get(f"/v1/agents/{agent_id}/events", headers=auth(A)).status_code == 200  # closed: room again
 
 
-def test_finished_agents_are_kept_by_bytes_and_age_then_answer_410_to_their_owner(make):
-    app = make(finished_bytes=1)  # nothing fits: every finished agent is dropped at once
+def submit_until_gone(app):
+    """Submit ``AGENT`` as ``A`` and poll it until its owner's look is answered other than 200:
+    the agent's id and that answer."""
     agent_id = app.post("/v1/agents", json=AGENT, headers=auth(A)).json()["agent_id"]
     deadline = time.time() + 60
     while (r := app.get(f"/v1/agents/{agent_id}", headers=auth(A))).status_code == 200:
         assert time.time() < deadline
         time.sleep(0.01)
+    return agent_id, r
+
+
+def test_finished_agents_are_kept_by_bytes_and_age_then_answer_410_to_their_owner(make):
+    app = make(finished_bytes=1)  # nothing fits: every finished agent is dropped at once
+    agent_id, r = submit_until_gone(app)
     assert r.status_code == 410 and "no longer kept" in r.json()["error"]
     assert app.delete(f"/v1/agents/{agent_id}", headers=auth(A)).status_code == 410
     assert app.get(f"/v1/agents/{agent_id}", headers=auth(B)).status_code == 404  # another key learns nothing
     assert app.get("/v1/agents/agent-unknown", headers=auth(A)).status_code == 404
     app = make(finished_s=0.0)  # kept for no time: dropped at the next look
-    agent_id = app.post("/v1/agents", json=AGENT, headers=auth(A)).json()["agent_id"]
-    deadline = time.time() + 60
-    while (r := app.get(f"/v1/agents/{agent_id}", headers=auth(A))).status_code == 200:
-        assert time.time() < deadline
-        time.sleep(0.01)
+    _, r = submit_until_gone(app)
     assert r.status_code == 410
     kept = make()  # the defaults keep it
     agent_id = kept.post("/v1/agents", json=AGENT, headers=auth(A)).json()["agent_id"]
     assert settle(kept, agent_id, A)["status"] == "done"
-    assert kept.manager.ended_bytes > 0 and kept.get(f"/v1/agents/{agent_id}", headers=auth(A)).status_code == 200
+    assert kept.manager.store.ended_bytes > 0 and kept.get(f"/v1/agents/{agent_id}", headers=auth(A)).status_code == 200
 
 
 def test_concurrent_submissions_past_the_keys_agent_limit_are_refused(make):
@@ -151,4 +132,4 @@ def test_concurrent_submissions_past_the_keys_agent_limit_are_refused(make):
 
     codes = [r.status_code for r in asyncio.run(asyncio.wait_for(burst(), 60))]
     assert codes.count(202) == 10 and codes.count(429) == 90, codes
-    assert sum(app.manager.admitting.values()) == 0 and len(app.manager.agents) == 10
+    assert app.manager.in_flight() == 0 and len(app.manager.agents) == 10

@@ -8,7 +8,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from justitia.core import (COMPUTE, KV, POLICY_NAMES, AgentBook, AgentScheduler, Charge, RequestInfo, RequestMeta,
-                           compute_tokens, cost_model, kv_token_iters, make_policy)
+                           cost_model, kv_token_iters, make_policy)
+from justitia.core.cost import compute_tokens
 from justitia.core.queue import WaitingQueue
 from justitia.predictors import make_predictor
 from helpers import agent
@@ -47,13 +48,17 @@ def order(core):
     return out
 
 
-def test_fcfs_serves_requests_in_arrival_order_across_agents():
-    core = scheduler("fcfs")
-    core.agent_arrived("x", "t", 500, 0.0)
+@pytest.mark.parametrize("policy, served", [
+    ("fcfs", ["x1", "y1", "x2"]),  # requests in arrival order across agents
+    ("parrot", ["x1", "x2", "y1"]),  # an agent's requests kept together, in agent order
+])
+def test_fcfs_serves_requests_in_arrival_order_and_parrot_keeps_an_agents_requests_together(policy, served):
+    core = scheduler(policy)
+    core.agent_arrived("x", "t", 500, 0.0)  # x first but dearer: neither policy looks at the cost
     core.agent_arrived("y", "t", 5, 0.0)
     for rid, a in [("x1", "x"), ("y1", "y"), ("x2", "x")]:
         core.request_arrived(rid, a, 10, 1.0)
-    assert order(core) == ["x1", "y1", "x2"]
+    assert order(core) == served
 
 
 def test_sjf_serves_the_cheapest_request_first():
@@ -64,35 +69,20 @@ def test_sjf_serves_the_cheapest_request_first():
     assert order(core) == ["small", "mid", "big"]
 
 
-def test_parrot_keeps_an_agents_requests_together_in_agent_order():
-    core = scheduler("parrot")
-    core.agent_arrived("x", "t", 500, 0.0)
-    core.agent_arrived("y", "t", 5, 0.0)
-    for rid, a in [("x1", "x"), ("y1", "y"), ("x2", "x")]:
-        core.request_arrived(rid, a, 10, 1.0)
-    assert order(core) == ["x1", "x2", "y1"]
-
-
-def test_srjf_prefers_least_remaining_and_updates_with_service():
-    core = scheduler("srjf")
-    core.agent_arrived("x", "t", 100, 0.0)
-    core.agent_arrived("y", "t", 60, 0.0)
+@pytest.mark.parametrize("policy, costs, first, service, then", [
+    ("srjf", (100, 60), "y", 50, "x"),  # least remaining first: y (60); x served 50 has 50 left, y 60
+    ("las", (0, 0), "x", 1, "y"),  # least attained service first: a tie goes to the earlier agent, x; served, x waits
+])
+def test_srjf_prefers_least_remaining_and_las_least_attained_service_and_both_update_with_service(
+        policy, costs, first, service, then):
+    core = scheduler(policy)
+    core.agent_arrived("x", "t", costs[0], 0.0)
+    core.agent_arrived("y", "t", costs[1], 0.0)
     rx = core.request_arrived("x1", "x", 10, 1.0)
     core.request_arrived("y1", "y", 10, 1.0)
-    assert core.peek().agent_id == "y"
-    core.charge(rx, Charge(kv_token_iters=50))  # x has 50 left, y 60
-    assert core.peek().agent_id == "x"
-
-
-def test_las_prefers_least_attained_service():
-    core = scheduler("las")
-    core.agent_arrived("x", "t", 0, 0.0)
-    core.agent_arrived("y", "t", 0, 0.0)
-    rx = core.request_arrived("x1", "x", 10, 1.0)
-    core.request_arrived("y1", "y", 10, 1.0)
-    assert core.peek().agent_id == "x"  # tie: earlier agent
-    core.charge(rx, Charge(kv_token_iters=1))
-    assert core.peek().agent_id == "y"
+    assert core.peek().agent_id == first
+    core.charge(rx, Charge(kv_token_iters=service))
+    assert core.peek().agent_id == then
 
 
 def test_vtc_counts_input_once_and_output_twice_and_lifts_returning_agents():
@@ -368,7 +358,7 @@ _rows = st.lists(st.tuples(st.integers(1, 300), st.integers(0, 40), st.integers(
 def test_a_steps_sums_are_charge_step_tokens_added_up(rows):
     """The per-step loops an engine runs (the clock's meter, the dynamic policies' charges) give
     what ``Charge.step_tokens`` gives request by request, added up: one rule for a step's service."""
-    from justitia.core import prefill_attention, step_charges, step_delivered
+    from justitia.vllm.accounting import StepDelivered, prefill_attention, step_charges, step_delivered
 
     requests, scheduled, infos = _step_requests(rows)
     p = d = kv = prefills = ctx = 0
@@ -383,7 +373,7 @@ def test_a_steps_sums_are_charge_step_tokens_added_up(rows):
         if rid in infos:
             total = per_agent.setdefault(infos[rid].agent_id, [0, 0, 0])
             total[0], total[1], total[2] = total[0] + tp, total[1] + td, total[2] + tkv
-    assert step_delivered(requests, scheduled) == (p, d, kv, prefills, ctx)
+    assert step_delivered(requests, scheduled) == StepDelivered(p, d, kv, prefills, ctx)
     # a step log's attention pairs: each prefill token attends to the tokens before it and itself
     pairs = sum(sum(range(r.num_computed_tokens - n + 1, r.num_computed_tokens + 1))
                 for rid, n in scheduled.items() if Charge.step_tokens(

@@ -1,5 +1,5 @@
 """``kv-prefix``'s charge (issue 34): a full KV block that ``n`` requests hold at once is charged
-``1/n`` to each, across agents too (``core.cost.shared_kv_charge``, ``prefix_step_charges``); the
+``1/n`` to each, across agents too (``core.cost.shared_kv_charge``, ``vllm.accounting.prefix_step_charges``); the
 plug-in charges it under ``kv-prefix`` and nothing else changes. The rule's tests need no vLLM; the
 plug-in's build vLLM's scheduler without an engine (``tests/vllm_scheduler.py``)."""
 
@@ -10,7 +10,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from justitia.core import prefix_step_charges, shared_kv_charge, shared_kv_savings, step_charges
+from justitia.core.cost import shared_kv_charge, shared_kv_savings
+from justitia.vllm.accounting import prefix_step_charges, step_charges
 
 BS = 16
 
@@ -71,7 +72,7 @@ def test_the_meter_reads_the_shares_of_the_requests_that_sample():
     """``step_delivered`` reads the KV tokens of the requests that sample in a step; what
     ``prefix_step_charges`` returns beside the charges is what the split takes off those: a request
     mid-prefill shares in the split but is not read by the meter."""
-    from justitia.core import step_delivered
+    from justitia.vllm.accounting import step_delivered
 
     rows = [("x", "a", 100, 90, 1), ("y", "b", 70, 60, 1), ("w", "c", 48, 90, 48)]  # w: a prefill chunk
     requests, scheduled, info_of = _step(rows)
@@ -80,7 +81,7 @@ def test_the_meter_reads_the_shares_of_the_requests_that_sample():
     charged, metered = prefix_step_charges(requests, scheduled, info_of, lists.get, BS)
     assert [charged[a][3] for a in "abc"] == pytest.approx([100 - 32, 70 - 32, 48 - 32], rel=1e-12)
     assert metered == pytest.approx(64, rel=1e-12)  # x's and y's 32 each; w's is not read
-    assert step_delivered(requests, scheduled)[2] == 100 + 70
+    assert step_delivered(requests, scheduled).kv_tokens == 100 + 70
 
 
 def test_a_system_prompt_ten_sessions_hold_at_once_costs_each_a_tenth():

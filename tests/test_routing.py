@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from justitia.core import AgentBook, AgentScheduler, ReplicaLoad, Replicas, RequestMeta, RouteRequest, make_router
+from justitia.core import AgentBook, AgentScheduler, ReplicaLoad, Replicas, RequestMeta, RouteRequest
+from justitia.core.routing import make_router
 
 
 def _book(router: str, n: int = 3, kv_tokens: int = 1000) -> Replicas:

@@ -7,18 +7,16 @@ import socket
 import sqlite3
 import sys
 import time
-from pathlib import Path
 
 import httpx
 import pytest
 
-from justitia.core import AgentBook
 from justitia.lab import abuse
 from justitia.predictors import make_predictor
 from justitia.server.agents import AgentManager, Settings
-from justitia.backends.base import Backend, BackendError
 from justitia.server.metrics import prometheus_text
 from justitia.server.schema import AgentSpec, SpecError, check_agent, render
+from inprocess import RecordingBackend, WordTokenizer
 from servers import Server, free_port, metric, metric_sum, sigkill, wait_agent
 
 
@@ -43,39 +41,9 @@ def test_placeholders_render_earlier_outputs_and_bad_ones_are_refused():
         check_agent(spec(["a", "b", "c"]), 2, 1000)
 
 
-class ClocklessBackend(Backend):
-    """A backend whose policy (vtc) keeps no GPS clock; it serves nothing."""
-
-    model, tokenizer_dir, kv_tokens, max_model_len = "m", Path("."), 1024, 512
-
-    def __init__(self, policy: str):
-        self.policy = policy
-        self.book = AgentBook.for_policy(policy, 100.0)
-
-    def generate(self, prompt, params, request_id):
-        raise BackendError("no engine here")
-
-    async def register(self, agent_id, agent_type, predicted_cost, weight=1.0, tenant=None, resume_cost=None,
-                       session=False, dist=None):
-        self.book.register(agent_id, agent_type, predicted_cost, 0.0, weight, tenant, resume_cost, session)
-        return self.book.virtual_finish(agent_id)
-
-    async def retire(self, agent_id, pause=False):
-        if pause:
-            self.book.pause(agent_id, 0.0)
-        else:
-            self.book.release(agent_id, 0.0)
-
-    async def state(self):
-        return self.book.state(1.0)
-
-    def unfinished(self):
-        return 0
-
-
 @pytest.mark.parametrize("policy", ["justitia", "vtc"])
 def test_metrics_report_the_clock_of_the_policy_that_orders_the_engine_or_say_there_is_none(policy):
-    backend = ClocklessBackend(policy)
+    backend = RecordingBackend(policy, capacity=100.0, state_at=1.0)  # its clock (if any): M = 100/s, read at t=1
     manager = AgentManager(backend, None, Settings(policy=policy), make_predictor("oracle"))
     tag = asyncio.run(backend.register("a", "t", 50.0))
     text = prometheus_text(manager, asyncio.run(backend.state()))
@@ -89,13 +57,6 @@ def test_metrics_report_the_clock_of_the_policy_that_orders_the_engine_or_say_th
         assert "# justitia_virtual_time: none, policy 'vtc' keeps no GPS virtual clock" in text
 
 
-class WordTokenizer:
-    chat_template = None
-
-    def encode(self, text):
-        return list(range(len(text.split())))
-
-
 class FirstStagePredictor(type(make_predictor("oracle"))):
     """Reads only the first stage, as the paper's predictors do."""
 
@@ -104,7 +65,7 @@ class FirstStagePredictor(type(make_predictor("oracle"))):
 
 
 def test_an_agent_submitted_whole_is_priced_on_every_stage_so_a_cheap_first_stage_hides_nothing():
-    backend = ClocklessBackend("justitia")
+    backend = RecordingBackend(capacity=100.0)
     manager = AgentManager(backend, WordTokenizer(), Settings(), FirstStagePredictor())
     task = {"prompt": "one two three four", "max_tokens": 8}
     trojan = AgentSpec.model_validate({"stages": [[task], [task] * 19]})
@@ -163,7 +124,7 @@ def test_a_server_killed_mid_run_loses_no_accepted_agent_and_leaves_no_engine_be
 
 
 # ------------------------------------------------------------------------------------ the server
-KEY, OTHER_KEY = "sk-test-owner-1", "sk-test-other-2"
+KEY, OTHER_KEY, ADMIN_KEY = "sk-test-owner-1", "sk-test-other-2", "sk-test-admin-3"
 
 
 @pytest.fixture(scope="module")
@@ -171,7 +132,7 @@ def server(tmp_path_factory):
     port = free_port()
     where = tmp_path_factory.mktemp("serve")
     keys = where / "keys.txt"
-    keys.write_text(f"{KEY} team-a 1\n{OTHER_KEY} team-b 2\n")
+    keys.write_text(f"{KEY} team-a 1\n{OTHER_KEY} team-b 2\n{ADMIN_KEY} ops 1 admin\n")
     # the abuse list's server (scripts/abuse.py: its limits are what its cases test)
     srv = Server([sys.executable, "-m", "justitia", "serve", "--port", str(port), *abuse.FLAGS,
                   "--api-keys", str(keys), "--journal", str(where / "journal.sqlite")], port,
@@ -293,7 +254,7 @@ def test_cancel_aborts_the_agent_and_the_server_goes_on(server):
 def test_only_a_key_reaches_the_api_and_only_its_owner_sees_an_agent(server):
     body = {"stages": [[{"prompt": "hi", "max_tokens": 2}]]}
     assert httpx.post(f"{server.server.url}/v1/agents", json=body).status_code == 401
-    assert "2 API key(s)" in server.server.output()
+    assert "3 API key(s)" in server.server.output()
     agent_id = server.post("/v1/agents", json=body).json()["agent_id"]
     other = {"Authorization": f"Bearer {OTHER_KEY}"}
     assert server.get(f"/v1/agents/{agent_id}", headers=other).status_code == 404
@@ -418,6 +379,83 @@ def test_metrics_in_prometheus_format(server):
     # beside vLLM's own metrics, its queues among them
     assert "vllm:num_requests_waiting{" in text and "vllm:num_requests_running{" in text
     assert metric(server, "justitia_predictor_latency_seconds_count") >= 1
+
+
+def test_every_query_of_the_grafana_dashboard_names_a_metric_the_server_exports(server):
+    """deploy/grafana-dashboard.json against this live server's /metrics: each name a query reads is a
+    family it exports (a histogram's _bucket/_sum/_count, a counter's _total included), and the
+    per-tenant series are there once an agent has run."""
+    from pathlib import Path
+
+    agent_id = server.post("/v1/agents", json={"type": "dash", "stages": [[{"prompt": "Hi.", "max_tokens": 8}]]}).json()["agent_id"]
+    assert wait_agent(server, agent_id)["status"] == "done"
+    text = server.get("/metrics").text
+    families = {line.split()[2] for line in text.splitlines() if line.startswith("# TYPE ")}
+    samples = {re.split(r"[{ ]", line, maxsplit=1)[0] for line in text.splitlines() if line and not line.startswith("#")}
+    dashboard = json.loads((Path(__file__).parents[1] / "deploy" / "grafana-dashboard.json").read_text())
+    queries = [t["expr"] for p in dashboard["panels"] for t in p["targets"]]
+    named = {n for q in queries for n in re.findall(r"\b(?:justitia_|vllm:)[a-zA-Z0-9_:]+", q)}
+    assert len(queries) >= 12 and len(named) >= 15
+    missing = [n for n in named if n not in samples and n not in families
+               and not any(n.endswith(s) and n.removesuffix(s) in families for s in ("_bucket", "_sum", "_count", "_total"))]
+    assert not missing, missing
+    assert 'justitia_tenant_agent_seconds_count{model_name="tiny",tenant="team-a"}' in text  # the agent above: its key's tenant
+
+
+BROWSER_FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                 "--disable-background-networking", "--disable-component-update", "--disable-sync")
+
+
+def test_the_live_page_and_justitia_top_show_both_tenants_shares_in_a_real_browser(server, tmp_path):
+    """Two tenants' agents at once; then the live page in headless Chromium (Debian's, which
+    `make browser` installs) shows each tenant's share as /justitia/state gives it, and so does
+    `justitia top`. The page's screenshot is kept in artifacts/live-page.png."""
+    import shutil
+    import subprocess
+    from concurrent.futures import ThreadPoolExecutor
+    from pathlib import Path
+
+    chromium = shutil.which("chromium")
+    assert chromium, "Debian's chromium is missing: make browser installs it"
+    admin = {"Authorization": f"Bearer {ADMIN_KEY}"}
+
+    other = httpx.Client(base_url=server.server.url, timeout=30, headers={"Authorization": f"Bearer {OTHER_KEY}"})
+
+    def run(client: httpx.Client) -> str:
+        body = {"type": "live", "stages": [[{"prompt": f"Part {i}.", "max_tokens": 24, "ignore_eos": True}
+                                            for i in range(3)]]}
+        return wait_agent(client, client.post("/v1/agents", json=body).json()["agent_id"])["status"]
+
+    with other, ThreadPoolExecutor(2) as pool:  # one agent of each tenant at a time (the server's limit: 3 in flight)
+        assert set(pool.map(run, [server, other] * 4)) == {"done"}
+    state = server.get("/justitia/state", headers=admin).json()
+    shares = {t["tenant"]: t["share"] for t in state["tenants"]}
+    assert shares.keys() >= {"team-a", "team-b"} and shares["team-a"] > 0 and shares["team-b"] > 0, json.dumps(state)
+    assert server.get("/justitia/state").json()["tenants"][0]["tenant"] == "team-a"  # KEY's own tenant alone
+    url = f"{server.server.url}/justitia#key={ADMIN_KEY}"
+    profile = tmp_path / "chromium"
+    dom = subprocess.run([chromium, *BROWSER_FLAGS, f"--user-data-dir={profile}", "--virtual-time-budget=15000",
+                          "--dump-dom", url], capture_output=True, text=True, timeout=120).stdout
+    assert 'data-ready="1"' in dom, dom[-2000:]
+    for tenant, share in shares.items():
+        row = re.search(rf'<tr data-tenant="{re.escape(tenant)}">(.*?)</tr>', dom)
+        assert row, (tenant, dom[-2000:])
+        cells = re.findall(r"<td[^>]*>(.*?)</td>", row.group(1))
+        assert cells[0] == tenant and cells[2] == f"{100 * share:.1f} %", (tenant, cells, share)
+    artifacts = Path(__file__).parents[1] / "artifacts"
+    artifacts.mkdir(exist_ok=True)
+    shot = artifacts / "live-page.png"
+    shot.unlink(missing_ok=True)
+    subprocess.run([chromium, *BROWSER_FLAGS, f"--user-data-dir={profile}", "--virtual-time-budget=15000",
+                    "--window-size=1280,900", f"--screenshot={shot}", url], capture_output=True, timeout=120)
+    assert shot.exists() and shot.stat().st_size > 10_000
+    top = subprocess.run([sys.executable, "-m", "justitia", "top", "--once", "--url", server.server.url,
+                          "--api-key", ADMIN_KEY], capture_output=True, text=True, timeout=60,
+                         env={**__import__("os").environ, "COLUMNS": "200"})
+    assert top.returncode == 0, top.stderr
+    for tenant, share in shares.items():
+        line = next(line for line in top.stdout.splitlines() if f" {tenant} " in line)
+        assert f"{100 * share:.1f} %" in line, (tenant, line)
 
 
 def test_a_failing_task_fails_its_agent_with_the_reason_and_nothing_leaks(server):

@@ -1,4 +1,4 @@
-"""Sessions over the agent API (docs/server.md, "Sessions over the agent API"): stages with pauses
+"""Sessions over the agent API (docs/reference.md, "Sessions over the agent API"): stages with pauses
 the server waits, a session's turns as one flow paused between them, the checks on what a client
 sends, and a session kept across a restart. The app in process over a recording backend."""
 
@@ -10,19 +10,14 @@ import time
 
 import pytest
 
-from inprocess import RecordingBackend, close_app, open_app, settle
+from inprocess import RecordingBackend, app_opener, auth, settle
 from justitia.backends import BackendError
 from justitia.core.book import SESSION_KEEP_S
 from justitia.server.app import Settings
 from justitia.server.journal import Journal
-from justitia.server.keys import KeyRing
 
 A, B = "sk-alpha-0001", "sk-bravo-0002"
 TASK = {"prompt": "look at the code", "max_tokens": 3}
-
-
-def auth(key):
-    return {"Authorization": f"Bearer {key}"}
 
 
 class SessionBackend(RecordingBackend):
@@ -55,19 +50,12 @@ class SessionBackend(RecordingBackend):
 
 @pytest.fixture
 def start(tmp_path):
-    keys = tmp_path / "keys.txt"
-    keys.write_text(f"{A} team-a 1\n{B} team-b 1\n")
-    opened = []
-
-    def build(journal=True, **settings):
-        client = open_app(SessionBackend(), Settings(**{"max_model_len": 64} | settings), KeyRing.load(path=keys),
+    with app_opener(tmp_path, f"{A} team-a 1\n{B} team-b 1\n") as opener:
+        def build(journal=True, **settings):
+            return opener(SessionBackend(), Settings(**{"max_model_len": 64} | settings),
                           Journal(tmp_path / "journal.sqlite") if journal else None)
-        opened.append(client)
-        return client
 
-    yield build
-    for client in opened:
-        close_app(client)
+        yield build
 
 
 def until(client, agent_id, status, key=A) -> dict:

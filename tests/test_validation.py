@@ -12,8 +12,8 @@ from pydantic import ValidationError
 
 from inprocess import RecordingBackend, WordTokenizer
 from justitia.predictors import make_predictor
-from justitia.server.agents import MAX_METRIC_TYPES
-from justitia.server.app import Settings, create_app
+from justitia.server.metrics import MAX_METRIC_TYPES
+from justitia.frontend.app import Settings, create_app
 from justitia.backends.base import Backend
 from justitia.server.schema import AgentSpec
 

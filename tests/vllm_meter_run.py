@@ -8,27 +8,19 @@ the last.
 """
 
 import json
-import os
 import time
 
 if __name__ == "__main__":
-    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
-    os.environ["JUSTITIA_POLICY"] = "justitia"
-    os.environ["JUSTITIA_ITERATION_S"] = "0.004"  # a window is 100 steps of 4 ms (0.4 s of busy time)
-    os.environ["JUSTITIA_CAPACITY"] = "5e6"  # a guess far above what a CPU engine delivers (~0.05-0.7e6 here)
-    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
-    os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "0-1")
-    from vllm import LLM, SamplingParams
+    from vllm_inprocess import inprocess_engine  # tests/ is this script's directory
+
+    llm, engine, sched = inprocess_engine(
+        "justitia", max_num_seqs=16,
+        JUSTITIA_ITERATION_S="0.004",  # a window is 100 steps of 4 ms (0.4 s of busy time)
+        JUSTITIA_CAPACITY="5e6")  # a guess far above what a CPU engine delivers (~0.05-0.7e6 here)
+    from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
 
     from justitia.core import RequestMeta
-    from justitia.vllm.models import tiny_model
-    from justitia.vllm.plugin import JustitiaScheduler
-
-    llm = LLM(model=str(tiny_model()), scheduler_cls=JustitiaScheduler, scheduling_policy="priority",
-              num_gpu_blocks_override=16, max_model_len=1024, max_num_seqs=16, enforce_eager=True, dtype="float32")
-    engine = llm.llm_engine
-    sched = engine.engine_core.engine_core.scheduler
     sampled: dict[str, int] = {}  # request id -> tokens sampled so far
     started, k, first, last = time.monotonic(), 0, None, None
     while time.monotonic() - started < 20:  # a new agent of four requests every 80 ms: more than the engine serves

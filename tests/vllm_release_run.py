@@ -10,26 +10,17 @@ In-process engine (``VLLM_ENABLE_V1_MULTIPROCESSING=0``) so the scheduler can be
 """
 
 import json
-import os
 import time
 
 if __name__ == "__main__":
-    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
-    os.environ["JUSTITIA_POLICY"] = "vtc"  # a dynamic policy: the most state to release
-    os.environ["JUSTITIA_AGENT_IDLE_S"] = "0.5"
-    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
-    os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "0-1")
-    from vllm import LLM, SamplingParams
+    from vllm_inprocess import inprocess_engine  # tests/ is this script's directory
+
+    # vtc, a dynamic policy: the most state to release
+    llm, engine, sched = inprocess_engine("vtc", max_num_seqs=4, JUSTITIA_AGENT_IDLE_S="0.5")
+    from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
 
-    from justitia.vllm.models import tiny_model
-    from justitia.vllm.plugin import JustitiaScheduler
-
-    llm = LLM(model=str(tiny_model()), scheduler_cls=JustitiaScheduler, scheduling_policy="priority",
-              num_gpu_blocks_override=16, max_model_len=1024, max_num_seqs=4, enforce_eager=True, dtype="float32")
-    engine = llm.llm_engine
-    sched = engine.engine_core.engine_core.scheduler
-    from helpers import retained  # tests/ is this script's directory
+    from helpers import retained
 
     fresh = {"core": retained(sched.core), "book": retained(sched.book)}
 

@@ -45,6 +45,16 @@ class BackendError(RuntimeError):
     """An engine that cannot be used, or that failed a request: the message says why."""
 
 
+class ForwardRefused(BackendError):
+    """A request ``Backend.forward`` answers with an error of its own (no replica could take it, or
+    the backend serves no such endpoint): its HTTP status, message and headers. The front end
+    writes it in the endpoint's own shape (``server.errors.error_doc``)."""
+
+    def __init__(self, status: int, message: str, headers: dict[str, str] | None = None):
+        super().__init__(message)
+        self.status, self.headers = status, headers
+
+
 class BackendInterrupted(BackendError):
     """The engine failed a request after it had begun to answer (a replica lost midway); sending the
     request again may succeed."""
@@ -52,7 +62,7 @@ class BackendInterrupted(BackendError):
 
 @dataclass
 class Sampling:
-    """How one request is sampled: what the agent API takes for a task (docs/server.md), bounded as
+    """How one request is sampled: what the agent API takes for a task (docs/reference.md), bounded as
     vLLM bounds it; ``extra_args``, the request's ``RequestMeta`` (``to_extra_args``)."""
 
     max_tokens: int
@@ -116,8 +126,10 @@ class Backend(ABC):
         ``pause``: a session waits between two bursts and will return (``AgentBook.pause``)."""
 
     @abstractmethod
-    async def state(self) -> PolicyState:
-        """The policy that orders the engine, read now (its clock included, under justitia)."""
+    async def state(self, detail: bool = False, bound_s: float | None = None) -> PolicyState:
+        """The policy that orders the engine, read now (its clock included, under justitia); with
+        ``detail``, each tenant's figures and the head of the queue too (``AgentBook.state``;
+        ``bound_s``: the bound the engine judges bursts by from now on)."""
 
     @abstractmethod
     def unfinished(self) -> int:
@@ -126,13 +138,9 @@ class Backend(ABC):
     async def forward(self, path: str, kind: str, doc: dict, prompt_tokens: int, max_tokens: int, request_id: str):
         """Serve one OpenAI or Anthropic request (``doc``: its JSON body, identity written in, checked
         by vLLM's request model for ``path``) as vLLM's own server answers it: a Starlette response.
-        ``prompt_tokens`` and ``max_tokens`` price it. A backend that cannot: 501."""
-        from starlette.responses import JSONResponse
-
-        from justitia.backends.wire import error_doc
-
-        return JSONResponse(error_doc(kind, 501, f"'{path}' is not served by this backend ({type(self).__name__}); "
-                                                 "see docs/server.md."), status_code=501)
+        ``prompt_tokens`` and ``max_tokens`` price it. What it refuses raises ``ForwardRefused``: a
+        backend that cannot serve the endpoint, 501."""
+        raise ForwardRefused(501, f"'{path}' is not served by this backend ({type(self).__name__}); see docs/reference.md.")
 
     def metrics_lines(self) -> list[str]:
         """Prometheus lines of the backend's own (its queues, its replicas)."""

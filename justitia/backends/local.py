@@ -54,9 +54,10 @@ class EngineBackend(Backend):
         """Retire (or pause) the agent in the plug-in (``AgentBook.retire``: once vLLM holds none of its requests)."""
         await control(self.llm, ControlCall(RETIRE, {"agent_id": agent_id, "pause": pause}))
 
-    async def state(self) -> PolicyState:
+    async def state(self, detail: bool = False, bound_s: float | None = None) -> PolicyState:
         """The plug-in's policy, read in the engine process."""
-        return PolicyState.from_json(await control(self.llm, ControlCall(STATE)))
+        args = {"detail": True, "bound_s": bound_s} if detail else {}
+        return PolicyState.from_json(await control(self.llm, ControlCall(STATE, args)))
 
     def alive(self) -> bool:
         """False once vLLM's engine core has died."""

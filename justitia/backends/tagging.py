@@ -1,7 +1,7 @@
 """One clock tagging requests in front of several engines: the part the ``--upstream`` and ``--ray``
 backends share.
 
-A ``TaggingBackend`` keeps the policy's book (``AgentBook.tagging``) and its clock here, in front of
+A ``TaggingBackend`` keeps the policy's book (``AgentBook.tagging``, in a ``Tagger``) and its clock here, in front of
 engines that order their queues by what this clock stamps on each request: stock vLLM servers read
 a request's key as vLLM's ``priority`` (``tag`` gives it); the plug-in in ``tagged`` mode reads the
 stamp (``agent_tag``, ``agent_rank``) written into the request's metadata (``tag`` writes it into
@@ -11,6 +11,15 @@ Agents are released at once (``release``: a cancelled or failed agent, or one th
 done): a front end holds none of their requests, so there is nothing to wait for. A backend that
 moves the clock's M before an agent arrives (the Ray backend: the replicas' measured M) overrides
 ``_arriving``.
+
+A front end sees no engine steps, only its requests going out and coming back. Given the engine's
+``kv_tokens``, a ``Tagger`` measures the clock's M from them: it counts the engine as backlogged
+while the open requests' prompts and ``max_tokens`` together exceed the KV cache (then some of them
+must wait), and credits each request that finishes in such a stretch with its cost, ``p*d + d^2/2``
+at the tokens it produced, to the busy time. The clock's meter (``CapacityMeter``) smooths it,
+within its band around the rate measured so far, as the plug-in's does. With ``max_tokens`` far
+above what requests produce, the front end counts as busy some time that was not, and measures a
+lower M (the band bounds it). The bench's tagging mode (``lab.runner``) uses the same ``Tagger``.
 """
 
 from __future__ import annotations
@@ -18,11 +27,60 @@ from __future__ import annotations
 import logging
 import time
 
-from justitia.core import KV, AgentBook, CostDist, PolicyState, RequestInfo, RequestMeta
+from justitia.core import KV, AgentBook, Charge, CostDist, CostModel, PolicyState, RequestInfo, RequestMeta, kv_token_iters
 from justitia.backends.base import Backend
 from justitia.defaults import policy_settings
 
 log = logging.getLogger("justitia.server")
+
+
+class Tagger:
+    """A front end's book (``AgentBook.tagging``): it tags each request it sends to an engine, and
+    with the engine's ``kv_tokens`` (and a policy whose M is measured) measures the engine's M from
+    the requests' round trips (the module's docstring)."""
+
+    def __init__(self, policy: str, capacity_per_s: float, cost: str | CostModel = KV, idle_release_s: float | None = None,
+                 retag: bool = True, measure_every_s: float | None = None, kv_tokens: int | None = None,
+                 session_keep_s: float | None = None):
+        keep = {} if idle_release_s is None else {"idle_release_s": idle_release_s}
+        if session_keep_s is not None:
+            keep["session_keep_s"] = session_keep_s
+        self.book = AgentBook.tagging(policy, capacity_per_s, cost, retag=retag,
+                                      measure_every_s=measure_every_s if kv_tokens else None, **keep)
+        measured = self.book.clock().schedule is not None  # a clock whose M follows what it is told
+        self._kv_tokens = int(kv_tokens) if kv_tokens and measured else None
+        self._demand: dict[str, tuple[int, int]] = {}  # open requests -> (prompt, prompt + max_tokens)
+        self._demand_sum = 0
+        self._seen_s = 0.0  # the last time the front end looked
+
+    def tag(self, request_id: str, meta: RequestMeta, prompt_tokens: int, max_tokens: int,
+            now_s: float) -> tuple[RequestInfo, int]:
+        """``AgentBook.tag``, the engine's M measured up to now first."""
+        if self._kv_tokens is None:
+            return self.book.tag(request_id, meta, prompt_tokens, max_tokens, now_s)
+        self._look(now_s)
+        out = self.book.tag(request_id, meta, prompt_tokens, max_tokens, now_s)
+        self._demand[request_id] = (prompt_tokens, prompt_tokens + max_tokens)
+        self._demand_sum += prompt_tokens + max_tokens
+        return out
+
+    def finish(self, request_id: str, now_s: float, output_tokens: int | None = None) -> RequestInfo | None:
+        """``AgentBook.finish``; a request that ends while the engine was backlogged is credited with
+        its cost at the tokens it produced."""
+        if self._kv_tokens is not None and request_id in self._demand:
+            prompt, demand = self._demand.pop(request_id)
+            served = Charge() if not output_tokens else Charge(
+                prompt, output_tokens, round(kv_token_iters(prompt, output_tokens)))
+            self._look(now_s, served)
+            self._demand_sum -= demand
+        return self.book.finish(request_id, now_s, output_tokens)
+
+    def _look(self, now_s: float, served: Charge = Charge()) -> None:
+        """The engine up to ``now_s``: busy time while the open requests' demand exceeded the cache,
+        and ``served`` if a request finished in it."""
+        if self._demand_sum > self._kv_tokens:
+            self.book.observe_service(max(0.0, now_s - self._seen_s), served)
+        self._seen_s = max(self._seen_s, now_s)
 
 
 class TaggingBackend(Backend):
@@ -32,8 +90,9 @@ class TaggingBackend(Backend):
                      measure_every_s: float | None = None, kv_tokens: int | None = None) -> None:
         """The book and the clock's time origin (``AgentBook.tagging``'s arguments; sessions are kept
         for ``JUSTITIA_SESSION_KEEP_S``, as in the plug-in)."""
-        self.book = AgentBook.tagging(policy, capacity, KV, idle_release_s, log, retag, measure_every_s, kv_tokens)
-        self.book.session_keep_s = policy_settings().session_keep_s
+        self._tagger = Tagger(policy, capacity, KV, idle_release_s, retag, measure_every_s, kv_tokens,
+                              policy_settings().session_keep_s)
+        self.book = self._tagger.book
         self.t0 = time.monotonic()
 
     def now(self) -> float:
@@ -60,9 +119,9 @@ class TaggingBackend(Backend):
         else:
             self.book.retire(agent_id, self.now())
 
-    async def state(self) -> PolicyState:
+    async def state(self, detail: bool = False, bound_s: float | None = None) -> PolicyState:
         """The clock here, which orders every engine behind it."""
-        return self.book.state(self.now())
+        return self.book.state(self.now(), detail, bound_s)
 
     def tag(self, request_id: str, xargs: dict | None, prompt_tokens: int, max_tokens: int,
             stamp: bool = False) -> tuple[RequestInfo, int]:
@@ -73,7 +132,7 @@ class TaggingBackend(Backend):
         self.book.sweep(now)
         meta = RequestMeta.parse(xargs, request_id, log)
         self._arriving(meta.agent_id or request_id, now)  # an agent known only by its requests
-        info, priority = self.book.tag(request_id, meta, prompt_tokens, max_tokens, now)
+        info, priority = self._tagger.tag(request_id, meta, prompt_tokens, max_tokens, now)
         if stamp:
             xargs["agent_tag"], rank = self.book.stamp(info)
             if rank is not None:
@@ -82,4 +141,4 @@ class TaggingBackend(Backend):
 
     def finish(self, request_id: str, produced: int | None = None) -> None:
         """The engine is done with a tagged request (having produced ``produced`` tokens)."""
-        self.book.finish(request_id, self.now(), produced)
+        self._tagger.finish(request_id, self.now(), produced)

@@ -37,7 +37,8 @@ import httpx
 
 from justitia.core import KV, WINDOW_STEPS, ReplicaLoad, Replicas, RouteRequest, capacity_per_s
 from justitia.defaults import policy_settings
-from justitia.backends.base import BackendError, BackendInterrupted, Completion, Output, Sampling, metric_lines
+from justitia.backends.base import (BackendError, BackendInterrupted, Completion, ForwardRefused, Output, Sampling,
+                                    metric_lines)
 from justitia.backends.tagging import TaggingBackend
 
 log = logging.getLogger("justitia.server")
@@ -261,9 +262,9 @@ class UpstreamBackend(TaggingBackend):
         endpoint, its policy key in vLLM's ``X-Vllm-Priority`` header (every endpoint reads it);
         the replica's answer (its status, JSON or stream) comes back as it is. Retried on the next
         replica while nothing came back (a refused connection, a 5xx)."""
-        from starlette.responses import JSONResponse, StreamingResponse
+        from starlette.responses import StreamingResponse
 
-        from justitia.backends.wire import error_doc, once
+        from justitia.backends.wire import once
 
         xargs = (doc.get("sampling_params") or {}).get("extra_args") if kind == "generate" else doc.get("vllm_xargs")
         info, priority = self.tag(request_id, xargs, prompt_tokens, max_tokens)
@@ -278,8 +279,7 @@ class UpstreamBackend(TaggingBackend):
                 choice = self.routes.choose(route, exclude=tried)
                 if choice is None:
                     end()
-                    return JSONResponse(error_doc(kind, 502, f"no replica could be reached ({', '.join(tried)})."),
-                                        status_code=502)
+                    raise ForwardRefused(502, f"no replica could be reached ({', '.join(tried)}).")
                 replica = self._by_url[choice.replica_id]
                 tried.add(replica.url)
                 self.routes.sent(route, replica.url)

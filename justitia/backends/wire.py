@@ -1,24 +1,12 @@
-"""What a backend and the server both put on the wire: errors in each endpoint's own shape, the
-text a prompt is made of (to price a body before any engine tokenized it), and two ASGI helpers.
-
-It sits below the server and the backends alike, so that a backend answering an endpoint itself
-(``Backend.forward``) writes the same errors as the server's door.
+"""What a backend and the server both use on the wire: the text a prompt is made of (to price a body
+before any engine tokenized it, or to route it by its prefix) and two ASGI helpers. It sits below
+the server and the backends alike. The errors a client reads are the server's (``server.errors``):
+a backend that refuses a request raises ``ForwardRefused`` (``base``).
 """
 
 from __future__ import annotations
 
 PROMPT_FIELDS = ("messages", "prompt", "input", "system", "instructions", "tools")
-
-
-def error_doc(kind: str, status: int, message: str, param: str | None = None) -> dict:
-    """An error in the endpoint's own shape: Anthropic's for /v1/messages, OpenAI's elsewhere."""
-    if kind == "messages":
-        kinds = {401: "authentication_error", 429: "rate_limit_error", 501: "api_error", 503: "overloaded_error"}
-        return {"type": "error", "error": {"type": kinds.get(status, "invalid_request_error"), "message": message}}
-    kinds = {400: "invalid_request_error", 401: "authentication_error", 429: "rate_limit_exceeded",
-             501: "not_implemented", 503: "overloaded"}
-    return {"error": {"message": message, "type": kinds.get(status, "invalid_request_error"), "param": param,
-                      "code": status}}
 
 
 def once(fn):

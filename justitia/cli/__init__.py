@@ -1,5 +1,5 @@
 """The ``justitia`` command line, one module per command: ``workload`` (generate), ``bench``,
-``predictor`` (train, eval), ``profile``, ``serve`` and ``calibrate``, each with its ``add_parser``
+``predictor`` (train, eval), ``profile``, ``serve``, ``calibrate`` and ``top``, each with its ``add_parser``
 and ``run``; ``common`` holds the options several of them share. ``main`` is the console script.
 It sits over both the product and the lab (``justitia.lab``)."""
 
@@ -8,13 +8,13 @@ from __future__ import annotations
 import argparse
 import sys
 
-from justitia.cli import bench, calibrate, predictor, profile, serve, workload
+from justitia.cli import bench, calibrate, predictor, profile, serve, top, workload
 from justitia.workload import WorkloadError
 
 DESCRIPTION = """The ``justitia`` command line: generate workloads, benchmark policies, calibrate the simulator, train
 predictors, profile a real model, serve agents. It sits over both the product and the lab (``justitia.lab``)."""
 COMMANDS = {"workload": workload, "bench": bench, "predictor": predictor, "profile": profile, "serve": serve,
-            "calibrate": calibrate}  # in the order --help lists them
+            "calibrate": calibrate, "top": top}  # in the order --help lists them
 
 
 def _parser() -> argparse.ArgumentParser:

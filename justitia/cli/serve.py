@@ -1,6 +1,7 @@
 """``justitia serve``: serve agents over HTTP on vLLM with the Justitia scheduler. Its options become a
-``ServeSettings`` (``justitia.server.main``: one field per option, checked when made; the ``--ray``
-options a ``RaySpec``), which ``server.main.run`` serves."""
+``ServeSettings`` (``justitia.server.settings``: one field per option, checked when made; the ``--ray``
+options a ``RaySpec``), which runs vLLM's own server with Justitia's plug-ins (``justitia.server.launch``)
+or, with ``--upstream`` or ``--ray``, the front end over those engines (``justitia.frontend.serve``)."""
 
 from __future__ import annotations
 
@@ -11,13 +12,13 @@ from pathlib import Path
 def add_parser(sub) -> None:
     from justitia.predictors import SPEC_HELP
     from justitia.backends.ray.deployment import RaySpec as R  # the defaults
-    from justitia.server.main import ServeSettings as D
+    from justitia.server.settings import ServeSettings as D
 
     sv = sub.add_parser("serve", allow_abbrev=False,
                         help="serve agents over HTTP on vLLM with the Justitia scheduler",
                         description="vLLM's own OpenAI server with Justitia's scheduler and endpoint plugin; "
                                     "any other option is vLLM's (vllm serve --help), passed through, e.g. "
-                                    "--enable-auto-tool-choice --tool-call-parser hermes (docs/server.md)")
+                                    "--enable-auto-tool-choice --tool-call-parser hermes (docs/deploy.md)")
     sv.add_argument("--model", help="tiny, tiny-long, smollm2 or a model directory (default tiny; with --upstream: the "
                                     "tokenizer, by default the replicas' model directory)")
     sv.add_argument("--policy", default=D.policy, help=f"scheduling policy (default {D.policy})")
@@ -36,7 +37,7 @@ def add_parser(sub) -> None:
     sv.add_argument("--api-key", action="append", metavar="KEY",
                     help="a client key (repeatable; tenant 'default', weight 1); clients send 'Authorization: Bearer KEY'")
     sv.add_argument("--api-keys", type=Path, metavar="FILE",
-                    help="client keys, one a line: KEY TENANT WEIGHT [trusted] (docs/server.md)")
+                    help="client keys, one a line: KEY [TENANT WEIGHT] [trusted] [admin] (docs/reference.md)")
     sv.add_argument("--key-agents-in-flight", type=int, help="agents in flight per key (default: --max-agents-in-flight)")
     sv.add_argument("--key-requests-in-flight", type=int, default=D.key_requests_in_flight,
                     help="inference requests (chat, completions, responses, messages) in flight per key "
@@ -53,6 +54,11 @@ def add_parser(sub) -> None:
                     help=f"finished agents kept, in MiB of documents (default {D.finished_mib})")
     sv.add_argument("--finished-hours", type=float, default=D.finished_hours,
                     help=f"finished agents kept this long (default {D.finished_hours:g})")
+    sv.add_argument("--metrics-tenants", type=int, default=D.metrics_tenants,
+                    help="tenants with /metrics series of their own, the busiest; the rest add up as 'other' "
+                         f"(default {D.metrics_tenants})")
+    sv.add_argument("--metrics-window", type=float, default=D.metrics_window,
+                    help=f"seconds over which /metrics and the live page give tenants' shares (default {D.metrics_window:g})")
     sv.add_argument("--journal", type=Path, metavar="FILE",
                     help="SQLite journal of accepted agents and their outputs (default "
                          "~/.local/state/justitia/serve-HOST-PORT.sqlite, or $JUSTITIA_STATE_DIR)")
@@ -76,7 +82,7 @@ def add_parser(sub) -> None:
                     help="KV cache of each replica in tokens (default: read from the replica's /metrics)")
     sv.add_argument("--ray", action="store_true",
                     help="run --replicas engines (each with the plug-in) as a Ray Serve deployment behind one clock "
-                         "here (pip install justitia[ray]; docs/server.md)")
+                         "here (pip install justitia[ray]; docs/deploy.md)")
     sv.add_argument("--replicas", type=int, default=R.replicas, help=f"--ray: engine replicas (default {R.replicas})")
     sv.add_argument("--ray-address", metavar="ADDR",
                     help="--ray: join this Ray cluster ('auto', 'ray://HOST:10001') instead of starting a local one")
@@ -90,7 +96,7 @@ def add_parser(sub) -> None:
 
 
 def run(args) -> int:
-    from justitia.server.main import ServeSettings, run
+    from justitia.server.settings import ServeSettings
 
     ray = None
     if args.ray:
@@ -98,4 +104,9 @@ def run(args) -> int:
 
         ray = RaySpec(args.replicas, args.ray_address, args.router, args.ray_replica_cpus, args.ray_replica_gpus)
     given = {f.name: getattr(args, f.name) for f in fields(ServeSettings) if f.name != "ray"}
-    return run(ServeSettings(**given, ray=ray))
+    settings = ServeSettings(**given, ray=ray)
+    if settings.front_end:
+        from justitia.frontend.serve import run
+    else:
+        from justitia.server.launch import run
+    return run(settings)

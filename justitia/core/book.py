@@ -16,22 +16,22 @@ after a pause is a return: ``agent_arrived`` again, at that request's ``agent_co
 price). A pause inside a burst (a tool call in a turn) keeps its place. A session is released only
 after ``session_keep_s`` with nothing open (``SESSION_KEEP_S``), or by ``release``.
 
-A front end that tags requests for another engine (``tagging``) sees no engine steps, only its
-requests going out and coming back. Given the engine's ``kv_tokens``, it measures the clock's M
-from them: it counts the engine as backlogged while the open requests' prompts and ``max_tokens``
-together exceed the KV cache (then some of them must wait), and credits each request that finishes
-in such a stretch with its cost, ``p*d + d^2/2`` at the tokens it produced, to the busy time. The
-meter (``CapacityMeter``) smooths it, within its band around the rate measured so far, as the plug-in's does. With
-``max_tokens`` far above what requests produce, the front end counts as busy some time that was
-not, and measures a lower M (the band bounds it).
+A front end that tags requests for another engine (``tagging``, ``tag``) sees no engine steps,
+only its requests going out and coming back; what it measures of the engine's M from them
+(``backends.tagging.DemandMeter``) reaches the clock through ``observe_service``.
+
+Every setting is the constructor's; nothing outside the book sets its attributes.
 """
 
 from __future__ import annotations
 
-import logging
+import dataclasses
+import math
+from typing import Iterable
 
-from justitia.core.cost import KV, NO_CHARGE, Charge, CostModel, cost_model, kv_token_iters
+from justitia.core.cost import KV, Charge, CostModel, cost_model
 from justitia.core.gittins import CostDist
+from justitia.core.ledger import NO_TENANT, Ledger
 from justitia.core.policies import STATIC_POLICY_NAMES, AgentInfo, RequestInfo, make_policy
 from justitia.core.protocol import PolicyState, RequestMeta
 from justitia.core.scheduler import AgentScheduler, ClockReading, Standing
@@ -44,6 +44,7 @@ AGENT_IDLE_S = 60.0
 SESSION_KEEP_S = 600.0
 
 
+HEAD_AGENTS = 10  # agents at the head of the queue that state(..., detail=True) names
 UNPRICED_ATOMS = 8  # a burst without a price: its answer's length, log-uniform in [1, max_tokens], at this many quantiles
 
 
@@ -61,50 +62,42 @@ class AgentBook:
     """Registers agents from request metadata and releases them when they are done or idle."""
 
     def __init__(self, core: AgentScheduler, cost: str | CostModel = KV, idle_release_s: float = AGENT_IDLE_S,
-                 log: logging.Logger | None = None, session_keep_s: float = SESSION_KEEP_S):
+                 session_keep_s: float = SESSION_KEEP_S):
         self._core = core
-        self.cost = cost_model(cost)
-        self.idle_release_s = idle_release_s
-        self.session_keep_s = session_keep_s
+        self._cost = cost_model(cost)
+        self._idle_release_s = idle_release_s
+        self._session_keep_s = session_keep_s
         self._sessions: set[str] = set()  # known agents that are sessions
         self._pause_pending: set[str] = set()  # sessions to pause when their last open request ends
-        self.log = log or logging.getLogger("justitia")
         self._infos: dict[str, RequestInfo] = {}  # open requests
         self._agent_done: set[str] = set()  # agents whose last stage has arrived
         self._known: set[str] = set()  # agents registered and not released (holding policy state)
         self._idle_since: dict[str, float] = {}  # agents with no open request, since when
         self._next_sweep_s = 0.0
-        self.kv_tokens: int | None = None  # a tagging front end measuring M: the engine's KV cache
-        self._demand: dict[str, int] = {}  # open requests -> prompt + max_tokens
-        self._demand_sum = 0
-        self._seen_s = 0.0  # the last time the front end looked
+        self._ledger = Ledger()  # per-tenant figures for the server (read through state(..., detail=True))
 
     @classmethod
     def for_policy(cls, policy: str, capacity_per_s: float, cost: str | CostModel = KV,
-                   idle_release_s: float = AGENT_IDLE_S, log: logging.Logger | None = None,
+                   idle_release_s: float = AGENT_IDLE_S,
                    measure_every_s: float | None = None, retag: bool = True,
                    session_keep_s: float = SESSION_KEEP_S) -> "AgentBook":
         """A book over a fresh core running ``policy`` (its clock's M measured every
         ``measure_every_s`` busy seconds, if given; ``retag``: see ``AgentScheduler``)."""
         return cls(AgentScheduler.for_policy(policy, capacity_per_s, cost, measure_every_s, retag), cost,
-                   idle_release_s, log, session_keep_s)
+                   idle_release_s, session_keep_s)
 
     @classmethod
     def tagging(cls, policy: str, capacity_per_s: float, cost: str | CostModel = KV, idle_release_s: float = AGENT_IDLE_S,
-                log: logging.Logger | None = None, retag: bool = True, measure_every_s: float | None = None,
-                kv_tokens: int | None = None) -> "AgentBook":
+                retag: bool = True, measure_every_s: float | None = None,
+                session_keep_s: float = SESSION_KEEP_S) -> "AgentBook":
         """A book for front-end tagging (``tag``): only policies whose keys are fixed on arrival qualify
-        (a retagged agent's requests tagged from then on carry its new key). With ``measure_every_s``
-        and the engine's ``kv_tokens``, M is measured from the requests' round trips (above)."""
+        (a retagged agent's requests tagged from then on carry its new key). With ``measure_every_s``,
+        its clock's M follows what the front end reports (``observe_service``)."""
         if policy not in STATIC_POLICY_NAMES:
             make_policy(policy, capacity_per_s, cost)  # an unknown name gets its own error
             raise ValueError(f"policy '{policy}' changes its keys as service accrues, which a front end cannot see; "
                              f"front-end tagging supports only {', '.join(STATIC_POLICY_NAMES)}.")
-        measure = measure_every_s if kv_tokens else None
-        book = cls.for_policy(policy, capacity_per_s, cost, idle_release_s, log, measure, retag)
-        if book._core.traits.measures_capacity:
-            book.kv_tokens = int(kv_tokens)
-        return book
+        return cls.for_policy(policy, capacity_per_s, cost, idle_release_s, measure_every_s, retag, session_keep_s)
 
     # ------------------------------------------------------------------------------ agents
     def register(self, agent_id: str, agent_type: str, predicted_cost: float, now_s: float,
@@ -120,6 +113,7 @@ class AgentBook:
             return None
         info = self._core.agent_arrived(agent_id, agent_type, predicted_cost, now_s, weight, tenant, resume_cost,
                                         session or agent_id in self._sessions, dist)
+        self._ledger.started(agent_id, now_s)
         self._known.add(agent_id)
         if session:
             self._sessions.add(agent_id)
@@ -134,6 +128,7 @@ class AgentBook:
         if standing.open_requests:
             self._pause_pending.add(agent_id)
             return False
+        self._ended(agent_id, standing, now_s)
         self._core.agent_finished(agent_id, now_s, pause=True)
         return True
 
@@ -144,10 +139,25 @@ class AgentBook:
         self._known.discard(agent_id)
         self._sessions.discard(agent_id)
         self._pause_pending.discard(agent_id)
-        if self._core.agent(agent_id) is None:
+        standing = self._core.agent(agent_id)
+        if standing is None:
             return False
+        if not standing.paused:  # a paused session's burst was settled when it paused
+            self._ended(agent_id, standing, now_s)
         self._core.agent_finished(agent_id, now_s)
         return True
+
+    def _ended(self, agent_id: str, standing: Standing, now_s: float) -> None:
+        """A burst ends: its service, time and lateness go to the ledger (the clock is read only once
+        a server has given a bound to judge by: a simulator's clock is never advanced by it)."""
+        late = None
+        if standing.virtual_finish is not None and self._ledger.bound_s != math.inf:
+            clock = self._core.clock(now_s)
+            late = self._ledger.lateness(agent_id, standing.virtual_finish, clock.virtual_time, clock.active,
+                                         clock.capacity_per_s, now_s)
+        info = standing.info
+        self._ledger.ended(agent_id, info.tenant, standing.attained, late, now_s, agent_id in self._sessions,
+                           info.agent_type, info.predicted_cost, info.weight)
 
     def retire(self, agent_id: str, now_s: float) -> bool:
         """Release the agent as soon as none of its requests is open: now (True), or when its last
@@ -165,7 +175,7 @@ class AgentBook:
             return []
         self._next_sweep_s = now_s + 1.0
         stale = [a for a, since in self._idle_since.items()
-                 if now_s - since >= (self.session_keep_s if a in self._sessions else self.idle_release_s)]
+                 if now_s - since >= (self._session_keep_s if a in self._sessions else self._idle_release_s)]
         for agent_id in stale:
             self.release(agent_id, now_s)
         return stale
@@ -187,11 +197,58 @@ class AgentBook:
         """The clock's M, measured elsewhere (a front end's engines'), from ``now_s``."""
         self._core.set_capacity(capacity_per_s, now_s)
 
-    def state(self, now_s: float) -> PolicyState:
-        """The policy's state now: its agents and, under justitia, its clock."""
+    def observe_service(self, busy_s: float, service: Charge) -> None:
+        """What a front end saw its engine deliver while backlogged (``AgentScheduler.observe_service``)."""
+        self._core.observe_service(busy_s, service)
+
+
+    def state(self, now_s: float, detail: bool = False, bound_s: float | None = None,
+              waiting: Iterable[str] = ()) -> PolicyState:
+        """The policy's state now: its agents and, under justitia, its clock. With ``detail``, also
+        each tenant's figures and the head of the queue (``PolicyState.tenants``, ``head``; docs/
+        design.md, "What the server shows"); ``bound_s``: the bound bursts that end from now on are
+        judged by; ``waiting``: the ids of the requests the engine holds waiting, counted per tenant."""
         clock = self._core.clock(now_s)
-        return PolicyState(self._core.traits.policy_name, len(self._known), clock.virtual_time, clock.active,
-                           clock.capacity_per_s, None if clock.schedule is None else [[t, m] for t, m in clock.schedule])
+        state = PolicyState(self._core.traits.policy_name, len(self._known), clock.virtual_time, clock.active,
+                            clock.capacity_per_s, None if clock.schedule is None else [[t, m] for t, m in clock.schedule])
+        if not detail:
+            return state
+        if bound_s is not None and bound_s > 0:
+            self._ledger.bound_s = float(bound_s)
+        tenants = self._ledger.doc()
+        head = []
+        for agent_id in self._known:
+            standing = self._core.agent(agent_id)
+            if standing is None:
+                continue
+            info = standing.info
+            t = tenants.setdefault(self._ledger.tenant(info.tenant), {"service": 0.0, "violations": 0})
+            t["service"] += standing.attained
+            t["weight"] = info.weight
+            kind = "sessions" if agent_id in self._sessions else "agents"
+            t[kind] = t.get(kind, 0) + 1
+            if standing.paused:
+                continue
+            t["requests"] = t.get("requests", 0) + standing.open_requests
+            t["price_max"] = max(t.get("price_max", 0.0), info.predicted_cost)
+            late = self._ledger.lateness(agent_id, standing.virtual_finish, clock.virtual_time, clock.active,
+                                         clock.capacity_per_s, now_s)
+            if late is not None and late > t.get("late_s", -math.inf):
+                t["late_s"] = late
+            if standing.open_requests:
+                head.append((standing.virtual_finish if standing.virtual_finish is not None else float(info.seq),
+                             info.seq, agent_id, standing))
+        for request_id in waiting:
+            info = self._infos.get(request_id)
+            standing = None if info is None else self._core.agent(info.agent_id)
+            if standing is not None:
+                t = tenants.setdefault(self._ledger.tenant(standing.info.tenant), {"service": 0.0, "violations": 0})
+                t["waiting"] = t.get("waiting", 0) + 1
+        head.sort(key=lambda row: row[:2])
+        return dataclasses.replace(state, tenants=tenants, errors=self._ledger.errors(), head=[{"agent_id": agent_id, "tenant": s.info.tenant or NO_TENANT, "type": s.info.agent_type,
+                       "session": agent_id in self._sessions, "tag": s.virtual_finish, "predicted": s.info.predicted_cost,
+                       "attained": s.attained, "requests": s.open_requests}
+                      for _, _, agent_id, s in head[:HEAD_AGENTS]])
 
     # ---------------------------------------------------------------------------- requests
     def request(self, request_id: str) -> RequestInfo | None:
@@ -218,12 +275,12 @@ class AgentBook:
         agent_id = meta.agent_id or request_id
         request_cost = meta.request_cost
         if request_cost is None:
-            request_cost = self.cost.request_cost(prompt_tokens, max_tokens)
+            request_cost = self._cost.request_cost(prompt_tokens, max_tokens)
         agent_cost = request_cost if meta.agent_cost is None else meta.agent_cost
         if not charged or meta.agent_cost is not None:
             dist = None
         elif dist is None:
-            dist = unpriced(self.cost, prompt_tokens, max_tokens)
+            dist = unpriced(self._cost, prompt_tokens, max_tokens)
         self._pause_pending.discard(agent_id)  # a request of the burst: the pause waits for it
         standing = self._core.agent(agent_id) if meta.turn_start else None
         if standing is not None and not standing.open_requests:  # a new burst: the session leaves, then returns
@@ -243,36 +300,18 @@ class AgentBook:
         """Front-end tagging: a request that another engine will queue (stock vLLM with
         ``scheduling_policy="priority"``); returns its info and its key as vLLM's int ``priority``.
         ``finish`` it when the engine is done with it."""
-        if self.kv_tokens is not None:
-            self._look(now_s)
         info, _ = self.arrive(request_id, meta, prompt_tokens, max_tokens, now_s, charged=False)
         self._core.dequeue(info)  # the engine queues it; this book only tags it
-        if self.kv_tokens is not None:
-            self._demand[request_id] = prompt_tokens + max_tokens
-            self._demand_sum += prompt_tokens + max_tokens
         return info, int_priority(self._core.priority(info))
-
-    def _look(self, now_s: float, served: Charge = NO_CHARGE) -> None:
-        """A tagging front end's view of the engine up to ``now_s``: busy time while the open
-        requests' demand exceeded the cache, and ``served`` if a request finished in it."""
-        busy = self._demand_sum > self.kv_tokens
-        if busy:
-            self._core.observe_service(max(0.0, now_s - self._seen_s), served)
-        self._seen_s = max(self._seen_s, now_s)
 
     def finish(self, request_id: str, now_s: float, output_tokens: int | None = None) -> RequestInfo | None:
         """A request finished (having produced ``output_tokens``) or was aborted; its agent is
         released if that was its last."""
-        if self.kv_tokens is not None and request_id in self._demand:
-            prompt = self._infos[request_id].prompt_tokens if request_id in self._infos else 0
-            served = NO_CHARGE if not output_tokens else Charge(
-                prompt, output_tokens, round(kv_token_iters(prompt, output_tokens)))
-            self._look(now_s, served)
-            self._demand_sum -= self._demand.pop(request_id)
         info = self._infos.pop(request_id, None)
         if info is None or self._core.agent(info.agent_id) is None:
             return info
         self._core.request_finished(info)
+        self._ledger.finished(info.agent_id, now_s)
         if self._core.agent(info.agent_id).open_requests == 0:
             if info.agent_id in self._agent_done:
                 self.release(info.agent_id, now_s)

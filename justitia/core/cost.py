@@ -8,8 +8,8 @@ it decodes: ``p*d + d**2/2`` token-iterations (unit name ``token_iters``); a sat
 delivers the whole cache, ``kv_tokens``. ``KV_PREFIX``: the same, seeing the prefix cache: requests
 of one agent held together that begin with the same text hold its blocks once, for as long as the
 longest of them holds them (``group_cost``; one request alone costs what it does under ``KV``): that
-is its prediction. Its charge, per engine step, is what the engine shares (``prefix_step_charges``):
-each request pays for the tokens it holds, a full KV block that ``n`` requests hold at once counted
+is its prediction. Its charge, per engine step, is what the engine shares (an engine's step accounting,
+``justitia.vllm.accounting``, applies the rule): each request pays for the tokens it holds, a full KV block that ``n`` requests hold at once counted
 ``1/n`` to each, across agents too (``shared_kv_charge``; with nothing shared, ``KV``'s charge to
 the bit). ``COMPUTE``: VTC's weighted compute tokens ``p + 2*d``
 (the paper's Justitia/C ablation); a saturated iteration delivers the token budget,
@@ -44,8 +44,8 @@ class Charge:
     @staticmethod
     def step_tokens(computed_tokens: int, new_tokens: int, seq_tokens: int, output_tokens: int) -> tuple[int, int, int]:
         """``for_step``'s (prefill_tokens, decode_tokens, kv_token_iters) as a plain tuple, for an
-        engine that adds up many requests' steps before it charges them (``step_delivered`` and
-        ``step_charges`` below add it up inline; a test holds them to it)."""
+        engine that adds up many requests' steps before it charges them (the plug-in's step
+        accounting, ``justitia.vllm.accounting``, adds it up inline; a test holds them to it)."""
         held = computed_tokens + new_tokens
         if output_tokens >= 1 and computed_tokens == seq_tokens - 1:  # a decode step
             return 0, 1, held
@@ -55,79 +55,12 @@ class Charge:
 NO_CHARGE = Charge()
 
 
-def step_delivered(requests: Mapping[str, Any], scheduled: Mapping[str, int], ahead: int = 0) -> tuple[int, int, int, int, int]:
-    """What one step delivered, read after an engine scheduled it: ``scheduled`` maps request ids to
-    the tokens each computes, ``requests`` ids to the engine's requests, their counts named as vLLM names
-    them (``num_computed_tokens``, this step's included; ``num_tokens``, prompt and output so far;
-    ``num_prompt_tokens``: a request has output once ``num_tokens`` is above it, read so rather than
-    through ``num_output_tokens``, a property). ``ahead``: the tokens a sampling request samples per
-    step under vLLM's async scheduling (0: sync). There the next step is scheduled before the last
-    one's tokens come back: each in-flight token is a placeholder (``num_output_placeholders``, this
-    step's included unless the request is still mid-prefill, ``is_prefill_chunk``), counted here as
-    if it had come back, so a step reads the same under both. Returns prefill tokens, requests that sample, the KV
-    tokens those hold (``Charge.step_tokens`` added up, as the clock's meter reads it), and for a step log the
-    prefilling requests and the decoding requests' context tokens. The rule is ``step_tokens``',
-    inline: this runs on every engine step (a test holds the two equal)."""
-    p = d = kv = prefills = ctx = 0
-    get = requests.get
-    for request_id, n in scheduled.items():
-        request = get(request_id)
-        if request is None:
-            continue
-        held, seq = request.num_computed_tokens, request.num_tokens
-        if ahead:  # async scheduling: the tokens in flight, this step's own left out
-            seq += request.num_output_placeholders - (0 if request.is_prefill_chunk else ahead)
-        if held - n == seq - 1 and seq > request.num_prompt_tokens:  # a decode step (it has output)
-            d += 1
-            ctx += held
-            continue
-        p += n
-        prefills += 1
-        if held == seq:  # the prompt's last chunk: it samples
-            d += 1
-            kv += held
-    return p, d, kv + ctx, prefills, ctx
-
-
-def step_charges(requests: Mapping[str, Any], scheduled: Mapping[str, int], info_of: Callable[[str], Any],
-                 ahead: int = 0, each: dict | None = None) -> dict[str, list]:
-    """One step's service per agent (``step_delivered``'s arguments, and ``info_of``, a request id's
-    info or None, which names its agent), ``agent_id -> [a request's info, prefill, decode, kv]``:
-    ``Charge.step_tokens`` of its scheduled requests added up, so that each agent is charged once.
-    ``each``, if given, gets every charged request's ``request id -> (agent id, kv, decode)``."""
-    per_agent: dict[str, list] = {}
-    get_info, get_request = info_of, requests.get
-    for request_id, n in scheduled.items():
-        info = get_info(request_id)
-        request = get_request(request_id)
-        if info is None or request is None:
-            continue
-        held, seq = request.num_computed_tokens, request.num_tokens
-        if ahead:  # async scheduling: the tokens in flight, this step's own left out
-            seq += request.num_output_placeholders - (0 if request.is_prefill_chunk else ahead)
-        if held - n == seq - 1 and seq > request.num_prompt_tokens:  # a decode step (it has output)
-            p, d = 0, 1
-        else:
-            p, d = n, int(held == seq)
-        if each is not None:
-            each[request_id] = (info.agent_id, held, d)
-        total = per_agent.get(info.agent_id)
-        if total is None:
-            per_agent[info.agent_id] = [info, p, d, held]
-        else:
-            total[1] += p
-            total[2] += d
-            total[3] += held
-    return per_agent
-
-
 def shared_kv_savings(blocks: Mapping[Hashable, Sequence[Hashable]], tokens: Mapping[Hashable, int], block_size: int,
                       never_shared: Hashable = None) -> dict[Hashable, float]:
     """What a prefix cache takes off each request's KV charge for one step: the KV token-time of the
     full blocks it holds with other requests. ``tokens`` maps each holder (a request) to the tokens
-    it holds in the KV cache (the ``held`` of ``Charge.step_tokens`` and ``step_charges``:
-    ``num_computed_tokens`` once the step's tokens are scheduled, the tokens this step is charged
-    for); ``blocks`` maps it to its block ids in token order (block ``i`` holds tokens ``[i *
+    it holds in the KV cache (the ``held`` of ``Charge.step_tokens``: its computed tokens once the
+    step's tokens are scheduled, the tokens this step is charged for); ``blocks`` maps it to its block ids in token order (block ``i`` holds tokens ``[i *
     block_size, (i + 1) * block_size)``), or to the first few of them (those it may share: a prefix
     cache shares a run of blocks from the first); blocks left out, or a missing list, are its own.
 
@@ -135,7 +68,7 @@ def shared_kv_savings(blocks: Mapping[Hashable, Sequence[Hashable]], tokens: Map
     holders in ``tokens`` hold at once (the same id among their full blocks) is counted
     ``block_size / n`` to each, whoever's agent it is. A partial last block (the ``tokens %
     block_size`` after the full ones) is its holder's alone, as are blocks past it (allocated ahead,
-    holding nothing yet) and the id ``never_shared`` (vLLM's null block, which stands in for blocks a
+    holding nothing yet) and the id ``never_shared`` (an engine's null block, which stands in for blocks a
     sliding window dropped). So a request's charge is ``tokens[r] - saved[r]`` token-iterations (one
     step's ``Charge.kv_token_iters``), and the charges of all holders add up to the tokens held
     counted once: ``block_size`` per distinct full block plus every partial block's tokens.
@@ -169,56 +102,9 @@ def shared_kv_charge(blocks: Mapping[Hashable, Sequence[Hashable]], tokens: Mapp
     """One step's KV charge per request under ``KV_PREFIX``, in token-iterations (``Charge.kv_token_iters``
     for one step): ``tokens[r]`` less ``shared_kv_savings`` (its arguments and rule), so a full block
     ``n`` requests hold at once costs each ``block_size / n``. A request that shares nothing is
-    charged ``tokens[r]`` exactly (an int, as ``step_charges`` charges it)."""
+    charged ``tokens[r]`` exactly (an int, as ``Charge.step_tokens`` counts it)."""
     saved = shared_kv_savings(blocks, tokens, block_size, never_shared)
     return {r: held - saved[r] if r in saved else held for r, held in tokens.items()}
-
-
-def prefix_step_charges(requests: Mapping[str, Any], scheduled: Mapping[str, int], info_of: Callable[[str], Any],
-                        blocks_of: Callable[[str], Sequence[Hashable] | None], block_size: int, ahead: int = 0,
-                        never_shared: Hashable = None) -> tuple[dict[str, list], float]:
-    """``step_charges`` under ``KV_PREFIX``: the same per-agent ``[info, prefill, decode, kv]``, each
-    charged request's ``kv`` less its ``shared_kv_savings`` among the requests charged this step
-    (``blocks_of``: a request id's block ids in token order, or the first few of them, or None: as
-    ``shared_kv_savings`` takes them), so a block that several of them hold, of one agent or of
-    several, is paid for once, split evenly. With nothing shared it is ``step_charges``'s result,
-    untouched. Also returns what that takes off the KV tokens ``step_delivered`` reads (the
-    requests that sample this step), so a meter reads the step's service as it was charged."""
-    each: dict = {}  # request id -> (agent id, kv held, whether it samples), from the one walk
-    per_agent = step_charges(requests, scheduled, info_of, ahead, each)
-    if len(each) < 2:
-        return per_agent, 0
-    held = {r: kv for r, (_, kv, _) in each.items()}
-    saved = shared_kv_savings({r: blocks_of(r) for r in held}, held, block_size, never_shared)
-    metered = 0
-    for request_id, off in saved.items():
-        agent_id, _, samples = each[request_id]
-        per_agent[agent_id][3] -= off
-        if samples:
-            metered += off
-    return per_agent, metered
-
-
-def attention_pairs(offset: int, n: int) -> int:
-    """Query-key pairs of a prefill chunk of ``n`` tokens after ``offset`` held ones: each new token
-    attends to the tokens before it and to itself (causal attention)."""
-    return n * offset + n * (n + 1) // 2
-
-
-def prefill_attention(requests: Mapping[str, Any], scheduled: Mapping[str, int], ahead: int = 0) -> int:
-    """``attention_pairs`` of one step's prefill chunks added up (``step_delivered``'s arguments; a
-    decode step is not a chunk). For a step log: it is not on the plug-in's path without one."""
-    total = 0
-    for request_id, n in scheduled.items():
-        request = requests.get(request_id)
-        if request is None:
-            continue
-        held, seq = request.num_computed_tokens, request.num_tokens
-        if ahead:  # async scheduling: the tokens in flight, this step's own left out
-            seq += request.num_output_placeholders - (0 if request.is_prefill_chunk else ahead)
-        if not (held - n == seq - 1 and seq > request.num_prompt_tokens):
-            total += attention_pairs(held - n, n)
-    return total
 
 
 def kv_token_iters(prompt_tokens: float, output_tokens: float) -> float:

@@ -1,7 +1,7 @@
 """The request metadata an engine reads, and the control calls a front end makes into an engine.
 
-**Request metadata** rides on each request, in vLLM's ``SamplingParams.extra_args`` (``vllm_xargs``
-on vLLM's OpenAI server). ``RequestMeta`` is the only code that writes or reads these keys:
+**Request metadata** rides on each request as a flat dict of extra sampling arguments (an engine
+carries it; on vLLM's OpenAI server it is a request's ``vllm_xargs``). ``RequestMeta`` is the only code that writes or reads these keys:
 
     agent_id      the agent the request belongs to; absent: the request is an agent of its own
     agent_type    the agent's workflow type (for predictors and logs)
@@ -178,6 +178,9 @@ class PolicyState:
     gps_active: int | None = None  # N_t: agents active in GPS
     capacity_per_s: float | None = None  # the clock's M
     capacity_schedule: list | None = None  # [t_s, M] every value M took, when it is measured
+    tenants: dict | None = None  # read with detail: tenant -> its figures (AgentBook.state; core.ledger)
+    head: list | None = None  # read with detail: the agents with the smallest keys, as plain JSON
+    errors: dict | None = None  # read with detail: agent type -> price errors (core.ledger.Ledger.errors)
 
     @property
     def has_clock(self) -> bool:
@@ -191,5 +194,5 @@ class PolicyState:
     @classmethod
     def from_json(cls, doc: Mapping) -> "PolicyState":
         """A reading from plain JSON."""
-        keys = ("policy", "agents", "virtual_time", "gps_active", "capacity_per_s", "capacity_schedule")
+        keys = ("policy", "agents", "virtual_time", "gps_active", "capacity_per_s", "capacity_schedule", "tenants", "head", "errors")
         return cls(**{k: doc.get(k) for k in keys})

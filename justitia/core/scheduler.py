@@ -21,6 +21,9 @@ nothing about KV blocks or iterations. The verbs, and nothing more (``tests/test
 
 An engine that skips steps must know the order a few steps ahead: it reads ``lookahead`` (a
 ``LookAhead``), a view that only such an engine uses.
+
+The file is a little longer than the house's 400 lines: it is the whole contract, the verbs with their
+docstrings, and the look-ahead view that reads the same private state.
 """
 
 from __future__ import annotations

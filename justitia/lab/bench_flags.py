@@ -2,7 +2,7 @@
 and `justitia serve`, side by side in one run (tiny model, this machine).
 
     python -m justitia.lab.bench_flags [--rounds 20] [--requests 320] [--concurrency 32] [--sequential 30]
-                                       [--tokens 16] [--out results/flags.json]
+                                       [--tokens 16] [--scrape] [--out results/flags.json]
 
 The servers run the same engine settings (the tiny model, float32, eager, a 2,048-token context,
 1 GiB of KV cache) and are all started first. Then, in each round, each server in turn takes short
@@ -24,6 +24,10 @@ longer than a round, so a ratio within a round moves far less than the rate itse
 pooled over rounds: the median and p99 at saturation, the median one at a time, each against the
 two stock servers' mean. Stock vLLM runs its defaults (FCFS); with Justitia's flags the plug-in
 orders the queue and the door checks each request.
+
+``--scrape`` adds a fifth server, ``justitia serve`` again, whose ``/metrics`` a thread reads every
+second for the whole run, as a Prometheus would: each read asks the engine for its per-tenant state
+(``server.observe.Watch``), so this is what watching the server costs its throughput.
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ import json
 import statistics
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -46,14 +51,31 @@ ENGINE = ["--max-model-len", "2048", "--enforce-eager", "--dtype", "float32", "-
 FLAGS = ["--scheduler-cls", "justitia.vllm.plugin.JustitiaScheduler", "--scheduling-policy", "priority"]
 
 
-def servers(model_dir: str) -> dict[str, tuple[list[str], dict]]:
+SCRAPED = "justitia serve, /metrics read every 1 s"
+
+
+def servers(model_dir: str, scrape: bool = False) -> dict[str, tuple[list[str], dict]]:
     """name -> (command, extra environment), each without its port."""
     api = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model_dir, *ENGINE]
     serve = json.dumps({"predictor": "mean", "journal": None})
+    justitia = [sys.executable, "-m", "justitia", "serve", "--predictor", "mean", "--no-journal"]
     return {"stock vllm serve": (api, {}),
             "stock, async scheduling off": (api + ["--no-async-scheduling"], {}),
             "vllm serve + Justitia's flags": (api + FLAGS, {"VLLM_PLUGINS": "justitia", "JUSTITIA_SERVE": serve}),
-            "justitia serve": ([sys.executable, "-m", "justitia", "serve", "--predictor", "mean", "--no-journal"], {})}
+            "justitia serve": (justitia, {})} | ({SCRAPED: (justitia, {})} if scrape else {})
+
+
+def scraper(url: str, stop: threading.Event) -> threading.Thread:
+    """A thread reading ``url``'s /metrics every second until ``stop``."""
+    def run() -> None:
+        with httpx.Client(base_url=url, timeout=30) as client:
+            while not stop.is_set():
+                client.get("/metrics").raise_for_status()
+                stop.wait(1.0)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread
 
 
 def start_one(cmd: list[str], env: dict, log: Path) -> tuple[subprocess.Popen, str]:
@@ -89,16 +111,20 @@ def main() -> None:
     ap.add_argument("--sequential", type=int, default=30)
     ap.add_argument("--tokens", type=int, default=16)
     ap.add_argument("--rounds", type=int, default=20)
+    ap.add_argument("--scrape", action="store_true", help=f"a fifth server: {SCRAPED}")
     ap.add_argument("--out", type=Path, default=Path("results/flags.json"))
     args = ap.parse_args()
     logs = args.out.with_suffix("")
     logs.mkdir(parents=True, exist_ok=True)
-    kinds = servers(str(resolve_model("tiny")))
+    kinds = servers(str(resolve_model("tiny")), args.scrape)
     procs: dict[str, tuple[subprocess.Popen, str]] = {}
+    stop = threading.Event()
     try:
         for k, (name, (cmd, env)) in enumerate(kinds.items()):
             procs[name] = start_one(cmd, env, logs / f"server{k}.log")
             print(f"started: {name} at {procs[name][1]}", flush=True)
+        if args.scrape:
+            scraper(procs[SCRAPED][1], stop)
         for name, (_, url) in procs.items():  # warm-up: first requests compile and allocate
             asyncio.run(load(url, 2 * args.concurrency, args.concurrency, args.tokens))
         rate: dict[str, list[float]] = {name: [] for name in procs}
@@ -116,6 +142,7 @@ def main() -> None:
             print(f"round {r + 1}: " + "  ".join(f"{rate[n][-1] / stock_now:.3f}" for n in names)
                   + f"  x stock ({stock_now:.1f} requests/s)", flush=True)
     finally:
+        stop.set()
         for proc, _ in procs.values():
             proc.terminate()
         for proc, _ in procs.values():

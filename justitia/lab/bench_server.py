@@ -85,7 +85,7 @@ async def _direct(n: int, concurrency: int, tokens: int) -> dict:
     from vllm import SamplingParams
     from vllm.sampling_params import RequestOutputKind
 
-    from justitia.server.main import local_spec
+    from justitia.frontend.serve import local_spec
     from justitia.vllm.engine import plugin_environment, start_engine
 
     # the engine `justitia serve` starts (same spec, same plug-in), called directly

@@ -95,7 +95,7 @@ def start_llm(spec):
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     from vllm import LLM
 
-    from justitia.core import step_delivered
+    from justitia.vllm.accounting import step_delivered
     from justitia.vllm.models import resolve_model
     from justitia.vllm.plugin import JustitiaScheduler
 
@@ -109,7 +109,7 @@ def start_llm(spec):
 
         def schedule(self, *a, **k):
             out = super().schedule(*a, **k)
-            ctx = step_delivered(self.requests, out.num_scheduled_tokens)[4]
+            ctx = step_delivered(self.requests, out.num_scheduled_tokens).context_tokens
             self.replay_last = (out.total_num_scheduled_tokens, ctx, len(out.num_scheduled_tokens))
             return out
 

@@ -21,8 +21,8 @@ Two ways to schedule (``EngineSpec.scheduler``):
   One engine serves every policy: a ``reset`` control call gives the plug-in a fresh policy state
   between runs.
 - ``priority`` (front-end tagging): stock vLLM with ``scheduling_policy="priority"`` and no
-  plug-in. The runner keeps the policy in an ``AgentBook`` fed the same metadata and passes each
-  request's static key as the int ``priority`` (``AgentBook.tag``). Only static policies can be
+  plug-in. The runner keeps the policy in a front end's book fed the same metadata and passes each
+  request's static key as the int ``priority`` (``backends.tagging.Tagger``). Only static policies can be
   tagged this way (fcfs, sjf, parrot, justitia).
 - ``priority-logged``: the same, on stock vLLM's scheduler under the plug-in's step-log base
   (``StepLogScheduler``), so that a tagging run's steps are logged as a plug-in run's are.
@@ -43,7 +43,8 @@ from pathlib import Path
 from typing import Callable
 
 from justitia.agent import AgentProcess, AgentResult, Answer, Call, RunResult, drive
-from justitia.core import RESET, RETIRE, STATE, WINDOW_STEPS, AgentBook, ControlCall, PolicyState, cost_model
+from justitia.backends.tagging import Tagger
+from justitia.core import RESET, RETIRE, STATE, WINDOW_STEPS, ControlCall, PolicyState, cost_model
 from justitia.core import capacity_per_s as default_capacity  # run() takes a capacity_per_s of its own
 from justitia.defaults import ITERATION_S, process_cpus
 from justitia.predictors import make_predictor
@@ -152,7 +153,7 @@ class VllmEngine(RunningEngine):
     ) -> "EngineRun":
         """Replay ``agents`` under ``policy``; return per-agent results and the engine's step log.
         ``measure_capacity``: the clock follows what the engine delivers (the plug-in's from its steps;
-        the front end's, in tagging mode, from its requests' round trips: ``AgentBook``). ``retag``: see ``AgentScheduler``; ``pricing``:
+        the front end's, in tagging mode, from its requests' round trips: ``Tagger``). ``retag``: see ``AgentScheduler``; ``pricing``:
         see ``AgentProcess``."""
         if self.llm is None:
             raise RuntimeError("the engine is not started; use 'async with VllmEngine(spec) as engine'.")
@@ -168,8 +169,9 @@ class VllmEngine(RunningEngine):
         run_id = uuid.uuid4().hex[:8]
         # tagging: the policy lives here, in the same kind of book as the plug-in's, fed the same metadata
         window = WINDOW_STEPS * ITERATION_S if measure_capacity else None  # the front end measures M from round trips
-        frontend = AgentBook.tagging(policy, capacity, cost, retag=retag, measure_every_s=window,
-                                     kv_tokens=self.kv_tokens) if self.tagging else None
+        tagger = Tagger(policy, capacity, cost, retag=retag, measure_every_s=window,
+                        kv_tokens=self.kv_tokens) if self.tagging else None
+        frontend = None if tagger is None else tagger.book
         own_log = step_log is None
         if own_log:
             fd, step_log = tempfile.mkstemp(prefix="justitia-steps-", suffix=".csv")
@@ -189,13 +191,13 @@ class VllmEngine(RunningEngine):
             if frontend is None:
                 out, hit = await self._generate(prompt, task.output_tokens, call.request_id, call.meta.to_extra_args())
             else:
-                _, priority = frontend.tag(call.request_id, call.meta, task.prompt_tokens, task.output_tokens,
+                _, priority = tagger.tag(call.request_id, call.meta, task.prompt_tokens, task.output_tokens,
                                            time.monotonic() - t0)
                 out, hit = [], 0
                 try:
                     out, hit = await self._generate(prompt, task.output_tokens, call.request_id, None, priority)
                 finally:
-                    frontend.finish(call.request_id, time.monotonic() - t0, len(out))  # the last one releases the agent
+                    tagger.finish(call.request_id, time.monotonic() - t0, len(out))  # the last one releases the agent
             n = len(out)
             cache[0] += len(prompt)
             cache[1] += hit

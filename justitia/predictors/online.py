@@ -30,6 +30,10 @@ is saved and loaded as JSON (``state``/``load_state``, ``save``/``load``), so a 
 The point price ``agent_cost`` / ``turn_cost`` is the distribution's Gittins index at zero
 (``core.gittins``), which is what Justitia tags a burst with; the engine reprices it as service
 is attained.
+
+The file is longer than the house's 400 lines: the three burst kinds (agents, turns, the engine's
+bursts) share one model store, one fit and one saved state, and the background refits read and
+write that store under one lock; apart, each would reach into the others' state.
 """
 
 from __future__ import annotations

@@ -1,5 +1,10 @@
 """``justitia serve``: an agent-aware HTTP server on vLLM with the Justitia scheduler plug-in.
 
-``schema`` (the agent document and its placeholders), ``app`` (the FastAPI application),
-``main`` (starting vLLM and uvicorn in one process). Needs the ``vllm`` extra.
+Justitia's side of the server, whatever serves the model: ``settings`` (``justitia serve``'s
+options), ``launch`` (vLLM's own server in this process, with the plug-ins), ``plugin`` (the
+endpoint plugin), ``app`` (the door and the agent API on a FastAPI app), ``door``, ``limits``,
+``errors`` and ``admission`` (what the door checks, answers and counts), ``agents`` (the agent
+manager), ``store``, ``recovery``, ``turns``, ``journal``, ``pricing``, ``schema``. The front end
+over several engines (``--upstream``, ``--ray``) is ``justitia.frontend``, above it. Needs the
+``vllm`` extra.
 """

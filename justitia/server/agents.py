@@ -5,12 +5,17 @@ orders the engine (which stamps its virtual finish tag) and starts it. Every req
 agent's ``RequestMeta``; the last stage's say ``agent_done``, so the policy releases the agent
 when they finish. A cancelled or failed agent is released at once. A session runs turn by turn
 (``server.turns``).
+
+``AgentManager`` submits and drives agents. What it shares is in parts of their own, each used
+through its methods: ``admission.Admission`` (the limits and counts of what is in flight, the
+door's and the agent API's), ``store.AgentStore`` (the agents by id, finished ones kept by bytes
+and age), ``metrics.Counts`` (what ``/metrics`` reports) and ``pricing.Pricer``; a restart's reload
+is ``recovery``'s, through ``register``, ``launch``, ``remember`` and ``ended_before``.
 """
 
 from __future__ import annotations
 
 import asyncio
-import collections
 import json
 import logging
 import math
@@ -21,21 +26,19 @@ from dataclasses import replace
 from justitia.agent import Answer, Call, drive
 from justitia.predictors import Predictor
 from justitia.backends.base import Backend, BackendInterrupted, Sampling
-from justitia.server.door import Sessions
+from justitia.server.observe import Watch
+from justitia.server.admission import Admission
 from justitia.server.journal import Journal, Record
 from justitia.server.keys import ANONYMOUS, Client
-from justitia.server.limits import RateLimit
+from justitia.server.metrics import Counts
 from justitia.server.pricing import Pricer
 from justitia.server.runs import TERMINAL, AgentRun, Settings, Turn  # noqa: F401  (Settings: the server's, imported from here)
 from justitia.server.schema import AgentSpec, SpecError, check_agent
+from justitia.server.store import AgentStore
 from justitia.server.turns import await_turn, price_turn
 
 log = logging.getLogger("justitia.server")
-JCT_BUCKETS = (0.1, 0.25, 0.5, 1, 2.5, 5, 10, 25, 50, 100, 250, 500, float("inf"))
 V_READ_EVERY_S = 1.0  # the clock's V, journaled with each agent, is read at most this often
-MAX_METRIC_TYPES = 64  # agent types with series of their own in /metrics; the rest are counted as "other"
-
-
 
 
 class AgentManager:
@@ -45,39 +48,31 @@ class AgentManager:
                  journal: Journal | None = None):
         self.backend, self.tokenizer, self.settings, self.predictor = backend, tokenizer, settings, predictor
         self.journal = journal
-        self.agents: dict[str, AgentRun] = {}
         self.t0 = time.monotonic()
         self.t_start, self.t_start_s = time.time(), 0.0  # the wall clock at server time 0
+        self.store = AgentStore(settings, journal, self.now)  # the agents by id, finished ones kept
+        self.admission = Admission(settings)  # what is in flight, and its limits: the door's and the agent API's
         self.idempotent: dict[tuple[str, str], asyncio.Future] = {}  # (owner, Idempotency-Key) -> its agent
         self.draining = False
-        self._background: set[asyncio.Task] = set()
-        self.finished: dict[str, int] = {s: 0 for s in TERMINAL}
-        self.jct: dict[str, list[int]] = {}  # type -> counts per JCT_BUCKETS (cumulative at export)
-        self.jct_sum: dict[str, float] = {}
-        self.predict_s, self.predictions = 0.0, 0
+        self.counts = Counts()  # what /metrics reports, the door's requests included
         self.pricer = Pricer(tokenizer, settings, predictor)  # tokenizing and prices
-        self.requests: dict[str, int] = {"agents": 0, "chat": 0, "completions": 0, "responses": 0, "messages": 0}
-        self.tasks_in_flight = 0
-        self.ended: collections.deque[tuple[str, float, int]] = collections.deque()  # (id, when, bytes), oldest first
-        self.ended_bytes = 0
-        self.expired: collections.OrderedDict[str, str] = collections.OrderedDict()  # dropped agents -> owner (410)
-        self.owner_agents: dict[str, int] = {}  # agents in flight per owner
-        # agents past the limits' checks and not yet started (their prediction, journal and
-        # registration awaited): counted at once, so that concurrent submissions cannot all pass
-        self.admitting: dict[str, int] = {}
-        self.owner_requests: dict[str, int] = {}  # OpenAI and Anthropic requests in flight per owner (the door's)
-        self.requests_in_flight = 0
-        self.rate = RateLimit(settings.key_rate, settings.key_burst)  # per key, agents and requests alike
-        self.sessions = Sessions()  # the identified agents of the OpenAI and Anthropic endpoints
+        # the engine's per-tenant state over a window: /metrics, the live page, justitia top
+        self.watch = Watch(backend, settings.model, settings.max_model_len, settings.metrics_window_s,
+                           settings.metrics_tenants)
         self._clocked = True  # the policy stamps tags (until a registration says otherwise)
         self._v_read: tuple[float, float | None] = (-math.inf, None)  # (server time, the clock's V) last read
 
     def now(self) -> float:
         return time.monotonic() - self.t0
 
+    @property
+    def agents(self) -> dict[str, AgentRun]:
+        """Every agent known, by id (``store``)."""
+        return self.store.agents
+
     def in_flight(self) -> int:
-        """Agents submitted and not ended, and those being accepted now (``admitting``)."""
-        return sum(self.owner_agents.values()) + sum(self.admitting.values())
+        """Agents submitted and not ended, and those being accepted now (``Admission.admit``)."""
+        return self.admission.agents_in_flight()
 
     def working(self) -> int:
         """Agents in flight less the sessions waiting for their client (``server.turns``): what a
@@ -85,41 +80,10 @@ class AgentManager:
         keeps it waiting for its next turn (``recovery``), so a drain need not wait for it."""
         return self.in_flight() - sum(run.status == "waiting" for run in self.agents.values())
 
-    def owner_in_flight(self, owner: str) -> int:
-        return self.owner_agents.get(owner, 0) + self.admitting.get(owner, 0)
-
-    def count_request(self, endpoint: str) -> None:
-        self.requests[endpoint] += 1
-
     # ----------------------------------------------------------------------------- agents
-    def owned(self, agent_id: str, client: Client) -> AgentRun | None:
-        """The agent if ``client`` owns it; None if it is unknown or another key's (both 404)."""
-        self.forget_old()
-        run = self.agents.get(agent_id)
-        return run if run is not None and run.owner == client.owner else None
-
-    def was_owned(self, agent_id: str, client: Client) -> bool:
-        """Whether ``client``'s agent of that id finished and was dropped since (410, not 404)."""
-        return self.expired.get(agent_id) == client.owner
-
-    def forget_old(self) -> None:
-        """Drop finished agents past the bytes and age kept (a server runs for days); their ids are
-        remembered, bounded, to answer 410."""
-        limit_s = self.now() - self.settings.finished_s
-        dropped = []
-        while self.ended and (self.ended_bytes > self.settings.finished_bytes or self.ended[0][1] < limit_s):
-            agent_id, _, size = self.ended.popleft()
-            self.ended_bytes -= size
-            run = self.agents.pop(agent_id, None)
-            if run is not None:
-                dropped.append(agent_id)
-                self.expired[agent_id] = run.owner
-                while len(self.expired) > 100_000:
-                    self.expired.popitem(last=False)
-        if dropped and self.journal is not None:  # kept referenced until done (asyncio holds tasks weakly)
-            task = asyncio.get_running_loop().create_task(self.journal.forget(dropped))
-            self._background.add(task)
-            task.add_done_callback(self._background.discard)
+    def is_retry(self, owner: str, idempotency_key: str) -> bool:
+        """Whether ``owner`` submitted an agent under ``idempotency_key`` already (``submit`` returns it)."""
+        return (owner, idempotency_key) in self.idempotent
 
     async def submit(self, spec: AgentSpec, client: Client = ANONYMOUS,
                      idempotency_key: str | None = None) -> AgentRun:
@@ -152,17 +116,15 @@ class AgentManager:
         process, first, predict_s = await asyncio.to_thread(price_turn, self.pricer, agent_id, spec.type,
                                                             list(spec.stages), client, [])
         predicted = process.predicted_cost
-        self.predict_s += predict_s
-        self.predictions += 1
+        self.counts.submission(predict_s)
         predict_ms = 1000 * predict_s
-        self.count_request("agents")
         arrival = self.now()
         run = AgentRun(agent_id, spec, process, arrival, None, client.owner,
                        outputs=[[None] * len(stage) for stage in spec.stages])
         run.client, run.first_ids = client, first
         if spec.session:  # registered as a session: kept across its pauses, each turn registered (server.turns)
             run.turns = [Turn(list(spec.stages), 0, predicted)]
-        v = await self._register(run)  # refused: nothing journaled, its Idempotency-Key free (submit)
+        v = await self.register(run)  # refused: nothing journaled, its Idempotency-Key free (submit)
         run.turn_opened = spec.session  # its first request need not open the turn
         if self.journal is not None:  # committed before the 202: accepted work survives a crash
             try:
@@ -172,12 +134,12 @@ class AgentManager:
             except BaseException:  # not accepted after all: the policy forgets it, the next start too
                 await asyncio.shield(self._unaccept(agent_id))
                 raise
-        self._launch(run, predict_ms=round(predict_ms, 3))
+        self.launch(run, predict_ms=round(predict_ms, 3))
         log.info(json.dumps({"event": "agent_submitted", "agent_id": agent_id, "owner": client.owner, "type": spec.type,
                              "tasks": sum(len(s) for s in spec.stages), "predicted_cost": predicted}))
         return run
 
-    async def _register(self, run: AgentRun, resume_cost: float | None = None) -> float | None:
+    async def register(self, run: AgentRun, resume_cost: float | None = None) -> float | None:
         """Register the agent with the policy; its tag goes to ``run.virtual_finish``. With a journal,
         returns the clock's ``V`` as last read, for a restart to place it (``journal.resume_order``:
         a lower bound on ``V`` when the server stops is all it needs), read again alongside the
@@ -222,10 +184,10 @@ class AgentManager:
         except Exception:  # noqa: BLE001  (a journal that cannot write did not write it either)
             pass
 
-    def _launch(self, run: AgentRun, resume: list[list[Answer]] | None = None, **event) -> None:
+    def launch(self, run: AgentRun, resume: list[list[Answer]] | None = None, **event) -> None:
         """Run the registered agent (after the stages ``resume`` answered)."""
-        self.agents[run.agent_id] = run
-        self.owner_agents[run.owner] = self.owner_agents.get(run.owner, 0) + 1
+        self.store.add(run)
+        self.admission.agent_started(run.owner)
         run.emit("queued", predicted_cost=run.predicted_cost, virtual_finish=run.virtual_finish, **event)
         run.task = asyncio.get_running_loop().create_task(self._run(run, resume))
 
@@ -238,6 +200,19 @@ class AgentManager:
         from justitia.server.recovery import recover
 
         return await recover(self)
+
+    def remember(self, owner: str, idempotency_key: str, run: AgentRun) -> None:
+        """A journaled agent's ``Idempotency-Key``: a retry of it returns ``run`` (``recovery``)."""
+        done = asyncio.get_running_loop().create_future()
+        done.set_result(run)
+        self.idempotent[(owner, idempotency_key)] = done
+
+    def ended_before(self, run: AgentRun) -> None:
+        """A journaled agent that had ended (``recovery``): counted and kept, as it ended."""
+        self.store.add(run)
+        self.counts.ended(run.status)
+        run.emit(run.status, **({"error": run.error} if run.error else {}))
+        self.store.keep(run)
 
     async def _serve(self, run: AgentRun, call: Call) -> Answer:
         """One task of an agent on the backend (``call.stage`` counts in its turn's process; ``stage``,
@@ -261,8 +236,7 @@ class AgentManager:
                           meta.to_extra_args())
         request_id = f"{run.agent_id}/{stage}/{call.index}"
         final = None
-        self.tasks_in_flight += 1
-        try:
+        with self.counts.task():
             for attempt in (1, 2):  # a replica that fails midway: the task runs once more (on another)
                 try:
                     async for out in self.backend.generate({"prompt_token_ids": ids}, params,
@@ -274,8 +248,6 @@ class AgentManager:
                         raise
                     log.warning(json.dumps({"event": "task_retried", "agent_id": run.agent_id, "stage": stage,
                                             "task": call.index, "error": str(exc)}))
-        finally:
-            self.tasks_in_flight -= 1
         o = final.outputs[0]
         doc = {"output": o.text, "prompt_tokens": len(ids), "output_tokens": len(o.token_ids),
                "finish_reason": o.finish_reason}
@@ -296,12 +268,12 @@ class AgentManager:
             run.status = "done"
         except asyncio.CancelledError:
             if not run.cancelled_by_client:  # the server is stopping: the journal resumes it at restart
-                self.owner_agents[run.owner] -= 1
+                self.admission.agent_ended(run.owner)
                 raise
             run.status = "cancelled"
         except Exception as exc:  # noqa: BLE001  (any failure of a task fails the agent, with its reason)
             if not self.backend.alive():  # the engine died under it: the restarted server resumes it
-                self.owner_agents[run.owner] -= 1
+                self.admission.agent_ended(run.owner)
                 log.warning(json.dumps({"event": "agent_interrupted", "agent_id": run.agent_id, "error": str(exc)}))
                 return
             run.status, run.error = "failed", str(exc) or type(exc).__name__
@@ -328,25 +300,13 @@ class AgentManager:
                 await self.backend.retire(run.agent_id)
             except Exception as exc:  # noqa: BLE001  (the policy's idle timeout still releases it)
                 log.warning(json.dumps({"event": "release_failed", "agent_id": run.agent_id, "error": str(exc)}))
-        self.finished[run.status] += 1
-        if run.status == "done" and not run.session:  # (a session's time is its client's too)
-            jct = run.finish_s - run.arrival_s
-            label = run.spec.type if run.spec.type in self.jct or len(self.jct) < MAX_METRIC_TYPES else "other"
-            counts = self.jct.setdefault(label, [0] * len(JCT_BUCKETS))
-            counts[next(k for k, b in enumerate(JCT_BUCKETS) if jct <= b)] += 1
-            self.jct_sum[label] = self.jct_sum.get(label, 0.0) + jct
+        timed = run.status == "done" and not run.session  # (a session's time is its client's too)
+        self.counts.ended(run.status, run.spec.type, run.finish_s - run.arrival_s if timed else None)
         run.emit(run.status, **({"error": run.error} if run.error else {}))
-        self.owner_agents[run.owner] -= 1
-        self._keep(run)
+        self.admission.agent_ended(run.owner)
+        self.store.keep(run)
         log.info(json.dumps({"event": "agent_" + run.status, "agent_id": run.agent_id,
                              "jct_s": round(run.finish_s - run.arrival_s, 4), "error": run.error}))
-
-    def _keep(self, run: AgentRun) -> None:
-        """A finished agent joins those kept (by bytes and age)."""
-        size = len(json.dumps(run.doc())) + sum(len(json.dumps(e)) for e in run.events)
-        self.ended.append((run.agent_id, run.finish_s, size))
-        self.ended_bytes += size
-        self.forget_old()
 
     async def cancel(self, agent_id: str) -> AgentRun:
         run = self.agents[agent_id]

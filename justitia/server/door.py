@@ -9,7 +9,8 @@ does only what is Justitia's:
 2. identity: the agent the harness headers and fields name (``identity.identify``; 400 naming a
    bad one), in the key's namespace;
 3. limits: requests in flight for the key (429) and for the server (503), the key's rate (429),
-   each with ``Retry-After``; counted here, at once, so concurrent requests cannot all pass;
+   each with ``Retry-After`` (``admission.Admission``: checked and counted at once, so concurrent
+   requests cannot all pass; the sessions seen, for ``GET /v1/sessions``, are kept there too);
 4. the body goes on with the agent's identity written into ``vllm_xargs`` (``agent_id``,
    ``session_id``, the key's ``tenant`` and ``agent_weight``, and the door's token, which tells the
    plug-in that these were checked: ``justitia.vllm.general``), and vLLM's own ``session_id`` field
@@ -30,17 +31,16 @@ import json
 import math
 import os
 import re
-import time
-from collections import OrderedDict
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from typing import Any
 
 from justitia.core import META_KEYS, PRICE_KEYS, SESSION, TURN_START
 from justitia.defaults import ANSWER_TOKENS_KEY, DOOR_KEY, ENV_DOOR_TOKEN
+from justitia.server.errors import answer, error_doc
 from justitia.server.identity import Identity, IdentityError, identify, opens_turn, turn_opener
 from justitia.server.keys import ANONYMOUS
-from justitia.server.limits import INFERENCE_PATHS, JsonTooDeep, answer, load_json, retry_after
-from justitia.backends.wire import error_doc, once, replay
+from justitia.server.limits import INFERENCE_PATHS, JsonTooDeep, load_json
+from justitia.backends.wire import replay
 from justitia.server.schema import TYPE_PATTERN
 
 # where a body carries vLLM's extra args: ``vllm_xargs``, except on vLLM's token-in generate endpoint
@@ -48,7 +48,6 @@ EXTRA_ARGS_AT = {"/inference/v1/generate": ("sampling_params", "extra_args")}
 XARGS_KEYS = (*META_KEYS, "session_id")  # session_id: vLLM's own, the third place it looks for a session
 # a bench's answer length (justitia.vllm.scripted), from a trusted key only: pricing never reads it
 TRUSTED_XARGS_KEYS = (ANSWER_TOKENS_KEY,)
-MAX_SESSIONS = 100_000  # sessions remembered for GET /v1/sessions; the least recently seen go first
 
 
 def check_xargs(xargs: Any, trusted: bool) -> str | None:
@@ -83,58 +82,11 @@ def check_xargs(xargs: Any, trusted: bool) -> str | None:
     return None
 
 
-@dataclass
-class Session:
-    """What the door saw of one identified agent (one session): for ``GET /v1/sessions``."""
-
-    session_id: str  # as the client named it
-    owner: str
-    source: str  # the header or field that named it
-    first_s: float
-    last_s: float
-    requests: dict[str, int] = field(default_factory=dict)  # by endpoint
-    subagents: set[str] = field(default_factory=set)
-    in_flight: int = 0
-    turns: int = 0  # requests that opened a user turn (sent on with turn_start)
-    opener: str | None = None  # what opened the current turn (identity.turn_opener): its repeats open none
-
-    def doc(self) -> dict:
-        return {"session_id": self.session_id, "source": self.source, "requests": sum(self.requests.values()),
-                "by_endpoint": dict(self.requests), "turns": self.turns, "subagents": sorted(self.subagents),
-                "in_flight": self.in_flight, "first_seen": self.first_s, "last_seen": self.last_s}
-
-
-class Sessions:
-    """The identified agents the door has seen, the most recently seen ``limit`` of them."""
-
-    def __init__(self, limit: int = MAX_SESSIONS):
-        self.limit = limit
-        self.known: OrderedDict[str, Session] = OrderedDict()  # namespaced id -> session
-
-    def seen(self, who: Identity, owner: str, kind: str) -> Session:
-        now = time.time()
-        s = self.known.get(who.agent_id)
-        if s is None:
-            s = self.known[who.agent_id] = Session(who.given, owner, who.source, now, now)
-            while len(self.known) > self.limit:
-                self.known.popitem(last=False)
-        self.known.move_to_end(who.agent_id)
-        s.last_s = now
-        s.requests[kind] = s.requests.get(kind, 0) + 1
-        s.turns += who.turn_start
-        if who.turn_start:
-            s.opener = who.opener
-        if who.subagent is not None and len(s.subagents) < 1024:
-            s.subagents.add(who.subagent)
-        return s
-
-    def of(self, owner: str) -> list[Session]:
-        return [s for s in self.known.values() if s.owner == owner]
-
-
 class Door:
-    """The checks above, on ``holder.manager`` (an ``AgentManager``: its settings, rate limit and
-    counts; looked up per request, since a vLLM plugin builds it after the app)."""
+    """The checks above, on ``holder.manager``'s ``admission`` (``admission.Admission``: the limits,
+    the counts and the sessions seen, through its methods); its requests are counted for
+    ``/metrics`` in the manager's ``counts``. The manager is looked up per request, since a vLLM
+    plugin builds it after the app."""
 
     def __init__(self, app, holder):
         self.app, self.holder = app, holder
@@ -149,7 +101,8 @@ class Door:
                 manager = self.holder.manager  # vLLM's /metrics: the policy read now, for the collector
                 if manager is not None:
                     try:
-                        self.holder.policy_state = await manager.backend.state()
+                        await manager.watch.read()  # the per-tenant state, read at most once a second
+                        self.holder.policy_state = await manager.backend.state()  # the clock, read now
                     except Exception:  # noqa: BLE001  (an engine going away: vLLM's metrics still answer)
                         self.holder.policy_state = None
             return await self.app(scope, receive, send)
@@ -191,20 +144,9 @@ class Door:
             scope = dict(scope, headers=[(k, v) for k, v in scope["headers"]
                                          if k not in (b"x-session-id", b"content-length")]
                          + [(b"content-length", str(len(body)).encode())])
-            hold = manager.sessions.seen(who, client.owner, kind) if who.agent_id is not None else None
-        manager.count_request(kind)
-        owner = client.owner
-        manager.requests_in_flight += 1
-        manager.owner_requests[owner] = manager.owner_requests.get(owner, 0) + 1
-        if hold is not None:
-            hold.in_flight += 1
-
-        @once
-        def release() -> None:
-            manager.requests_in_flight -= 1
-            manager.owner_requests[owner] -= 1
-            if hold is not None:
-                hold.in_flight -= 1
+            hold = manager.admission.sessions.seen(who, client.owner, kind) if who.agent_id is not None else None
+        manager.counts.request(kind)
+        release = manager.admission.open_request(client.owner, hold)
 
         async def tracked(message):
             if message["type"] == "http.response.body" and not message.get("more_body"):
@@ -219,7 +161,7 @@ class Door:
     @staticmethod
     def _check(path: str, kind: str, doc: dict, scope, client, manager):
         """Identity written into ``doc``; or the refusal ``(status, message, param, headers)``."""
-        settings = manager.settings
+        admission = manager.admission
         outer, name = EXTRA_ARGS_AT.get(path, (None, "vllm_xargs"))
         holder = doc.get(outer) if outer else doc
         if not isinstance(holder, dict):  # vLLM refuses the body itself
@@ -233,15 +175,9 @@ class Door:
             who = identify(headers, doc, client.owner)
         except IdentityError as exc:
             return 400, str(exc), exc.field, None
-        if manager.requests_in_flight >= settings.max_requests_in_flight:
-            return (503, f"{manager.requests_in_flight} requests are in flight, this server's limit; retry later.",
-                    None, retry_after(1))
-        mine = manager.owner_requests.get(client.owner, 0)
-        if mine >= settings.key_requests_in_flight:
-            return 429, f"your key has {mine} requests in flight, its limit; retry later.", None, retry_after(1)
-        if (wait := manager.rate.take(client.owner)) is not None:
-            return (429, f"your key's rate limit ({settings.key_rate:g} requests a second); retry later.", None,
-                    retry_after(wait))
+        if (refused := admission.refuse_request(client.owner)) is not None:
+            status, message, retry = refused
+            return status, message, None, retry
         given = dict(xargs or {})
         given.pop("session_id", None)
         if who.agent_id is not None:
@@ -252,7 +188,7 @@ class Door:
                 given.pop(TURN_START, None)
                 if opens_turn(kind, doc, who.subagent, headers):
                     opener = turn_opener(kind, doc)
-                    known = manager.sessions.known.get(who.agent_id)
+                    known = admission.sessions.get(who.agent_id)
                     if known is None or opener is None or known.opener != opener:  # not a retry, nor a side request
                         given[TURN_START] = True
                         who = replace(who, opener=opener)

@@ -7,7 +7,7 @@ session under ``X-Parent-Session-Id`` (its ``X-Session-ID``). Every id is checke
 string of 1-256 printable characters; 400 naming the header or field otherwise) and lives in the
 key's own namespace (``owner/id``): two keys sending the same id name two agents, so an id is
 used for correlation only, never to authorize anything. A request that carries none is an agent of
-its own. docs/server.md, "Who a request belongs to", has the table for users.
+its own. docs/reference.md, "Who a request belongs to", has the table for users.
 
 A source whose third column is ``session`` names a session (docs/sessions.md): the door marks its
 requests ``session`` and reads from each body whether it opens a user turn (``opens_turn``). The

@@ -1,14 +1,15 @@
 """API keys: who a client is, which tenant it belongs to, and whether it may set prices.
 
 Keys come from ``--api-key KEY`` (repeatable; each key its own tenant, weight 1) and
-``--api-keys FILE``, one key a line, ``KEY [TENANT [WEIGHT]] [trusted]``::
+``--api-keys FILE``, one key a line, ``KEY [TENANT WEIGHT] [trusted] [admin]``::
 
-    # key                     tenant     weight   [trusted]
+    # key                     tenant     weight   [trusted] [admin]
     sk-team-a-1b9f...         team-a     2
     sk-team-a-c03e...         team-a     2
     sk-alice-9d2a...                               (a tenant of its own, weight 1)
     sk-bob-5e7a...            -          3        (a tenant of its own, weight 3)
     sk-frontend-77c1...       frontends  1        trusted
+    sk-ops-41aa...            ops        1        admin
 
 Blank lines and lines starting with ``#`` are skipped. A client sends its key as vLLM's OpenAI
 server expects, ``Authorization: Bearer KEY``. Keys are compared in constant time (``hmac``), every
@@ -25,7 +26,9 @@ What a key gives:
   key file names a tenant, which several keys may share;
 - **trust**: only a ``trusted`` key (a front end that prices requests itself) may send
   ``agent_cost``, ``request_cost``, ``agent_weight`` or ``tenant`` in ``vllm_xargs``; anyone else
-  gets 400 naming the field.
+  gets 400 naming the field;
+- **admin**: an ``admin`` key sees every tenant on the live page and its state endpoint
+  (``/justitia``, ``/justitia/state``); any other key sees its own tenant only.
 
 With no key configured the server is open (the embedded default, on loopback): every client is
 the one anonymous, untrusted owner, and the server logs that it is open.
@@ -42,6 +45,7 @@ from pathlib import Path
 from justitia.core import is_positive_finite
 
 OPEN_OWNER = "open"
+KEY_FLAGS = ("trusted", "admin")  # what may follow a key (and its tenant and weight) in a key file
 
 
 class KeyFileError(ValueError):
@@ -56,6 +60,7 @@ class Client:
     tenant: str | None = None
     weight: float = 1.0
     trusted: bool = False
+    admin: bool = False  # sees every tenant's figures (the live page)
 
 
 ANONYMOUS = Client(OPEN_OWNER)
@@ -101,12 +106,14 @@ class KeyRing:
                 if not fields or fields[0].startswith("#"):
                     continue
                 where = f"--api-keys {path}:{no}"
-                trusted = len(fields) in (2, 4) and fields[-1] == "trusted"
-                if trusted:
-                    fields = fields[:-1]
-                if len(fields) > 3:
-                    raise KeyFileError(f"{where}: expected 'KEY [TENANT [WEIGHT]] [trusted]', got "
-                                       f"{len(fields) + trusted} fields.")
+                head = 1 if len(fields) < 2 or fields[1] in KEY_FLAGS else 3  # KEY alone, or KEY TENANT WEIGHT
+                flags = fields[head:]
+                if len(fields) == 2 and fields[1] not in KEY_FLAGS:
+                    head, flags = 2, []  # KEY TENANT: weight 1
+                if any(f not in KEY_FLAGS for f in flags) or len(set(flags)) < len(flags):
+                    raise KeyFileError(f"{where}: expected 'KEY [TENANT WEIGHT] [trusted] [admin]', got "
+                                       f"{' '.join(fields[1:])!r} after the key.")
+                fields = fields[:head]
                 key, tenant, weight = (fields + ["-", "1"][len(fields) - 1:])[:3]
                 _check_key(key, where)
                 if tenant == "-":
@@ -121,7 +128,7 @@ class KeyRing:
                     raise KeyFileError(f"{where}: the weight must be a finite number > 0, got '{weight}'.")
                 if key in entries:
                     raise KeyFileError(f"{where}: this key is listed twice.")
-                entries[key] = Client(_owner_id(key), tenant, w, trusted)
+                entries[key] = Client(_owner_id(key), tenant, w, "trusted" in flags, "admin" in flags)
         return cls(entries)
 
     def authenticate(self, authorization: str | None) -> Client | None:

@@ -17,7 +17,7 @@ import time
 
 from starlette.exceptions import HTTPException
 
-from justitia.backends.wire import error_doc
+from justitia.server.errors import answer, error_doc
 
 
 class BodyTooLarge(HTTPException):
@@ -37,16 +37,13 @@ def body_too_large(request, exc: BodyTooLarge):
 
 INFERENCE_PATHS = {"/v1/chat/completions": "chat", "/v1/completions": "completions", "/v1/responses": "responses",
                    "/v1/messages": "messages", "/v1/chat/completions/batch": "chat", "/inference/v1/generate": "generate"}
-async def answer(send, status: int, doc: dict, headers: list | None = None) -> None:
-    body = json.dumps(doc).encode()
-    await send({"type": "http.response.start", "status": status,
-                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
-                            *(headers or [])]})
-    await send({"type": "http.response.body", "body": body})
+
+
+KEYED_PATHS = ("/justitia/state",)  # beside every /v1/ path: what a key must be sent to (the page itself is open)
 
 
 class Authenticate:
-    """Every ``/v1/`` route needs a client ``keys`` knows (401 otherwise, before the body is read);
+    """Every ``/v1/`` route, and the live page's state (``KEYED_PATHS``), needs a client ``keys`` knows (401 otherwise, before the body is read);
     the client goes to ``request.state.client``. The key comes as ``Authorization: Bearer KEY``
     (OpenAI's and vLLM's way) or, with no ``Authorization`` header, as Anthropic's ``x-api-key: KEY``
     (what Claude Code sends with ``ANTHROPIC_API_KEY``)."""
@@ -55,7 +52,7 @@ class Authenticate:
         self.app, self.keys = app, keys
 
     async def __call__(self, scope, receive, send):
-        if scope["type"] == "http" and scope["path"].startswith("/v1/"):
+        if scope["type"] == "http" and (scope["path"].startswith("/v1/") or scope["path"] in KEYED_PATHS):
             headers = dict(scope["headers"])
             header = headers.get(b"authorization", b"").decode("latin-1")
             if not header and b"x-api-key" in headers:

@@ -1,19 +1,67 @@
-"""``GET /metrics``: the server's state in the Prometheus text format."""
+"""``GET /metrics``: the server's state in the Prometheus text format (``prometheus_text``), from
+what the server counts as it happens (``Counts``: the agent manager's ``counts``)."""
 
 from __future__ import annotations
 
+import contextlib
+
 from justitia.core import PolicyState
-from justitia.server.agents import JCT_BUCKETS, AgentManager
 from justitia.backends.base import metric_lines as _metric
+from justitia.server.runs import TERMINAL
+
+JCT_BUCKETS = (0.1, 0.25, 0.5, 1, 2.5, 5, 10, 25, 50, 100, 250, 500, float("inf"))
+MAX_METRIC_TYPES = 64  # agent types with series of their own in /metrics; the rest are counted as "other"
 
 
-def prometheus_text(manager: AgentManager, state: PolicyState) -> str:
-    """The exposition: agents, requests, the policy that orders the engine and its clock, the
-    predictor's latency, JCTs per type, then the backend's own lines (queues, replicas)."""
-    m, backend = manager, manager.backend
+class Counts:
+    """What ``/metrics`` reports of a server's agents and requests, counted as they happen."""
+
+    def __init__(self):
+        self.finished: dict[str, int] = {s: 0 for s in TERMINAL}
+        self.jct: dict[str, list[int]] = {}  # type -> counts per JCT_BUCKETS (cumulative at export)
+        self.jct_sum: dict[str, float] = {}
+        self.predict_s, self.predictions = 0.0, 0
+        self.requests: dict[str, int] = {"agents": 0, "chat": 0, "completions": 0, "responses": 0, "messages": 0}
+        self.tasks_in_flight = 0
+
+    def request(self, endpoint: str) -> None:
+        self.requests[endpoint] += 1
+
+    def submission(self, predict_s: float) -> None:
+        """An agent or a session's turn taken: its request and its prediction."""
+        self.predict_s += predict_s
+        self.predictions += 1
+        self.request("agents")
+
+    @contextlib.contextmanager
+    def task(self):
+        """One agent-API request in the engine, while this lasts."""
+        self.tasks_in_flight += 1
+        try:
+            yield
+        finally:
+            self.tasks_in_flight -= 1
+
+    def ended(self, status: str, agent_type: str | None = None, jct_s: float | None = None) -> None:
+        """An agent that ended with ``status``; its job completion time, if it counts toward them,
+        under its type (the first ``MAX_METRIC_TYPES`` types seen; "other" after them)."""
+        self.finished[status] += 1
+        if jct_s is None:
+            return
+        label = agent_type if agent_type in self.jct or len(self.jct) < MAX_METRIC_TYPES else "other"
+        counts = self.jct.setdefault(label, [0] * len(JCT_BUCKETS))
+        counts[next(k for k, b in enumerate(JCT_BUCKETS) if jct_s <= b)] += 1
+        self.jct_sum[label] = self.jct_sum.get(label, 0.0) + jct_s
+
+
+def prometheus_text(manager, state: PolicyState) -> str:
+    """The exposition of ``manager`` (the ``AgentManager``): agents, requests, the policy that orders
+    the engine and its clock, the predictor's latency, JCTs per type, then the backend's own lines
+    (queues, replicas)."""
+    m, backend = manager.counts, manager.backend
     lines = [
         *_metric("agents_in_flight", "gauge", "Agents submitted and not yet done, failed or cancelled.",
-                 f"justitia_agents_in_flight {m.in_flight()}"),
+                 f"justitia_agents_in_flight {manager.in_flight()}"),
         *_metric("tasks_in_flight", "gauge", "Agent-API requests sent to the engine and not finished.",
                  f"justitia_tasks_in_flight {m.tasks_in_flight}"),
         *_metric("agents_finished_total", "counter", "Agents that ended, by how.",
@@ -51,6 +99,8 @@ def prometheus_text(manager: AgentManager, state: PolicyState) -> str:
             lines.append(f'justitia_agent_jct_seconds_bucket{{type="{agent_type}",le="{le}"}} {running}')
         lines.append(f'justitia_agent_jct_seconds_sum{{type="{agent_type}"}} {m.jct_sum[agent_type]:.6f}')
         lines.append(f'justitia_agent_jct_seconds_count{{type="{agent_type}"}} {running}')
+    if manager.watch.last is not None:  # the per-tenant series, as the watch last read them (at most 1 s ago)
+        lines += manager.watch.metric_lines()
     return "\n".join(lines + backend.metrics_lines()) + "\n"
 
 

@@ -16,7 +16,7 @@ Configuration: the scheduler reads ``JUSTITIA_POLICY`` and the other ``JUSTITIA_
 (``justitia.defaults``); this plugin reads ``JUSTITIA_SERVE``, a JSON object (``serve_config``):
 ``predictor`` (default ``online``), ``predictor_state`` (where ``online`` keeps what it learned, or
 null), ``api_keys``, ``api_keys_file``, ``journal`` (a path, or false) and ``limits`` (the
-``agents.Settings`` fields). ``justitia serve`` sets both; docs/server.md has the recipe for a
+``agents.Settings`` fields). ``justitia serve`` sets both; docs/deploy.md has the recipe for a
 ``vllm serve`` command line.
 """
 

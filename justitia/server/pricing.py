@@ -1,7 +1,7 @@
 """How the server prices what a client submits: the prompts tokenized (in the model's chat
 template), each checked against the context, and the agent's predicted cost, raised to what its
 ``ignore_eos`` tasks will surely cost and capped by what its tasks could cost at most
-(docs/server.md, "prices"). It reads only the request; the engine never sees a client's price.
+(docs/reference.md, "Keys, owners and prices"). It reads only the request; the engine never sees a client's price.
 """
 
 from __future__ import annotations
@@ -82,7 +82,7 @@ class Pricer:
 
     def priced(self, agent_id: str, spec: AgentSpec, client: Client) -> tuple[AgentProcess, list[list[int]], float]:
         """``_process`` and its price (and how long the predictor took), in one trip to a worker
-        thread. The rule (docs/server.md, "prices"): a task's KV token-time is at most ``p*m + m^2/2``
+        thread. The rule (docs/reference.md, "Keys, owners and prices"): a task's KV token-time is at most ``p*m + m^2/2``
         for its prompt's ``p`` tokens and ``m = max_tokens`` (its bound), and exactly that with
         ``ignore_eos``. The price is the predictor's, raised to what the ``ignore_eos`` tasks will
         cost (whatever a predictor reads of their text) and never above the sum of every task's

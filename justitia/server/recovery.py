@@ -1,4 +1,5 @@
-"""A server's restart: the journal reloaded (``AgentManager.recover``). Finished agents answer as
+"""A server's restart: the journal reloaded (``AgentManager.recover``), through the manager's
+``register``, ``launch``, ``remember`` and ``ended_before``. Finished agents answer as
 before; unfinished ones run again from their first stage not fully answered, same id and owner,
 registered again in their old tags' order with what GPS still owed them (``journal.resume_order``);
 a session waits again (its next turn is registered when it comes), or runs its current turn again,
@@ -40,16 +41,11 @@ async def recover(manager) -> tuple[int, int]:
     for rec in records:
         run = await _restore(manager, rec)
         if rec.idempotency_key is not None:
-            done = asyncio.get_running_loop().create_future()
-            done.set_result(run)
-            manager.idempotent[(rec.owner, rec.idempotency_key)] = done
+            manager.remember(rec.owner, rec.idempotency_key, run)
         if rec.status in TERMINAL:
             run.status, run.error = rec.status, rec.error
             run.finish_s = (rec.finish_wall or rec.arrival_wall) - manager.wall(0.0)
-            manager.agents[run.agent_id] = run
-            manager.finished[run.status] += 1
-            run.emit(run.status, **({"error": run.error} if run.error else {}))
-            manager._keep(run)
+            manager.ended_before(run)
             finished += 1
             continue
         waiting[rec.agent_id] = run, None if run.status == "waiting" else _answered(run.outputs, run.base)
@@ -59,7 +55,7 @@ async def recover(manager) -> tuple[int, int]:
     for rec, owed in resume_order(priced):  # in their old order, each registered before the next
         run, answered = waiting[rec.agent_id]
         if run.status != "waiting":  # (a waiting session's next turn registers it)
-            v = await manager._register(run, owed)
+            v = await manager.register(run, owed)
             run.turn_opened = run.session
             try:  # its stamps in this run's clock, for a later restart
                 await manager.journal.stamped(run.agent_id, run.virtual_finish, v)
@@ -69,7 +65,7 @@ async def recover(manager) -> tuple[int, int]:
         if answered is not None:
             part = bool(answered) and None in answered[-1]
             event["resumed_after_stage"] = run.base + len(answered) - 1 - part
-        manager._launch(run, answered, **event)
+        manager.launch(run, answered, **event)
     log.info(json.dumps({"event": "journal_recovered", "journal": str(manager.journal.path),
                          "finished": finished, "resumed": len(waiting)}))
     return finished, len(waiting)

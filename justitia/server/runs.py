@@ -37,6 +37,8 @@ class Settings:
     key_burst: int = 0  # the rate limit's burst (0: one second's worth, at least 1)
     max_requests_in_flight: int = 1024  # OpenAI requests in all (beyond: 503)
     max_streams_per_agent: int = 8  # open event streams of one agent
+    metrics_window_s: float = 300.0  # the window of /metrics' and the live page's shares
+    metrics_tenants: int = 10  # tenants with /metrics series of their own; the rest are "other"
     # a stage's pause_s, waited by the server: at most the engine's idle release, so that no agent is
     # released while it waits (a session's pause inside a turn keeps its place for session_keep_s)
     max_pause_s: float = AGENT_IDLE_S

@@ -1,5 +1,5 @@
 """A session over the agent API: turns its client submits one by one under one agent id
-(docs/server.md, "Sessions over the agent API").
+(docs/reference.md, "Sessions over the agent API").
 
 A session (``"session": true``) runs its first turn's stages as an agent does. When they are all
 answered it does not finish: it **waits** for its client (status ``waiting``), paused in the engine
@@ -125,9 +125,7 @@ async def continue_session(manager, run: AgentRun, turn: TurnSpec) -> AgentRun:
             run.status = "waiting"
             run.turn_ready.set()
             raise
-    manager.predict_s += predict_s
-    manager.predictions += 1
-    manager.count_request("agents")
+    manager.counts.submission(predict_s)
     run.turns.append(new)
     run.outputs += [[None] * len(stage) for stage in turn.stages]
     run.process, run.first_ids, run.turn_opened = process, first, False
@@ -145,7 +143,7 @@ async def register_turn(manager, run: AgentRun) -> None:
     the turn's price; after a restart it arrives), its stamps journaled; if that fails, its first
     request opens the turn (``turn_start``)."""
     try:
-        v = await manager._register(run)
+        v = await manager.register(run)
     except Exception as exc:  # noqa: BLE001  (the turn's first request opens it instead)
         log.warning(json.dumps({"event": "register_failed", "agent_id": run.agent_id, "error": str(exc)}))
         return

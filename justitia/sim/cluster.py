@@ -7,7 +7,7 @@ stage's requests share the prefix ``agent/stage``, but the simulator models no p
 affinity only changes where requests go). Justitia keeps its clock one of two ways (``clock``):
 
     global   one front-end core runs justitia and only stamps (requests arrive there and are
-             dequeued at once, as ``AgentBook.tagging`` does); every request carries its agent's tag
+             dequeued at once, as a front end's ``AgentBook.tag`` does); every request carries its agent's tag
              to whichever engine serves it, and each engine runs ``tagged`` (orders by the tags).
              The front's M is the sum of the engines' (each engine's meter measures what it
              delivers, read at every agent arrival), or N x the formula's M.

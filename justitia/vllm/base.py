@@ -28,7 +28,8 @@ from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.engine.core import EngineCore
 from vllm.v1.request import Request
 
-from justitia.core import ENGINE_UTILITY, RESET, ControlCall, prefill_attention, step_delivered
+from justitia.core import ENGINE_UTILITY, RESET, ControlCall
+from justitia.vllm.accounting import StepDelivered, prefill_attention, step_delivered
 from justitia.vllm.steplog import StepLogWriter, StepRow
 
 logger = init_logger("vllm.justitia")  # under "vllm": vLLM configures handlers for that tree only
@@ -66,7 +67,7 @@ class StepLogScheduler(Scheduler):
     Built with async scheduling on (vLLM's default on a GPU), the class makes itself a subclass of
     vLLM's ``AsyncScheduler`` as well (``__new__``: ``AsyncStepLogScheduler``,
     ``JustitiaAsyncScheduler``), so the step in flight is vLLM's to handle; a step is read when it is
-    scheduled, its tokens in flight counted (``core.step_delivered``'s ``ahead``), and written out
+    scheduled, its tokens in flight counted (``accounting.step_delivered``'s ``ahead``), and written out
     when its own output comes back, a later step already scheduled or not."""
 
     def __new__(cls, *args, **kwargs):
@@ -80,7 +81,7 @@ class StepLogScheduler(Scheduler):
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
-        # async scheduling: a sampling request's placeholders per step (core.step_delivered's ahead)
+        # async scheduling: a sampling request's placeholders per step (accounting.step_delivered's ahead)
         self._ahead = getattr(self, "num_sampled_tokens_per_step", 1) if isinstance(self, AsyncScheduler) else 0
         self._step_log = None
         self._open_step_log(None)
@@ -129,7 +130,7 @@ class StepLogScheduler(Scheduler):
     def _before_step(self, now_s: float) -> None:
         """A subclass's work before vLLM schedules a step."""
 
-    def _after_step(self, now_s: float, waiting: int, output) -> tuple | None:
+    def _after_step(self, now_s: float, waiting: int, output) -> StepDelivered | None:
         """A subclass's work after vLLM scheduled a step; it may return the step's ``step_delivered``."""
         return None
 
@@ -143,7 +144,8 @@ class StepLogScheduler(Scheduler):
         delivered = self._after_step(now_s, waiting, output)
         if self._step_log is not None:
             ahead, scheduled = self._ahead, output.num_scheduled_tokens
-            _, _, kv, prefills, ctx = delivered or step_delivered(self.requests, scheduled, ahead)
+            step = delivered or step_delivered(self.requests, scheduled, ahead)
+            kv, prefills, ctx = step.kv_tokens, step.prefills, step.context_tokens
             attention = prefill_attention(self.requests, scheduled, ahead) if prefills else 0
             self._steps.append((output, (now_s, output.total_num_scheduled_tokens, ctx, prefills,
                                          len(scheduled) - prefills, waiting, kv, time.perf_counter() - t_sched,

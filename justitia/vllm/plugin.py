@@ -35,6 +35,10 @@ scheduler internals it relies on are not a public interface, so importing either
 other version. Importing this one also installs the base's control utility on vLLM's ``EngineCore``,
 and the names users give vLLM stay here: ``--scheduler-cls justitia.vllm.plugin.StepLogScheduler``
 runs the base.
+
+The file is longer than the house's 400 lines: vLLM's scheduler is one class, and every override
+here (the queues, the step's charges, the control calls) reads the same policy state of that
+class; the step accounting itself lives in ``accounting``, the prices of bursts in ``pricer``.
 """
 
 from __future__ import annotations
@@ -49,7 +53,8 @@ from vllm.v1.request import Request
 
 from justitia.core import (KV_PREFIX, REGISTER, RESET, RETIRE, STATE, WINDOW_STEPS, AgentBook, AgentInfo, CostDist,
                            AgentScheduler, Charge, ControlCall, RequestMeta, calibrated_capacity, capacity_per_s,
-                           cost_model, prefix_step_charges, step_charges, step_delivered)
+                           cost_model)
+from justitia.vllm.accounting import StepDelivered, prefix_step_charges, step_charges, step_delivered
 from justitia.defaults import DOOR_KEY, policy_settings
 from justitia.vllm.base import ASYNC_VARIANTS, StepLogScheduler, logger
 from justitia.vllm.pricer import BurstPricer
@@ -206,7 +211,7 @@ class JustitiaScheduler(StepLogScheduler):
         """Fresh policy state and clock (at start-up, or on a ``reset`` of an idle engine)."""
         window = WINDOW_STEPS * self.iteration_s if measure else None
         self.core = AgentScheduler.for_policy(policy, capacity, cost, window, retag)
-        self.book = AgentBook(self.core, cost, self.idle_release_s, logger, self.session_keep_s)
+        self.book = AgentBook(self.core, cost, self.idle_release_s, self.session_keep_s)
         # what the policy needs from each step, read once (they are fixed for a policy)
         traits = self.core.traits
         # charged every step if the policy reads service, or to retag agents charged beyond their price
@@ -220,7 +225,7 @@ class JustitiaScheduler(StepLogScheduler):
         self._open_step_log(step_log)  # the policy's clock starts with the step log's
 
     def _block_lists(self) -> tuple | None:
-        """Under ``kv-prefix``, what splits a shared block (``core.prefix_step_charges``): vLLM's
+        """Under ``kv-prefix``, what splits a shared block (``accounting.prefix_step_charges``): vLLM's
         per-request block lists of its first KV cache group (``kv_cache_manager.coordinator
         .single_type_managers[0].req_to_blocks``, request id -> ``KVCacheBlock`` list in token order)
         and that group's tokens per block. None where nothing is shared: prefix caching off (then the
@@ -260,7 +265,9 @@ class JustitiaScheduler(StepLogScheduler):
                 self._released(agent_id)
             return released
         if call.verb == STATE:
-            return self.book.state(now).to_json()
+            detail = args.get("detail") is True
+            waiting = [request.request_id for request in list(self.waiting)] if detail else ()
+            return self.book.state(now, detail, args.get("bound_s"), waiting).to_json()
         if call.verb == RESET:
             if self.requests or self.book.open_count:
                 logger.warning("justitia: reset refused: the engine is not idle")
@@ -367,7 +374,7 @@ class JustitiaScheduler(StepLogScheduler):
             self._busy_step = None
         return outputs
 
-    def _after_step(self, now_s: float, waiting: int, output) -> tuple | None:
+    def _after_step(self, now_s: float, waiting: int, output) -> StepDelivered | None:
         """The service vLLM scheduled, charged; a step in which requests waited, kept to measure M."""
         if self._kv_blocks is not None:
             return self._after_prefix_step(now_s, waiting, output)
@@ -377,14 +384,13 @@ class JustitiaScheduler(StepLogScheduler):
                 self.core.charge(info, Charge(p, d, kv), now_s)
         if self._measure and waiting > 0:
             delivered = step_delivered(self.requests, output.num_scheduled_tokens, self._ahead)
-            p, d, kv, _, _ = delivered
-            self._busy_step = (now_s, Charge(p, d, kv))
+            self._busy_step = (now_s, Charge(delivered.prefill_tokens, delivered.samples, delivered.kv_tokens))
             return delivered
         return None
 
-    def _after_prefix_step(self, now_s: float, waiting: int, output) -> tuple | None:
+    def _after_prefix_step(self, now_s: float, waiting: int, output) -> StepDelivered | None:
         """``_after_step`` under ``kv-prefix``: each request's KV token-time, a full block that ``n``
-        requests of this step hold at once counted ``1/n`` to each (``core.prefix_step_charges``;
+        requests of this step hold at once counted ``1/n`` to each (``accounting.prefix_step_charges``;
         nothing shared: ``_after_step``'s charges exactly); the meter reads the KV its sampling
         requests were charged, shared blocks split as charged. The step log's KV column stays the
         tokens each holds."""
@@ -416,8 +422,8 @@ class JustitiaScheduler(StepLogScheduler):
                 self.core.charge(info, Charge(p, d, kv), now_s)
         if measure:
             delivered = step_delivered(self.requests, scheduled, self._ahead)
-            p, d, kv, _, _ = delivered
-            self._busy_step = (now_s, Charge(p, d, kv - saved if saved else kv))
+            kv = delivered.kv_tokens
+            self._busy_step = (now_s, Charge(delivered.prefill_tokens, delivered.samples, kv - saved if saved else kv))
             return delivered
         return None
 

@@ -34,7 +34,7 @@ class StepRow:
     sched_us: int | None = None  # microseconds in the scheduler's schedule and update_from_output (vLLM's too)
     arrived_before: int | None = None  # new requests the engine took in since the previous step
     finished: int | None = None  # requests that ended (finished or aborted) in the step
-    prefill_attention: int | None = None  # the prefill chunks' attention pairs (core.prefill_attention), summed
+    prefill_attention: int | None = None  # the prefill chunks' attention pairs (accounting.prefill_attention), summed
 
     def line(self) -> str:
         """The row as a step-log line (its fields up to the first missing one), newline included."""

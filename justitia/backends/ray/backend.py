@@ -34,7 +34,8 @@ from pathlib import Path
 from justitia.core import KV, STATIC_POLICY_NAMES, capacity_per_s
 from justitia.defaults import policy_settings
 from justitia.backends.ray.replica import EngineDead
-from justitia.backends.base import DEADLINE, BackendError, BackendInterrupted, Output, Sampling, metric_lines
+from justitia.backends.base import (DEADLINE, BackendError, BackendInterrupted, ForwardRefused, Output, Sampling,
+                                    metric_lines)
 from justitia.backends.tagging import TaggingBackend
 
 log = logging.getLogger("justitia.server")
@@ -230,9 +231,9 @@ class RayBackend(TaggingBackend):
         again while no byte came back and the replica (or its engine) died or was unavailable, till
         ``RETRY_FOR_S``."""
         from ray.exceptions import RayTaskError
-        from starlette.responses import JSONResponse, StreamingResponse
+        from starlette.responses import StreamingResponse
 
-        from justitia.backends.wire import error_doc, once, prompt_text
+        from justitia.backends.wire import once, prompt_text
 
         outer, name = ("sampling_params", "extra_args") if kind == "generate" else (None, "vllm_xargs")
         holder = doc[outer] if outer else doc
@@ -267,13 +268,11 @@ class RayBackend(TaggingBackend):
                         if not isinstance(exc, RayTaskError):
                             raise
                         end()
-                        return JSONResponse(error_doc(kind, 502, f"the replica failed the request: "
-                                                                 f"{str(exc).splitlines()[0][:300]}"), status_code=502)
+                        raise ForwardRefused(502, f"the replica failed the request: {str(exc).splitlines()[0][:300]}")
                     if time.monotonic() + wait > deadline:
                         end()
-                        return JSONResponse(error_doc(kind, 503, f"no live replica could serve it in {RETRY_FOR_S:g} s "
-                                                                 f"({tries} tries); retry later."),
-                                            status_code=503, headers={"Retry-After": "5"})
+                        raise ForwardRefused(503, f"no live replica could serve it in {RETRY_FOR_S:g} s ({tries} tries); "
+                                                  f"retry later.", {"Retry-After": "5"})
                     self.retried += 1
                     log.warning(json.dumps({"event": "replica_failed", "request_id": request_id, "action": "send again",
                                             "error": reason, "in_s": wait}))

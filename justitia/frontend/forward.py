@@ -1,11 +1,13 @@
 """The inference endpoints of a front end (``--upstream``, ``--ray``): every body that vLLM's own
 server takes, validated by vLLM's own request models and errors, then forwarded unchanged but for
-the identity the door wrote (``door.Door``) and the policy's tag.
+the identity the door wrote (``server.door.Door``) and the policy's tag.
 
 The front end prices a request before any engine has tokenized it: the text of its prompt fields
 (messages, prompt, input, system, instructions, tools) through the model's tokenizer, and its
 ``max_completion_tokens`` / ``max_tokens`` / ``max_output_tokens`` (the rest of the context when it
-sets none), times ``n``. A backend that cannot serve an endpoint answers 501 (``Backend.forward``).
+sets none), times ``n``. What the backend refuses (``ForwardRefused``: a backend that cannot serve
+an endpoint, 501; no replica to take it, 502 or 503) is answered in the endpoint's own error shape
+(``server.errors.error_doc``).
 """
 
 # no ``from __future__ import annotations``: FastAPI must see the routes' vLLM models, imported locally
@@ -15,9 +17,11 @@ import uuid
 from argparse import Namespace
 
 from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
 
+from justitia.backends.base import ForwardRefused
 from justitia.backends.wire import prompt_text
-
+from justitia.server.errors import error_doc
 
 
 def output_budget(doc: dict, prompt_tokens: int, max_model_len: int) -> int:
@@ -50,7 +54,10 @@ def add_forwarding_routes(app: FastAPI, manager) -> None:
         tokens = len(await asyncio.to_thread(tok.encode, text)) if len(text) > 2000 else len(tok.encode(text))
         budget = output_budget(doc, tokens, manager.settings.max_model_len)
         request_id = f"{kind}-{uuid.uuid4().hex[:16]}"
-        return await manager.backend.forward(raw.url.path, kind, doc, tokens, budget, request_id)
+        try:
+            return await manager.backend.forward(raw.url.path, kind, doc, tokens, budget, request_id)
+        except ForwardRefused as exc:
+            return JSONResponse(error_doc(kind, exc.status, str(exc)), status_code=exc.status, headers=exc.headers)
 
     def route(path: str, kind: str, model) -> None:  # FastAPI validates the body with vLLM's ``model``
         async def endpoint(request: model, raw: Request):

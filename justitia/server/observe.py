@@ -1,0 +1,212 @@
+"""``Watch``: the engine's per-tenant state, read at most once a second and kept for a window, for
+``/metrics``, the live page (``/justitia``), its JSON (``/justitia/state``) and ``justitia top``
+(docs/design.md, "What the server shows").
+
+Each reading is the policy's state with detail (``Backend.state(detail=True)``: the engine's
+``AgentBook.state``, its ``core.ledger.Ledger`` included). From the readings of the last
+``window_s``:
+
+- a tenant's **share**: its service attained in the window over everyone's (until the readings
+  cover a whole window, since the engine started);
+- its **fair share**: its weight over the weights of the tenants backlogged (requests open) at a
+  reading, averaged over the readings at which it was backlogged;
+- the **bound** the engine judges bursts by: ``2 c_max + C_max / M``, ``c_max`` the longest a
+  request the server admits can hold memory (``max_model_len`` steps at the nominal iteration
+  time, the theorem's constant read as the worst case), ``C_max`` the largest price in flight.
+
+Only the ``top`` tenants with the most service attained have series of their own in ``/metrics``;
+the rest add up as ``other``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+from collections import deque
+
+from justitia.backends.base import metric_lines
+from justitia.core import BURST_BUCKETS, ERROR_BUCKETS, PolicyState
+from justitia.defaults import ITERATION_S
+
+OTHER = "other"
+
+
+def label(value: str) -> str:
+    """A label value as the text format wants it: backslash, quote and newline escaped."""
+    return str(value).replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
+class Watch:
+    """The engine's state over a window (the module's docstring)."""
+
+    def __init__(self, backend, model: str, max_model_len: int, window_s: float = 300.0, top: int = 10,
+                 every_s: float = 1.0):
+        self.backend, self.model, self.top = backend, model, top
+        self.window_s, self.every_s = window_s, every_s
+        self.c_max_s = max_model_len * ITERATION_S
+        self._readings: deque[tuple[float, PolicyState]] = deque()
+        self._read_at = -math.inf
+        self._lock = asyncio.Lock()
+
+    async def read(self) -> PolicyState:
+        """The state now, or as read less than ``every_s`` ago."""
+        async with self._lock:
+            now = time.monotonic()
+            if now - self._read_at >= self.every_s or not self._readings:
+                state = await self.backend.state(detail=True, bound_s=self._bound(self.last))
+                self._readings.append((now, state))
+                self._read_at = now
+                while len(self._readings) > 2 and self._readings[1][0] < now - self.window_s:
+                    self._readings.popleft()
+            return self._readings[-1][1]
+
+    @property
+    def last(self) -> PolicyState | None:
+        return self._readings[-1][1] if self._readings else None
+
+    def _bound(self, state: PolicyState | None) -> float | None:
+        if state is None or not state.tenants or not state.capacity_per_s:
+            return None
+        price = max((t.get("price_max", 0.0) for t in state.tenants.values()), default=0.0)
+        return 2 * self.c_max_s + price / state.capacity_per_s
+
+    # ---------------------------------------------------------------------------- figures
+    def tenants(self) -> list[dict]:
+        """Every tenant's figures now and over the window, the most service in the window first."""
+        if not self._readings:
+            return []
+        (t0, first), (t1, last) = self._readings[0], self._readings[-1]
+        bound = self._bound(last)
+        fair: dict[str, list[float]] = {}
+        for _, state in self._readings:
+            backlogged = {name: t.get("weight", 1.0) for name, t in (state.tenants or {}).items() if t.get("requests")}
+            total = sum(backlogged.values())
+            for name, weight in backlogged.items():
+                fair.setdefault(name, []).append(weight / total)
+        # the window's start: the oldest reading once the readings cover the window; until then (a
+        # young server, or one nobody read before), the engine's start, when every total was 0
+        before = (first.tenants or {}) if t0 <= t1 - self.window_s else {}
+        served = {name: max(0.0, t["service"] - before.get(name, {}).get("service", 0.0))
+                  for name, t in (last.tenants or {}).items()}
+        everyone = sum(served.values())
+        rows = []
+        for name, t in (last.tenants or {}).items():
+            late = t.get("late_s")
+            rows.append({
+                "tenant": name, "weight": t.get("weight"), "service": t["service"], "service_window": served[name],
+                "share": served[name] / everyone if everyone > 0 else None,
+                "fair_share": sum(fair[name]) / len(fair[name]) if name in fair else None,
+                "waiting": t.get("waiting", 0), "requests": t.get("requests", 0),
+                "agents": t.get("agents", 0), "sessions": t.get("sessions", 0),
+                "late_s": late, "margin_s": None if late is None or bound is None else bound - late,
+                "violations": t.get("violations", 0), "bursts": t.get("bursts", {}),
+                "burst_buckets": t.get("burst_buckets", {}), "burst_sum_s": t.get("burst_sum_s", {}),
+            })
+        rows.sort(key=lambda r: (-r["service_window"], -r["service"], r["tenant"]))
+        return rows
+
+    def doc(self, client=None) -> dict:
+        """The live page's JSON: every tenant for an admin key or an open server, else the key's own."""
+        state = self.last
+        rows, head = self.tenants(), list((state.head if state is not None else None) or [])
+        if client is not None and not getattr(client, "admin", False) and client.tenant is not None:
+            rows = [r for r in rows if r["tenant"] == client.tenant]
+            head = [a for a in head if a.get("tenant") == client.tenant]
+        return {
+            "model": self.model, "policy": None if state is None else state.policy,
+            "clock": None if state is None or not state.has_clock else
+            {"virtual_time": state.virtual_time, "active": state.gps_active, "capacity_per_s": state.capacity_per_s},
+            "window_s": self.window_s, "bound_s": self._bound(state),
+            "violations": sum(r["violations"] for r in self.tenants()),
+            "tenants": [{k: v for k, v in r.items() if k not in ("burst_buckets", "burst_sum_s")} for r in rows],
+            "head": head,
+        }
+
+    # ---------------------------------------------------------------------------- /metrics
+    def metric_lines(self) -> list[str]:
+        """Per-tenant series (the ``top`` busiest by name, the rest as ``other``), the bound, the
+        violations, and the price errors per type."""
+        rows = self.tenants()
+        named = sorted(rows, key=lambda r: -r["service"])[:self.top]
+        names = {r["tenant"] for r in named}
+        groups: dict[str, list[dict]] = {}
+        for r in rows:
+            groups.setdefault(r["tenant"] if r["tenant"] in names else OTHER, []).append(r)
+        model = label(self.model)
+
+        out = {k: [] for k in ("service", "share", "fair", "weight", "waiting", "agents", "sessions", "late", "margin", "viol")}
+        hist = {"turn": [], "agent": []}
+        for name_of, group in sorted(groups.items()):
+            tag = f'model_name="{model}",tenant="{label(name_of)}"'
+
+            def put(key: str, metric: str, field: str, combine=sum) -> None:
+                values = [r[field] for r in group if r[field] is not None]
+                if values:
+                    out[key].append(f"{metric}{{{tag}}} {combine(values):.6g}")
+
+            put("service", "justitia_tenant_service_total", "service")
+            put("share", "justitia_tenant_service_share", "share")
+            put("fair", "justitia_tenant_fair_share", "fair_share")
+            if name_of != OTHER:
+                put("weight", "justitia_tenant_weight", "weight", lambda v: v[0])
+            put("waiting", "justitia_tenant_requests_waiting", "waiting")
+            put("agents", "justitia_tenant_agents_in_flight", "agents")
+            put("sessions", "justitia_tenant_sessions_in_flight", "sessions")
+            put("late", "justitia_tenant_lateness_seconds", "late_s", max)
+            put("margin", "justitia_tenant_bound_margin_seconds", "margin_s", min)
+            put("viol", "justitia_tenant_bound_violations_total", "violations")
+            for kind in hist:
+                counts = [sum(r["burst_buckets"].get(kind, [0] * len(BURST_BUCKETS))[k] for r in group)
+                          for k in range(len(BURST_BUCKETS))]
+                hist[kind] += _histogram(f"justitia_tenant_{kind}_seconds", tag, BURST_BUCKETS, counts,
+                                         sum(r["burst_sum_s"].get(kind, 0.0) for r in group))
+        state = self.last
+        bound = self._bound(state)
+        lines = [
+            *metric_lines("tenant_service_total", "counter",
+                          "Service attained by the tenant's agents, in the cost model's unit (KV token-iterations under kv).",
+                          *out["service"]),
+            *metric_lines("tenant_service_share", "gauge", "The tenant's part of all service attained in the window.",
+                          *out["share"]),
+            *metric_lines("tenant_fair_share", "gauge",
+                          "The tenant's weighted share while backlogged: its weight over the backlogged tenants', averaged over the window.",
+                          *out["fair"]),
+            *metric_lines("tenant_weight", "gauge", "The tenant's weight.", *out["weight"]),
+            *metric_lines("tenant_requests_waiting", "gauge", "The tenant's requests waiting in the engine's queue.",
+                          *out["waiting"]),
+            *metric_lines("tenant_agents_in_flight", "gauge", "The tenant's agents the engine holds.", *out["agents"]),
+            *metric_lines("tenant_sessions_in_flight", "gauge", "The tenant's sessions the engine holds.", *out["sessions"]),
+            *metric_lines("tenant_lateness_seconds", "gauge",
+                          "The clock's estimate of how far the tenant's latest agent in flight is past its GPS finish (negative: ahead).",
+                          *out["late"]),
+            *metric_lines("tenant_bound_margin_seconds", "gauge",
+                          "The delay bound less the tenant's lateness: below 0, an agent is past the bound.", *out["margin"]),
+            *metric_lines("tenant_bound_violations_total", "counter",
+                          "The tenant's bursts that ended past their GPS finish by more than the bound.", *out["viol"]),
+            *metric_lines("tenant_turn_seconds", "histogram", "Completion time of sessions' turns, by tenant.", *hist["turn"]),
+            *metric_lines("tenant_agent_seconds", "histogram", "Completion time of agents (not sessions), by tenant.",
+                          *hist["agent"]),
+            *metric_lines("bound_violations_total", "counter",
+                          "Bursts that ended past their GPS finish by more than the bound.",
+                          f'justitia_bound_violations_total{{model_name="{model}"}} {sum(r["violations"] for r in rows)}'),
+        ]
+        if bound is not None:
+            lines += metric_lines("bound_seconds", "gauge", "The delay bound bursts are judged by: 2 c_max + C_max / M.",
+                                  f'justitia_bound_seconds{{model_name="{model}"}} {bound:.6g}')
+        errors = (state.errors if state is not None else None) or {}
+        lines += metric_lines("price_error_log2", "histogram",
+                              "How far each burst's price was off: log2(attained / predicted), by agent type.")
+        for agent_type, (counts, total) in sorted(errors.items()):
+            lines += _histogram("justitia_price_error_log2", f'model_name="{model}",type="{label(agent_type)}"',
+                                ERROR_BUCKETS, counts, total)
+        return lines
+
+
+def _histogram(name: str, tag: str, bounds: tuple, counts: list[int], total: float) -> list[str]:
+    out, running = [], 0
+    for bound, n in zip(bounds, counts):
+        running += n
+        le = "+Inf" if bound == float("inf") else f"{bound:g}"
+        out.append(f'{name}_bucket{{{tag},le="{le}"}} {running}')
+    return out + [f"{name}_sum{{{tag}}} {total:.6g}", f"{name}_count{{{tag}}} {running}"]
