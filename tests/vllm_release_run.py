@@ -7,6 +7,10 @@ In-process engine (``VLLM_ENABLE_V1_MULTIPROCESSING=0``) so the scheduler can be
 - agent ``quiet``: two requests that finish, but it never says ``agent_done``: released by the idle
   timeout (``JUSTITIA_AGENT_IDLE_S=0.5``) once the engine schedules again;
 - one request with no metadata at all: served as a one-request agent.
+
+The book keeps each tenant's and each agent type's figures for the server (``core.ledger``: bounded,
+one entry a tenant and a type, not an agent): a first agent of the same tenant and type runs before
+``fresh`` is read, so that what is left after the run is what every agent leaves behind.
 """
 
 import json
@@ -22,11 +26,14 @@ if __name__ == "__main__":
 
     from helpers import retained
 
-    fresh = {"core": retained(sched.core), "book": retained(sched.book)}
-
     def add(rid, tokens, meta):
         params = SamplingParams(max_tokens=tokens, ignore_eos=True, extra_args=meta)
         engine.add_request(rid, TokensPrompt(prompt_token_ids=list(range(3, 67))), params)
+
+    add("first", 8, {"agent_id": "first", "agent_cost": 1e3, "agent_done": True})  # the tenant's and type's entries
+    while engine.has_unfinished_requests():
+        engine.step()
+    fresh = {"core": retained(sched.core), "book": retained(sched.book)}
 
     for i in range(3):
         add(f"aborted-{i}", 200, {"agent_id": "aborted", "agent_cost": 3e4, "agent_done": True})
