@@ -113,7 +113,11 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=20)
     ap.add_argument("--scrape", action="store_true", help=f"a fifth server: {SCRAPED}")
     ap.add_argument("--out", type=Path, default=Path("results/flags.json"))
+    ap.add_argument("--report", type=Path, metavar="FILE", help="print the table of a saved run and exit")
     args = ap.parse_args()
+    if args.report is not None:
+        report(json.loads(args.report.read_text()))
+        return
     logs = args.out.with_suffix("")
     logs.mkdir(parents=True, exist_ok=True)
     kinds = servers(str(resolve_model("tiny")), args.scrape)
@@ -170,7 +174,14 @@ def main() -> None:
            "concurrency": args.concurrency, "sequential": args.sequential, "tokens": args.tokens,
            "rounds": args.rounds, "servers": rows, "a_a": a_a}
     args.out.write_text(json.dumps(doc, indent=1))
-    print(f"stock: the two stock servers' mean; the second over the first (A/A): {a_a:.3f}")
+    report(doc)
+
+
+def report(doc: dict) -> None:
+    """The table of a run (``--report FILE`` prints a saved one); with ``--scrape``, the scraped
+    server over the same server unscraped, round by round."""
+    rows = doc["servers"]
+    print(f"stock: the two stock servers' mean; the second over the first (A/A): {doc['a_a']:.3f}")
     print(f"{'server':30} {'req/s':>6} {'x stock':>7} {'quartiles':>11} {'p50 ms':>7} {'+p50':>6} {'p99 ms':>7} "
           f"{'alone p50':>9} {'+alone':>7}")
     for name, row in rows.items():
@@ -179,6 +190,12 @@ def main() -> None:
               f"{row['p50_ms']:7.1f} "
               f"{row['p50_added_ms']:6.1f} {row['p99_ms']:7.1f} {row['alone_p50_ms']:9.1f} "
               f"{row['alone_p50_added_ms']:7.2f}")
+    if SCRAPED in rows:
+        paired = [s / u for u, s in zip(rows["justitia serve"]["rounds_requests_per_s"],
+                                        rows[SCRAPED]["rounds_requests_per_s"])]
+        q = statistics.quantiles(paired, n=4)
+        print(f"{SCRAPED} over justitia serve unscraped, median of {len(paired)} paired rounds: "
+              f"{statistics.median(paired):.3f} (quartiles {q[0]:.3f}-{q[2]:.3f})")
 
 
 if __name__ == "__main__":

@@ -1,8 +1,8 @@
 """What `/metrics` says of each tenant, against the run's own log (``make tenant-watch``).
 
 ``justitia serve`` on the tiny model with three keyed tenants: ``batch-a`` and ``batch-b`` each
-submit ``--agents`` agents of four tasks at the start, ``stream`` submits a one-task agent every
-``--every`` seconds for the whole run. ``/metrics`` is scraped every second, as a Prometheus
+submit ``--agents`` agents of eight 128-token tasks at the start, ``stream`` submits a one-task
+agent of 32 tokens every ``--every`` seconds for the whole run. ``/metrics`` is scraped every second, as a Prometheus
 would. At the end, each tenant's share of the service is read three ways:
 
 - ``/metrics``: ``justitia_tenant_service_total`` (what the engine charged, in KV token-iterations);
@@ -10,6 +10,9 @@ would. At the end, each tenant's share of the service is read three ways:
   at ``p*d + d^2/2`` and added up per tenant;
 - the live page's JSON (``/justitia/state``, an admin key) and ``justitia top --once``, whose window
   covers the run.
+
+The server reads the engine's per-tenant state at most once a second, so the three are read a
+second after the last agent ends.
 
     python -m justitia.lab.tenant_watch --out results/tenant-watch.json
 """
@@ -61,8 +64,8 @@ def _metric_shares(text: str) -> dict[str, float]:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--agents", type=int, default=8, help="agents of each batch tenant (default 8)")
-    ap.add_argument("--every", type=float, default=0.5, help="seconds between the stream's agents (default 0.5)")
+    ap.add_argument("--agents", type=int, default=24, help="agents of each batch tenant (default 24)")
+    ap.add_argument("--every", type=float, default=0.25, help="seconds between the stream's agents (default 0.25)")
     ap.add_argument("--out", type=Path, default=Path("results/tenant-watch.json"))
     args = ap.parse_args(argv)
     keys = Path(tempfile.mkdtemp(prefix="justitia-watch-")) / "keys.txt"
@@ -84,17 +87,18 @@ def main(argv: list[str] | None = None) -> int:
         scraper.start()
         t0 = time.time()
         with ThreadPoolExecutor(64) as pool:
-            batches = [pool.submit(_run_agent, url, tenant, 4, 96, log, lock)
+            batches = [pool.submit(_run_agent, url, tenant, 8, 128, log, lock)
                        for _ in range(args.agents) for tenant in ("batch-a", "batch-b")]
             streamed = []
             while not all(f.done() for f in batches):
-                streamed.append(pool.submit(_run_agent, url, "stream", 1, 16, log, lock))
+                streamed.append(pool.submit(_run_agent, url, "stream", 1, 32, log, lock))
                 time.sleep(args.every)
             for f in batches + streamed:
                 f.result()
         wall = time.time() - t0
         done.set()
         scraper.join()
+        time.sleep(1.1)  # the server's last reading of the engine is now after the last agent ended
         text = httpx.get(url + "/metrics", timeout=30).text
         state = httpx.get(url + "/justitia/state", headers={"Authorization": f"Bearer {ADMIN}"}, timeout=30).json()
         top = subprocess.run([sys.executable, "-m", "justitia", "top", "--once", "--url", url, "--api-key", ADMIN],
