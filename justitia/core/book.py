@@ -244,11 +244,11 @@ class AgentBook:
             if standing is not None:
                 t = tenants.setdefault(self._ledger.tenant(standing.info.tenant), {"service": 0.0, "violations": 0})
                 t["waiting"] = t.get("waiting", 0) + 1
-        head.sort(key=lambda row: row[:2])
-        return dataclasses.replace(state, tenants=tenants, errors=self._ledger.errors(), head=[{"agent_id": agent_id, "tenant": s.info.tenant or NO_TENANT, "type": s.info.agent_type,
-                       "session": agent_id in self._sessions, "tag": s.virtual_finish, "predicted": s.info.predicted_cost,
-                       "attained": s.attained, "requests": s.open_requests}
-                      for _, _, agent_id, s in head[:HEAD_AGENTS]])
+        head.sort(key=lambda row: row[:2])  # by tag (arrival order under a policy without a clock)
+        head_doc = [{"agent_id": agent_id, "tenant": s.info.tenant or NO_TENANT, "type": s.info.agent_type,
+                     "session": agent_id in self._sessions, "tag": s.virtual_finish, "predicted": s.info.predicted_cost,
+                     "attained": s.attained, "requests": s.open_requests} for _, _, agent_id, s in head[:HEAD_AGENTS]]
+        return dataclasses.replace(state, tenants=tenants, errors=self._ledger.errors(), head=head_doc)
 
     # ---------------------------------------------------------------------------- requests
     def request(self, request_id: str) -> RequestInfo | None:
