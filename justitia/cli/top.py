@@ -34,7 +34,8 @@ def _pct(x) -> str:
 
 
 def render(doc: dict):
-    """The frame for one state document (``Watch.doc``), as a rich renderable."""
+    """The frame for one state document (``Watch.doc``), as a rich renderable. Names a client chose
+    (agent ids, types) go in as plain ``Text``, never as rich markup."""
     from rich.console import Group
     from rich.table import Table
     from rich.text import Text
@@ -50,7 +51,7 @@ def render(doc: dict):
         tenants.add_column(name, justify="left" if name == "tenant" else "right")
     for t in doc.get("tenants", []):
         slack = t.get("margin_s")
-        tenants.add_row(t["tenant"], _fmt(t.get("weight")), _pct(t.get("share")), _pct(t.get("fair_share")),
+        tenants.add_row(Text(t["tenant"]), _fmt(t.get("weight")), _pct(t.get("share")), _pct(t.get("fair_share")),
                         str(t.get("waiting", 0)), str(t.get("agents", 0)), str(t.get("sessions", 0)),
                         _fmt(t.get("late_s")), Text(_fmt(slack), style="bold red" if slack is not None and slack < 0 else ""),
                         str(t.get("violations", 0)))
@@ -58,7 +59,7 @@ def render(doc: dict):
     for name in ("agent", "tenant", "type", "tag", "predicted", "attained", "requests"):
         head.add_column(name, justify="left" if name in ("agent", "tenant", "type") else "right")
     for a in doc.get("head", []):
-        head.add_row(a["agent_id"], a["tenant"], a["type"], _fmt(a.get("tag"), 6), _fmt(a.get("predicted")),
+        head.add_row(Text(a["agent_id"]), Text(a["tenant"]), Text(a["type"]), _fmt(a.get("tag"), 6), _fmt(a.get("predicted")),
                      _fmt(a.get("attained")), str(a.get("requests")))
     return Group(title, tenants, head)
 
