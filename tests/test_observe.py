@@ -142,3 +142,18 @@ def test_the_live_state_shows_a_key_its_own_tenant_and_an_admin_every_tenant(key
     assert 'justitia_tenant_weight{model_name="tiny",tenant="beta"} 1' in metrics
     assert math.isfinite(float(next(line for line in metrics.splitlines()
                                     if line.startswith("justitia_bound_violations_total")).split()[-1]))
+
+
+def test_a_front_end_that_tags_requests_credits_each_tenant_with_what_came_back():
+    """--upstream and --ray: no engine here charges service, so each request that comes back is
+    credited at its tokens (p*d + d^2/2), and its agent's figures settle when it ends."""
+    from justitia.backends.tagging import Tagger
+
+    tagger = Tagger("justitia", 1000.0)
+    tagger.tag("r1", RequestMeta("a", tenant="x", agent_cost=10.0, agent_done=True), 10, 64, 0.0)
+    tagger.tag("r2", RequestMeta("b", tenant="y", agent_cost=10.0), 20, 64, 0.0)
+    tagger.finish("r1", 1.0, 4)  # a's last request: released, settled at 10*4 + 4*4/2
+    tagger.finish("r2", 1.0, 2)  # b stays until its idle release: in flight at 20*2 + 2*2/2
+    tenants = tagger.book.state(2.0, detail=True).tenants
+    assert tenants["x"]["service"] == 48 and tenants["x"]["bursts"]["agent"] == 1
+    assert tenants["y"]["service"] == 42 and tenants["y"]["agents"] == 1

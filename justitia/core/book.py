@@ -75,6 +75,7 @@ class AgentBook:
         self._idle_since: dict[str, float] = {}  # agents with no open request, since when
         self._next_sweep_s = 0.0
         self._ledger = Ledger()  # per-tenant figures for the server (read through state(..., detail=True))
+        self._tagged: set[str] = set()  # open requests tagged for an engine elsewhere (tag), which charges none
 
     @classmethod
     def for_policy(cls, policy: str, capacity_per_s: float, cost: str | CostModel = KV,
@@ -223,7 +224,7 @@ class AgentBook:
                 continue
             info = standing.info
             t = tenants.setdefault(self._ledger.tenant(info.tenant), {"service": 0.0, "violations": 0})
-            t["service"] += standing.attained
+            t["service"] += standing.attained + self._ledger.credited(agent_id)
             t["weight"] = info.weight
             kind = "sessions" if agent_id in self._sessions else "agents"
             t[kind] = t.get(kind, 0) + 1
@@ -302,16 +303,21 @@ class AgentBook:
         ``finish`` it when the engine is done with it."""
         info, _ = self.arrive(request_id, meta, prompt_tokens, max_tokens, now_s, charged=False)
         self._core.dequeue(info)  # the engine queues it; this book only tags it
+        self._tagged.add(request_id)  # its service is credited when it comes back (finish)
         return info, int_priority(self._core.priority(info))
 
     def finish(self, request_id: str, now_s: float, output_tokens: int | None = None) -> RequestInfo | None:
         """A request finished (having produced ``output_tokens``) or was aborted; its agent is
         released if that was its last."""
         info = self._infos.pop(request_id, None)
+        tagged = request_id in self._tagged
+        self._tagged.discard(request_id)
         if info is None or self._core.agent(info.agent_id) is None:
             return info
         self._core.request_finished(info)
         self._ledger.finished(info.agent_id, now_s)
+        if tagged and output_tokens:  # no engine here charged it: its cost at the tokens it produced
+            self._ledger.credit(info.agent_id, self._cost.request_cost(info.prompt_tokens, output_tokens))
         if self._core.agent(info.agent_id).open_requests == 0:
             if info.agent_id in self._agent_done:
                 self.release(info.agent_id, now_s)

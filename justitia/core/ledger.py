@@ -67,6 +67,7 @@ class Ledger:
         self._started: dict[str, float] = {}  # agent id -> its burst's first arrival
         self._last: dict[str, float] = {}  # agent id -> its burst's last finish
         self._reached: dict[str, float] = {}  # agent id -> when GPS finished its burst, as first read
+        self._credit: dict[str, float] = {}  # agent id -> service of its finished requests, where no engine charges it
         self.bound_s = math.inf  # the bound the server last gave: bursts past it are violations
 
     def tenant(self, name: str | None) -> str:
@@ -86,6 +87,16 @@ class Ledger:
         self._started[agent_id] = now_s
         self._last.pop(agent_id, None)
         self._reached.pop(agent_id, None)
+        self._credit.pop(agent_id, None)
+
+    def credit(self, agent_id: str, service: float) -> None:
+        """A finished request's service, for a book whose engine charges none (a front end that tags
+        requests for engines elsewhere: it sees each request's tokens when it comes back)."""
+        self._credit[agent_id] = self._credit.get(agent_id, 0.0) + service
+
+    def credited(self, agent_id: str) -> float:
+        """What ``credit`` gave the agent's burst so far."""
+        return self._credit.get(agent_id, 0.0)
 
     def lateness(self, agent_id: str, virtual_finish: float | None, virtual_time: float | None, active: int | None,
                  capacity_per_s: float | None, now_s: float) -> float | None:
@@ -108,6 +119,7 @@ class Ledger:
         """The burst ended (released or paused) with ``attained`` service and the clock's
         ``late_s`` estimate; a session's (a turn) or an agent's, of ``agent_type``, priced
         ``predicted``."""
+        attained += self._credit.pop(agent_id, 0.0)
         entry = self._entry(tenant)
         entry.service += attained
         entry.weight = weight
