@@ -428,6 +428,7 @@ def test_the_live_page_and_justitia_top_show_both_tenants_shares_in_a_real_brows
 
     with other, ThreadPoolExecutor(2) as pool:  # one agent of each tenant at a time (the server's limit: 3 in flight)
         assert set(pool.map(run, [server, other] * 4)) == {"done"}
+    time.sleep(1.1)  # the server reads the engine's tenants at most once a second: the next reading is after the run
     state = server.get("/justitia/state", headers=admin).json()
     shares = {t["tenant"]: t["share"] for t in state["tenants"]}
     assert shares.keys() >= {"team-a", "team-b"} and shares["team-a"] > 0 and shares["team-b"] > 0, json.dumps(state)

@@ -109,7 +109,8 @@ class Watch:
     def doc(self, client=None) -> dict:
         """The live page's JSON: every tenant for an admin key or an open server, else the key's own."""
         state = self.last
-        rows, head = self.tenants(), list((state.head if state is not None else None) or [])
+        every = self.tenants()
+        rows, head = every, list((state.head if state is not None else None) or [])
         if client is not None and not getattr(client, "admin", False) and client.tenant is not None:
             rows = [r for r in rows if r["tenant"] == client.tenant]
             head = [a for a in head if a.get("tenant") == client.tenant]
@@ -118,7 +119,7 @@ class Watch:
             "clock": None if state is None or not state.has_clock else
             {"virtual_time": state.virtual_time, "active": state.gps_active, "capacity_per_s": state.capacity_per_s},
             "window_s": self.window_s, "bound_s": self._bound(state),
-            "violations": sum(r["violations"] for r in self.tenants()),
+            "violations": sum(r["violations"] for r in every),  # everyone's, as /metrics gives them
             "tenants": [{k: v for k, v in r.items() if k not in ("burst_buckets", "burst_sum_s")} for r in rows],
             "head": head,
         }
