@@ -12,7 +12,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from justitia.lab.servers import metric, wait_agent  # noqa: F401  (the tests use them from here)
+from justitia.lab.servers import metric, samples, wait_agent  # noqa: F401  (the tests use them from here)
 from justitia.vllm.reaper import descendants  # noqa: F401  (the tests use it from here too)
 
 
@@ -101,7 +101,6 @@ def sigkill(server: Server, timeout_s: float = 30) -> list[int]:
 
 def metric_sum(client: httpx.Client, name: str) -> float:
     """The sum of a metric's samples over all their labels (vLLM labels its own by engine and model)."""
-    samples = [float(line.rsplit(" ", 1)[1]) for line in client.get("/metrics").text.splitlines()
-               if line.startswith(name + "{") or line.startswith(name + " ")]
-    assert samples, f"no metric {name}"
-    return sum(samples)
+    values = [value for _, _, value in samples(client.get("/metrics").text, name)]
+    assert values, f"no metric {name}"
+    return sum(values)

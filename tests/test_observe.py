@@ -157,3 +157,41 @@ def test_a_front_end_that_tags_requests_credits_each_tenant_with_what_came_back(
     tenants = tagger.book.state(2.0, detail=True).tenants
     assert tenants["x"]["service"] == 48 and tenants["x"]["bursts"]["agent"] == 1
     assert tenants["y"]["service"] == 42 and tenants["y"]["agents"] == 1
+
+
+def test_the_prefix_cache_hits_the_engine_reports_are_counted_per_tenant_and_in_all():
+    core = AgentScheduler.for_policy("justitia", 100.0)
+    book = AgentBook(core)
+    for k, (tenant, prompt, cached) in enumerate((("t", 300, 256), ("t", 100, 0), ("u", 200, 128), ("u", 50, None))):
+        book.arrive(f"r{k}", RequestMeta(f"a{k}", tenant=tenant, agent_cost=1.0, agent_done=True), prompt, 1, float(k))
+        book.finish(f"r{k}", k + 0.5, cached_tokens=cached)  # None: never scheduled, no lookup to count
+    book.arrive("r9", RequestMeta("a9", tenant="u", agent_cost=1.0, agent_done=True), 10, 1, 9.0)
+    book.finish("r9", 9.5, cached_tokens=10_000)  # a report above the prompt counts as the whole prompt
+    t = book.state(10.0, detail=True).tenants
+    assert (t["t"]["prompt_tokens"], t["t"]["cached_tokens"]) == (400, 256)
+    assert (t["u"]["prompt_tokens"], t["u"]["cached_tokens"]) == (210, 138)
+
+    class Book:
+        async def state(self, detail=False, bound_s=None):
+            return book.state(10.0, detail, bound_s)
+
+    watch = Watch(Book(), "tiny", max_model_len=100, every_s=0.0)
+    _read_all(watch, 1)
+    rows = {r["tenant"]: r for r in watch.doc()["tenants"]}
+    assert rows["t"]["cache_hit_rate"] == pytest.approx(256 / 400) and rows["u"]["cache_hit_rate"] == pytest.approx(138 / 210)
+    text = "\n".join(watch.metric_lines())
+    assert 'justitia_prefix_cache_queries_total{model_name="tiny"} 610' in text
+    assert 'justitia_prefix_cache_hits_total{model_name="tiny"} 394' in text
+    assert 'justitia_tenant_prefix_cache_hits_total{model_name="tiny",tenant="u"} 138' in text
+
+
+def test_the_scrape_bench_judges_the_read_bursts_against_the_unread_ones_of_the_same_round(capsys):
+    from justitia.lab.bench_scrape import PHASES, report
+
+    slow = [10.0, 20.0, 10.0, 20.0, 10.0]  # the machine's pace moves from round to round; the ratio does not
+    doc = {"requests_per_s": {PHASES[0]: [0.9 * r for r in slow], PHASES[1]: slow, PHASES[2]: [1.02 * r for r in slow]},
+           "scrape_s": [0.004, 0.002, 0.003]}
+    report(doc)
+    out = capsys.readouterr().out
+    assert "median 0.891 (quartiles 0.891-0.891, 5 rounds)" in out  # 0.9 / mean(1, 1.02)
+    assert "the bench's own spread): median 1.020" in out and "3 scrapes: p50 3.0 ms" in out

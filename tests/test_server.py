@@ -17,7 +17,7 @@ from justitia.server.agents import AgentManager, Settings
 from justitia.server.metrics import prometheus_text
 from justitia.server.schema import AgentSpec, SpecError, check_agent, render
 from inprocess import RecordingBackend, WordTokenizer
-from servers import Server, free_port, metric, metric_sum, sigkill, wait_agent
+from servers import Server, free_port, metric, metric_sum, samples, sigkill, wait_agent
 
 
 # ------------------------------------------------------------------------- placeholders (no server)
@@ -47,13 +47,13 @@ def test_metrics_report_the_clock_of_the_policy_that_orders_the_engine_or_say_th
     manager = AgentManager(backend, None, Settings(policy=policy), make_predictor("oracle"))
     tag = asyncio.run(backend.register("a", "t", 50.0))
     text = prometheus_text(manager, asyncio.run(backend.state()))
-    samples = dict(line.split() for line in text.splitlines() if line and not line.startswith("#"))
-    assert samples["justitia_policy_agents"] == "1"
+    values = {name: value for name, labels, value in samples(text) if labels == {"model_name": manager.watch.model}}
+    assert values["justitia_policy_agents"] == 1
     if policy == "justitia":  # tag 50 at t=0; at t=1 the clock (M = 100/s, one agent) has reached V = 50
-        assert tag == 50.0 and float(samples["justitia_virtual_time"]) == 50.0
-        assert samples["justitia_clock_capacity"] == "100"
+        assert tag == 50.0 and values["justitia_virtual_time"] == 50.0
+        assert values["justitia_clock_capacity"] == 100
     else:
-        assert tag is None and "justitia_virtual_time" not in samples
+        assert tag is None and "justitia_virtual_time" not in values
         assert "# justitia_virtual_time: none, policy 'vtc' keeps no GPS virtual clock" in text
 
 
@@ -372,10 +372,16 @@ def test_metrics_in_prometheus_format(server):
     text = server.get("/metrics").text
     for name in ("justitia_agents_in_flight", "justitia_virtual_time", "justitia_predictor_latency_seconds_count",
                  "justitia_engine_requests_unfinished", 'justitia_requests_total{endpoint="agents"}'):
-        assert name in text
+        metric(server, name)
     # the clock that orders the engine: V has moved on with the agents above, at the engine's M
     assert metric(server, "justitia_virtual_time") > 0 and metric(server, "justitia_clock_capacity") > 0
-    assert 'justitia_agent_jct_seconds_bucket{le="+Inf",type="mrs"}' in text  # the map-reduce agent above
+    assert metric(server, 'justitia_agent_jct_seconds_bucket{le="+Inf",type="mrs"}') >= 1  # the map-reduce agent above
+    # every series of Justitia's is labelled with the model, as vLLM labels its own
+    ours = [labels for name, labels, _ in samples(text) if name.startswith("justitia_")]
+    assert len(ours) > 20 and all(labels.get("model_name") == "tiny" for labels in ours)
+    # the prefix cache as the plug-in saw each finished request's first schedule
+    queries = metric(server, "justitia_prefix_cache_queries_total")
+    assert queries > 0 and 0 <= metric(server, "justitia_prefix_cache_hits_total") <= queries
     # beside vLLM's own metrics, its queues among them
     assert "vllm:num_requests_waiting{" in text and "vllm:num_requests_running{" in text
     assert metric(server, "justitia_predictor_latency_seconds_count") >= 1

@@ -35,6 +35,39 @@ def metric_lines(name: str, kind: str, text: str, *samples: str) -> list[str]:
     return [f"# HELP justitia_{name} {text}", f"# TYPE justitia_{name} {kind}", *samples]
 
 
+def label(value: str) -> str:
+    """A label value as the text format wants it: backslash, quote and newline escaped."""
+    return str(value).replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
+def histogram_samples(name: str, tag: str, bounds: tuple, counts: list[int], total: float) -> list[str]:
+    """A histogram's samples: ``counts`` per bucket of ``bounds`` (the last +Inf) made cumulative,
+    each labelled ``tag`` (``a="b",...``) and its ``le``, then its sum and count."""
+    out, running = [], 0
+    for bound, n in zip(bounds, counts):
+        running += n
+        le = "+Inf" if bound == float("inf") else f"{bound:g}"
+        out.append(f'{name}_bucket{{{tag},le="{le}"}} {running}')
+    return out + [f"{name}_sum{{{tag}}} {total:.6g}", f"{name}_count{{{tag}}} {running}"]
+
+
+def with_model(lines: list[str], model: str) -> list[str]:
+    """Every sample of ``lines`` labelled ``model_name`` (vLLM's label), first, where it has none."""
+    tag = f'model_name="{label(model)}"'
+    out = []
+    for line in lines:
+        if line.startswith("#") or not line or line.partition("{")[2].startswith("model_name="):
+            out.append(line)
+            continue
+        name, brace, rest = line.partition("{")
+        if brace and " " not in name:
+            out.append(f"{name}{{{tag},{rest}")
+        else:
+            name, _, value = line.partition(" ")
+            out.append(f"{name}{{{tag}}} {value}")
+    return out
+
+
 # The monotonic time until which a request whose engine died may be sent again (an agent's task:
 # its agent's deadline); None: the backend's own bound. A context variable: set per task, read by
 # the backend in the same asyncio task.

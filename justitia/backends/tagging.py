@@ -64,7 +64,8 @@ class Tagger:
         self._demand_sum += prompt_tokens + max_tokens
         return out
 
-    def finish(self, request_id: str, now_s: float, output_tokens: int | None = None) -> RequestInfo | None:
+    def finish(self, request_id: str, now_s: float, output_tokens: int | None = None,
+               cached_tokens: int | None = None) -> RequestInfo | None:
         """``AgentBook.finish``; a request that ends while the engine was backlogged is credited with
         its cost at the tokens it produced."""
         if self._kv_tokens is not None and request_id in self._demand:
@@ -73,7 +74,7 @@ class Tagger:
                 prompt, output_tokens, round(kv_token_iters(prompt, output_tokens)))
             self._look(now_s, served)
             self._demand_sum -= demand
-        return self.book.finish(request_id, now_s, output_tokens)
+        return self.book.finish(request_id, now_s, output_tokens, cached_tokens)
 
     def _look(self, now_s: float, served: Charge = Charge()) -> None:
         """The engine up to ``now_s``: busy time while the open requests' demand exceeded the cache,
@@ -139,6 +140,7 @@ class TaggingBackend(Backend):
                 xargs["agent_rank"] = rank
         return info, priority
 
-    def finish(self, request_id: str, produced: int | None = None) -> None:
-        """The engine is done with a tagged request (having produced ``produced`` tokens)."""
-        self._tagger.finish(request_id, self.now(), produced)
+    def finish(self, request_id: str, produced: int | None = None, cached: int | None = None) -> None:
+        """The engine is done with a tagged request (having produced ``produced`` tokens, the first
+        ``cached`` of its prompt held by the engine's prefix cache where the engine said)."""
+        self._tagger.finish(request_id, self.now(), produced, cached)

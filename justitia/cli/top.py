@@ -47,14 +47,14 @@ def render(doc: dict):
     title.append(f"bound {_fmt(doc.get('bound_s'))} s, {doc.get('violations', 0)} past it")
     tenants = Table(title=f"tenants (shares over the last {_fmt(doc.get('window_s'))} s)", title_justify="left")
     for name in ("tenant", "weight", "share", "fair share", "waiting", "agents", "sessions", "lateness s", "slack s",
-                 "past bound"):
+                 "past bound", "cache hits"):
         tenants.add_column(name, justify="left" if name == "tenant" else "right")
     for t in doc.get("tenants", []):
         slack = t.get("margin_s")
         tenants.add_row(Text(t["tenant"]), _fmt(t.get("weight")), _pct(t.get("share")), _pct(t.get("fair_share")),
                         str(t.get("waiting", 0)), str(t.get("agents", 0)), str(t.get("sessions", 0)),
                         _fmt(t.get("late_s")), Text(_fmt(slack), style="bold red" if slack is not None and slack < 0 else ""),
-                        str(t.get("violations", 0)))
+                        str(t.get("violations", 0)), _pct(t.get("cache_hit_rate")))
     head = Table(title="head of the queue", title_justify="left")
     for name in ("agent", "tenant", "type", "tag", "predicted", "attained", "requests"):
         head.add_column(name, justify="left" if name in ("agent", "tenant", "type") else "right")

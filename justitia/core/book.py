@@ -306,9 +306,11 @@ class AgentBook:
         self._tagged.add(request_id)  # its service is credited when it comes back (finish)
         return info, int_priority(self._core.priority(info))
 
-    def finish(self, request_id: str, now_s: float, output_tokens: int | None = None) -> RequestInfo | None:
-        """A request finished (having produced ``output_tokens``) or was aborted; its agent is
-        released if that was its last."""
+    def finish(self, request_id: str, now_s: float, output_tokens: int | None = None,
+               cached_tokens: int | None = None) -> RequestInfo | None:
+        """A request finished (having produced ``output_tokens``; the first ``cached_tokens`` of its
+        prompt held by the engine's prefix cache, where the engine said) or was aborted; its agent
+        is released if that was its last."""
         info = self._infos.pop(request_id, None)
         tagged = request_id in self._tagged
         self._tagged.discard(request_id)
@@ -316,6 +318,8 @@ class AgentBook:
             return info
         self._core.request_finished(info)
         self._ledger.finished(info.agent_id, now_s)
+        if cached_tokens is not None and cached_tokens >= 0:
+            self._ledger.cached(self._core.agent(info.agent_id).info.tenant, info.prompt_tokens, cached_tokens)
         if tagged and output_tokens:  # no engine here charged it: its cost at the tokens it produced
             self._ledger.credit(info.agent_id, self._cost.request_cost(info.prompt_tokens, output_tokens))
         if self._core.agent(info.agent_id).open_requests == 0:

@@ -12,8 +12,11 @@ seconds (negative); once a reading finds ``V >= f``, GPS finished it at about ``
 N_t / M``, and that time is kept: from then on the lateness is the time since (so it grows while
 GPS is idle, when V stands still). The server's readings (``state(..., detail=True)``, at most once
 a second while ``/metrics`` or the live page is read) are what find it, so a burst that ends
-unread between its GPS finish and its own finish is judged by the first formula alone. Per agent type (``MAX_TYPES`` of them, then ``other``: a type is a client's word) it keeps
-how far each price was off, ``log2(attained / predicted)``, in ``ERROR_BUCKETS``.
+unread between its GPS finish and its own finish is judged by the first formula alone. Per tenant
+it also keeps the prefix cache as the engine showed it: the prompt tokens of its finished requests
+whose cache lookup the engine reported, and how many of those the cache held (``cached``). Per
+agent type (``MAX_TYPES`` of them, then ``other``: a type is a client's word) it keeps how far each
+price was off, ``log2(attained / predicted)``, in ``ERROR_BUCKETS``.
 
 Nothing here orders anything: it is read, never consulted by a policy. Memory is one entry per
 tenant, and the tenants are the key file's (or each agent alone on a server without keys: then
@@ -47,7 +50,8 @@ def _bucket(bounds: tuple, value: float) -> int:
 
 
 class _Tenant:
-    __slots__ = ("service", "bursts", "burst_s", "burst_sum_s", "violations", "weight")
+    __slots__ = ("service", "bursts", "burst_s", "burst_sum_s", "violations", "weight", "prompt_tokens",
+                 "cached_tokens")
 
     def __init__(self):
         self.service = 0.0  # settled by bursts that ended
@@ -56,6 +60,8 @@ class _Tenant:
         self.burst_sum_s = {kind: 0.0 for kind in KINDS}
         self.violations = 0
         self.weight = 1.0  # the weight its last burst had
+        self.prompt_tokens = 0  # prompt tokens of finished requests whose prefix-cache lookup was reported
+        self.cached_tokens = 0  # of which the prefix cache held
 
 
 class Ledger:
@@ -114,6 +120,14 @@ class Ledger:
         """One of the burst's requests finished."""
         self._last[agent_id] = now_s
 
+    def cached(self, tenant: str | None, prompt_tokens: int, cached_tokens: int) -> None:
+        """A finished request of ``tenant`` whose first ``cached_tokens`` of ``prompt_tokens`` the
+        prefix cache held when the engine first scheduled it."""
+        entry = self._entry(tenant)
+        prompt = max(0, int(prompt_tokens))
+        entry.prompt_tokens += prompt
+        entry.cached_tokens += min(max(0, int(cached_tokens)), prompt)
+
     def ended(self, agent_id: str, tenant: str | None, attained: float, late_s: float | None, now_s: float,
               session: bool = False, agent_type: str = "", predicted: float = 0.0, weight: float = 1.0) -> None:
         """The burst ended (released or paused) with ``attained`` service and the clock's
@@ -146,7 +160,7 @@ class Ledger:
         """Every tenant's settled figures, as plain JSON."""
         return {name: {"service": t.service, "bursts": dict(t.bursts), "burst_buckets": {k: list(v) for k, v in t.burst_s.items()},
                        "burst_sum_s": dict(t.burst_sum_s), "violations": t.violations,
-                       "weight": t.weight}
+                       "weight": t.weight, "prompt_tokens": t.prompt_tokens, "cached_tokens": t.cached_tokens}
                 for name, t in self._tenants.items()}
 
     def errors(self) -> dict[str, list]:

@@ -65,12 +65,16 @@ def servers(model_dir: str, scrape: bool = False) -> dict[str, tuple[list[str], 
             "justitia serve": (justitia, {})} | ({SCRAPED: (justitia, {})} if scrape else {})
 
 
-def scraper(url: str, stop: threading.Event) -> threading.Thread:
-    """A thread reading ``url``'s /metrics every second until ``stop``."""
+def scraper(url: str, stop: threading.Event, took: list[float] | None = None) -> threading.Thread:
+    """A thread reading ``url``'s /metrics every second until ``stop`` (each read's seconds appended
+    to ``took``)."""
     def run() -> None:
         with httpx.Client(base_url=url, timeout=30) as client:
             while not stop.is_set():
+                t = time.perf_counter()
                 client.get("/metrics").raise_for_status()
+                if took is not None:
+                    took.append(time.perf_counter() - t)
                 stop.wait(1.0)
 
     thread = threading.Thread(target=run, daemon=True)

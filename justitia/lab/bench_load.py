@@ -28,7 +28,7 @@ from urllib.parse import urlparse
 
 import httpx
 
-from justitia.lab.servers import ray_split, replica_split, start_replica, start_server
+from justitia.lab.servers import ray_split, replica_split, samples, start_replica, start_server
 from justitia.lab.report import write_doc
 
 
@@ -111,9 +111,8 @@ async def run(url: str, n: int, timeout_s: float, seed: int, stages=(4, 4), task
 
 async def agents_in_flight(client: httpx.AsyncClient) -> int:
     """``justitia_agents_in_flight`` from the server's /metrics (vLLM's own, or a front end's)."""
-    for line in (await client.get("/metrics")).text.splitlines():
-        if line.startswith("justitia_agents_in_flight "):
-            return int(float(line.split()[1]))
+    for _, _, value in samples((await client.get("/metrics")).text, "justitia_agents_in_flight"):
+        return int(value)
     raise RuntimeError("the server's /metrics has no justitia_agents_in_flight")
 
 

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import httpx
 
-from justitia.lab.servers import start_server
+from justitia.lab.servers import samples, start_server
 from justitia.lab.report import write_doc
 
 WORDS = ("river bridge council budget harbor school winter market railway station museum garden "
@@ -64,8 +64,8 @@ async def run(url: str, bodies: list[dict]) -> dict:
                         docs[a] = d
             await asyncio.sleep(0.5)
         wall = time.perf_counter() - t0
-        answers = [line for line in (await client.get("/metrics")).text.splitlines()
-                   if line.startswith("justitia_ray_replica_answers_total{")]
+        answers = [f"pid {labels['replica_pid']}: {value:g}" for _, labels, value
+                   in samples((await client.get("/metrics")).text, "justitia_ray_replica_answers_total")]
     jcts = [d["jct_s"] for d in docs.values() if d["status"] == "done"]
     return {"done": len(jcts), "mean_jct_s": sum(jcts) / len(jcts), "wall_s": wall, "answers": answers}
 
@@ -89,7 +89,7 @@ def main() -> int:
             proc.wait(timeout=120)
         result["runs"][router] = r
         print(f"{router:<12} done {r['done']}/{args.agents}  mean JCT {r['mean_jct_s']:.2f} s  wall {r['wall_s']:.2f} s  "
-              f"{'; '.join(a.split('{')[1] for a in r['answers'])}", flush=True)
+              f"{'; '.join(r['answers'])}", flush=True)
     base = result["runs"].get("least-load")
     if base:
         for router, r in result["runs"].items():

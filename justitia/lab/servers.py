@@ -4,12 +4,13 @@ about the replicas behind it, and an agent waited for until it is over.
 
 The load test, the abuse list and the server, flags and Ray benchmarks (``justitia.lab``) start their
 servers with these; they and the tests (``tests/servers.py``) wait for agents and read metrics with
-``wait_agent`` and ``metric``.
+``wait_agent`` and ``metric`` (``samples``: a whole exposition).
 """
 
 from __future__ import annotations
 
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -69,21 +70,21 @@ def start_replica(model_dir: str, quiet: bool = True) -> tuple[subprocess.Popen,
 def replica_split(url: str) -> dict[str, dict[str, float]]:
     """Requests the front end sent to each replica, and those that failed, from its /metrics."""
     out: dict[str, dict[str, float]] = {}
-    for line in httpx.get(url + "/metrics", timeout=30).text.splitlines():
-        for name in ("requests", "failures"):
-            if line.startswith(f"justitia_replica_{name}_total{{"):
-                out.setdefault(line.split('"')[1], {})[name] = float(line.split()[-1])
+    text = httpx.get(url + "/metrics", timeout=30).text
+    for name in ("requests", "failures"):
+        for _, labels, value in samples(text, f"justitia_replica_{name}_total"):
+            out.setdefault(labels["replica"], {})[name] = value
     return out
 
 
 def ray_split(url: str) -> dict[str, float]:
     """Requests each Ray replica answered (by process id), and the retries, from the server's /metrics."""
     out: dict[str, float] = {}
-    for line in httpx.get(url + "/metrics", timeout=30).text.splitlines():
-        if line.startswith("justitia_ray_replica_answers_total{"):
-            out["pid " + line.split('"')[1]] = float(line.split()[-1])
-        elif line.startswith(("justitia_ray_retries_total ", "justitia_ray_interrupted_total ")):
-            out[line.split()[0].removeprefix("justitia_ray_")] = float(line.split()[-1])
+    for name, labels, value in samples(httpx.get(url + "/metrics", timeout=30).text):
+        if name == "justitia_ray_replica_answers_total":
+            out["pid " + labels["replica_pid"]] = value
+        elif name in ("justitia_ray_retries_total", "justitia_ray_interrupted_total"):
+            out[name.removeprefix("justitia_ray_")] = value
     return out
 
 
@@ -104,9 +105,31 @@ def wait_agent(client: httpx.Client, agent_id: str, timeout_s: float = 300, poll
     return doc
 
 
+_SAMPLE = re.compile(r'([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})?\s+(\S+)')
+_LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"')
+
+
+def samples(text: str, name: str | None = None) -> list[tuple[str, dict[str, str], float]]:
+    """The samples of a Prometheus text exposition (of metric ``name`` alone, if given): each its
+    name, its labels (values unescaped) and its value."""
+    out = []
+    for line in text.splitlines():
+        if line.startswith("#") or not line.strip():
+            continue
+        match = _SAMPLE.fullmatch(line.strip())
+        if match is None or (name is not None and match[1] != name):
+            continue
+        labels = {k: v.replace('\\"', '"').replace("\\n", "\n").replace("\\\\", "\\")
+                  for k, v in _LABEL.findall(match[2] or "")}
+        out.append((match[1], labels, float(match[3])))
+    return out
+
+
 def metric(client: httpx.Client, name: str) -> float:
-    """One sample of the Prometheus text at ``/metrics``; ``name`` may include labels."""
-    for line in client.get("/metrics").text.splitlines():
-        if line.startswith(name + " "):
-            return float(line.split()[1])
+    """One sample of the Prometheus text at ``/metrics``; ``name`` may include labels (the sample's
+    may have more, ``model_name`` say)."""
+    (wanted, labels, _), = samples(name + " 0")
+    for _, have, value in samples(client.get("/metrics").text, wanted):
+        if labels.items() <= have.items():
+            return value
     raise AssertionError(f"/metrics has no {name}")

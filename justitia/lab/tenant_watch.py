@@ -33,7 +33,7 @@ from pathlib import Path
 import httpx
 
 from justitia.core import kv_token_iters
-from justitia.lab.servers import start_server, wait_agent
+from justitia.lab.servers import samples, start_server, wait_agent
 
 KEYS = {"batch-a": "sk-watch-batch-a-1", "batch-b": "sk-watch-batch-b-2", "stream": "sk-watch-stream-3"}
 ADMIN = "sk-watch-admin-0"
@@ -54,10 +54,7 @@ def _run_agent(url: str, tenant: str, tasks: int, tokens: int, log: list, lock: 
 
 
 def _metric_shares(text: str) -> dict[str, float]:
-    service = {}
-    for line in text.splitlines():
-        if line.startswith("justitia_tenant_service_total{"):
-            service[line.split('tenant="')[1].split('"')[0]] = float(line.split()[-1])
+    service = {labels["tenant"]: value for _, labels, value in samples(text, "justitia_tenant_service_total")}
     total = sum(service.values())
     return {t: s / total for t, s in service.items()} if total else {}
 

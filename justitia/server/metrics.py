@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 
 from justitia.core import PolicyState
+from justitia.backends.base import histogram_samples, label, with_model
 from justitia.backends.base import metric_lines as _metric
 from justitia.server.runs import TERMINAL
 
@@ -56,8 +57,8 @@ class Counts:
 
 def prometheus_text(manager, state: PolicyState) -> str:
     """The exposition of ``manager`` (the ``AgentManager``): agents, requests, the policy that orders
-    the engine and its clock, the predictor's latency, JCTs per type, then the backend's own lines
-    (queues, replicas)."""
+    the engine and its clock, the predictor's latency, JCTs per type, each tenant's figures, then
+    the backend's own lines (queues, replicas); every sample labelled ``model_name``, as vLLM's are."""
     m, backend = manager.counts, manager.backend
     lines = [
         *_metric("agents_in_flight", "gauge", "Agents submitted and not yet done, failed or cancelled.",
@@ -92,16 +93,11 @@ def prometheus_text(manager, state: PolicyState) -> str:
         *_metric("agent_jct_seconds", "histogram", "Job completion time of finished agents, by type."),
     ]
     for agent_type, counts in sorted(m.jct.items()):
-        running = 0
-        for bound, n in zip(JCT_BUCKETS, counts):
-            running += n
-            le = "+Inf" if bound == float("inf") else f"{bound:g}"
-            lines.append(f'justitia_agent_jct_seconds_bucket{{type="{agent_type}",le="{le}"}} {running}')
-        lines.append(f'justitia_agent_jct_seconds_sum{{type="{agent_type}"}} {m.jct_sum[agent_type]:.6f}')
-        lines.append(f'justitia_agent_jct_seconds_count{{type="{agent_type}"}} {running}')
+        lines += histogram_samples("justitia_agent_jct_seconds", f'type="{label(agent_type)}"', JCT_BUCKETS, counts,
+                                   m.jct_sum[agent_type])
     if manager.watch.last is not None:  # the per-tenant series, as the watch last read them (at most 1 s ago)
         lines += manager.watch.metric_lines()
-    return "\n".join(lines + backend.metrics_lines()) + "\n"
+    return "\n".join(with_model(lines + backend.metrics_lines(), manager.watch.model)) + "\n"
 
 
 def register_collector(holder) -> None:

@@ -25,16 +25,11 @@ import math
 import time
 from collections import deque
 
-from justitia.backends.base import metric_lines
+from justitia.backends.base import histogram_samples, label, metric_lines
 from justitia.core import BURST_BUCKETS, ERROR_BUCKETS, PolicyState
 from justitia.defaults import ITERATION_S
 
 OTHER = "other"
-
-
-def label(value: str) -> str:
-    """A label value as the text format wants it: backslash, quote and newline escaped."""
-    return str(value).replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
 
 
 class Watch:
@@ -101,6 +96,8 @@ class Watch:
                 "agents": t.get("agents", 0), "sessions": t.get("sessions", 0),
                 "late_s": late, "margin_s": None if late is None or bound is None else bound - late,
                 "violations": t.get("violations", 0), "bursts": t.get("bursts", {}),
+                "prompt_tokens": t.get("prompt_tokens", 0), "cached_tokens": t.get("cached_tokens", 0),
+                "cache_hit_rate": t["cached_tokens"] / t["prompt_tokens"] if t.get("prompt_tokens") else None,
                 "burst_buckets": t.get("burst_buckets", {}), "burst_sum_s": t.get("burst_sum_s", {}),
             })
         rows.sort(key=lambda r: (-r["service_window"], -r["service"], r["tenant"]))
@@ -136,7 +133,8 @@ class Watch:
             groups.setdefault(r["tenant"] if r["tenant"] in names else OTHER, []).append(r)
         model = label(self.model)
 
-        out = {k: [] for k in ("service", "share", "fair", "weight", "waiting", "agents", "sessions", "late", "margin", "viol")}
+        out = {k: [] for k in ("service", "share", "fair", "weight", "waiting", "agents", "sessions", "late", "margin", "viol",
+                               "queries", "hits")}
         hist = {"turn": [], "agent": []}
         for name_of, group in sorted(groups.items()):
             tag = f'model_name="{model}",tenant="{label(name_of)}"'
@@ -157,11 +155,13 @@ class Watch:
             put("late", "justitia_tenant_lateness_seconds", "late_s", max)
             put("margin", "justitia_tenant_bound_margin_seconds", "margin_s", min)
             put("viol", "justitia_tenant_bound_violations_total", "violations")
+            put("queries", "justitia_tenant_prefix_cache_queries_total", "prompt_tokens")
+            put("hits", "justitia_tenant_prefix_cache_hits_total", "cached_tokens")
             for kind in hist:
                 counts = [sum(r["burst_buckets"].get(kind, [0] * len(BURST_BUCKETS))[k] for r in group)
                           for k in range(len(BURST_BUCKETS))]
-                hist[kind] += _histogram(f"justitia_tenant_{kind}_seconds", tag, BURST_BUCKETS, counts,
-                                         sum(r["burst_sum_s"].get(kind, 0.0) for r in group))
+                hist[kind] += histogram_samples(f"justitia_tenant_{kind}_seconds", tag, BURST_BUCKETS, counts,
+                                                sum(r["burst_sum_s"].get(kind, 0.0) for r in group))
         state = self.last
         bound = self._bound(state)
         lines = [
@@ -185,12 +185,25 @@ class Watch:
                           "The delay bound less the tenant's lateness: below 0, an agent is past the bound.", *out["margin"]),
             *metric_lines("tenant_bound_violations_total", "counter",
                           "The tenant's bursts that ended past their GPS finish by more than the bound.", *out["viol"]),
+            *metric_lines("tenant_prefix_cache_queries_total", "counter",
+                          "Prompt tokens of the tenant's finished requests whose prefix-cache lookup the engine reported.",
+                          *out["queries"]),
+            *metric_lines("tenant_prefix_cache_hits_total", "counter",
+                          "Of those, the tokens vLLM's prefix cache held when the request was first scheduled.",
+                          *out["hits"]),
             *metric_lines("tenant_turn_seconds", "histogram", "Completion time of sessions' turns, by tenant.", *hist["turn"]),
             *metric_lines("tenant_agent_seconds", "histogram", "Completion time of agents (not sessions), by tenant.",
                           *hist["agent"]),
             *metric_lines("bound_violations_total", "counter",
                           "Bursts that ended past their GPS finish by more than the bound.",
                           f'justitia_bound_violations_total{{model_name="{model}"}} {sum(r["violations"] for r in rows)}'),
+            *metric_lines("prefix_cache_queries_total", "counter",
+                          "Prompt tokens of finished requests whose prefix-cache lookup the engine reported (Justitia's "
+                          "requests; vLLM's own vllm:prefix_cache_queries counts every lookup).",
+                          f'justitia_prefix_cache_queries_total{{model_name="{model}"}} {sum(r["prompt_tokens"] for r in rows)}'),
+            *metric_lines("prefix_cache_hits_total", "counter",
+                          "Of those, the tokens vLLM's prefix cache held when each request was first scheduled.",
+                          f'justitia_prefix_cache_hits_total{{model_name="{model}"}} {sum(r["cached_tokens"] for r in rows)}'),
         ]
         if bound is not None:
             lines += metric_lines("bound_seconds", "gauge", "The delay bound bursts are judged by: 2 c_max + C_max / M.",
@@ -199,15 +212,6 @@ class Watch:
         lines += metric_lines("price_error_log2", "histogram",
                               "How far each burst's price was off: log2(attained / predicted), by agent type.")
         for agent_type, (counts, total) in sorted(errors.items()):
-            lines += _histogram("justitia_price_error_log2", f'model_name="{model}",type="{label(agent_type)}"',
-                                ERROR_BUCKETS, counts, total)
+            lines += histogram_samples("justitia_price_error_log2", f'model_name="{model}",type="{label(agent_type)}"',
+                                       ERROR_BUCKETS, counts, total)
         return lines
-
-
-def _histogram(name: str, tag: str, bounds: tuple, counts: list[int], total: float) -> list[str]:
-    out, running = [], 0
-    for bound, n in zip(bounds, counts):
-        running += n
-        le = "+Inf" if bound == float("inf") else f"{bound:g}"
-        out.append(f'{name}_bucket{{{tag},le="{le}"}} {running}')
-    return out + [f"{name}_sum{{{tag}}} {total:.6g}", f"{name}_count{{{tag}}} {running}"]

@@ -330,7 +330,8 @@ class JustitiaScheduler(StepLogScheduler):
             if self.pricer is not None:  # what its burst was charged, before the book may settle it
                 agent_id = self.book.request(request.request_id).agent_id
                 self.pricer.charged(agent_id, self.core.agent(agent_id))
-            info = self.book.finish(request.request_id, self._now())
+            cached = getattr(request, "num_cached_tokens", -1)  # vLLM's prefix-cache hit at its first schedule; -1: never scheduled
+            info = self.book.finish(request.request_id, self._now(), cached_tokens=cached if cached >= 0 else None)
             if self.core.agent(info.agent_id) is None:
                 self._released(info.agent_id)
         return super()._free_request(request, *args, **kwargs)

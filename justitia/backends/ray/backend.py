@@ -182,7 +182,7 @@ class RayBackend(TaggingBackend):
         info = self.tag(request_id, xargs, len(ids), params.max_tokens or 16, stamp=True)[0]
         sent = replace(params, extra_args=xargs)
         route = {"cost": info.predicted_cost, "prefix": self.prefix(ids)}
-        produced = 0
+        produced, cached = 0, None  # tokens produced; the prompt tokens the replica's prefix cache held
         deadline, wait, attempt = self._deadline(), RETRY_S, 0
         self.in_flight += 1
         try:
@@ -196,6 +196,7 @@ class RayBackend(TaggingBackend):
                         produced += len(out.outputs[0].token_ids)
                         if out.replica is not None:  # a ReplicaOutput's last: which replica, its M
                             self.heard(out.replica)
+                            cached = out.replica.get("cached_tokens")
                         yield Output(request_id, out.outputs, out.finished)
                     return
                 except Exception as exc:  # noqa: BLE001  (sorted below: a replica's death, or the engine's word)
@@ -223,7 +224,7 @@ class RayBackend(TaggingBackend):
                     stream.cancel()  # a closed generator (a cancelled request) aborts it in the replica
         finally:
             self.in_flight -= 1
-            self.finish(request_id, produced)
+            self.finish(request_id, produced, cached if isinstance(cached, int) else None)
 
     async def forward(self, path: str, kind: str, doc: dict, prompt_tokens: int, max_tokens: int, request_id: str):
         """A client's OpenAI or Anthropic body, stamped with the clock's tag, to vLLM's own app on a

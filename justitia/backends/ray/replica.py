@@ -29,7 +29,8 @@ from justitia.backends.wire import replay
 @dataclass
 class ReplicaOutput(Output):
     """An answer so far, as a replica sends it to the ingress: on its last output, which replica
-    answered and the M it measured (``RayBackend.heard``)."""
+    answered, the M it measured (``RayBackend.heard``) and the prompt tokens its prefix cache held
+    (``cached_tokens``, vLLM's ``RequestOutput.num_cached_tokens``)."""
 
     replica: dict | None = None
 
@@ -94,7 +95,7 @@ class EngineReplica:
             prompt = TokensPrompt(prompt_token_ids=prompt_token_ids)
             async for out in self.llm.generate(prompt, vllm_params(params), request_id):
                 c = out.outputs[0]
-                about = self._about() if out.finished else None
+                about = self._about() | {"cached_tokens": out.num_cached_tokens} if out.finished else None
                 yield ReplicaOutput(request_id, [Completion(c.text, list(c.token_ids), c.finish_reason)], out.finished,
                                     about)
         except Exception:
