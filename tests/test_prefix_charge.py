@@ -218,3 +218,15 @@ def test_the_plugin_splits_a_prefix_two_agents_hold_at_once(async_scheduling, mo
     assert prefix["c"] == kv["c"]
     assert kv["b"][0] == 80 - 64  # b computed only what it did not hit
     assert hits is None or hits.hits >= 64
+
+
+@pytest.mark.parametrize("async_scheduling", [False, True])
+def test_the_plugin_reports_each_requests_prefix_cache_hit_at_its_first_schedule(async_scheduling, monkeypatch):
+    """b's first four blocks are a's: the book's tenant figures (``/metrics``' prefix-cache
+    counters) have every prompt token looked up once and b's 64 held by the cache; nothing is
+    kept once the requests are freed."""
+    _, _, scheduler = _run("kv", True, async_scheduling, monkeypatch)
+    tenant = scheduler.book.state(scheduler._now(), detail=True).tenants["-"]
+    assert tenant["prompt_tokens"] == sum(p for p, _ in SIZES)
+    assert tenant["cached_tokens"] == 64
+    assert scheduler._cache_hits == {}

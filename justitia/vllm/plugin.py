@@ -188,6 +188,7 @@ class JustitiaScheduler(StepLogScheduler):
         self.pricer = BurstPricer(cost, state=settings.pricing_state, log=logger) if settings.pricing == "online" else None
         self._reset(settings.policy, cost.name, capacity, settings.measure_capacity, None, settings.retag)
         self.waiting = _CoreQueue(self)
+        self._cache_hits: dict[str, int] = {}  # request id -> prompt tokens vLLM's prefix cache held at its first schedule
         self.kv_holding_waiting = _HoldingQueue(self)
 
     def _calibrated(self, path: str | None) -> float | None:
@@ -324,14 +325,14 @@ class JustitiaScheduler(StepLogScheduler):
 
     def _free_request(self, request: Request, *args, **kwargs):
         """A finished or aborted request releases its policy state (and its agent's, when done)."""
+        cached = self._cache_hits.pop(request.request_id, None)
         if self.book.request(request.request_id) is not None:
             if request.request_id in self.waiting.requests:
                 self.waiting.remove_request(request)
             if self.pricer is not None:  # what its burst was charged, before the book may settle it
                 agent_id = self.book.request(request.request_id).agent_id
                 self.pricer.charged(agent_id, self.core.agent(agent_id))
-            cached = getattr(request, "num_cached_tokens", -1)  # vLLM's prefix-cache hit at its first schedule; -1: never scheduled
-            info = self.book.finish(request.request_id, self._now(), cached_tokens=cached if cached >= 0 else None)
+            info = self.book.finish(request.request_id, self._now(), cached_tokens=cached)
             if self.core.agent(info.agent_id) is None:
                 self._released(info.agent_id)
         return super()._free_request(request, *args, **kwargs)
@@ -376,7 +377,16 @@ class JustitiaScheduler(StepLogScheduler):
         return outputs
 
     def _after_step(self, now_s: float, waiting: int, output) -> StepDelivered | None:
-        """The service vLLM scheduled, charged; a step in which requests waited, kept to measure M."""
+        """The service vLLM scheduled, charged; a step in which requests waited, kept to measure M;
+        the prefix-cache hit of each request scheduled for the first time, kept till it is freed."""
+        for new in output.scheduled_new_reqs:
+            request = self.requests.get(new.req_id)
+            if request is not None and not request.num_preemptions:  # not one resumed (vLLM's v2 runner lists those here)
+                stats = getattr(request, "prefill_stats", False)  # 0.32: set at the first schedule, taken at its first output
+                if stats is False:  # a vLLM without them: what it had computed before this step
+                    self._cache_hits[new.req_id] = new.num_computed_tokens
+                elif stats is not None:
+                    self._cache_hits[new.req_id] = stats.num_cached_tokens
         if self._kv_blocks is not None:
             return self._after_prefix_step(now_s, waiting, output)
         if self._charge:
