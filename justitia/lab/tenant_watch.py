@@ -1,7 +1,8 @@
 """What `/metrics` says of each tenant, against the run's own log (``make tenant-watch``).
 
 ``justitia serve`` on the tiny model with three keyed tenants: ``batch-a`` and ``batch-b`` each
-submit ``--agents`` agents of eight 128-token tasks at the start, ``stream`` submits a one-task
+submit ``--agents`` agents of eight 128-token tasks at the start (``batch-a``'s prompts open with
+the same brief, ``BRIEF``), ``stream`` submits a one-task
 agent of 32 tokens every ``--every`` seconds for the whole run. ``/metrics`` is scraped every second, as a Prometheus
 would. At the end, each tenant's share of the service is read three ways:
 
@@ -12,7 +13,9 @@ would. At the end, each tenant's share of the service is read three ways:
   covers the run.
 
 The server reads the engine's per-tenant state at most once a second, so the three are read a
-second after the last agent ends.
+second after the last agent ends. Also the prefix cache as Justitia saw it (``justitia_prefix_cache_*``:
+each finished request's prompt tokens once, at its first schedule, against the log's prompt
+tokens), beside vLLM's own counters (every lookup).
 
     python -m justitia.lab.tenant_watch --out results/tenant-watch.json
 """
@@ -43,8 +46,12 @@ def _client(url: str, key: str) -> httpx.Client:
     return httpx.Client(base_url=url, timeout=60, headers={"Authorization": f"Bearer {key}"})
 
 
+BRIEF = "The brief every batch-a task shares: " + "the quarterly figures, their notes and the auditors' remarks; " * 24
+
+
 def _run_agent(url: str, tenant: str, tasks: int, tokens: int, log: list, lock: threading.Lock) -> None:
-    body = {"type": tenant, "stages": [[{"prompt": f"{tenant}: part {i} of the job.", "max_tokens": tokens,
+    brief = BRIEF if tenant == "batch-a" else ""  # two KV blocks and more: vLLM's prefix cache holds them after the first
+    body = {"type": tenant, "stages": [[{"prompt": f"{brief}{tenant}: part {i} of the job.", "max_tokens": tokens,
                                          "ignore_eos": True} for i in range(tasks)]]}
     with _client(url, KEYS[tenant]) as client:
         doc = wait_agent(client, client.post("/v1/agents", json=body).json()["agent_id"])
@@ -123,9 +130,23 @@ def main(argv: list[str] | None = None) -> int:
                      "off": off, "page": from_page.get(tenant), "top": top_share})
         print(f"{tenant:10} {100 * from_log[tenant]:7.1f}% {100 * from_metrics.get(tenant, 0):8.1f}% "
               f"{100 * off:+6.1f}% {100 * (from_page.get(tenant) or 0):7.1f}% {top_share or '-':>8}")
+    cache = {name: sum(v for _, _, v in samples(text, name)) for name in (
+        "justitia_prefix_cache_queries_total", "justitia_prefix_cache_hits_total",
+        "vllm:prefix_cache_queries_total", "vllm:prefix_cache_hits_total")}
+    prompts = sum(p for _, p, _ in log)
+    queries, hits = cache["justitia_prefix_cache_queries_total"], cache["justitia_prefix_cache_hits_total"]
+    print(f"prefix cache as Justitia saw it: {hits:.0f} of {queries:.0f} prompt tokens held ({100 * hits / max(queries, 1):.1f} %; "
+          f"the log's prompts: {prompts} tokens); vLLM's own counters, every lookup: "
+          f"{cache['vllm:prefix_cache_hits_total']:.0f} of {cache['vllm:prefix_cache_queries_total']:.0f}")
+    per_tenant = {labels["tenant"]: [0.0, 0.0] for _, labels, _ in samples(text, "justitia_tenant_prefix_cache_queries_total")}
+    for k, name in enumerate(("justitia_tenant_prefix_cache_queries_total", "justitia_tenant_prefix_cache_hits_total")):
+        for _, labels, value in samples(text, name):
+            per_tenant[labels["tenant"]][k] = value
+    cache["tenants"] = per_tenant
+    print("  by tenant: " + ", ".join(f"{t} {100 * h / q:.1f} %" for t, (q, h) in sorted(per_tenant.items()) if q))
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({"wall_s": wall, "tasks": len(log), "scrapes": len(scrapes), "tenants": rows},
-                                   indent=1))
+    args.out.write_text(json.dumps({"wall_s": wall, "tasks": len(log), "scrapes": len(scrapes), "tenants": rows,
+                                    "prefix_cache": cache | {"log_prompt_tokens": prompts}}, indent=1))
     worst = max(abs(r["off"]) for r in rows)
     print(f"worst /metrics share off the log's: {100 * worst:.1f} % (target: within 10 %)")
     return 0
