@@ -5,7 +5,6 @@ server, even by SIGKILL. One server for the module: Ray and two engines take a m
 from __future__ import annotations
 
 import os
-import re
 import signal
 import sys
 import time
@@ -13,22 +12,15 @@ import time
 import httpx
 import pytest
 
-from servers import Server, free_port, sigkill, wait_agent
+from servers import Server, free_port, metric, samples, sigkill, wait_agent
 
 pytest.importorskip("ray.serve")
 
 
 def _answers(client: httpx.Client) -> dict[int, int]:
     """Requests each replica answered, by its process id (from /metrics)."""
-    text = client.get("/metrics").text
-    return {int(pid): int(float(n)) for pid, n in
-            re.findall(r'^justitia_ray_replica_answers_total\{replica_pid="(\d+)"\} (\S+)$', text, re.M)}
-
-
-def _metric(client: httpx.Client, name: str) -> float:
-    m = re.search(rf"^{name} (\S+)$", client.get("/metrics").text, re.M)
-    assert m, f"no metric {name}"
-    return float(m.group(1))
+    return {int(labels["replica_pid"]): int(value) for _, labels, value
+            in samples(client.get("/metrics").text, "justitia_ray_replica_answers_total")}
 
 
 def _wait_until(ready, timeout_s: float, failure: str) -> None:
@@ -90,7 +82,7 @@ def test_agents_run_on_two_ray_replicas_in_the_order_of_one_clock(ray_server):
         elephant["stages"][1][0]["prompt"] = "Combine, starting from:\n{{prev[0]}}"  # all 24 answers would not fit
         ids = [client.post("/v1/agents", json=elephant).json()["agent_id"]]
         # the mice come once all 24 of the elephant's first-stage requests are with the replicas
-        _wait_until(lambda: _metric(client, "justitia_engine_requests_unfinished") >= 24, 120,
+        _wait_until(lambda: metric(client, "justitia_engine_requests_unfinished") >= 24, 120,
                    "the elephant's 24 requests never were all in flight")
         ids += [client.post("/v1/agents", json=_agent(1, 8, f"mouse{i}")).json()["agent_id"] for i in range(4)]
         docs = _wait_agents(client, ids)
@@ -105,8 +97,8 @@ def test_agents_run_on_two_ray_replicas_in_the_order_of_one_clock(ray_server):
         answers = _answers(client)
         assert len(answers) == 2 and sum(answers.values()) - before == 25 + 4 * 2, answers  # both replicas served
         # the one clock runs at the replicas' measured M together
-        assert _metric(client, "justitia_clock_capacity") > 0
-        assert _metric(client, "justitia_ray_replicas") == 2
+        assert metric(client, "justitia_clock_capacity") > 0
+        assert metric(client, "justitia_ray_replicas") == 2
         r = client.post("/v1/completions", json={"model": "tiny", "prompt": "Hello", "max_tokens": 5, "ignore_eos": True})
         assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 5
 
@@ -146,7 +138,7 @@ def test_a_replica_killed_mid_run_is_restarted_and_no_agent_is_lost(ray_server):
             assert all(t is not None and t["output_tokens"] == 384 for t in d["stages"][0])
             assert d["stages"][1][0] is not None
         # the kill hit requests in flight: sent again (no token yet) or their task run once more
-        assert _metric(client, "justitia_ray_retries_total") + _metric(client, "justitia_ray_interrupted_total") >= 1
+        assert metric(client, "justitia_ray_retries_total") + metric(client, "justitia_ray_interrupted_total") >= 1
         # Ray starts a new replica in the dead one's place: a process id not seen before answers
         deadline = time.time() + 300
         while time.time() < deadline:
