@@ -68,6 +68,7 @@ class RunResult:
     capacity_schedule: list[tuple[float, float]] | None = None  # (t_s, M) when the clock's M was measured
     served: list[tuple[float, str, float]] | None = None  # (finish_s, agent id, KV token-time) per request (simulator)
     prefix_cache: dict | None = None  # the engines' prefix cache: tokens looked up and hit (simulator, cache on)
+    guard_lag_s: float | None = None  # justitia's lag guard: the largest L it ran at (simulator, one engine)
 
 
 Render = Callable[[str, int, list[list[str]]], str]  # (prompt, stage, earlier answers' texts) -> prompt

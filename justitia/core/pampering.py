@@ -170,3 +170,8 @@ class Pampering:
         if at is None:
             return self._done_at.get(agent, self.v)
         return self.v + self._left.upto(at) / weight
+
+    def head_key(self, weight: float) -> float:
+        """The root V at which the first agent in the order is done if the tenant gets no more work."""
+        first = self._left.first()
+        return self.v if first is None else self.v + self._left.get(first) / weight

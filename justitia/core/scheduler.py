@@ -310,6 +310,7 @@ class AgentScheduler:
         if self._policy.timed:
             for agent_id in self._policy.advance(now_s):
                 self._waiting.touch(agent_id)
+                self._moved.add(agent_id)
         moved, self._moved = self._moved, set()
         if self._shifts:
             shifted = self._policy.take_moved()

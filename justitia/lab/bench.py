@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Callable
 
 from justitia.agent import BURSTS, PRICINGS, SUBAGENTS, AgentResult, RunResult
-from justitia.core import ROUTER_NAMES, has_clock
+from justitia.core import ROUTER_NAMES, cost_model, has_clock, make_policy
 from justitia.lab.metrics import delay_bound_s, fairness, gps_finish_times, jct_stats, turn_prediction, turn_stats
 from justitia.lab.progress import progress_bar
 from justitia.lab.tenants import tenant_report
@@ -44,6 +44,7 @@ class RunSpec:
     burst: str = "turn"  # what a session is priced and tagged by: a user turn, or the calls between two pauses
     subagents: str = "share"  # a session's subagents share its flow, or are flows of their own
     kv_eviction: str | None = None  # the prefix cache's eviction rule for this run (None: the engine config's)
+    guard_scale: float = 0.0  # justitia's lag guard starts from this largest burst seen before (0: cold)
 
     def __post_init__(self) -> None:
         if self.capacity not in CAPACITIES:
@@ -71,6 +72,8 @@ class RunSpec:
             doc["subagents"] = self.subagents
         if self.kv_eviction is not None:
             doc["kv_eviction"] = self.kv_eviction
+        if self.guard_scale:
+            doc["guard_scale"] = self.guard_scale
         return doc | {"per_agent": True} if self.per_agent else doc
 
     def workload(self, agents: list[Agent]) -> list[Agent]:
@@ -99,7 +102,11 @@ def simulate(
         return Cluster(config, spec.policy, predictor, spec.cost, replicas, spec.router or "least-load",
                        spec.cluster_clock or "global", event_skipping, on_agent_finish,
                        measure_capacity=spec.capacity == "measured", retag=spec.retag, pricing=spec.pricing).run(agents)
-    sim = Simulator(config, spec.policy, predictor, spec.cost, event_skipping, on_agent_finish,
+    policy = spec.policy
+    if spec.guard_scale and policy == "justitia-guarded":  # the guard warm from an earlier history's largest burst
+        cost = cost_model(spec.cost)
+        policy = make_policy(policy, config.capacity_per_s(cost), cost, spec.guard_scale)
+    sim = Simulator(config, policy, predictor, spec.cost, event_skipping, on_agent_finish,
                     measure_capacity=spec.capacity == "measured", retag=spec.retag,
                     pricing=spec.pricing, burst=spec.burst,
                     subagents=spec.subagents)
@@ -165,8 +172,10 @@ def summarize(
         if has_clock(spec.policy):  # policies with a clock
             schedule = run.capacity_schedule or [(0.0, formula_m)]
             gps = gps_finish_times(spec.workload(agents), formula_m, gps_schedule, bursts)  # the one yardstick
-            bound_s = delay_bound_s(agents, config, min(m for _, m in gps_schedule), bursts=bursts)
-            doc["gps_reference"]["delay_bound_s"] = bound_s
+            m_ref = min(m for _, m in gps_schedule)
+            doc["gps_reference"]["delay_bound_s"] = delay_bound_s(agents, config, m_ref, bursts=bursts)
+            bound_s = delay_bound_s(agents, config, m_ref, bursts=bursts, guard=run.guard_lag_s is not None,
+                                    guard_lag_s=run.guard_lag_s)  # justitia-guarded: B, whatever the prices
             late = 0
             for d in agent_docs:
                 d["gps_finish_s"] = gps[d["agent_id"]]
@@ -174,6 +183,8 @@ def summarize(
                 late += d["delay_vs_gps_s"] > bound_s
             entry["capacity_schedule"] = [[t, m] for t, m in schedule]
             entry["delay_bound_s"] = bound_s
+            if run.guard_lag_s is not None:
+                entry["guard_lag_s"] = run.guard_lag_s
             entry["bound_violations"] = late
             entry["max_delay_vs_gps_s"] = max(d["delay_vs_gps_s"] for d in agent_docs)
         if tenanted and run.served is not None:

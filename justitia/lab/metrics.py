@@ -7,6 +7,7 @@ import math
 import numpy as np
 
 from justitia.core import KV, VirtualClock
+from justitia.core.guard import LAG_FACTOR
 from justitia.sim import EngineConfig
 from justitia.workload import Agent
 
@@ -100,7 +101,8 @@ def gps_finish_times(agents: list[Agent], capacity_per_s: float,
 
 
 def delay_bound_s(agents: list[Agent], config: EngineConfig, capacity_per_s: float | None = None,
-                  replicas: int = 1, bursts: dict[str, list] | None = None) -> float:
+                  replicas: int = 1, bursts: dict[str, list] | None = None, guard: bool = False,
+                  guard_lag_s: float | None = None) -> float:
     """The paper's bound ``2 c_max + C_max / M`` on ``finish - gps_finish``, in seconds.
 
     ``C_max / M``: the largest agent's KV token-time over the capacity per second (``capacity_per_s``,
@@ -108,6 +110,10 @@ def delay_bound_s(agents: list[Agent], config: EngineConfig, capacity_per_s: flo
     value, a cluster's summed over its engines). ``c_max``, the non-preemption term, is the longest
     time one inference holds its memory once it starts: its prefill chunks plus its decode
     iterations, at the nominal (memory-saturated) iteration time of the one engine that runs it.
+
+    ``guard``: the bound ``B`` that justitia-guarded's lag guard keeps whatever the prices
+    (``core.guard``): ``2 c_max + max(L, LAG_FACTOR * C_max / M)``, ``L`` the largest lag the guard
+    ran at (``guard_lag_s``; docs/design.md, "A bound that holds whatever the prices").
     """
     iters = max(
         math.ceil(t.prompt_tokens / config.max_num_batched_tokens) + t.output_tokens - 1
@@ -117,7 +123,25 @@ def delay_bound_s(agents: list[Agent], config: EngineConfig, capacity_per_s: flo
     c_max_s = iters * config.nominal_iteration_s
     bursts = bursts or {}  # a session's largest burst is what it waits behind (docs/sessions.md)
     big_c = max(max(c for _, c in bursts[a.agent_id]) if bursts.get(a.agent_id) else a.cost(KV) for a in agents)
-    return 2 * c_max_s + big_c / (capacity_per_s or replicas * config.capacity_per_s(KV))
+    m = capacity_per_s or replicas * config.capacity_per_s(KV)
+    if not guard:
+        return 2 * c_max_s + big_c / m
+    return 2 * c_max_s + max(guard_lag_s or 0.0, LAG_FACTOR * big_c / m)
+
+
+def largest_burst(agents: list[Agent]) -> float:
+    """The largest burst of work among ``agents``, in KV token-time: an agent's whole cost, a
+    session's largest user turn (what justitia's lag guard is scaled by: ``core.guard``)."""
+    best = 0.0
+    for a in agents:
+        if not a.is_session:
+            best = max(best, a.cost(KV))
+            continue
+        turns = max(a._turn_of(s) for s in range(len(a.stages))) + 1 if a.stages else 0
+        for turn in range(turns):
+            best = max(best, sum(KV.request_cost(t.prompt_tokens, t.output_tokens)
+                                 for t in (a.task(s, i) for s, i in a.turn_calls(turn))))
+    return best
 
 
 def paired_bootstrap(a: np.ndarray, b: np.ndarray, resamples: int = 4000, seed: int = 0) -> dict:

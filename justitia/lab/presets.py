@@ -6,11 +6,12 @@ compare and what to print beside the results. The workloads come from ``justitia
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable
 
 from justitia.core import POLICY_NAMES
 from justitia.lab.bench import RunSpec
+from justitia.lab.metrics import largest_burst
 from justitia.lab.sessions import ONLINE_LABEL, sessions_specs, sessions_summary, sessions_workload
 from justitia.lab.workloads import (ABLATION_DENSITY, ELEPHANT_STREAM_RATE, ELEPHANT_STREAM_S, STREAM_LOAD, STREAM_S,
                                     SUSTAINED_S, TROJAN_COPIES, TROJAN_FRAC, TROJAN_PREFIX, elephant_stream_workload,
@@ -127,7 +128,25 @@ def make_preset(name: str, seed: int = 0) -> Preset:
     build = PRESETS.get(name)
     if build is None:
         raise ValueError(f"unknown preset '{name}'; expected one of: {', '.join(PRESET_NAMES)}.")
-    return build(name, seed)
+    preset = build(name, seed)
+    if name in HISTORY_PRESETS and any(s.policy == "justitia-guarded" for s in preset.specs):
+        preset.specs = [replace(s, guard_scale=history_scale(build, name, seed)) if s.policy == "justitia-guarded" else s
+                        for s in preset.specs]
+    return preset
+
+
+HISTORY_SEEDS = 3  # the disjoint workloads a simulated deployment's lag guard has seen before the run
+# the simulator's presets whose workloads are cheap to build again (the others train predictors on
+# theirs, or run on vLLM): their justitia runs start warm; the rest start cold
+HISTORY_PRESETS = ("main", "sessions", "sessions-choices", "starvation", "noise", "sustained", "sustained-near",
+                   "tenants", "elephant-stream")
+
+
+def history_scale(build, name: str, seed: int) -> float:
+    """The largest burst of work in ``HISTORY_SEEDS`` workloads of the same kind with other seeds: a
+    deployment's lag guard keeps what it has seen (``GuardedJustitia.scale``), so a preset's runs
+    start from a history disjoint from their own workload, never from its own costs or prices."""
+    return max(largest_burst(build(name, seed + 1000 + k).agents) for k in range(HISTORY_SEEDS))
 
 
 def _main(name: str, seed: int) -> Preset:

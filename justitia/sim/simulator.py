@@ -118,8 +118,9 @@ class EngineLoop:
         wall0 = time.perf_counter()
         cfg = self.config
         tenants = any(a.tenant is not None for a in agents)
-        # every step: timed keys, and counters a tenant's agents share (charged as they are served)
-        self._engines = [(SkippingRun if self.event_skipping and not core.traits.timed
+        # every step: timed keys (but those that rise with service: they are read only where a
+        # waiting request may be admitted, and advanced before each pass), and counters a tenant's agents share (charged as they are served)
+        self._engines = [(SkippingRun if self.event_skipping and (not core.traits.timed or core.lookahead.keys_rise)
                           and not (tenants and core.traits.pools_service)
                           else PlainRun)(cfg, core, lambda r, i=i: self._reported(i, r)) for i, core in enumerate(self.cores)]
         engines = self._engines
@@ -384,6 +385,7 @@ class Simulator:
                           on_agent_finish=self.on_agent_finish, **vars(self.options))
         result = loop.run(agents)
         result.capacity_schedule = core.clock().schedule
+        result.guard_lag_s = getattr(self.policy, "lag_max_s", None)  # justitia's lag guard: the largest L
         for e in loop._engines:  # the meter's record covers the whole run (M itself moved only at arrivals)
             e.report_service()
         return result

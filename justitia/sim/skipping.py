@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from justitia.core import AgentScheduler, Charge, RequestInfo
-from justitia.sim.config import EngineConfig
+from justitia.sim.config import PS_PER_S, EngineConfig
 from justitia.sim.stepping import PlainRun, SimRequest, ceil_div
 
 NEVER = 1 << 62
@@ -79,6 +79,8 @@ class SkippingRun(PlainRun):
     def advance(self) -> None:
         """One pass: a span of decode-only steps, one lazy step, or the plain step."""
         self.steps += 1
+        if self.timed:  # keys that move with time (and rise with service): read at the pass's start
+            self.core.advance(self.now_ps / PS_PER_S)
         if not (self._lazy_span() or self._lazy_step()):
             self._materialize()
             self._step()

@@ -78,6 +78,8 @@ class PlainRun:
         # is not charged step by step, each request is charged its whole service when it finishes
         self.charge_finished = core.traits.retags_on_service
         self.timed = core.traits.timed  # keys that move with time (justitia-eligible): advanced each step
+        # charged every step, and repriced as each request finishes (justitia-guarded: keys timed and rising)
+        self.reprices_charged = self.timed and core.lookahead.keys_rise
         self.now_ps = 0
         self.next_arrival_ps: int | None = None  # the simulator keeps this up to date
         self.free = config.blocks
@@ -201,16 +203,18 @@ class PlainRun:
         self._release(r)
         if self.cache is not None:
             self.cache.forget(r)
-        if self.charge_finished and not self.charged:
+        if self.charge_finished and (not self.charged or self.reprices_charged):
             self._charge_finished(r)
         self.core.request_finished(r.info)
         del self.reqs[r.info.request_id]
         self.finished(r)
 
     def _charge_finished(self, r: SimRequest) -> None:
+        """An agent priced as a distribution is repriced on its service as each request finishes:
+        charged the request's whole service then, or (a policy charged every step) nothing more."""
         standing = self.core.agent(r.info.agent_id)
         if standing is not None and standing.info.dist is not None:
-            p, d = r.prompt_tokens, r.output_tokens
+            p, d = (0, 0) if self.charged else (r.prompt_tokens, r.output_tokens)
             self.core.charge(r.info, Charge(p, d, kv_token_iters(p, d)), self.now_ps / PS_PER_S)
 
     def _charge_for(self, r: SimRequest, n: int) -> Charge:

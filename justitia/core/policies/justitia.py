@@ -15,7 +15,7 @@ class Justitia(Policy):
     its requests wait in inner-tag order and the tenant is filed under its head's root key, re-read
     when its tenant changes (``take_dirty``)."""
 
-    name = "justitia"
+    name = "justitia"  # the paper's rule; ``justitia-guarded`` adds the lag guard (policies.guarded)
     agent_level = True
     groups = True
 
@@ -24,6 +24,8 @@ class Justitia(Policy):
         before hierarchical GPS, kept to compare against)."""
         self.clock = VirtualClock(capacity_per_s, record=False, chained=chained)  # engines may run for days
         self._chained = chained
+        if chained:
+            self.name = "justitia-chained"
         self._tags: dict[str, tuple[float, int]] = {}  # agent -> (its tag when stamped, arrival order)
         self._groups = TenantGroups()  # tenants whose root keys moved: take_dirty, take_moved
         self._tenant = self._groups.tenant  # agents in a tenant -> the tenant

@@ -1,0 +1,176 @@
+"""The lag guard: justitia's delay bound holds whatever the prices (docs/design.md, "A bound that
+holds whatever the prices"). Every agent, and every session, finishes within ``B`` of its GPS
+finish on its *true* work, priced at random (each price off by up to 1000x either way) or
+adversarially (the smallest agents priced highest); ``justitia``, the paper's rule, does
+not."""
+
+import math
+import zlib
+
+import numpy as np
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from helpers import agent, engine, task_parallel_agents
+from justitia.core import AgentScheduler, Charge
+from justitia.core.guard import GUARD_FACTOR, Trace
+from justitia.core.policies import make_policy
+from justitia.lab.metrics import delay_bound_s, gps_finish_times
+from justitia.predictors.base import OraclePredictor
+from justitia.sim import Simulator
+
+
+class RandomPrices(OraclePredictor):
+    """Every agent (and each of its requests) priced at its true cost times its own factor, log-uniform
+    in [1/1000, 1000]."""
+
+    name = "random-1000x"
+
+    def _factor(self, a) -> float:
+        rng = np.random.default_rng(zlib.crc32(a.agent_id.encode()))
+        return math.exp(rng.uniform(-math.log(1000), math.log(1000)))
+
+    def agent_cost(self, a, model):
+        return super().agent_cost(a, model) * self._factor(a)
+
+    def request_cost(self, a, stage, index, model):
+        return super().request_cost(a, stage, index, model) * self._factor(a)
+
+    def turn_cost(self, a, turn, earlier, model):
+        return super().turn_cost(a, turn, earlier, model) * self._factor(a)
+
+
+class Adversarial(OraclePredictor):
+    """The smallest agents priced highest: an agent of cost C is priced at (the largest cost)^2 / C,
+    so the order of prices is the reverse of the order of the work."""
+
+    name = "adversarial"
+
+    def __init__(self, agents, model="kv"):
+        from justitia.core import cost_model
+
+        self._top = max(a.cost(cost_model(model)) for a in agents)
+
+    def agent_cost(self, a, model):
+        return self._top ** 2 / max(super().agent_cost(a, model), 1.0)
+
+    def request_cost(self, a, stage, index, model):
+        true = super().request_cost(a, stage, index, model)
+        return true * self.agent_cost(a, model) / max(super().agent_cost(a, model), 1.0)
+
+
+def lateness(agents, cfg, predictor, policy="justitia-guarded"):
+    """Each agent's finish past its GPS finish on its true work (at the engine's M) less the bound
+    the run reports (``B``: 2 c_max + max(L the guard ran at, LAG_FACTOR C_max / M)): > 0 is late."""
+    m = cfg.capacity_per_s("kv")
+    pol = make_policy(policy, m)
+    res = Simulator(cfg, pol, predictor).run(agents)
+    bursts = {r.agent_id: r.bursts for r in res.agents if r.bursts}
+    gps = gps_finish_times(agents, m, bursts=bursts)
+    bound = delay_bound_s(agents, cfg, bursts=bursts, guard=True, guard_lag_s=getattr(pol, "lag_max_s", None))
+    return {r.agent_id: r.finish_s - gps[r.agent_id] - bound for r in res.agents
+            if r.finish_s > gps[r.agent_id] + bound}, bound
+
+
+@settings(max_examples=30, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
+@given(seed=st.integers(0, 100_000), blocks=st.integers(90, 200), n=st.integers(2, 40),
+       adversarial=st.just(False))
+def test_no_agent_ends_past_the_bound_of_its_true_work_whatever_its_price(seed, blocks, n, adversarial):
+    # test_bound's task-parallel workloads (requests under a quarter of the cache), priced at random
+    # up to 1000x off either way, or the smallest highest; GPS runs on the true work
+    agents = task_parallel_agents(np.random.default_rng(seed), n)
+    predictor = Adversarial(agents) if adversarial else RandomPrices()
+    late, bound = lateness(agents, engine(blocks=blocks, budget=512, seqs=256), predictor)
+    assert not late, f"agents past the {bound:.2f} s bound by: {late}"
+
+
+@settings(max_examples=12, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
+@given(seed=st.integers(0, 100_000), n=st.integers(4, 14))
+def test_no_session_ends_past_the_bound_of_its_true_work_whatever_its_price(seed, n):
+    # coding-agent sessions (turns, tool pauses, subagents), each turn priced up to 1000x off
+    from justitia.workload import generate_sessions, scale_tokens
+
+    agents = scale_tokens(generate_sessions(n, seed, rate_per_s=1.0), 16)
+    late, bound = lateness(agents, engine(blocks=200, budget=512, seqs=256), RandomPrices())
+    assert not late, f"sessions past the {bound:.2f} s bound by: {late}"
+
+
+def elephant_priced_as_a_mouse():
+    """Small agents priced 1000x their work (an over-pricing predictor), behind one large agent
+    priced as a mouse: without the guard, the elephant's tag puts it first and the small agents,
+    tagged past it, wait for all of it."""
+    agents = [agent("elephant", 0.0, [(150, 140)] * 40)]
+    agents += [agent(f"m{i:02d}", 0.05 + 0.02 * i, [(40, 10)]) for i in range(10)]
+
+    class Lying(OraclePredictor):
+        name = "lying"
+
+        def agent_cost(self, a, model):
+            true = super().agent_cost(a, model)
+            return true / 1000 if a.agent_id == "elephant" else true * 1000
+
+        def request_cost(self, a, stage, index, model):
+            true = super().request_cost(a, stage, index, model)
+            return true / 1000 if a.agent_id == "elephant" else true * 1000
+
+    return agents, Lying(), engine(blocks=40, budget=512, seqs=256)
+
+
+def test_the_paper_s_rule_leaves_the_small_agents_past_the_bound_and_the_guard_does_not():
+    # the mechanism broken (justitia-unguarded): the small agents are late; with it, none is
+    agents, lying, cfg = elephant_priced_as_a_mouse()
+    late, bound = lateness(agents, cfg, lying, "justitia")
+    assert late, "the unguarded rule should leave the over-priced small agents past the bound"
+    late, bound = lateness(agents, cfg, lying)
+    assert not late, f"past the {bound:.2f} s bound by: {late}"
+
+
+def test_true_prices_keep_the_paper_s_order():
+    # with every price true the guard does not fire on a lightly loaded engine: the same finishes
+    rng = np.random.default_rng(7)
+    agents = task_parallel_agents(rng, 20)
+    cfg = engine(blocks=150, budget=512, seqs=256)
+    m = cfg.capacity_per_s("kv")
+    runs = {p: Simulator(cfg, make_policy(p, m, guard_scale=1e9), OraclePredictor()).run(agents)
+            for p in ("justitia-guarded", "justitia")}
+    finish = {p: {r.agent_id: r.finish_s for r in res.agents} for p, res in runs.items()}
+    assert finish["justitia-guarded"] == finish["justitia"]
+
+
+def test_an_agent_left_behind_by_more_than_l_goes_first():
+    # two agents at once: "big" priced low goes first; "small" priced 1e6x waits, and once its
+    # pace point is more than L behind V it is urgent and its request comes before big's next one
+    core = AgentScheduler.for_policy("justitia-guarded", 100.0)
+    core.agent_arrived("big", "t", 10.0, 0.0)
+    core.agent_arrived("small", "t", 1e9, 0.0)
+    big = [core.request_arrived(f"b{i}", "big", 10, 100.0, 0.0) for i in range(3)]
+    core.request_arrived("s0", "small", 10, 1e9, 0.0)
+    core.advance(0.0)
+    assert core.peek().agent_id == "big"
+    core.dequeue(big[0])
+    core.charge(big[0], Charge(10, 10, 200.0), 1.0)  # L = 1.25 * 200 / 100 = 2.5 s
+    core.advance(2.0)
+    assert core.peek().agent_id == "big"  # small is 2 s behind GPS: within L
+    core.advance(6.0)
+    assert core.peek().agent_id == "small"  # more than L behind: urgent
+
+
+def test_lag_is_price_free_and_scaled_by_the_largest_burst_served():
+    pol = make_policy("justitia-guarded", 100.0)
+    core = AgentScheduler(pol)
+    core.agent_arrived("a", "t", 1e12, 0.0)  # a price of 1e12 moves nothing
+    req = core.request_arrived("a0", "a", 10, 1e12, 0.0)
+    core.advance(1.0)
+    assert pol.lag_s == 0.0
+    core.dequeue(req)
+    core.charge(req, Charge(10, 10, 400.0))
+    core.advance(2.0)
+    assert pol.lag_s == GUARD_FACTOR * 400.0 / 100.0
+
+
+def test_trace_reads_and_inverts_a_piecewise_linear_map():
+    t = Trace()
+    for x, y in [(0, 0), (1, 10), (2, 10), (3, 10), (4, 30)]:
+        t.add(x, y, keep=100)
+    assert t.at(0.5) == 5 and t.at(2.5) == 10 and t.at(3.5) == 20 and t.at(9) == 30
+    assert t.when(5) == 0.5 and t.when(10) == 1 and t.when(20) == 3.5
