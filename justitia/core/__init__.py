@@ -9,6 +9,7 @@ from justitia.core.clock import VirtualClock
 from justitia.core.cost import (COMPUTE, KV, KV_PREFIX, Charge, CostModel, capacity_per_s, cost_model, kv_token_iters,
                                 shared_kv_savings)
 from justitia.core.gittins import CostDist
+from justitia.core.guard import LAG_FACTOR
 from justitia.core.ledger import BURST_BUCKETS, ERROR_BUCKETS
 from justitia.core.policies import (BASELINE_NAMES, OPTION_NAMES, POLICY_NAMES, STATIC_POLICY_NAMES, AgentInfo, Policy,
                                     RequestInfo, has_clock, keeps_front_clock, make_policy)
@@ -26,6 +27,8 @@ __all__ = [
     "POLICY_NAMES", "BASELINE_NAMES", "STATIC_POLICY_NAMES", "OPTION_NAMES",
     # costs and service
     "KV", "KV_PREFIX", "COMPUTE", "CostModel", "cost_model", "Charge", "kv_token_iters", "shared_kv_savings", "CostDist",
+    # the lag guard's bound factor (B = 2 c_max + LAG_FACTOR C_max / M, justitia-guarded)
+    "LAG_FACTOR",
     # the clock's M
     "VirtualClock", "CapacityMeter", "WINDOW_STEPS", "capacity_per_s", "calibrated_capacity",
     # what crosses a process: request metadata and control calls

@@ -57,6 +57,8 @@ class Traits(NamedTuple):
     # ``now_s``): an engine that can charge every step as it schedules it does so under any policy
     measures_capacity: bool  # the clock's M follows what the engine delivers (``observe_service``)
     timed: bool  # keys also move with time (justitia-eligible): ``advance`` before each step, no skipping
+    keys_rise: bool = False  # keys only grow as service is charged (las, vtc, justitia-guarded): a timed
+    # policy whose keys also rise may be stepped with event skipping, advanced before each pass
 
 
 class Standing(NamedTuple):
@@ -105,7 +107,8 @@ class AgentScheduler:
         self._shifts = policy.groups
         self._traits = Traits(policy.name, policy.dynamic, policy.groups, policy.pools,
                               type(policy).charge is not Policy.charge,
-                              retag and type(policy).revise is not Policy.revise, self._meter is not None, policy.timed)
+                              retag and type(policy).revise is not Policy.revise, self._meter is not None, policy.timed,
+                              policy.rising)
         self._lookahead = LookAhead(self._policy, self._waiting)
 
     @classmethod

@@ -6,8 +6,8 @@ import math
 
 import numpy as np
 
-from justitia.core import KV, VirtualClock
-from justitia.core.guard import LAG_FACTOR
+from justitia.core import KV, LAG_FACTOR, VirtualClock
+
 from justitia.sim import EngineConfig
 from justitia.workload import Agent
 

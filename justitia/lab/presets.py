@@ -53,6 +53,14 @@ def online_specs() -> list[RunSpec]:
     return [RunSpec(ONLINE_LABEL, "justitia", "online"), RunSpec("srjf@online", "srjf", "online")]
 
 
+def guard_specs() -> list[RunSpec]:
+    """Justitia behind its lag guard (``justitia-guarded``: a bound whatever the prices) beside the
+    paper's rule, with true prices, ``online``'s, and prices off by up to 100x either way."""
+    return [RunSpec("justitia-guarded", "justitia-guarded"), RunSpec("justitia-guarded@online", "justitia-guarded", "online"),
+            RunSpec("justitia@noisy:100", "justitia", "noisy:100"),
+            RunSpec("justitia-guarded@noisy:100", "justitia-guarded", "noisy:100")]
+
+
 def _all_policies(predictor: str = "oracle", formula: bool = False) -> list[RunSpec]:
     """Every policy; with ``formula``, also justitia with the formula's M (the paper's rule) beside
     the measured one."""
@@ -152,7 +160,7 @@ def history_scale(build, name: str, seed: int) -> float:
 def _main(name: str, seed: int) -> Preset:
     agents, info = build_workload(300, seed, MOONCAKE_ARRIVALS, 1.0)
     specs = _all_policies(formula=True) + [RunSpec("justitia-eligible", "justitia-eligible")]  # an option for the tail
-    specs += online_specs()
+    specs += online_specs() + guard_specs()
     return Preset(name, "300 agents of nine workflows at 1x density, all seven policies", agents, info, specs)
 
 

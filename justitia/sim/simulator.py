@@ -120,7 +120,7 @@ class EngineLoop:
         tenants = any(a.tenant is not None for a in agents)
         # every step: timed keys (but those that rise with service: they are read only where a
         # waiting request may be admitted, and advanced before each pass), and counters a tenant's agents share (charged as they are served)
-        self._engines = [(SkippingRun if self.event_skipping and (not core.traits.timed or core.lookahead.keys_rise)
+        self._engines = [(SkippingRun if self.event_skipping and (not core.traits.timed or core.traits.keys_rise)
                           and not (tenants and core.traits.pools_service)
                           else PlainRun)(cfg, core, lambda r, i=i: self._reported(i, r)) for i, core in enumerate(self.cores)]
         engines = self._engines

@@ -79,7 +79,7 @@ class PlainRun:
         self.charge_finished = core.traits.retags_on_service
         self.timed = core.traits.timed  # keys that move with time (justitia-eligible): advanced each step
         # charged every step, and repriced as each request finishes (justitia-guarded: keys timed and rising)
-        self.reprices_charged = self.timed and core.lookahead.keys_rise
+        self.reprices_charged = self.timed and core.traits.keys_rise
         self.now_ps = 0
         self.next_arrival_ps: int | None = None  # the simulator keeps this up to date
         self.free = config.blocks
