@@ -48,6 +48,9 @@ ENV_DOOR_TOKEN = "JUSTITIA_DOOR_TOKEN"
 DOOR_KEY = "justitia_door"  # the extra-args key that carries it
 # benches only: an answer's length, read by the scripted logits processor (justitia.vllm.scripted), never by pricing
 ANSWER_TOKENS_KEY = "justitia_answer_tokens"
+# benches only: the answer stands for a tool call (a scripted answer's text calls none), read by the door
+# as it reads a real answer's tool calls (server.door.AnswerWatch), never by pricing
+ANSWER_CALLS_TOOL_KEY = "justitia_answer_calls_tool"
 ENV_CACHE = "JUSTITIA_CACHE"  # built models and trained predictors (default ~/.cache/justitia)
 ENV_STATE_DIR = "JUSTITIA_STATE_DIR"  # the server's journal (default ~/.local/state/justitia)
 

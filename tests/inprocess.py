@@ -45,7 +45,8 @@ class WordTokenizer:
 
 
 class RecordingBackend(Backend):
-    """Answers every request with one token; keeps each request's metadata and each registration.
+    """Answers every request with one token (with ``tool_calls``, a forwarded one calls a tool);
+    keeps each request's metadata, each registration and each turn the door saw end.
     Its book runs ``policy`` at ``capacity`` (its clock's M); every event is at t=0, and ``state``
     reads the book at ``state_at`` seconds."""
 
@@ -62,6 +63,8 @@ class RecordingBackend(Backend):
         self.cuts = 0  # so many of the next requests fail midway (a replica lost after its first token)
         self.request_ids: list[str] = []
         self.register_failures = 0  # so many of the next registrations fail
+        self.tool_calls = False  # True: a forwarded request's answer calls a tool
+        self.ended: list[str] = []  # the sessions whose turn the door saw end (turn_ended), in order
 
     async def generate(self, prompt, params, request_id):
         if not self.gate.is_set():
@@ -90,6 +93,10 @@ class RecordingBackend(Backend):
         self.book.arrive(request_id, meta, prompt_tokens, max_tokens, 0.0)
         self.book.finish(request_id, 0.0)
         choice = {"index": 0, "text": "ok", "finish_reason": "length"}
+        if self.tool_calls:
+            call = {"id": "c1", "type": "function", "function": {"name": "weather", "arguments": "{}"}}
+            choice = {"index": 0, "message": {"role": "assistant", "content": None, "tool_calls": [call]},
+                      "finish_reason": "tool_calls"}
         answer = {"id": request_id, "object": "text_completion", "model": doc.get("model"), "choices": [choice]}
         if doc.get("stream"):
             async def chunks():
@@ -113,6 +120,9 @@ class RecordingBackend(Backend):
             self.book.pause(agent_id, 0.0)
         else:
             self.book.release(agent_id, 0.0)
+
+    async def turn_ended(self, agent_id):
+        self.ended.append(agent_id)
 
     async def state(self, detail=False, bound_s=None):
         return self.book.state(self.state_at, detail, bound_s)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from inprocess import door_app
+from inprocess import auth, door_app
 from justitia.core.book import SESSION_KEEP_S
 from justitia.defaults import policy_settings
 from justitia.server.identity import SESSION_SOURCES, SOURCES, opens_turn
@@ -152,3 +152,131 @@ def test_the_benchs_door_runs_shape_their_calls_as_a_harness_does():
     first, inside = messages("context ", "turn one", True), messages("context turn one", " tool said", False)
     assert opens_turn("chat", {"messages": first}) and not opens_turn("chat", {"messages": inside})
     assert turn_opener("chat", {"messages": first}) != turn_opener("chat", {"messages": messages("c", "turn two", True)})
+
+
+def test_the_door_tells_the_engine_a_turn_ended_when_an_answer_calls_no_tool(app):
+    """The engine learns a turn's cost when the door sees it end: an answer to a step of the turn
+    (its opening request, or one after a tool's result) that calls no tool, streamed or not; an
+    answer that calls one, a retry of the turn's opener, a subagent's request or an agent's (not a
+    session's) ends nothing."""
+    path, turn, tool = BODIES["chat"]
+    headers = AUTH | {"X-Claude-Code-Session-Id": "cc-1"}
+    app.backend.tool_calls = True  # the turn's first answer calls a tool
+    assert app.post(path, json={"model": "tiny"} | turn, headers=headers).status_code == 200
+    assert app.backend.ended == []
+    app.backend.tool_calls = False
+    for body, more in ((turn, {}), (turn, {"X-Claude-Code-Agent-Id": "explorer"})):  # a retry; a subagent
+        assert app.post(path, json={"model": "tiny"} | body, headers=headers | more).status_code == 200
+    assert app.post(path, json={"model": "tiny"} | tool, headers=AUTH | {"X-Agent-Id": "a"}).status_code == 200
+    assert app.backend.ended == []
+    assert app.post(path, json={"model": "tiny"} | tool, headers=headers).status_code == 200  # the tool's result
+    session = app.backend.metas[0].agent_id
+    assert app.backend.ended == [session]
+    streamed = next_turn("chat", tool) | {"model": "tiny", "stream": True}
+    r = app.post(path, json=streamed, headers=headers)
+    assert r.status_code == 200 and "[DONE]" in r.text
+    assert app.backend.ended == [session, session]
+
+
+def test_a_bench_answer_that_stands_for_a_tool_call_ends_no_turn_and_only_a_trusted_key_says_so(tmp_path):
+    """``justitia_answer_calls_tool`` (the door bench's, ``lab.door.goes_on``): the door reads it
+    and the engine never sees it; from a key that is not trusted it is a 400 naming the field."""
+    path, turn, _ = BODIES["chat"]
+    says = {"model": "tiny", "vllm_xargs": {"justitia_answer_calls_tool": True}} | turn
+    with door_app(tmp_path, f"{KEY}\nsk-door-trusted bench 1 trusted\n") as client:
+        r = client.post(path, json=says, headers=auth("sk-door-trusted") | {"X-Session-ID": "s"})
+        assert r.status_code == 200 and client.backend.ended == []
+        assert "justitia_answer_calls_tool" not in client.backend.metas[0].to_extra_args()
+        r = client.post(path, json=says, headers=AUTH | {"X-Session-ID": "s"})
+        assert r.status_code == 400 and "vllm_xargs.justitia_answer_calls_tool" in r.json()["error"]["message"]
+
+
+@pytest.mark.parametrize("answer, calls", [
+    (b'{"choices": [{"message": {"content": "done", "tool_calls": []}, "finish_reason": "stop"}]}', False),
+    (b'{"choices": [{"message": {"content": "tool_calls", "tool_calls": [{"id": "c"}]}}]}', True),
+    (b'{"choices": [{"delta": {"tool_calls": [{"index": 0}]}}]}', True),
+    (b'{"choices": [{"delta": {}, "finish_reason": "tool_calls"}]}', True),
+    (b'{"content": [{"type": "text", "text": "the tool_use said"}], "stop_reason": "end_turn"}', False),
+    (b'{"content": [{"type": "tool_use", "id": "t1", "name": "w", "input": {}}], "stop_reason": "tool_use"}', True),
+    (b'{"type": "content_block_start", "index": 1, "content_block": {"type": "tool_use", "id": "t1"}}', True),
+    (b'{"type": "message_delta", "delta": {"stop_reason": "tool_use"}}', True),
+    (b'{"output": [{"type": "function_call", "call_id": "c1", "name": "w"}], "parallel_tool_calls": true}', True),
+    (b'{"output": [{"type": "message"}], "tools": [{"type": "function"}], "parallel_tool_calls": true}', False),
+    (b'{"not json, with a tool', True),  # unread: the turn is not taken to have ended
+])
+def test_what_counts_as_an_answer_that_calls_a_tool(answer, calls):
+    from justitia.server.door import calls_tool
+
+    assert calls_tool(answer) is calls
+
+
+def test_an_answer_ends_its_turn_only_when_it_is_whole_a_200_and_no_stream_event_calls_a_tool_or_fails():
+    from justitia.server.door import AnswerWatch
+
+    def watched(status, body_parts, stream=False):
+        watch = AnswerWatch()
+        kind = b"text/event-stream" if stream else b"application/json"
+        watch.see({"type": "http.response.start", "status": status, "headers": [(b"content-type", kind)]})
+        for i, part in enumerate(body_parts):
+            watch.see({"type": "http.response.body", "body": part, "more_body": i < len(body_parts) - 1})
+        return watch.ends_turn
+
+    plain = b'{"choices": [{"message": {"content": "done"}}]}'
+    assert watched(200, [plain[:9], plain[9:]]) and not watched(400, [plain]) and not watched(200, [plain[:9], b""])
+    events = [b'data: {"choices": [{"delta": {"content": "do"}}]}\n\ndata: {"choices": [{"del',
+              b'ta": {"tool_calls": [{"index": 0}]}}]}\n\n', b"data: [DONE]\n\n"]
+    assert not watched(200, events, stream=True)  # the tool call split across two chunks
+    assert watched(200, [events[0].split(b"\n\n")[0] + b"\n\n", events[2]], stream=True)
+    assert not watched(200, [b'data: {"error": {"message": "the engine died"}}\n\n'], stream=True)
+
+
+def test_the_benchs_door_runs_send_one_cap_whatever_the_answer_clipped_to_the_context():
+    """``lab.door.cap``: ``max_tokens`` reads the prompt's length and the context, never the answer."""
+    from justitia.lab.door import MAX_TOKENS, TEMPLATE_SLACK, cap
+
+    assert cap(100, 2048) == MAX_TOKENS
+    assert cap(1500, 2048) == 2048 - 1500 - TEMPLATE_SLACK
+
+
+def test_the_benchs_door_runs_say_which_answers_stand_for_a_tool_call():
+    """``lab.door.goes_on``: every answer of a turn but those of its last stage (a subagent's
+    branch's included) stands for a tool call; the last stage's ends the turn."""
+    from types import SimpleNamespace
+
+    from justitia.lab.door import goes_on
+    from test_sessions import session
+
+    s = session()  # turn 0: stages 0-3 (a fork of two subagents at 2), turn 1: stage 4
+    said = {(st, i): goes_on(s, SimpleNamespace(stage=st, index=i, turn=0 if st < 4 else 1))
+            for st, i in s.turn_calls(0) + s.turn_calls(1)}
+    assert said == {(0, 0): True, (1, 0): True, (2, 0): True, (2, 1): True, (2, 2): True, (3, 0): False, (4, 0): False}
+
+
+def test_the_labs_servers_start_without_the_callers_saved_pricing_state(monkeypatch, tmp_path):
+    """A bench's ``justitia serve`` (a door run's) starts from nothing learned whatever the caller's
+    shell keeps in ``JUSTITIA_PRICING_STATE``; a launch that names a state file keeps it. Nothing starts."""
+    from justitia.lab import servers
+    from justitia.lab.door import door_server
+    from justitia.vllm.engine import EngineSpec
+
+    class NotStarted:
+        def __init__(self, cmd, env=None, **_):
+            launched.append((cmd, env))
+
+        def poll(self):
+            return 1  # exited at once: start() gives up without waiting
+
+        def kill(self):
+            pass
+
+    launched = []
+    monkeypatch.setattr(servers.subprocess, "Popen", NotStarted)
+    monkeypatch.setattr(servers.tempfile, "tempdir", str(tmp_path))  # the key file and journal it writes
+    monkeypatch.setenv("JUSTITIA_PRICING_STATE", "/home/me/kept.pricing.json")
+    with pytest.raises(SystemExit):
+        door_server("justitia", EngineSpec())
+    with pytest.raises(SystemExit):
+        servers.start_server(journal=False, env={"JUSTITIA_PRICING_STATE": "/tmp/this-run.json"})
+    (door, door_env), (_, asked) = launched
+    assert "serve" in door and "JUSTITIA_PRICING_STATE" not in door_env and door_env["PATH"]
+    assert asked["JUSTITIA_PRICING_STATE"] == "/tmp/this-run.json"

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import math
 
-from justitia.core import KV
+from justitia.core import KV, RETIRE, ControlCall
 from justitia.core.book import unpriced
 from justitia.vllm.plugin import JustitiaScheduler
 from vllm_scheduler import Driver, count_charges, make_scheduler, request
@@ -64,6 +64,27 @@ def test_one_tenants_bursts_do_not_move_anothers_prices(monkeypatch):
     learned = turns(scheduler, sessions=4, per_session=5, tenant="team-a")[-1][0]
     scheduler.add_request(request("b-0", PROMPT, ANSWER, agent_id="b", session=True, turn_start=True, tenant="team-b"))
     assert scheduler.core.agent("b").info.predicted_cost == cold != learned  # team-a's moved, team-b's did not
+
+
+def test_a_turn_is_learned_when_the_door_sees_it_end_and_only_once(monkeypatch):
+    """``retire`` with ``turn_end`` (the door saw an answer that calls no tool): the burst is learned
+    then, a session of one turn too; not while a request of it is open, and not again when the
+    session's next turn opens. Its release learns the turn the door did not see end."""
+    monkeypatch.delenv("JUSTITIA_PRICING", raising=False)
+    scheduler = make_scheduler(JustitiaScheduler, True)
+    pred, driver = scheduler.pricer.predictor, Driver(scheduler, 2)
+    ended = ControlCall(RETIRE, {"agent_id": "s", "turn_end": True})
+    scheduler.add_request(request("s-t0", PROMPT, ANSWER, agent_id="s", session=True, turn_start=True))
+    assert scheduler.control(ended) is False  # its request is open
+    driver.run()
+    assert scheduler.control(ended) is True and scheduler.control(ended) is False
+    assert pred.flush() and pred.observations == 1
+    scheduler.add_request(request("s-t1", PROMPT, ANSWER, first_token=9, agent_id="s", session=True, turn_start=True))
+    driver.run()
+    assert pred.flush() and pred.observations == 1  # turn 0 was not learned again as turn 1 opened
+    assert scheduler.core.agent("s") is not None  # the door's word released nothing
+    scheduler.control(ControlCall(RETIRE, {"agent_id": "s"}))
+    assert pred.flush() and pred.observations == 2
 
 
 def test_what_the_engine_learned_is_kept_across_a_restart(monkeypatch, tmp_path):

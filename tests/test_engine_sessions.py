@@ -77,6 +77,53 @@ def test_the_book_follows_a_driven_session_paused_between_turns_only():
     assert book.agent("s") is None  # its last call said agent_done: released
 
 
+def test_the_runner_registers_a_price_that_is_a_distribution_ahead_of_its_requests():
+    """``runner.register_args``: priced by ``online``, each turn of a session (and a plain agent) is
+    registered with the plug-in ahead of its first request, with its distribution, as the
+    simulator hands it to the core; the request then opens nothing, and the book the plug-in keeps
+    holds the distribution, which it reprices as it serves the turn. A point price registers nothing."""
+    from dataclasses import replace
+
+    from justitia.core import CostDist
+    from justitia.lab.runner import register_args
+    from justitia.predictors import OnlinePredictor
+
+    s = fast(session())
+    proc = AgentProcess(s, OnlinePredictor())
+    book = AgentBook.for_policy("justitia", 100.0)
+    held = {}
+
+    async def serve(call):
+        meta, args = call.meta, register_args(proc, call)
+        if args is not None:  # as the runner sends it (control REGISTER), as the plug-in reads it (parse_dist)
+            values, probs = args["dist"]
+            book.register(args["agent_id"], args["agent_type"], args["predicted_cost"], 0.0, args["weight"],
+                          args["tenant"], session=args["session"], dist=CostDist(tuple(values), tuple(probs)))
+            meta = replace(meta, turn_start=False)
+        book.arrive(call.request_id, meta, call.task.prompt_tokens, call.task.output_tokens, 0.0)
+        if args is not None:
+            held[call.turn] = book.agent(s.agent_id).info.dist
+        await asyncio.sleep(0.001)
+        book.finish(call.request_id, 0.0)
+        return Answer("", call.task.prompt_tokens, call.task.output_tokens)
+
+    async def paused():
+        assert book.pause(s.agent_id, 0.0)
+
+    asyncio.run(drive(proc, serve, on_pause=paused))
+    assert held == proc.turn_dists and len(held) == 2
+    plain = Agent("p", "x", 0.0, (Stage([Task("a", 10, 2), Task("b", 10, 2)]), Stage([Task("c", 10, 2)])))
+    priced = AgentProcess(plain, OnlinePredictor())
+    calls = priced.start()
+    assert all(register_args(priced, c)["dist"] == [list(priced.predicted_dist.values),
+                                                    list(priced.predicted_dist.probs)] for c in calls)
+    later = priced.answered(calls[0], Answer("", 10, 2)) + priced.answered(calls[1], Answer("", 10, 2))
+    assert [register_args(priced, c) for c in later] == [None]  # its later stages open nothing
+    oracle = AgentProcess(fast(session()), OraclePredictor())
+    opening = oracle.start()[0]
+    assert register_args(oracle, replace(opening, meta=replace(opening.meta, turn_start=True))) is None
+
+
 class Tokens:
     """A tokenizer of one id per character (enough to check what the runner builds)."""
 

@@ -188,6 +188,30 @@ def test_online_memory_is_bounded(monkeypatch):
         assert len(m.ys) <= online.WINDOW
 
 
+def test_a_tenant_inventing_type_names_evicts_only_its_own_models(tmp_path):
+    """Tenant a's client invents thousands of type names: a keeps at most its share, tenant b's
+    model (learned first, the least recently used of all) stays, and so it does after a restart."""
+    from justitia.predictors import online
+
+    pred = make_predictor("online")
+    for i in range(10):
+        b = typed(f"b{i}", "t", 100, 2, 50, tenant="b")
+        pred.agent_dist(b, KV)
+        pred.learn(b, b.cost(KV))
+    learned = pred._models[("agent", "b", "t")]
+    for i in range(online.MAX_MODELS + 500):
+        a = typed(f"a{i}", f"type-{i}", 50, 1, 10, tenant="a")
+        pred.agent_dist(a, KV)
+        pred.learn(a, a.cost(KV))
+    assert pred._models.get(("agent", "b", "t")) is learned and ("agent", "b", "t") in dict(pred._running.items())
+    for store in (pred._models, pred._running):
+        assert sum(1 for key, _ in store.items() if key[1] == "a") == online.MAX_MODELS_PER_TENANT
+    pred.save(tmp_path / "online.json")
+    again = make_predictor("online")
+    again.load(tmp_path / "online.json")
+    assert list(again._models[("agent", "b", "t")].ys) == list(learned.ys)
+
+
 def test_what_online_learned_survives_a_restart(tmp_path):
     pred = make_predictor("online")
     for i in range(20):

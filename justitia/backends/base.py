@@ -158,6 +158,10 @@ class Backend(ABC):
         when the last, aborted, has left). A done agent needs no call: its last requests say so.
         ``pause``: a session waits between two bursts and will return (``AgentBook.pause``)."""
 
+    async def turn_ended(self, agent_id: str) -> None:
+        """The door saw a session's turn end (an answer that calls no tool): an engine that prices
+        bursts without a price learns what the turn cost now. Others keep nothing of it."""
+
     @abstractmethod
     async def state(self, detail: bool = False, bound_s: float | None = None) -> PolicyState:
         """The policy that orders the engine, read now (its clock included, under justitia); with

@@ -54,6 +54,11 @@ class EngineBackend(Backend):
         """Retire (or pause) the agent in the plug-in (``AgentBook.retire``: once vLLM holds none of its requests)."""
         await control(self.llm, ControlCall(RETIRE, {"agent_id": agent_id, "pause": pause}))
 
+    async def turn_ended(self, agent_id: str) -> None:
+        """The plug-in learns the session's open burst now (``retire`` with ``turn_end``: nothing
+        else of the agent changes; ``vllm.pricer.BurstPricer.turn_ended``)."""
+        await control(self.llm, ControlCall(RETIRE, {"agent_id": agent_id, "turn_end": True}))
+
     async def state(self, detail: bool = False, bound_s: float | None = None) -> PolicyState:
         """The plug-in's policy, read in the engine process."""
         args = {"detail": True, "bound_s": bound_s} if detail else {}

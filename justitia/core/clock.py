@@ -98,6 +98,11 @@ class VirtualClock:
         return n
 
     @property
+    def now_s(self) -> float:
+        """The time the clock was last moved to (it never goes back)."""
+        return self._now_s
+
+    @property
     def active_flows(self) -> int:
         """Number of root entries (tenants, and agents without one) active in GPS."""
         return len(self._active)
@@ -384,30 +389,3 @@ class VirtualClock:
             for agent_id, v in state.inner.drain().items():  # a hair of inner work left: finished now
                 out[agent_id] = self._to_seconds(min(v, self._v))
         return out
-
-    # ----------------------------------------------------------------- the lag guard's readings
-    def pace_start(self, agent_id: str) -> float | None:
-        """The agent's GPS start ``S`` in its own clock (the root's; its tenant's inner clock's for an
-        agent in a tenant), or None if it is not known: its pace point is ``S + attained / w``."""
-        tenant = self._tenant_of.get(agent_id)
-        clock = self if tenant is None else self._tenants[tenant].inner
-        known = clock._agents.get(agent_id)
-        return None if known is None else known[0]
-
-    def tenant_active(self, tenant: str) -> bool:
-        """Whether the tenant is a root entry active in GPS (as of the clock's last reading)."""
-        return ("tenant", tenant) in self._active
-
-    def inner_time(self, tenant: str) -> float | None:
-        """The tenant's inner virtual time at the root's V now (None: not known)."""
-        if tenant not in self._tenants:
-            return None
-        return self._inner(tenant)._v
-
-    def head_key(self, tenant: str) -> float | None:
-        """The root key of the tenant's first agent in its pampering order (None: not known)."""
-        if tenant not in self._tenants:
-            return None
-        self._inner(tenant)
-        state = self._tenants[tenant]
-        return state.schedule.head_key(state.weight)

@@ -202,10 +202,10 @@ class AgentScheduler:
 
     def _asked(self, agent_id: str, revealed: list[float] | None, attained: list[float] | None) -> float:
         """What a leaving agent asked for, to settle it at: its finished requests' predicted costs;
-        for an agent priced as a distribution, the service it was charged (the truth, when the
-        engine charges it), if any."""
+        for an agent priced as a distribution, or under a policy that settles on service
+        (justitia-guarded), the service it was charged (the truth, when the engine charges it), if any."""
         info = self._agents[agent_id]
-        if info.dist is not None and attained is not None and attained[0] > 0:
+        if (info.dist is not None or self._policy.settles_on_service) and attained is not None and attained[0] > 0:
             return attained[0]
         return revealed[1] if revealed else 0.0
 

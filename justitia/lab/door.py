@@ -8,12 +8,16 @@ counts turns as it does a harness's. The text is the call's prompt as the in-pro
 (``runner.SessionPrompts``: the same shared system prompts, the conversation as sent and
 answered), decoded to text: the context in the first message, the call's own text in the last.
 
-Nothing in the request names the call's cost. ``max_tokens`` is a cap well above the answer
-(``CAP_FACTOR`` times it, within the context); the answer ends at the workload's length by a
-bench-only key that pricing never reads (``vllm_xargs.justitia_answer_tokens``, from a trusted
-key, read by the scripted logits processor ``justitia.vllm.scripted``). The plug-in prices each
-turn where it opens from what the engine sees (``vllm/pricer.py``), learning from the turns that
-ended earlier in the run: each run is a fresh server.
+Nothing in the request names the call's cost. ``max_tokens`` is one cap whatever the answer, as a
+harness sends it (``MAX_TOKENS``, clipped to the room the prompt leaves in the context: ``cap``);
+the answer ends at the workload's length by a bench-only key that pricing never reads
+(``vllm_xargs.justitia_answer_tokens``, from a trusted key, read by the scripted logits processor
+``justitia.vllm.scripted``). The plug-in prices each turn where it opens from what the engine sees
+(``vllm/pricer.py``), learning from the turns that ended earlier in the run: each run is a fresh
+server, which the caller's saved pricing state does not reach (``servers.child_env``). The door
+learns a turn when its answer calls no tool; the scripted answers call none, so one that the turn
+goes on after (``goes_on``) says it stands for a tool call by another bench-only key
+(``vllm_xargs.justitia_answer_calls_tool``), as a harness's answer would show one.
 """
 
 from __future__ import annotations
@@ -29,7 +33,7 @@ import httpx
 from justitia.agent import AgentProcess
 from justitia.agent.calls import Answer, AgentResult, Call, RunResult
 from justitia.core import cost_model
-from justitia.defaults import ANSWER_TOKENS_KEY
+from justitia.defaults import ANSWER_CALLS_TOOL_KEY, ANSWER_TOKENS_KEY
 from justitia.lab.runner import EngineRun, SessionPrompts, replay
 from justitia.lab.servers import start_server
 from justitia.predictors import make_predictor
@@ -37,14 +41,28 @@ from justitia.vllm.engine import EngineSpec
 from justitia.workload import Agent
 
 KEY = "sk-bench-door-trusted-0001"
-CAP_FACTOR = 4  # max_tokens: this many times the answer (at least CAP_MIN), within the context
-CAP_MIN = 64
+# max_tokens on every call, whatever its answer: a harness sends the same cap on every call, so a
+# price read from max_tokens learns nothing of the answer from it (1,024: half the bench's context)
+MAX_TOKENS = 1024
 TEMPLATE_SLACK = 64  # tokens the chat template and the messages' roles add to a prompt, at most
 SUFFIX = "@door"
 
 
 def door_label(policy: str) -> str:
     return policy + SUFFIX
+
+
+def cap(prompt_tokens: int, max_model_len: int) -> int:
+    """A call's ``max_tokens``: ``MAX_TOKENS``, clipped to what the context leaves after its prompt
+    (and the chat template's ``TEMPLATE_SLACK``), as a harness clips its cap to its model's context."""
+    return max(1, min(MAX_TOKENS, max_model_len - prompt_tokens - TEMPLATE_SLACK))
+
+
+def goes_on(agent: Agent, call: Call) -> bool:
+    """Whether the call's turn goes on after its answer, which a harness's answer would show as a
+    tool call: a call of an earlier stage of its turn, or of a subagent's branch."""
+    last = max(s for s, _ in agent.turn_calls(call.turn))
+    return call.stage < last or call.index >= len(agent.stages[call.stage])
 
 
 def messages(head: str, own: str, opens_turn: bool) -> list[dict]:
@@ -65,6 +83,7 @@ async def run_through_door(url: str, agents: list[Agent], policy: str, tokenizer
     pred = make_predictor("oracle", seed)  # the process's own bookkeeping: nothing of it is sent
     prompts = SessionPrompts(tokenizer, max_model_len)
     run_id = uuid.uuid4().hex[:8]
+    by_id = {a.agent_id: a for a in agents}
     requests: list[tuple[str, float, float]] = []
     limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
     async with httpx.AsyncClient(base_url=url, timeout=600, limits=limits,
@@ -75,11 +94,15 @@ async def run_through_door(url: str, agents: list[Agent], policy: str, tokenizer
             task = call.task
             ids = prompts.prompt(call)
             head, tail = tokenizer.decode(ids[:prompts.context_tokens]), tokenizer.decode(ids[prompts.context_tokens:])
-            cap = max(task.output_tokens, min(CAP_FACTOR * task.output_tokens + CAP_MIN,
-                                              max_model_len - len(ids) - TEMPLATE_SLACK))
-            body = {"model": served, "messages": messages(head, tail, call.meta.turn_start), "max_tokens": cap,
+            limit = cap(len(ids), max_model_len)
+            if limit < task.output_tokens:
+                raise RuntimeError(f"request '{call.request_id}': its answer of {task.output_tokens} tokens does not "
+                                   f"fit the {limit} the context leaves after its prompt of {len(ids)}.")
+            body = {"model": served, "messages": messages(head, tail, call.meta.turn_start), "max_tokens": limit,
                     "temperature": 0.0, "return_token_ids": True,
                     "vllm_xargs": {ANSWER_TOKENS_KEY: int(task.output_tokens)}}
+            if goes_on(by_id[call.meta.agent_id], call):
+                body["vllm_xargs"][ANSWER_CALLS_TOOL_KEY] = True
             sent = time.monotonic() - t0
             r = await client.post("/v1/chat/completions", json=body, headers={"X-Session-ID": call.meta.agent_id})
             if r.status_code != 200:

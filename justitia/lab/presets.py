@@ -53,10 +53,13 @@ def online_specs() -> list[RunSpec]:
     return [RunSpec(ONLINE_LABEL, "justitia", "online"), RunSpec("srjf@online", "srjf", "online")]
 
 
+GUARDED_ONLINE = RunSpec("justitia-guarded@online", "justitia-guarded", "online")
+
+
 def guard_specs() -> list[RunSpec]:
     """Justitia behind its lag guard (``justitia-guarded``: a bound whatever the prices) beside the
     paper's rule, with true prices, ``online``'s, and prices off by up to 100x either way."""
-    return [RunSpec("justitia-guarded", "justitia-guarded"), RunSpec("justitia-guarded@online", "justitia-guarded", "online"),
+    return [RunSpec("justitia-guarded", "justitia-guarded"), GUARDED_ONLINE,
             RunSpec("justitia@noisy:100", "justitia", "noisy:100"),
             RunSpec("justitia-guarded@noisy:100", "justitia-guarded", "noisy:100")]
 
@@ -186,14 +189,14 @@ def _sustained(name: str, seed: int) -> Preset:
     agents, info = sustained_workload(seed, load, EngineConfig(profile=load_profile(SIM_DEFAULT_PROFILE)))
     return Preset(name, f"an elephant, then small agents at {load:g}x the engine's saturated rate for "
                   f"{SUSTAINED_S / 60:.0f} minutes, all seven policies", agents, info,
-                  _all_policies(formula=True) + online_specs(), summary=elephant_summary)
+                  _all_policies(formula=True) + online_specs() + [GUARDED_ONLINE], summary=elephant_summary)
 
 
 def _tenants(name: str, seed: int) -> Preset:
     agents, info = tenants_workload(seed, EngineConfig(profile=load_profile(SIM_DEFAULT_PROFILE)))
     return Preset(name, "main's agents in three tenants weighted 1, 1 and 2, and a fourth tenant streaming small "
                   f"agents at {STREAM_LOAD:g}x the engine's saturated rate for {STREAM_S:.0f} s", agents, info,
-                  tenant_specs() + [RunSpec(ONLINE_LABEL, "justitia", "online")])
+                  tenant_specs() + [RunSpec(ONLINE_LABEL, "justitia", "online"), GUARDED_ONLINE])
 
 
 def _elephant_stream(name: str, seed: int) -> Preset:

@@ -18,8 +18,11 @@ the simulator's count) beside the requests' prompt tokens; the cache is emptied 
 Two ways to schedule (``EngineSpec.scheduler``):
 
 - ``plugin``: the engine runs ``JustitiaScheduler``; every request carries its agent's metadata.
-  One engine serves every policy: a ``reset`` control call gives the plug-in a fresh policy state
-  between runs.
+  An agent or a session's turn priced as a distribution (``online``) is registered with the
+  plug-in ahead of its first request, with the distribution (``register_args``), which the plug-in
+  reprices by its Gittins index as it serves it, as the simulator does; a request's metadata
+  carries point prices only. One engine serves every policy: a ``reset`` control call gives the
+  plug-in a fresh policy state between runs.
 - ``priority`` (front-end tagging): stock vLLM with ``scheduling_policy="priority"`` and no
   plug-in. The runner keeps the policy in a front end's book fed the same metadata and passes each
   request's static key as the int ``priority`` (``backends.tagging.Tagger``). Only static policies can be
@@ -44,7 +47,7 @@ from typing import Callable
 
 from justitia.agent import AgentProcess, AgentResult, Answer, Call, RunResult, drive
 from justitia.backends.tagging import Tagger
-from justitia.core import RESET, RETIRE, STATE, WINDOW_STEPS, ControlCall, PolicyState, cost_model
+from justitia.core import REGISTER, RESET, RETIRE, STATE, WINDOW_STEPS, ControlCall, PolicyState, cost_model
 from justitia.core import capacity_per_s as default_capacity  # run() takes a capacity_per_s of its own
 from justitia.defaults import ITERATION_S, process_cpus
 from justitia.predictors import make_predictor
@@ -181,7 +184,14 @@ class VllmEngine(RunningEngine):
             await self._reset(policy, cost, capacity, str(step_log), measure_capacity, retag)
 
         requests: list[tuple[str, float, float]] = []  # (request id, sent, answered), seconds into the run
+        processes: dict[str, AgentProcess] = {}
+        ahead: dict[tuple, asyncio.Future] = {}  # (agent, turn) -> its registration with the plug-in
         t0 = time.monotonic()
+
+        def process_for(agent: Agent) -> AgentProcess:
+            p = AgentProcess(agent, pred, model, request_prefix=f"{run_id}/", pricing=pricing)
+            processes[agent.agent_id] = p
+            return p
 
         async def serve(call: Call) -> Answer:
             task = call.task
@@ -189,7 +199,15 @@ class VllmEngine(RunningEngine):
             prompt = ids[key] if key in ids else sessions.prompt(call)
             sent = time.monotonic() - t0
             if frontend is None:
-                out, hit = await self._generate(prompt, task.output_tokens, call.request_id, call.meta.to_extra_args())
+                meta = call.meta
+                args = register_args(processes[meta.agent_id], call)
+                if args is not None:  # registered once, before any of its requests: they open nothing
+                    opens = (meta.agent_id, call.turn if meta.session else None)
+                    if opens not in ahead:
+                        ahead[opens] = asyncio.ensure_future(control(self.llm, ControlCall(REGISTER, args)))
+                    await ahead[opens]
+                    meta = replace(meta, turn_start=False)
+                out, hit = await self._generate(prompt, task.output_tokens, call.request_id, meta.to_extra_args())
             else:
                 _, priority = tagger.tag(call.request_id, call.meta, task.prompt_tokens, task.output_tokens,
                                            time.monotonic() - t0)
@@ -216,9 +234,7 @@ class VllmEngine(RunningEngine):
                     await control(self.llm, ControlCall(RETIRE, {"agent_id": agent.agent_id, "pause": True}))
             return pause
 
-        results, lags, wall = await replay(
-            agents, lambda a: AgentProcess(a, pred, model, request_prefix=f"{run_id}/", pricing=pricing), serve, t0,
-            paused, on_agent_finish)
+        results, lags, wall = await replay(agents, process_for, serve, t0, paused, on_agent_finish)
         schedule = None
         if frontend is None:  # the plug-in's clock
             state = PolicyState.from_json(await control(self.llm, ControlCall(STATE)))
@@ -243,6 +259,24 @@ class VllmEngine(RunningEngine):
                 "measure_capacity": measure, "retag": retag}
         if not await control(self.llm, ControlCall(RESET, args)):
             raise RuntimeError("the plug-in refused to reset (its policy state, its step log): the engine is not idle.")
+
+
+def register_args(process: AgentProcess, call: Call) -> dict | None:
+    """The plug-in's ``register`` arguments for what ``call`` opens, where its price is a
+    distribution: the agent (a call of its first stage) or the session's turn (the call that opens
+    it, ``turn_start``). The plug-in takes a distribution only there (``parse_dist``: ``dist`` as
+    ``[values, probs]``), never from a request's metadata, which carries the point price. None for
+    a call that opens nothing, or a point price."""
+    meta = call.meta
+    if process.agent.is_session:
+        dist = process.burst_dist([call]) if meta.turn_start else None
+    else:
+        dist = process.predicted_dist if call.stage == 0 else None
+    if dist is None:
+        return None
+    return {"agent_id": meta.agent_id, "agent_type": meta.agent_type, "predicted_cost": meta.agent_cost,
+            "weight": meta.agent_weight or 1.0, "tenant": meta.tenant, "session": meta.session,
+            "dist": [list(dist.values), list(dist.probs)]}
 
 
 async def replay(agents: list[Agent], process_for: Callable[[Agent], AgentProcess], serve: Callable,

@@ -20,6 +20,8 @@ from pathlib import Path
 
 import httpx
 
+from justitia.defaults import ENV_PRICING_STATE
+
 
 def free_port() -> int:
     """A TCP port free on loopback now."""
@@ -28,14 +30,20 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+def child_env(env: dict | None = None) -> dict[str, str]:
+    """A server's environment: this one with ``env`` added, less ``JUSTITIA_PRICING_STATE`` unless
+    ``env`` names it (a bench run starts from nothing learned, whatever its caller's shell keeps)."""
+    # vLLM's CPU backend otherwise reserves most of the machine's memory for each engine's KV cache
+    mine = {k: v for k, v in os.environ.items() if k != ENV_PRICING_STATE}
+    return {"VLLM_CPU_KVCACHE_SPACE": "1"} | mine | (env or {})
+
+
 def start(cmd: list[str], port: int, ready: str, quiet: bool = False, env: dict | None = None,
           log: Path | None = None) -> tuple[subprocess.Popen, str]:
-    """Start ``cmd`` serving on loopback ``port`` (``env`` added to this environment; its output to
-    ``log``, or nowhere if ``quiet``); return it once ``ready`` answers (SystemExit if it never does)."""
+    """Start ``cmd`` serving on loopback ``port`` (in ``child_env(env)``; its output to ``log``, or
+    nowhere if ``quiet``); return it once ``ready`` answers (SystemExit if it never does)."""
     out = open(log, "w") if log is not None else subprocess.DEVNULL if quiet else None
-    # vLLM's CPU backend otherwise reserves most of the machine's memory for each engine's KV cache
-    env = {"VLLM_CPU_KVCACHE_SPACE": "1"} | dict(os.environ) | (env or {})
-    proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT if log is not None else out, env=env)
+    proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT if log is not None else out, env=child_env(env))
     url = f"http://127.0.0.1:{port}"
     deadline = time.time() + 400
     while proc.poll() is None and time.time() < deadline:
@@ -49,13 +57,15 @@ def start(cmd: list[str], port: int, ready: str, quiet: bool = False, env: dict 
     raise SystemExit(f"{cmd[:4]} did not start")
 
 
-def start_server(*args: str, quiet: bool = False, journal: bool = True) -> tuple[subprocess.Popen, str]:
+def start_server(*args: str, quiet: bool = False, journal: bool = True,
+                 env: dict | None = None) -> tuple[subprocess.Popen, str]:
     """``justitia serve ARGS`` on a free loopback port, once it answers /health; with a fresh journal
-    (nothing to resume), or none."""
+    (nothing to resume), or none, and no saved pricing state unless ``env`` names one (``child_env``)."""
     port = free_port()
     path = Path(tempfile.mkdtemp(prefix="justitia-load-")) / "journal.sqlite"
     where = ["--journal", str(path)] if journal else ["--no-journal"]
-    return start([sys.executable, "-m", "justitia", "serve", "--port", str(port), *where, *args], port, "/health", quiet)
+    cmd = [sys.executable, "-m", "justitia", "serve", "--port", str(port), *where, *args]
+    return start(cmd, port, "/health", quiet, env)
 
 
 def start_replica(model_dir: str, quiet: bool = True) -> tuple[subprocess.Popen, str]:

@@ -95,11 +95,14 @@ def sessions_engine_summary(doc: dict) -> list[str]:
     return lines
 
 
+GUARDED_ONLINE_LABEL = "justitia-guarded@online"  # behind its lag guard: a bound whatever the prices
+
+
 def sessions_specs(choices: bool = False) -> list[RunSpec]:
     """The policies, or (``choices``) justitia under each of its design's choices."""
     if not choices:
         return ([RunSpec(p, p) for p in SESSIONS_POLICIES] + [RunSpec(p, p) for p in BASELINE_NAMES]
-                + [RunSpec(ONLINE_LABEL, "justitia", "online")])
+                + [RunSpec(ONLINE_LABEL, "justitia", "online"), RunSpec(GUARDED_ONLINE_LABEL, "justitia-guarded", "online")])
     return [RunSpec("justitia", "justitia"), RunSpec(PAUSE_LABEL, "justitia", burst="pause"),
             RunSpec(FLOWS_LABEL, "justitia", subagents="flows"),
             RunSpec(TAG_EVICTION_LABEL, "justitia", kv_eviction="tag"),

@@ -1,11 +1,15 @@
-"""What the best price a server could give a session's turn buys: each turn priced by a
-distribution that knows its calls' mean cost exactly and only draws its number of calls from the
-session generator's own distribution (``calls_per_turn`` in ``justitia/data/sessions.json``).
+"""A clairvoyant upper reference for a session's turn prices: each turn priced by a distribution
+that knows its calls' true mean cost and draws only its number of calls from the session
+generator's own distribution (``calls_per_turn`` in ``justitia/data/sessions.json``).
 
     python -m justitia.lab.sessions_ideal      # the sessions preset's workload, justitia only (20 s)
 
-A what-if, not a predictor (it reads the true cost): it bounds what any turn predictor that sees
-only a turn's start can give the scheduler, next to ``online``'s row of the ``sessions`` preset.
+A what-if, not a predictor (it reads the true cost), to set beside ``online``'s row of the
+``sessions`` preset. It bounds nothing about pricing from what a server sees: the mean call cost
+it knows explains 71 % of the variance of a turn's log cost, against 9 % for what a turn's start
+shows (its first prompt's length, its index). What it leaves to chance, the number of calls, the
+``sessions`` generator draws for each turn independently of anything seen at its start (the log of
+it correlates -0.06 with the first prompt's length, -0.04 with the turn index).
 """
 
 from __future__ import annotations

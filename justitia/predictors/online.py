@@ -21,7 +21,9 @@ While bursts of a type are still running past their prices (``progress``: what t
 calls cost so far), the upper half of the type's next distributions moves up by their mean excess.
 
 A tenant's traffic moves only its own prices (clients are untrusted); the models kept are bounded
-(``MAX_MODELS``, least recently used out; ``WINDOW`` observations each), so memory is too.
+(``MAX_MODELS``, and ``MAX_MODELS_PER_TENANT`` of one tenant, least recently used out; ``WINDOW``
+observations each), so memory is too, and a client that invents type names evicts only its own
+tenant's models.
 Refits happen every ``REFIT_EVERY`` observations of a model: inline (the simulator: deterministic,
 and only on what finished earlier in the run), or in a background thread (``background=True``,
 the server: pricing reads the last fitted coefficients and never waits for a fit). What was learned
@@ -61,6 +63,7 @@ RIDGE = 2.0  # the pull toward the prior's coefficients
 ATOMS = 8  # quantiles of the residuals a price's distribution has
 PRIOR_SPREAD = 1.0  # the residuals' deviation (log units) assumed before any was seen
 MAX_MODELS = 4096  # (kind, tenant, type) models kept, least recently used dropped
+MAX_MODELS_PER_TENANT = 512  # of them, one tenant's: past it, that tenant's own least recently used go
 RUNNING_PER_MODEL = 64  # bursts priced and not yet learned tracked per model (the newest)
 PRIOR_OUTPUT_TOKENS = 32  # the answer length a prompt is priced with when no prior says more
 PRIOR_RANGE = math.exp(4.0)  # how far a prior may stray from that, either way
@@ -122,6 +125,55 @@ class _Running:
         return self.excess / (len(self.entries) + PRIOR_WEIGHT) if self.excess > 1e-9 else 0.0
 
 
+class _Lru:
+    """(kind, tenant, type) -> its entry, the least recently used first: at most ``MAX_MODELS`` in
+    all and ``MAX_MODELS_PER_TENANT`` of one tenant (past its share, a tenant loses its own least
+    recently used first)."""
+
+    def __init__(self) -> None:
+        self._all: OrderedDict[tuple[str, str, str], object] = OrderedDict()
+        self._of: dict[str, OrderedDict] = {}  # tenant -> its keys, least recently used first
+
+    def __len__(self) -> int:
+        return len(self._all)
+
+    def __getitem__(self, key):
+        return self._all[key]
+
+    def get(self, key):
+        return self._all.get(key)
+
+    def items(self):
+        return self._all.items()
+
+    def values(self):
+        return self._all.values()
+
+    def touch(self, key) -> None:
+        """``key`` was used now."""
+        self._all.move_to_end(key)
+        self._of[key[1]].move_to_end(key)
+
+    def put(self, key, value) -> None:
+        """A new entry (or ``key``'s replaced, used now); then the tenant's least recently used go
+        past its share, and anyone's past ``MAX_MODELS``."""
+        mine = self._of.setdefault(key[1], OrderedDict())
+        self._all[key] = value
+        mine[key] = None
+        self.touch(key)
+        while len(mine) > MAX_MODELS_PER_TENANT:
+            self._all.pop(mine.popitem(last=False)[0])
+        while len(self._all) > MAX_MODELS:
+            old, _ = self._all.popitem(last=False)
+            self._drop(old)
+
+    def _drop(self, key) -> None:
+        mine = self._of[key[1]]
+        del mine[key]
+        if not mine:
+            del self._of[key[1]]
+
+
 def _fit(xs: list[list[float]], ys: list[float], offset: float) -> tuple[tuple[float, ...], tuple[float, ...]]:
     """Ridge toward (offset, 1, 0, ...): the coefficients and the residuals' ``ATOMS`` quantiles."""
     x = np.asarray(xs, dtype=float)
@@ -149,9 +201,9 @@ class OnlinePredictor(Predictor):
         self.prior = prior
         self.prior_name = prior_name
         self.session = SessionPredictor()  # the turns' prior, and a session call's cost
-        self._models: OrderedDict[tuple[str, str, str], _Model] = OrderedDict()
+        self._models = _Lru()  # (kind, tenant, type) -> _Model
         self._offsets: dict[tuple[str, str], list[float]] = {}  # (kind, tenant) -> [offset, residuals seen]
-        self._running: OrderedDict[tuple[str, str, str], _Running] = OrderedDict()  # bursts priced, not yet learned
+        self._running = _Lru()  # (kind, tenant, type) -> _Running: bursts priced, not yet learned
         self._lock = threading.Lock()
         self.observations = 0
         self.observations_loaded = 0  # of them, those a saved state brought back
@@ -217,9 +269,8 @@ class OnlinePredictor(Predictor):
             with self._lock:
                 running = self._running.get((kind, tenant, agent_type))
                 if running is None:
-                    running = self._running[(kind, tenant, agent_type)] = _Running()
-                    while len(self._running) > MAX_MODELS:
-                        self._running.popitem(last=False)
+                    running = _Running()
+                    self._running.put((kind, tenant, agent_type), running)
                 running.start(ident, mu, x)
         # bursts of this type running past their prices: the upper half of the distribution moves up by
         # their mean excess (the lower half stays: a price errs low, where service corrects it)
@@ -322,11 +373,10 @@ class OnlinePredictor(Predictor):
             key = (kind, tenant, agent_type)
             m = self._models.get(key)
             if m is None:
-                m = self._models[key] = _Model()
-                while len(self._models) > MAX_MODELS:
-                    self._models.popitem(last=False)
+                m = _Model()
+                self._models.put(key, m)
             else:
-                self._models.move_to_end(key)
+                self._models.touch(key)
             m.xs.append(x)
             m.ys.append(y)
             m.prior_resid.append(resid)
@@ -409,7 +459,7 @@ class OnlinePredictor(Predictor):
             raise ValueError(f"malformed online predictor state: {exc}") from None
         with self._lock:
             self._offsets = offsets
-            self._models = OrderedDict()
+            self._models = _Lru()
             self.observations = self.observations_loaded = sum(len(m[2]) for m in models)
         for key, xs, ys, fit, pending in models:
             m = _Model()
@@ -422,7 +472,7 @@ class OnlinePredictor(Predictor):
             elif len(ys) >= MIN_FIT:
                 m.beta, m.residuals = _fit(xs, ys, offsets.get(key[:2], [0.0, 0])[0])
             with self._lock:
-                self._models[key] = m
+                self._models.put(key, m)  # in the saved order: past a share, the least recently used go
 
     def save(self, path: str | Path) -> None:
         """Write the state to ``path`` atomically."""

@@ -18,7 +18,10 @@ does only what is Justitia's:
    An id from a source that names a session (``identity.SESSION_SOURCES``) also writes ``session``,
    and ``turn_start`` when the body opens a user turn (``identity.opens_turn``): the door's reading
    replaces the client's own for these; an agent's id (``X-Agent-Id``, ``vllm_xargs.agent_id``)
-   keeps what its client sent.
+   keeps what its client sent;
+5. a step of a session's turn (a request that opens it, or goes on after a tool's result) has its
+   answer read as it passes (``AnswerWatch``): one that calls no tool ends the turn, and the engine
+   learns what the turn cost then (``Backend.turn_ended``), not when the next turn opens.
 
 Everything else (the body's shape, the model's name, the context length, tools, structured output)
 is vLLM's validation, with vLLM's messages. A body that is not a JSON object goes on untouched, for
@@ -28,6 +31,7 @@ vLLM to refuse.
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 import re
@@ -35,9 +39,9 @@ from dataclasses import replace
 from typing import Any
 
 from justitia.core import META_KEYS, PRICE_KEYS, SESSION, TURN_START
-from justitia.defaults import ANSWER_TOKENS_KEY, DOOR_KEY, ENV_DOOR_TOKEN
+from justitia.defaults import ANSWER_CALLS_TOOL_KEY, ANSWER_TOKENS_KEY, DOOR_KEY, ENV_DOOR_TOKEN
 from justitia.server.errors import answer, error_doc
-from justitia.server.identity import Identity, IdentityError, identify, opens_turn, turn_opener
+from justitia.server.identity import Identity, IdentityError, harness_turn, identify, opens_turn, turn_opener
 from justitia.server.keys import ANONYMOUS
 from justitia.server.limits import INFERENCE_PATHS, JsonTooDeep, load_json
 from justitia.backends.wire import replay
@@ -46,8 +50,11 @@ from justitia.server.schema import TYPE_PATTERN
 # where a body carries vLLM's extra args: ``vllm_xargs``, except on vLLM's token-in generate endpoint
 EXTRA_ARGS_AT = {"/inference/v1/generate": ("sampling_params", "extra_args")}
 XARGS_KEYS = (*META_KEYS, "session_id")  # session_id: vLLM's own, the third place it looks for a session
-# a bench's answer length (justitia.vllm.scripted), from a trusted key only: pricing never reads it
-TRUSTED_XARGS_KEYS = (ANSWER_TOKENS_KEY,)
+# a bench's answer length (justitia.vllm.scripted) and its answer standing for a tool call, from a
+# trusted key only: pricing never reads them
+TRUSTED_XARGS_KEYS = (ANSWER_TOKENS_KEY, ANSWER_CALLS_TOOL_KEY)
+TURN_KINDS = ("chat", "messages", "responses")  # the endpoints whose conversations have turns
+log = logging.getLogger("justitia.server")
 
 
 def check_xargs(xargs: Any, trusted: bool) -> str | None:
@@ -80,6 +87,70 @@ def check_xargs(xargs: Any, trusted: bool) -> str | None:
             except UnicodeEncodeError:
                 return f"{where}: contains a lone surrogate, which is not valid UTF-8."
     return None
+
+
+def calls_tool(raw: bytes) -> bool:
+    """Whether an answer (a JSON body, or one event of its stream) calls a tool: an OpenAI chat
+    message or delta with ``tool_calls`` (or that finish reason), an Anthropic ``tool_use`` block
+    (or that stop reason), a Responses ``function_call`` item. One that cannot be read counts as
+    calling one (its turn is not taken to have ended)."""
+    try:
+        doc = load_json(raw)
+    except (ValueError, UnicodeDecodeError):
+        return True
+    todo = [doc]
+    while todo:
+        item = todo.pop()
+        if isinstance(item, list):
+            todo.extend(item)
+        elif isinstance(item, dict):
+            if (item.get("tool_calls") or item.get("type") in ("tool_use", "function_call")
+                    or item.get("finish_reason") == "tool_calls" or item.get("stop_reason") == "tool_use"):
+                return True
+            todo.extend(v for v in item.values() if isinstance(v, (dict, list)))
+    return False
+
+
+class AnswerWatch:
+    """An answer read as it passes (its ASGI messages, ``see``): ``ends_turn`` once its last byte
+    has, if it was a 200 whose body or stream called no tool and reported no error."""
+
+    def __init__(self):
+        self.ok = self.stream = self.ends_turn = False
+        self.goes_on = False  # the stream called a tool, or broke off: its turn has not ended
+        self._buffer = bytearray()  # a JSON body, or a stream's line not yet ended
+
+    def see(self, message) -> None:
+        if message["type"] == "http.response.start":
+            self.ok = message["status"] == 200
+            kind = dict(message.get("headers") or []).get(b"content-type", b"")
+            self.stream = kind.startswith(b"text/event-stream")
+            return
+        if message["type"] != "http.response.body" or not self.ok:
+            return
+        self._buffer += message.get("body", b"")
+        more = message.get("more_body", False)
+        if self.stream:
+            *lines, rest = self._buffer.split(b"\n")
+            self._buffer = bytearray(rest)
+            for line in lines if more else lines + [rest]:
+                line = bytes(line).strip()
+                if line.startswith(b"data:") and not self.goes_on:  # an event read only if it may say so
+                    data = line[5:].strip()
+                    self.goes_on = ((b"tool" in data or b"function_call" in data) and calls_tool(data)
+                                    or b'"error"' in data and _error_event(data))
+        if not more:
+            self.ends_turn = not (self.goes_on if self.stream else calls_tool(bytes(self._buffer)))
+            self.ok = False  # seen whole
+
+
+def _error_event(data: bytes) -> bool:
+    """Whether a stream's event reports an error (the answer broke off: its turn has not ended)."""
+    try:
+        doc = load_json(data)
+    except (ValueError, UnicodeDecodeError):
+        return True
+    return isinstance(doc, dict) and ("error" in doc or "error" in (doc.get("type"), doc.get("object")))
 
 
 class Door:
@@ -123,7 +194,7 @@ class Door:
             doc = None
         manager = self.holder.manager
         client = scope.get("state", {}).get("client", ANONYMOUS)
-        hold = None
+        hold = watch = None
         if kind == "other":
             why = check_xargs(doc.get("vllm_xargs"), client.trusted) if isinstance(doc, dict) else None
             if why is not None:
@@ -145,13 +216,22 @@ class Door:
                                          if k not in (b"x-session-id", b"content-length")]
                          + [(b"content-length", str(len(body)).encode())])
             hold = manager.admission.sessions.seen(who, client.owner, kind) if who.agent_id is not None else None
+            watch = AnswerWatch() if who.step else None
         manager.counts.request(kind)
         release = manager.admission.open_request(client.owner, hold)
 
         async def tracked(message):
+            if watch is not None:
+                watch.see(message)
             if message["type"] == "http.response.body" and not message.get("more_body"):
                 release()
             await send(message)
+            if watch is not None and watch.ends_turn:
+                watch.ends_turn = False
+                try:  # the engine learns the turn now (its next turn, or its release, would otherwise)
+                    await manager.backend.turn_ended(who.agent_id)
+                except Exception as exc:  # noqa: BLE001  (the answer is given; learning waits for the next turn)
+                    log.warning(json.dumps({"event": "turn_end_failed", "agent_id": who.agent_id, "error": str(exc)}))
 
         try:
             await self.app(scope, replay(body, receive), tracked)
@@ -180,6 +260,7 @@ class Door:
             return status, message, None, retry
         given = dict(xargs or {})
         given.pop("session_id", None)
+        tool_said = given.pop(ANSWER_CALLS_TOOL_KEY, None) is True  # a bench's: the answer stands for a tool call
         if who.agent_id is not None:
             given["agent_id"] = who.agent_id
             given["session_id"] = who.agent_id
@@ -193,6 +274,11 @@ class Door:
                         given[TURN_START] = True
                         who = replace(who, opener=opener)
             who = replace(who, turn_start=given.get(TURN_START) is True)
+            # its answer may end the turn: it opens the turn, or goes on with it after a tool (a side
+            # request, a retry of the turn's opener, a subagent's or a harness's own request does not)
+            step = (who.session and kind in TURN_KINDS and who.subagent is None
+                    and harness_turn(headers) in (None, "turn") and (who.turn_start or not opens_turn(kind, doc)))
+            who = replace(who, step=step and not tool_said)
         else:  # an agent of its own, done when its one request is
             given.pop("agent_id", None)
             given["agent_done"] = True

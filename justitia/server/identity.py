@@ -60,6 +60,7 @@ class Identity:
     subagent: str | None = None
     turn_start: bool = False  # the request opens a user turn (what the door sent on: ``opens_turn``, or the client's)
     opener: str | None = None  # the user's message it opens the turn with (``turn_opener``), if it does
+    step: bool = False  # a step of its session's turn (it opens it, or goes on after a tool): its answer may end it
 
     @property
     def session(self) -> bool:

@@ -121,9 +121,12 @@ class EngineLoop:
         # every step: timed keys (but those that rise with service: they are read only where a
         # waiting request may be admitted, and advanced before each pass), and counters a tenant's agents share (charged as they are served)
         self._engines = [(SkippingRun if self.event_skipping and (not core.traits.timed or core.traits.keys_rise)
-                          and not (tenants and core.traits.pools_service)
+                          and not (tenants and (core.traits.pools_service or (core.traits.keys_move and core.traits.keys_shift)))
                           else PlainRun)(cfg, core, lambda r, i=i: self._reported(i, r)) for i, core in enumerate(self.cores)]
         engines = self._engines
+        if tenants:  # a tenant's agents are retagged at their tenant's level on what they were charged, as
+            for e in engines:  # each request finishes, not step by step (justitia-guarded)
+                e.charge_now = False
         # only a predictor that prices by distributions has agents the core reprices on their service
         prices_dists = any(getattr(type(self.predictor), m) is not getattr(Predictor, m) for m in ("agent_dist", "turn_dist"))
         for e in engines:

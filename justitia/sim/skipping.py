@@ -201,7 +201,7 @@ class SkippingRun(PlainRun):
         k = upto_it - group.charged_it
         if k > 0:
             if group.count:
-                self.core.charge(group.info, self._pending(group, upto_it))
+                self._charge(group.info, self._pending(group, upto_it))
             group.context_tokens += group.count * k
             group.charged_it = upto_it
 
@@ -296,7 +296,7 @@ class SkippingRun(PlainRun):
                 self.cache.cache_upto(r, upto)
         if self.charged:
             for r, n in chunks:
-                self.core.charge(r.info, self._charge_for(r, n))
+                self._charge(r.info, self._charge_for(r, n))
         budget = cfg.max_num_batched_tokens - demand
         if (len(self.core) and budget > 0 and len(self.running) < cfg.max_num_seqs
                 and self._smallest_waiting_need() <= self.free):

@@ -78,8 +78,9 @@ class PlainRun:
         # is not charged step by step, each request is charged its whole service when it finishes
         self.charge_finished = core.traits.retags_on_service
         self.timed = core.traits.timed  # keys that move with time (justitia-eligible): advanced each step
-        # charged every step, and repriced as each request finishes (justitia-guarded: keys timed and rising)
-        self.reprices_charged = self.timed and core.traits.keys_rise
+        # keys timed and rising (justitia-guarded): charged every step with the time, so the core retags
+        # and reprices on service as it is charged, as the plug-in does
+        self.charge_now = self.timed and core.traits.keys_rise and self.charge_finished
         self.now_ps = 0
         self.next_arrival_ps: int | None = None  # the simulator keeps this up to date
         self.free = config.blocks
@@ -179,7 +180,7 @@ class PlainRun:
                 self.prefix_queries += r.num_tokens
                 self.prefix_hits += hit_tokens
         if self.charged:
-            self.core.charge(r.info, self._charge_for(r, n))
+            self._charge(r.info, self._charge_for(r, n))
 
     def _alloc(self, n: int) -> None:
         """Take ``n`` blocks from the free queue (with the prefix cache, evicting as vLLM does)."""
@@ -203,19 +204,21 @@ class PlainRun:
         self._release(r)
         if self.cache is not None:
             self.cache.forget(r)
-        if self.charge_finished and (not self.charged or self.reprices_charged):
+        if self.charge_finished and not self.charged:
             self._charge_finished(r)
         self.core.request_finished(r.info)
         del self.reqs[r.info.request_id]
         self.finished(r)
 
     def _charge_finished(self, r: SimRequest) -> None:
-        """An agent priced as a distribution is repriced on its service as each request finishes:
-        charged the request's whole service then, or (a policy charged every step) nothing more."""
         standing = self.core.agent(r.info.agent_id)
         if standing is not None and standing.info.dist is not None:
-            p, d = (0, 0) if self.charged else (r.prompt_tokens, r.output_tokens)
+            p, d = r.prompt_tokens, r.output_tokens
             self.core.charge(r.info, Charge(p, d, kv_token_iters(p, d)), self.now_ps / PS_PER_S)
+
+    def _charge(self, info: RequestInfo, service: Charge) -> None:
+        """Charge the core for a step's service (with the time under ``charge_now``)."""
+        self.core.charge(info, service, self.now_ps / PS_PER_S if self.charge_now else None)
 
     def _charge_for(self, r: SimRequest, n: int) -> Charge:
         return Charge.for_step(r.computed, n, r.num_tokens, r.generated)
@@ -269,7 +272,7 @@ class PlainRun:
         charges = {r: self._charge_for(r, n) for r, n in scheduled.items()}
         if self.charged:
             for r, c in charges.items():
-                self.core.charge(r.info, c)
+                self._charge(r.info, c)
         if not preempted:
             for r, n in self._admit_waiting(budget):
                 scheduled[r] = n

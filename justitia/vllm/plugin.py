@@ -25,6 +25,8 @@ through vLLM's utility channel (``AsyncLLM.engine_core.call_utility_async``, whi
 cannot reach): ``register`` an agent and read its virtual finish tag, ``release`` one, read the policy's
 ``state`` (its clock included), or ``reset`` an idle engine's policy state (the bench reuses one engine for every
 policy). ``reset`` may open a step log, as on the base (``justitia.vllm.base``, which takes ``reset`` alone).
+``retire`` with ``turn_end`` releases nothing: the door saw a session's turn end, and the burst the
+plug-in priced is learned now (``pricer.BurstPricer.turn_ended``).
 
 NOTE: the policy lives in the core (``justitia.core.AgentScheduler``), as in the simulator. This
 class only translates: vLLM's queue calls become core verbs, each step's scheduled tokens become
@@ -259,6 +261,8 @@ class JustitiaScheduler(StepLogScheduler):
             return self.book.virtual_finish(agent_id)
         if call.verb == RETIRE:
             agent_id = str(args["agent_id"])
+            if args.get("turn_end"):  # the door saw its turn end: only the burst's price learns
+                return self.pricer is not None and self.pricer.turn_ended(agent_id, self.core.agent(agent_id))
             if args.get("pause"):  # a session between bursts: settled once none of its requests is open
                 return self.book.pause(agent_id, now)
             released = self.book.retire(agent_id, now)  # requests still in vLLM's queues are served first

@@ -9,12 +9,14 @@ per (tenant, type), and learns from every burst that ends: the service the engin
 Refits run in the predictor's background thread; pricing reads the last fit.
 
 A burst opens with a request of an agent the core does not hold, of a paused session, or one that
-opens a turn of a session with nothing open. It ends when its session opens its next one (the
-engine pauses it then), or when the agent is released. Bursts that come priced (the agent API, a
-bench, a trusted front end) never reach it. ``JUSTITIA_PRICING=max-tokens`` turns it off: such
-a burst is then priced by its first request's ``max_tokens`` alone (``core.book.unpriced``).
-What it learned is kept in ``JUSTITIA_PRICING_STATE``, when set (saved every ``SAVE_EVERY``
-bursts from the predictor's learning thread, never the scheduler's, and at shutdown).
+opens a turn of a session with nothing open. It ends, and is learned, when the door sees its turn
+end (an answer that calls no tool: ``turn_ended``); failing that, when its session opens its next
+one (the engine pauses it then), or when the agent is released: whichever comes first, and once.
+Bursts that come priced (the agent API, a bench, a trusted front end) never reach it.
+``JUSTITIA_PRICING=max-tokens`` turns it off: such a burst is then priced by its first request's
+``max_tokens`` alone (``core.book.unpriced``). What it learned is kept in
+``JUSTITIA_PRICING_STATE``, when set (saved every ``SAVE_EVERY`` bursts from the predictor's
+learning thread, never the scheduler's, and at shutdown).
 """
 
 from __future__ import annotations
@@ -80,6 +82,15 @@ class BurstPricer:
         burst = self._open.get(agent_id)
         if burst is not None and standing is not None:
             burst.attained = max(burst.attained, standing.attained)
+
+    def turn_ended(self, agent_id: str, standing: Standing | None) -> bool:
+        """The door saw the agent's turn end: its open burst is learned now, at what it was charged;
+        not while a request of it is still open (its next turn or its release ends it then). True if
+        it was learned."""
+        if agent_id not in self._open or standing is None or standing.open_requests:
+            return False
+        self._end(agent_id, None if standing.paused else standing.attained)
+        return True
 
     def gone(self, agent_id: str) -> None:
         """The agent was released: its open burst ends, and what was kept of it goes."""

@@ -58,6 +58,8 @@ class Policy:
     reports_capacity: ClassVar[bool] = False  # measures M for a clock elsewhere (tagged: the front end's)
     groups: ClassVar[bool] = False  # some agents' requests wait in groups (tenants): group_of, inner_key, group_key
     pools: ClassVar[bool] = False  # a tenant's agents share one service counter (vtc): charged every step
+    settles_on_service: ClassVar[bool] = False  # a leaving agent settles at the service it was charged, not at
+    # its requests' prices (justitia-guarded: its clock follows the true work whatever the prices)
 
     def agent_arrived(self, agent: AgentInfo, now_s: float) -> None:
         """An agent arrived with its predicted cost."""

@@ -1,20 +1,24 @@
-"""Justitia with the lag guard (``justitia-guarded``): selective pampering in tag order, except that an agent
-(or a tenant) the engine has left more than ``L`` seconds behind GPS's pace goes first, the most
-behind first (``core.guard``; docs/design.md, "A bound that holds whatever the prices").
+"""Justitia with the lag guard (``justitia-guarded``): selective pampering in tag order, except that an
+agent (or a tenant) the engine has left more than ``L`` seconds behind its fair pace goes first, the
+most behind first (``core.guard``; docs/design.md, "A bound that holds whatever the prices").
 
-Keys are 5-tuples ``(urgent?, when, urgent inside?, inner, arrival order)``, lower first:
+- **An agent on its own** is watched on the GPS clock: its pace point ``E = S + a / w`` (its GPS
+  start, plus the service charged to it over its weight); urgent once ``E < V(now - L)``.
+- **A tenant** is watched on ``R``, the engine shared by weight among the root entries present (each
+  tenant with an agent in the engine, each agent without one): its pace point is where it started
+  in ``R`` plus the service charged to its agents over its weight; urgent once ``P < R(now - L)``.
+  ``R`` reads no price. Inside a tenant the paper's order is kept (its pampering schedule).
 
-- an agent on its own: urgent ``(0, T_j, 0, 0, seq)``, ``T_j`` the time its clock reached its pace
-  point; else ``(1, f_j, 1, 0, seq)``, its tag (the paper's order);
-- an agent in a tenant: the tenant's part first, urgent ``(0, T_k, ...)`` (the tenant's own pace
-  at the root), else ``(1, ρ_j, ...)``, the agent's root key (its tenant's pampering, one level
-  down), where an agent urgent in its tenant's inner clock takes its tenant's first root key; then
-  the inner part, ``(0, E_j)`` urgent inside (its inner pace point), else ``(1, f_j)``, its inner
-  tag.
+Keys are ``(urgent?, when, tag, arrival order)``, lower first: urgent ``(0, T, ...)``, ``T`` the time
+the clock reached the pace point (EDF on it); else ``(1, f, ...)``, the agent's tag (in a tenant,
+its root key). A tenant's requests wait as a group of the waiting queue, in inner-tag order, filed
+under its head's key. Keys rise with service (a pace point only moves on) and fall with time
+(``advance``: the agents that became urgent; a tenant that did is marked moved), so the policy is
+dynamic, rising and timed.
 
-Keys rise with service (a pace point only moves on), and fall with time (``advance``: the agents
-that became urgent, and those whose tenant's keys moved), so the policy is dynamic, rising and
-timed. With true prices no agent falls ``L`` behind in practice and the order is the paper's.
+Its clock follows the true work whatever the prices: a leaving agent settles at the service it was
+charged (``settles_on_service``), an agent is counted in GPS at no more than the largest burst
+served so far, and one served past what GPS counts it for stays active while it runs.
 """
 
 from __future__ import annotations
@@ -37,7 +41,8 @@ class GuardedJustitia(Justitia):
     dynamic = True
     rising = True
     timed = True
-    groups = False  # a tenant's agents are keyed one by one (their keys move at the tenant's events)
+    groups = True  # a tenant's requests wait together (the tenant filed under its head's key)
+    settles_on_service = True  # its clock's N_t follows the true work: a leaving agent settles at its service
 
     def __init__(self, capacity_per_s: float, cost: CostModel = KV, lag_factor: float = GUARD_FACTOR,
                  scale: float = 0.0) -> None:
@@ -49,58 +54,108 @@ class GuardedJustitia(Justitia):
         self.lag_s = 0.0  # L, as of the last advance
         self.lag_max_s = 0.0  # the largest L it ran at: the bound it kept is 2 c_max + this
         self._largest = float(scale)  # the largest burst's attained service seen (a price never counts)
-        self._pace: dict[str, list] = {}  # agent -> [S in its own clock, w, attained this burst, tenant]
-        self._urgent: set[str] = set()
-        self._watch: dict[str | None, list[tuple[float, str]]] = {}  # own clock -> (pace point, agent) heap
-        self._root = Trace()  # t -> V
-        self._inner_traces: dict[str, Trace] = {}  # tenant -> (root V -> its inner V)
-        self._vlag = 0.0  # V(now - L)
-        self._vlag_in: dict[str, float] = {}  # tenant -> its inner V at root V(now - L)
-        self._tpace: dict[str, list] = {}  # tenant -> [G: start at the root, W, attained since G]
-        self._turgent: set[str] = set()
         self._now_s = 0.0
+        # agents on their own: pace on the GPS clock
+        self._pace: dict[str, list] = {}  # agent -> [S, w, attained this burst, tenant]
+        self._urgent: set[str] = set()
+        self._watch: list[tuple[float, str]] = []  # (pace point, agent) of agents not urgent
+        self._root = Trace()  # t -> V
+        self._vlag = 0.0  # V(now - L)
+        # tenants: pace on R
+        self._r, self._r_t, self._present_w = 0.0, None, 0.0
+        self._present: dict[str, float] = {}  # root entries present -> their weight
+        self._rtrace = Trace()  # t -> R
+        self._rlag = 0.0  # R(now - L)
+        self._tpace: dict[str, list] = {}  # tenant -> [its start in R, W, attained since]
+        self._turgent: set[str] = set()
+        self._measured: list[float] | None = None  # [start, ∫M dt since, last M, its time]
 
     # ------------------------------------------------------------------------------ agents
     def agent_arrived(self, agent: AgentInfo, now_s: float) -> None:
-        self._tenant_starts(agent, now_s)
+        self._comes_in(agent, now_s)
         super().agent_arrived(agent, now_s)
         self._paced(agent)
 
     def agent_returned(self, agent: AgentInfo, now_s: float) -> None:
-        self._tenant_starts(agent, now_s)
+        """A session's next burst: its pace starts again from its new GPS start."""
+        self._comes_in(agent, now_s)
         super().agent_returned(agent, now_s)
         self._urgent.discard(agent.agent_id)
         self._paced(agent)
 
-    def _tenant_starts(self, agent: AgentInfo, now_s: float) -> None:
-        """A tenant that is not active in GPS starts its pace anew: at V, or where its earlier pace
-        ended if that is later (it ran ahead of GPS)."""
-        tenant = agent.tenant
-        if tenant is None:
-            return
-        v = self.clock.virtual_time(now_s)
-        if self.clock.tenant_active(tenant) and tenant in self._tpace:
-            return
-        pace = self._tpace.get(tenant)
-        start = v if pace is None else max(v, pace[0] + pace[2] / pace[1])
-        self._tpace[tenant] = [start, agent.weight, 0.0]
-        self._turgent.discard(tenant)
+    def _arrive(self, agent: AgentInfo, cost: float, now_s: float) -> float:
+        """Ordered by its price as the paper's rule orders it, but counted in GPS at no more than the
+        largest burst the engine has served (a price past it is a guess no agent has borne out), so
+        an over-priced agent does not hold V back for everyone's pace."""
+        cap = self._largest
+        if agent.tenant is not None or cap <= 0:
+            return super()._arrive(agent, cost, now_s)
+        counted = min(max(cost, agent.dist.top) if agent.dist is not None else cost, cap)
+        self.clock.arrive(agent.agent_id, counted, now_s, agent.weight)
+        start = self.clock.start(agent.agent_id)
+        self._priced[agent.agent_id] = (start, agent.weight, counted)
+        return start + cost / agent.weight
 
     def _paced(self, agent: AgentInfo) -> None:
-        start = self.clock.pace_start(agent.agent_id)
-        if start is None:
+        """An agent on its own is watched from its GPS start, with no service yet."""
+        if agent.tenant is None:
+            start = self.clock.start(agent.agent_id)
+            if start is not None:
+                self._pace[agent.agent_id] = [start, agent.weight, 0.0, None]
+                heapq.heappush(self._watch, (start, agent.agent_id))
+        else:
+            self._pace[agent.agent_id] = [0.0, agent.weight, 0.0, agent.tenant]
+
+    def _comes_in(self, agent: AgentInfo, now_s: float) -> None:
+        """Its root entry is present. A tenant that was not starts its pace again at R, or where its
+        earlier pace ended if that is later (it ran ahead of its share)."""
+        self._now_s = max(self._now_s, now_s)
+        tenant = agent.tenant
+        if tenant is None:
+            self._presence(agent.agent_id, agent.weight, True)
             return
-        self._pace[agent.agent_id] = [start, agent.weight, 0.0, agent.tenant]
-        heapq.heappush(self._watch.setdefault(agent.tenant, []), (start, agent.agent_id))
+        if tenant in self._present:
+            return
+        self._presence(tenant, agent.weight, True)
+        pace = self._tpace.get(tenant)
+        start = self._r if pace is None else max(self._r, pace[0] + pace[2] / pace[1])
+        self._tpace[tenant] = [start, agent.weight, 0.0]
+        self._turgent.discard(tenant)
 
     def agent_finished(self, agent_id: str, now_s: float) -> None:
         pace = self._pace.pop(agent_id, None)
         self._urgent.discard(agent_id)
         super().agent_finished(agent_id, now_s)
-        if pace is not None and pace[3] is not None and not self._groups.has(pace[3]):
-            self._inner_traces.pop(pace[3], None)  # the tenant's pace is kept: it may come back
-            self._vlag_in.pop(pace[3], None)
-            self._watch.pop(pace[3], None)
+        self._now_s = max(self._now_s, now_s)
+        tenant = pace[3] if pace is not None else None
+        if tenant is None:
+            self._presence(agent_id, 0.0, False)
+        elif not self._groups.has(tenant):
+            self._presence(tenant, 0.0, False)
+            self._turgent.discard(tenant)
+
+    def _presence(self, entry: str, weight: float, present: bool) -> None:
+        """A root entry comes into the engine or leaves it (R moved to now at the weight before)."""
+        if present == (entry in self._present):
+            return
+        self._r_to(self._now_s)
+        if present:
+            self._present[entry] = weight
+            self._present_w += weight
+        else:
+            self._present_w -= self._present.pop(entry)
+            if not self._present:
+                self._present_w = 0.0
+
+    def _r_to(self, now_s: float) -> float:
+        """R moved to ``now_s`` at the clock's M over the weight present."""
+        if self._r_t is None:
+            self._r_t = now_s
+        elif now_s > self._r_t:
+            if self._present_w > 0:
+                self._r += self.clock.capacity * (now_s - self._r_t) / self._present_w
+            self._r_t = now_s
+        return self._r
 
     def charge(self, req, service: Charge) -> None:
         """The pace point moves on; an urgent agent (or tenant) that caught up is no longer urgent."""
@@ -112,109 +167,122 @@ class GuardedJustitia(Justitia):
         if pace[2] > self._largest:
             self._largest = pace[2]
         tenant = pace[3]
-        if req.agent_id in self._urgent and pace[0] + pace[2] / pace[1] >= self._own_vlag(tenant):
-            self._urgent.discard(req.agent_id)
-            heapq.heappush(self._watch.setdefault(tenant, []), (pace[0] + pace[2] / pace[1], req.agent_id))
         if tenant is not None:
             tp = self._tpace[tenant]
             tp[2] += amount
-            if tenant in self._turgent and tp[0] + tp[2] / tp[1] >= self._vlag:
+            if tenant in self._turgent and tp[0] + tp[2] / tp[1] >= self._rlag:
                 self._turgent.discard(tenant)
                 self._groups.moved(tenant)
+            return
+        priced = self._priced.get(req.agent_id)
+        if priced is not None and pace[2] > priced[2]:  # served past what GPS counts it for: it stays
+            self._priced[req.agent_id] = (priced[0], priced[1], 2 * pace[2])  # active while it runs
+            self.clock.retag(req.agent_id, 0.0, max(self._now_s, self.clock.now_s), 2 * pace[2], anchored=True)
+        if req.agent_id in self._urgent and pace[0] + pace[2] / pace[1] >= self._vlag:
+            self._urgent.discard(req.agent_id)
+            heapq.heappush(self._watch, (pace[0] + pace[2] / pace[1], req.agent_id))
 
-    def _own_vlag(self, tenant: str | None) -> float:
-        return self._vlag if tenant is None else self._vlag_in.get(tenant, float("-inf"))
+    def settle(self, agent_id: str, cost: float, now_s: float) -> None:
+        super().settle(agent_id, cost, now_s)
+        self._now_s = max(self._now_s, now_s)
 
     # ------------------------------------------------------------------------------- time
     def advance(self, now_s: float) -> Iterable[str]:
-        """Read V now, set ``L`` and ``V(now - L)``; the agents that became urgent (or stopped being
-        so: ``L`` grew), and those whose tenant's keys moved."""
-        self._now_s = now_s
-        clock = self.clock
-        v = clock.virtual_time(now_s)
-        self.lag_s = self.lag_factor * self._largest / clock.capacity
+        """Read V and R now, set ``L``, ``V(now - L)`` and ``R(now - L)``; the agents that became
+        urgent (or stopped being so: ``L`` grew). A tenant whose urgency flipped is marked moved."""
+        self._now_s = max(self._now_s, now_s)
+        v = self.clock.virtual_time(self._now_s)
+        self.lag_s = self.lag_factor * self._largest / self._mean_capacity(self._now_s)
         if self.lag_s > self.lag_max_s:
             self.lag_max_s = self.lag_s
         keep_s = 2 * self.lag_s + 1.0
-        self._root.add(now_s, v, keep_s)
+        self._root.add(self._now_s, v, keep_s)
         old = self._vlag
-        self._vlag = self._root.at(now_s - self.lag_s)
+        self._vlag = self._root.at(self._now_s - self.lag_s)
         moved: list[str] = []
-        for tenant in list(self._watch):
-            if tenant is None:
-                continue
-            inner_v = clock.inner_time(tenant)
-            if inner_v is None:
-                continue
-            trace = self._inner_traces.setdefault(tenant, Trace())
-            trace.add(v, inner_v, max(v - self._root.at(now_s - keep_s), 0.0) + 1.0)
-            self._vlag_in[tenant] = trace.at(self._vlag)
         if self._vlag < old:  # L grew: some urgent agents may be within L again
             for agent_id in list(self._urgent):
                 pace = self._pace[agent_id]
-                if pace[0] + pace[2] / pace[1] >= self._own_vlag(pace[3]):
+                if pace[0] + pace[2] / pace[1] >= self._vlag:
                     self._urgent.discard(agent_id)
-                    heapq.heappush(self._watch.setdefault(pace[3], []), (pace[0] + pace[2] / pace[1], agent_id))
+                    heapq.heappush(self._watch, (pace[0] + pace[2] / pace[1], agent_id))
                     moved.append(agent_id)
-        for tenant, heap in self._watch.items():
-            vlag = self._own_vlag(tenant)
-            while heap and heap[0][0] < vlag:
-                _, agent_id = heapq.heappop(heap)
-                pace = self._pace.get(agent_id)
-                if pace is None or agent_id in self._urgent or pace[3] != tenant:
-                    continue
-                point = pace[0] + pace[2] / pace[1]
-                if point < vlag:
-                    self._urgent.add(agent_id)
-                    moved.append(agent_id)
-                else:
-                    heapq.heappush(heap, (point, agent_id))
+        heap = self._watch
+        while heap and heap[0][0] < self._vlag:
+            _, agent_id = heapq.heappop(heap)
+            pace = self._pace.get(agent_id)
+            if pace is None or agent_id in self._urgent:
+                continue
+            point = pace[0] + pace[2] / pace[1]
+            if point < self._vlag:
+                self._urgent.add(agent_id)
+                moved.append(agent_id)
+            else:
+                heapq.heappush(heap, (point, agent_id))
+        self._rtrace.add(self._now_s, self._r_to(self._now_s), keep_s)
+        self._rlag = self._rtrace.at(self._now_s - self.lag_s)
         for tenant, tp in self._tpace.items():
-            urgent = tp[0] + tp[2] / tp[1] < self._vlag and self._groups.has(tenant)
+            urgent = tp[0] + tp[2] / tp[1] < self._rlag and tenant in self._present
             if urgent != (tenant in self._turgent):
                 (self._turgent.add if urgent else self._turgent.discard)(tenant)
                 self._groups.moved(tenant)
-        return moved + list(self._groups.take_moved())
+        return moved
+
+    def set_capacity(self, capacity_per_s: float, now_s: float) -> None:
+        """M measured: the clock moves at it (R too, up to now at the old M); ``L`` reads M's mean."""
+        self._now_s = max(self._now_s, now_s)
+        self._r_to(self._now_s)
+        self._mean_capacity(self._now_s)
+        m = self._measured
+        m[1] += m[2] * max(0.0, self._now_s - m[3])
+        m[2], m[3] = capacity_per_s, max(m[3], self._now_s)
+        super().set_capacity(capacity_per_s, now_s)
+
+    def _mean_capacity(self, now_s: float) -> float:
+        """M over the run so far, weighted by how long each held (the first guess's included): a
+        window in which the engine delivered little does not stretch ``L``."""
+        m = self._measured
+        if m is None:
+            self._measured = m = [now_s, 0.0, self.clock.capacity, now_s]
+        span = max(now_s, m[3]) - m[0]
+        return (m[1] + m[2] * max(0.0, now_s - m[3])) / span if span > 0 else m[2]
 
     # ------------------------------------------------------------------------------- keys
     def agent_key(self, agent_id: str, extra: Charge = NO_CHARGE) -> tuple:
+        """``(urgent?, when, tag, arrival order)``: urgent ``(0, T)``, else ``(1, f)``; an agent in
+        a tenant keys by its tenant's pace and its root key (docstring of the module)."""
         entry = self._tags.get(agent_id)
         pace = self._pace.get(agent_id)
         if entry is None or pace is None:
-            return (1, float("inf"), 1, float("inf"), 0)
+            return (1, float("inf"), float("inf"), 0)
         more = 0.0 if extra is NO_CHARGE else self.cost.service(extra)
-        point = pace[0] + (pace[2] + more) / pace[1]
         tenant = pace[3]
         if tenant is None:
+            point = pace[0] + (pace[2] + more) / pace[1]
             if agent_id in self._urgent and point < self._vlag:
-                return (0, self._root.when(point), 0, 0.0, entry[1])
-            return (1, entry[0], 1, 0.0, entry[1])
-        inside = agent_id in self._urgent and point < self._vlag_in.get(tenant, float("-inf"))
-        inner = (0, point) if inside else (1, self._inner.get(agent_id, float("inf")))
+                return (0, self._root.when(point), entry[0], entry[1])
+            return (1, entry[0], entry[0], entry[1])
+        inner = self._inner.get(agent_id, float("inf"))
         tp = self._tpace[tenant]
-        if tenant in self._turgent and tp[0] + (tp[2] + more) / tp[1] < self._vlag:
-            return (0, self._root.when(tp[0] + (tp[2] + more) / tp[1])) + inner + (entry[1],)
-        root = self.clock.root_key(agent_id)
-        if inside:
-            head = self.clock.head_key(tenant)
-            if head is not None and head < root:
-                root = head
-        return (1, root) + inner + (entry[1],)
+        point = tp[0] + (tp[2] + more) / tp[1]
+        if tenant in self._turgent and point < self._rlag:
+            return (0, self._rtrace.when(point), inner, entry[1])
+        return (1, self.clock.root_key(agent_id), inner, entry[1])
 
     key = Policy.key  # agent-level: the agent's key, then request arrival order
+
+    def inner_key(self, req) -> tuple:
+        """Order inside a tenant: the inner tag (the paper's), agent and request arrival order."""
+        return (self._inner.get(req.agent_id, float("inf")), self._tags.get(req.agent_id, (0.0, 0))[1], req.seq)
 
     def stamp(self, req) -> tuple[float, float | None]:
         """For an engine that runs ``tagged``: an urgent agent's due time far ahead of every tag."""
         key = self.agent_key(req.agent_id)
-        head = key[1] - _URGENT_STAMP if key[0] == 0 else key[1]
-        return (float(head), self._inner.get(req.agent_id))
-
-    def group_of(self, req) -> str | None:
-        return None
+        return (float(key[1] - _URGENT_STAMP if key[0] == 0 else key[1]), self._inner.get(req.agent_id))
 
     def urgent(self, agent_id: str) -> bool:
-        """Whether the agent (or its tenant) is urgent now: the guard put it ahead of the tags."""
-        return self.agent_key(agent_id)[0] == 0 or self.agent_key(agent_id)[2] == 0
+        """Whether the guard put the agent (or its tenant) ahead of the tags now."""
+        return self.agent_key(agent_id)[0] == 0
 
     @property
     def scale(self) -> float:
