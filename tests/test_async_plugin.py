@@ -168,3 +168,25 @@ def test_a_session_registered_through_the_control_channel_pauses_and_returns(mon
         scheduler.control(ControlCall(REGISTER, {"agent_id": agent_id, "predicted_cost": 10.0} | extra))
         assert not scheduler.control(ControlCall(RETIRE, {"agent_id": agent_id, "pause": True}))
         assert not scheduler.book.agent(agent_id).paused
+
+
+@pytest.mark.parametrize("async_scheduling", [False, True])
+def test_the_lag_guard_admits_an_over_priced_agent_that_the_paper_s_rule_leaves_last(async_scheduling, monkeypatch):
+    """justitia-guarded in vLLM's scheduler, both paths, one request at a time: a small agent priced
+    1e12 behind a large one priced 1. The paper's rule admits it last; the guard admits it once it
+    is more than L behind GPS's pace, before the large agent's last request."""
+    admitted = {}
+    for policy in ("justitia", "justitia-guarded"):
+        monkeypatch.setenv("JUSTITIA_POLICY", policy)
+        scheduler = make_scheduler(JustitiaScheduler, async_scheduling, max_num_seqs=1)
+        scheduler.control(ControlCall(REGISTER, {"agent_id": "big", "predicted_cost": 1.0}))
+        scheduler.control(ControlCall(REGISTER, {"agent_id": "small", "predicted_cost": 1e12}))
+        for i in range(8):
+            scheduler.add_request(request(f"big-{i}", 32, 8, first_token=100 * i, agent_id="big"))
+        scheduler.add_request(request("small-1", 32, 4, first_token=900, agent_id="small"))
+        driver = Driver(scheduler, 2 if async_scheduling else 1)
+        driver.run()
+        admitted[policy] = driver.admitted
+        assert scheduler.book.open_count == 0
+    assert admitted["justitia"][-1] == "small-1"
+    assert admitted["justitia-guarded"].index("small-1") < len(admitted["justitia-guarded"]) - 1

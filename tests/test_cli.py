@@ -127,7 +127,8 @@ def test_the_sustained_presets_stream_small_agents_at_a_multiple_of_what_the_eng
         rate = len(mice) / SUSTAINED_S  # Poisson: within a few percent of the asked rate
         assert rate == pytest.approx(preset.workload_info["rate_per_s"], rel=0.1)
         assert [s.label for s in preset.specs] == ["fcfs", "sjf", "parrot", "vtc", "srjf", "justitia", "las",
-                                                  "justitia@formula-M", "justitia@online", "srjf@online"]
+                                                  "justitia@formula-M", "justitia@online", "srjf@online",
+                                                  "justitia-guarded@online"]
         assert {s.predictor for s in preset.specs} == {"oracle", "online"}
 
 

@@ -54,12 +54,14 @@ def online_specs() -> list[RunSpec]:
 
 
 GUARDED_ONLINE = RunSpec("justitia-guarded@online", "justitia-guarded", "online")
+COLD = "/cold"  # a run whose lag guard starts with no history (a fresh deployment's)
 
 
 def guard_specs() -> list[RunSpec]:
     """Justitia behind its lag guard (``justitia-guarded``: a bound whatever the prices) beside the
     paper's rule, with true prices, ``online``'s, and prices off by up to 100x either way."""
-    return [RunSpec("justitia-guarded", "justitia-guarded"), GUARDED_ONLINE,
+    return [RunSpec("justitia-guarded", "justitia-guarded"), RunSpec("justitia-guarded" + COLD, "justitia-guarded"),
+            GUARDED_ONLINE,
             RunSpec("justitia@noisy:100", "justitia", "noisy:100"),
             RunSpec("justitia-guarded@noisy:100", "justitia-guarded", "noisy:100")]
 
@@ -141,8 +143,9 @@ def make_preset(name: str, seed: int = 0) -> Preset:
         raise ValueError(f"unknown preset '{name}'; expected one of: {', '.join(PRESET_NAMES)}.")
     preset = build(name, seed)
     if name in HISTORY_PRESETS and any(s.policy == "justitia-guarded" for s in preset.specs):
-        preset.specs = [replace(s, guard_scale=history_scale(build, name, seed)) if s.policy == "justitia-guarded" else s
-                        for s in preset.specs]
+        scale = history_scale(build, name, seed)
+        preset.specs = [replace(s, guard_scale=scale) if s.policy == "justitia-guarded" and not s.label.endswith(COLD)
+                        else s for s in preset.specs]
     return preset
 
 

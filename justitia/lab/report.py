@@ -8,6 +8,8 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
+from justitia.core import LAG_FACTOR
+
 
 def results_table(doc: dict, title: str = "") -> Table:
     """Mean/p50/p90/p99 JCT, improvement against VTC and finish-time fairness per run."""
@@ -137,6 +139,13 @@ def print_results(doc: dict, title: str = "", console: Console | None = None) ->
             f"largest finish - GPS finish = {j['max_delay_vs_gps_s']:.1f} s; "
             f"agents over the bound: {j['bound_violations']} of {len(j['agents'])}."
         )
+    for label, e in doc["policies"].items():  # the lag guard's rows: judged by the bound B it keeps
+        if e.get("guard_lag_s") is not None and "delay_bound_s" in e:
+            console.print(
+                f"{label}: bound B = 2c_max + max(L, {LAG_FACTOR:g} C_max/M) = {e['delay_bound_s']:.1f} s (L up to "
+                f"{e['guard_lag_s']:.1f} s); largest finish - GPS finish = {e['max_delay_vs_gps_s']:.1f} s; "
+                f"past B: {e['bound_violations']} of {len(e['agents'])}."
+            )
 
 
 def write_doc(path, doc: dict) -> None:
