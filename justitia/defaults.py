@@ -24,7 +24,7 @@ ITERATION_S = 0.02
 # SESSION_KEEP_S (imported above, the core's too): a session (requests marked ``session``: the door marks
 # those a session header or field names) with nothing open is kept this long across its pauses, then released.
 
-ENV_POLICY = "JUSTITIA_POLICY"  # fcfs|sjf|parrot|vtc|srjf|justitia|las, or justitia-eligible|justitia-chained|tagged
+ENV_POLICY = "JUSTITIA_POLICY"  # fcfs|sjf|parrot|vtc|srjf|justitia|las, or justitia-guarded|justitia-eligible|justitia-chained|tagged
 # (default justitia)
 ENV_COST = "JUSTITIA_COST"  # kv|compute (default kv)
 ENV_CAPACITY = "JUSTITIA_CAPACITY"  # the clock's M in cost units per second (default: from ITERATION_S)

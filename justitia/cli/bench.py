@@ -23,7 +23,7 @@ def add_parser(sub) -> None:
     add_workload_args(b)
     b.add_argument("--scale", type=float, default=1.0, help="divide every token length by this (small engines)")
     b.add_argument("--policies", default=",".join(POLICY_NAMES),
-                   help="comma-separated policies (also: justitia-eligible, an option for the tail; docs/design.md)")
+                   help="comma-separated policies (also: justitia-guarded, a bound whatever the prices; justitia-eligible, an option for the tail; docs/design.md)")
     b.add_argument("--predictor", help=f"{SPEC_HELP} (default oracle; with --preset: every run of the preset that "
                    "uses the oracle's costs uses this instead, or the bench fails saying why)")
     b.add_argument("--cost", choices=["kv", "kv-prefix", "compute"], default="kv",

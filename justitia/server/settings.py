@@ -11,6 +11,8 @@ from pathlib import Path
 
 from justitia.core import POLICY_NAMES, positive_finite
 
+SERVE_POLICIES = (*POLICY_NAMES, "justitia-guarded")  # the paper's seven, and justitia behind its lag guard
+
 
 @dataclass
 class ServeSettings:
@@ -67,8 +69,8 @@ class ServeSettings:
             value = getattr(self, name)
             if not (value >= 0 and value < math.inf):
                 raise ValueError(f"--{name.replace('_', '-')} must be a finite number >= 0, got {value}.")
-        if self.policy not in POLICY_NAMES:
-            raise ValueError(f"--policy: unknown policy '{self.policy}'; expected one of: {', '.join(POLICY_NAMES)}.")
+        if self.policy not in SERVE_POLICIES:
+            raise ValueError(f"--policy: unknown policy '{self.policy}'; expected one of: {', '.join(SERVE_POLICIES)}.")
         if self.upstream_kv_tokens is not None and self.upstream_kv_tokens < 1:
             raise ValueError(f"--upstream-kv-tokens must be >= 1, got {self.upstream_kv_tokens}.")
         if self.no_journal and self.journal:

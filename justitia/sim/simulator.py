@@ -124,8 +124,8 @@ class EngineLoop:
                           and not (tenants and (core.traits.pools_service or (core.traits.keys_move and core.traits.keys_shift)))
                           else PlainRun)(cfg, core, lambda r, i=i: self._reported(i, r)) for i, core in enumerate(self.cores)]
         engines = self._engines
-        if tenants:  # a tenant's agents are retagged at their tenant's level on what they were charged, as
-            for e in engines:  # each request finishes, not step by step (justitia-guarded)
+        if tenants:  # justitia-guarded with tenants: charged every step without the time, so not retagged
+            for e in engines:  # or repriced on service (either moved the tenants' shares: design.md)
                 e.charge_now = False
         # only a predictor that prices by distributions has agents the core reprices on their service
         prices_dists = any(getattr(type(self.predictor), m) is not getattr(Predictor, m) for m in ("agent_dist", "turn_dist"))
