@@ -178,3 +178,6 @@ def test_serve_settings_check_themselves_when_made():
     with pytest.raises(ValueError, match="--key-agents-in-flight must be >= 1"):
         ServeSettings(key_agents_in_flight=0)
     assert ServeSettings(no_journal=True).journal_path() is None
+    assert ServeSettings(policy="justitia-guarded").policy == "justitia-guarded"  # the lag guard, by name
+    with pytest.raises(ValueError, match="--policy: unknown policy 'magic'; expected one of: .*justitia-guarded"):
+        ServeSettings(policy="magic")
