@@ -34,6 +34,7 @@ ENV_AGENT_IDLE_S = "JUSTITIA_AGENT_IDLE_S"  # default AGENT_IDLE_S
 ENV_SESSION_KEEP_S = "JUSTITIA_SESSION_KEEP_S"  # default SESSION_KEEP_S
 ENV_LOG_AGENTS = "JUSTITIA_LOG_AGENTS"  # 1: one log line per agent arrival and release
 ENV_MEASURE_CAPACITY = "JUSTITIA_MEASURE_CAPACITY"  # 0: keep the formula's M (default 1: measure it)
+ENV_GUARD_SCALE = "JUSTITIA_GUARD_SCALE"  # justitia-guarded: the largest burst (cost units) a deployment has served before (default 0: learned)
 ENV_PRICING = "JUSTITIA_PRICING"  # online|max-tokens: how the plug-in prices a burst that comes without a price (default online)
 ENV_PRICING_STATE = "JUSTITIA_PRICING_STATE"  # where the plug-in keeps what its online pricing learned (default: nowhere)
 ENV_RETAG = "JUSTITIA_RETAG"  # 0: an agent keeps its first tag (default 1: it moves back when it reveals more work)
@@ -95,6 +96,7 @@ class PolicySettings:
     door_token: str | None = None  # auto: from a request that carries this (the door's), or from all if None
     pricing: str = "online"  # a burst without a price: learned from the engine's own bursts, or its max_tokens alone
     pricing_state: str | None = None  # the online pricing's state file, kept across restarts
+    guard_scale: float = 0.0  # justitia-guarded: its lag guard starts from this largest burst seen (0: cold)
 
 
 def policy_settings(environ: Mapping[str, str] | None = None) -> PolicySettings:
@@ -130,4 +132,5 @@ def policy_settings(environ: Mapping[str, str] | None = None) -> PolicySettings:
         log_agents=env.get(ENV_LOG_AGENTS) == "1", measure_capacity=env.get(ENV_MEASURE_CAPACITY, "1") != "0",
         retag=env.get(ENV_RETAG, "1") != "0", client_prices={"1": True, "0": False}.get(prices or "", None),
         door_token=env.get(ENV_DOOR_TOKEN) or None, pricing=pricing, pricing_state=env.get(ENV_PRICING_STATE) or None,
+        guard_scale=number(ENV_GUARD_SCALE, 0.0, strict=False),
     )

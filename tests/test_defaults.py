@@ -21,10 +21,16 @@ def test_the_environment_sets_each_field():
 
 @pytest.mark.parametrize("name, value", [("JUSTITIA_CAPACITY", "lots"), ("JUSTITIA_CAPACITY", "0"),
                                          ("JUSTITIA_ITERATION_S", "-1"), ("JUSTITIA_ITERATION_S", "inf"),
-                                         ("JUSTITIA_AGENT_IDLE_S", "-5")])
+                                         ("JUSTITIA_AGENT_IDLE_S", "-5"), ("JUSTITIA_GUARD_SCALE", "nan"),
+                                         ("JUSTITIA_GUARD_SCALE", "-1")])
 def test_a_bad_value_is_one_sentence_naming_the_variable(name, value):
     with pytest.raises(ValueError, match=f"{name}='{value}': expected a finite number"):
         policy_settings({name: value})
+
+
+def test_the_guard_starts_from_the_scale_a_deployment_served_before():
+    assert policy_settings({}).guard_scale == 0.0
+    assert policy_settings({"JUSTITIA_GUARD_SCALE": "2.5e7"}).guard_scale == 2.5e7
 
 
 def test_the_cache_directory_follows_its_variable(monkeypatch, tmp_path):

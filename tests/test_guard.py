@@ -150,6 +150,24 @@ def test_lag_is_price_free_and_scaled_by_the_largest_burst_served():
     assert pol.lag_s == GUARD_FACTOR * 400.0 / 100.0
 
 
+def test_a_deployment_s_history_sets_l_from_the_start():
+    # JUSTITIA_GUARD_SCALE reaches the policy through the core (the plug-in builds its core so): with
+    # a history of bursts far larger than this one, small is not yet L behind where, cold, it is
+    first = {}
+    for scale in (0.0, 1e9):
+        core = AgentScheduler.for_policy("justitia-guarded", 100.0, guard_scale=scale)
+        core.agent_arrived("big", "t", 10.0, 0.0)
+        core.agent_arrived("small", "t", 1e9, 0.0)
+        big = [core.request_arrived(f"b{i}", "big", 10, 100.0, 0.0) for i in range(3)]
+        core.request_arrived("s0", "small", 10, 1e9, 0.0)
+        core.advance(0.0)
+        core.dequeue(big[0])
+        core.charge(big[0], Charge(10, 10, 200.0), 1.0)
+        core.advance(6.0)
+        first[scale] = core.peek().agent_id
+    assert first == {0.0: "small", 1e9: "big"}
+
+
 def test_trace_reads_and_inverts_a_piecewise_linear_map():
     t = Trace()
     for x, y in [(0, 0), (1, 10), (2, 10), (3, 10), (4, 30)]:

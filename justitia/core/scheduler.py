@@ -113,12 +113,14 @@ class AgentScheduler:
 
     @classmethod
     def for_policy(cls, name: str, capacity_per_s: float | None = None, cost: str | CostModel = KV,
-                   measure_every_s: float | None = None, retag: bool = True) -> "AgentScheduler":
+                   measure_every_s: float | None = None, retag: bool = True,
+                   guard_scale: float = 0.0) -> "AgentScheduler":
         """A core running the policy ``name``; ``capacity_per_s`` is the clock's M to start from,
-        then measured every ``measure_every_s`` busy seconds (``CapacityMeter``), or kept (None)."""
+        then measured every ``measure_every_s`` busy seconds (``CapacityMeter``), or kept (None);
+        ``guard_scale``: justitia-guarded's lag guard starts from this largest burst seen."""
         cost = cost_model(cost)
         meter = CapacityMeter(capacity_per_s, cost, measure_every_s) if measure_every_s and capacity_per_s else None
-        return cls(make_policy(name, capacity_per_s, cost), meter, retag, cost)
+        return cls(make_policy(name, capacity_per_s, cost, guard_scale), meter, retag, cost)
 
     # ------------------------------------------------------------------------------ agents
     def agent_arrived(self, agent_id: str, agent_type: str, predicted_cost: float, now_s: float,

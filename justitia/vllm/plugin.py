@@ -188,6 +188,7 @@ class JustitiaScheduler(StepLogScheduler):
             cost, self.kv_tokens, self.scheduler_config.max_num_batched_tokens, settings.iteration_s)
         # a burst without a price (a harness's turn through the door): priced from the engine's own bursts
         self.pricer = BurstPricer(cost, state=settings.pricing_state, log=logger) if settings.pricing == "online" else None
+        self.guard_scale = settings.guard_scale
         self._reset(settings.policy, cost.name, capacity, settings.measure_capacity, None, settings.retag)
         self.waiting = _CoreQueue(self)
         self._cache_hits: dict[str, int] = {}  # request id -> prompt tokens vLLM's prefix cache held at its first schedule
@@ -213,7 +214,7 @@ class JustitiaScheduler(StepLogScheduler):
                retag: bool = True) -> None:
         """Fresh policy state and clock (at start-up, or on a ``reset`` of an idle engine)."""
         window = WINDOW_STEPS * self.iteration_s if measure else None
-        self.core = AgentScheduler.for_policy(policy, capacity, cost, window, retag)
+        self.core = AgentScheduler.for_policy(policy, capacity, cost, window, retag, self.guard_scale)
         self.book = AgentBook(self.core, cost, self.idle_release_s, self.session_keep_s)
         # what the policy needs from each step, read once (they are fixed for a policy)
         traits = self.core.traits
