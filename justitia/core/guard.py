@@ -1,26 +1,23 @@
-"""The lag guard: what makes Justitia's delay bound hold whatever the prices (docs/design.md, "A
-bound that holds whatever the prices").
+"""The lag guard: what keeps justitia-guarded's delay bound whatever the prices (docs/design.md, "A
+bound that holds whatever the prices"); the policy is ``policies.guarded``.
 
 Selective pampering serves agents in the order of their tags, and a tag is only as good as the
-price it was stamped with. The guard watches each agent's *pace*: its GPS start ``S`` (in its own
-clock: the root's for an agent on its own, its tenant's inner clock for one in a tenant) plus the
-service it has attained over its weight, ``E = S + a / w``, is the virtual time at which GPS would
-have given it what the engine has. An agent is *urgent* once its clock passed ``E`` more than ``L``
-seconds ago (``E <= V(now - L)``): the engine is more than ``L`` behind GPS with it. Urgent agents
-go first, the one whose pace point was reached earliest first (EDF on each unit's GPS time plus
-``L``); the rest keep their tags. A tenant is watched the same way at the root, with its
-attained service over its weight since it last became active in GPS.
+price it was stamped with. The guard watches each agent's *pace*: its GPS start ``S`` plus the
+service it has attained over its weight, ``E = S + a / w``, the virtual time at which GPS would have
+given it what the engine has. An agent is *urgent* once ``E < V(now - L)``: the engine is more than
+``L`` seconds behind GPS with it. Urgent agents go first, the one whose pace point was reached
+earliest first (EDF on each unit's GPS time plus ``L``); the rest keep their tags. A tenant is
+watched the same way on ``R``, the engine shared by weight among the tenants (and lone agents)
+present, with its agents' service over its weight since it came in.
 
 ``L`` is ``GUARD_FACTOR`` times the largest burst of work seen so far (attained service: what the
-engine charged, never a price) over ``M``: a prediction-free quantity. EDF on each unit's GPS time
-plus ``L`` gives ``f_j <= F_j + L + 2 c_max``, and the bound stated is ``2 c_max + LAG_FACTOR *
-C_max / M`` whatever the prices (``LAG_FACTOR = 1.5``: at most 1.5x the paper's bound); the margin
-between the two factors covers the clock's drift from GPS on the true work, which counts an
-over-priced agent as active until it leaves. With true prices GPS's order rarely leaves an agent ``L`` behind, so the guard
-rarely fires and the paper's order is kept.
+engine charged, never a price) over M: no prediction is in it. EDF on each unit's GPS time plus
+``L`` gives ``f_j <= F_j + L + 2 c_max``; the bench states ``2 c_max + max(L, LAG_FACTOR * C_max /
+M)`` (``LAG_FACTOR = 1.5``: at most 1.5x the paper's bound while ``L`` stays under it). The margin
+between the two factors covers the clock's drift from GPS on the true work.
 
-Units: time in seconds, virtual time and service in cost units (a tenant's inner clock: its own
-virtual time, whose time axis is the root's V).
+Units: time in seconds, virtual time and service in cost units. ``Trace`` keeps a clock's
+recent (time, V) samples, to read ``V(now - L)`` and the time a pace point was reached.
 """
 
 from __future__ import annotations
