@@ -67,6 +67,7 @@ class GuardedJustitia(Justitia):
         self._rtrace = Trace()  # t -> R
         self._rlag = 0.0  # R(now - L)
         self._tpace: dict[str, list] = {}  # tenant -> [its start in R, W, attained since]
+        self._tenants_in: set[str] = set()  # the tenants present (each step reads only theirs)
         self._turgent: set[str] = set()
         self._measured: list[float] | None = None  # [start, ∫M dt since, last M, its time]
 
@@ -117,6 +118,7 @@ class GuardedJustitia(Justitia):
         if tenant in self._present:
             return
         self._presence(tenant, agent.weight, True)
+        self._tenants_in.add(tenant)
         pace = self._tpace.get(tenant)
         start = self._r if pace is None else max(self._r, pace[0] + pace[2] / pace[1])
         self._tpace[tenant] = [start, agent.weight, 0.0]
@@ -132,6 +134,7 @@ class GuardedJustitia(Justitia):
             self._presence(agent_id, 0.0, False)
         elif not self._groups.has(tenant):
             self._presence(tenant, 0.0, False)
+            self._tenants_in.discard(tenant)
             self._turgent.discard(tenant)
 
     def _presence(self, entry: str, weight: float, present: bool) -> None:
@@ -221,8 +224,9 @@ class GuardedJustitia(Justitia):
                 heapq.heappush(heap, (point, agent_id))
         self._rtrace.add(self._now_s, self._r_to(self._now_s), keep_s)
         self._rlag = self._rtrace.at(self._now_s - self.lag_s)
-        for tenant, tp in self._tpace.items():
-            urgent = tp[0] + tp[2] / tp[1] < self._rlag and tenant in self._present
+        for tenant in self._tenants_in:
+            tp = self._tpace[tenant]
+            urgent = tp[0] + tp[2] / tp[1] < self._rlag
             if urgent != (tenant in self._turgent):
                 (self._turgent.add if urgent else self._turgent.discard)(tenant)
                 self._groups.moved(tenant)
