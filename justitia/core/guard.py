@@ -54,26 +54,20 @@ class Trace:
 
     def at(self, x: float) -> float:
         """y at ``x`` (the first sample's y before it; the last one's after it)."""
-        xs, ys = self._x, self._y
-        if not xs:
-            return 0.0
-        i = bisect.bisect_right(xs, x)
-        if i == 0:
-            return ys[0]
-        if i == len(xs):
-            return ys[-1]
-        x0, x1, y0, y1 = xs[i - 1], xs[i], ys[i - 1], ys[i]
-        return y0 + (y1 - y0) * (x - x0) / (x1 - x0)
+        return _between(self._x, self._y, x, bisect.bisect_right(self._x, x))
 
     def when(self, y: float) -> float:
         """The first x at which the map reached ``y`` (the first sample's x before it)."""
-        xs, ys = self._x, self._y
-        if not xs:
-            return 0.0
-        i = bisect.bisect_left(ys, y)
-        if i == 0:
-            return xs[0]
-        if i == len(ys):
-            return xs[-1]
-        y0, y1, x0, x1 = ys[i - 1], ys[i], xs[i - 1], xs[i]
-        return x0 + (x1 - x0) * (y - y0) / (y1 - y0)
+        return _between(self._y, self._x, y, bisect.bisect_left(self._y, y))
+
+
+def _between(keys: list[float], values: list[float], k: float, i: int) -> float:
+    """The value at ``k``, linear between samples ``i - 1`` and ``i`` (clamped to the ends; 0 if none)."""
+    if not keys:
+        return 0.0
+    if i == 0:
+        return values[0]
+    if i == len(keys):
+        return values[-1]
+    k0, k1, v0, v1 = keys[i - 1], keys[i], values[i - 1], values[i]
+    return v0 + (v1 - v0) * (k - k0) / (k1 - k0)

@@ -158,7 +158,7 @@ HISTORY_PRESETS = ("main", "sessions", "sessions-choices", "starvation", "noise"
 
 def history_scale(build, name: str, seed: int) -> float:
     """The largest burst of work in ``HISTORY_SEEDS`` workloads of the same kind with other seeds: a
-    deployment's lag guard keeps what it has seen (``GuardedJustitia.scale``), so a preset's runs
+    deployment's lag guard starts from what it has served (``JUSTITIA_GUARD_SCALE``), so a preset's runs
     start from a history disjoint from their own workload, never from its own costs or prices."""
     return max(largest_burst(build(name, seed + 1000 + k).agents) for k in range(HISTORY_SEEDS))
 

@@ -283,12 +283,3 @@ class GuardedJustitia(Justitia):
         """For an engine that runs ``tagged``: an urgent agent's due time far ahead of every tag."""
         key = self.agent_key(req.agent_id)
         return (float(key[1] - _URGENT_STAMP if key[0] == 0 else key[1]), self._inner.get(req.agent_id))
-
-    def urgent(self, agent_id: str) -> bool:
-        """Whether the guard put the agent (or its tenant) ahead of the tags now."""
-        return self.agent_key(agent_id)[0] == 0
-
-    @property
-    def scale(self) -> float:
-        """The largest burst of work seen (what ``L`` is made of), to keep for the next start."""
-        return self._largest
