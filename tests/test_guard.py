@@ -168,6 +168,46 @@ def test_a_deployment_s_history_sets_l_from_the_start():
     assert first == {0.0: "small", 1e9: "big"}
 
 
+def test_a_session_s_scale_is_its_work_as_it_came_not_its_turn():
+    # a session's turn of two calls, one after the other (a tool ran between them): L is scaled by
+    # the larger call, as the GPS yardstick counts its bursts; an agent's by its whole burst
+    lags = {}
+    for session in (True, False):
+        pol = make_policy("justitia-guarded", 100.0)
+        core = AgentScheduler(pol)
+        core.agent_arrived("s", "t", 1.0, 0.0, session=session)
+        for i, (t, amount) in enumerate([(0.0, 300.0), (5.0, 100.0)]):
+            req = core.request_arrived(f"s{i}", "s", 10, 1.0, t)
+            core.dequeue(req)
+            core.charge(req, Charge(10, 10, amount), t + 1.0)
+            core.request_finished(req)
+        core.advance(7.0)
+        lags[session] = pol.lag_s
+    assert lags == {True: GUARD_FACTOR * 300.0 / 100.0, False: GUARD_FACTOR * 400.0 / 100.0}
+
+
+def test_a_session_back_from_a_long_tool_is_not_urgent_for_the_wait():
+    # a session waits 98 s on a tool while an agent waits too (both are behind GPS then, the agent
+    # since its pace point V = 200 was reached at 2 s). GPS let the session leave and come back at
+    # V(100 s) = 400, so its lag counts from then and the agent goes first; with its pace kept from
+    # before the tool (V = 100, reached at 1 s) the session would be the more behind
+    core = AgentScheduler.for_policy("justitia-guarded", 100.0, guard_scale=200.0)  # L = 2.5 s
+    core.agent_arrived("s", "t", 1e6, 0.0, session=True)
+    req = core.request_arrived("s0", "s", 10, 1e6, 0.0)
+    core.dequeue(req)
+    core.advance(0.0)
+    core.charge(req, Charge(10, 10, 100.0), 1.0)
+    core.request_finished(req)
+    core.advance(1.0)
+    core.agent_arrived("a", "t", 1e5, 2.0)
+    core.request_arrived("a0", "a", 10, 1e5, 2.0)
+    for t in range(2, 101):
+        core.advance(float(t))
+    core.request_arrived("s1", "s", 10, 1e6, 100.0)
+    core.advance(100.0)
+    assert core.peek().agent_id == "a"
+
+
 def test_trace_reads_and_inverts_a_piecewise_linear_map():
     t = Trace()
     for x, y in [(0, 0), (1, 10), (2, 10), (3, 10), (4, 30)]:

@@ -242,6 +242,8 @@ class AgentScheduler:
         req = RequestInfo(request_id, agent_id, self._request_seq, prompt_tokens, predicted_cost, tag, rank)
         self._request_seq += 1
         self._open[agent_id] += 1
+        if self._open[agent_id] == 1:
+            self._policy.requests_opened(agent_id, now_s)
         self._waiting.add(req)
         if self._policy.dynamic:  # revised, or lifted on becoming backlogged (vtc)
             self._moved.add(agent_id)
@@ -265,6 +267,8 @@ class AgentScheduler:
         revealed = self._revealed.get(req.agent_id)
         if revealed is not None:
             revealed[1] += req.predicted_cost
+        if not self._open[req.agent_id]:
+            self._policy.requests_drained(req.agent_id)
 
     def charge(self, req: RequestInfo, service: Charge, now_s: float | None = None) -> None:
         """Report service the engine scheduled for ``req`` (charges of one agent may be summed).

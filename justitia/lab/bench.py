@@ -10,12 +10,12 @@ the cluster's total M (N engines as one GPS server of N x M).
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable
 
 from justitia.agent import BURSTS, PRICINGS, SUBAGENTS, AgentResult, RunResult
-from justitia.core import ROUTER_NAMES, cost_model, has_clock, make_policy
+from justitia.core import KV, ROUTER_NAMES, cost_model, has_clock, make_policy
 from justitia.lab.metrics import delay_bound_s, fairness, gps_finish_times, jct_stats, turn_prediction, turn_stats
 from justitia.lab.progress import progress_bar
 from justitia.lab.tenants import tenant_report
@@ -45,6 +45,8 @@ class RunSpec:
     subagents: str = "share"  # a session's subagents share its flow, or are flows of their own
     kv_eviction: str | None = None  # the prefix cache's eviction rule for this run (None: the engine config's)
     guard_scale: float = 0.0  # justitia's lag guard starts from this largest burst seen before (0: cold)
+    history: tuple = field(default=(), compare=False, repr=False)  # agents an online predictor learns before
+    # the run (a deployment's kept state; lab.tau2.warm_predictor)
 
     def __post_init__(self) -> None:
         if self.capacity not in CAPACITIES:
@@ -74,6 +76,8 @@ class RunSpec:
             doc["kv_eviction"] = self.kv_eviction
         if self.guard_scale:
             doc["guard_scale"] = self.guard_scale
+        if self.history:
+            doc["warm_from_agents"] = len(self.history)
         return doc | {"per_agent": True} if self.per_agent else doc
 
     def workload(self, agents: list[Agent]) -> list[Agent]:
@@ -95,6 +99,8 @@ def simulate(
 ) -> RunResult:
     """Run one spec over ``agents`` on the simulator (a cluster of ``replicas`` engines if > 1)."""
     predictor = make_predictor(spec.predictor, seed)
+    if spec.history:  # started warm: what a disjoint history taught it
+        warm_predictor(predictor, list(spec.history))
     agents = spec.workload(agents)
     if spec.kv_eviction is not None:
         config = replace(config, kv_eviction=spec.kv_eviction)
@@ -111,6 +117,22 @@ def simulate(
                     pricing=spec.pricing, burst=spec.burst,
                     subagents=spec.subagents)
     return sim.run(agents)
+
+
+def warm_predictor(predictor, history: list[Agent]) -> None:
+    """Teach ``predictor`` (``online``) what ``history`` cost, in arrival order: each agent's total,
+    each session's turns with what its earlier turns cost, as a deployment's saved state holds."""
+    for a in sorted(history, key=lambda a: a.arrival_s):
+        if not a.is_session:
+            predictor.learn(a, a.cost(KV))
+            continue
+        turns = max(a._turn_of(s) for s in range(len(a.stages))) + 1
+        costs: list[float] = []
+        for turn in range(turns):
+            cost = sum(KV.request_cost(t.prompt_tokens, t.output_tokens)
+                       for t in (a.task(s, i) for s, i in a.turn_calls(turn)))
+            predictor.learn(a, cost, turn, list(costs))
+            costs.append(cost)
 
 
 def summarize(

@@ -130,8 +130,10 @@ def delay_bound_s(agents: list[Agent], config: EngineConfig, capacity_per_s: flo
 
 
 def largest_burst(agents: list[Agent]) -> float:
-    """The largest burst of work among ``agents``, in KV token-time: an agent's whole cost, a
-    session's largest user turn (what justitia's lag guard is scaled by: ``core.guard``)."""
+    """The largest burst of work among ``agents``, in KV token-time, as the GPS yardstick counts
+    bursts: an agent's whole cost; a session's largest group of calls sent together (its work
+    comes as calls sent while none is open: docs/sessions.md). What justitia's lag guard is scaled
+    by (``core.guard``)."""
     best = 0.0
     for a in agents:
         if not a.is_session:
@@ -139,8 +141,9 @@ def largest_burst(agents: list[Agent]) -> float:
             continue
         turns = max(a._turn_of(s) for s in range(len(a.stages))) + 1 if a.stages else 0
         for turn in range(turns):
-            best = max(best, sum(KV.request_cost(t.prompt_tokens, t.output_tokens)
-                                 for t in (a.task(s, i) for s, i in a.turn_calls(turn))))
+            for group in a.turn_groups(turn):
+                best = max(best, sum(KV.request_cost(t.prompt_tokens, t.output_tokens)
+                                     for t in (a.task(s, i) for s, i in group)))
     return best
 
 

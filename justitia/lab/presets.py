@@ -337,7 +337,7 @@ ENGINE_AGENTS, ENGINE_CALIBRATION_AGENTS, ENGINE_DENSITY, ENGINE_REPEATS = 100, 
 ENGINE_POLICIES = ("fcfs", "vtc", "srjf", "justitia", "las")
 ENGINE_OPTIONS = {"model": "tiny", "kv_blocks": 24, "max_num_seqs": 64, "max_num_batched_tokens": 2048}
 CPU_BLOCK_SIZE = 128  # vLLM's CPU backend's KV block
-PRESET_NAMES = ("main", "sessions", "sessions-choices", "starvation", "noise", "ablation", "sustained", "sustained-near", "trojan", "tenants",
+PRESET_NAMES = ("main", "sessions", "sessions-choices", "tau2", "tau2-overload", "starvation", "noise", "ablation", "sustained", "sustained-near", "trojan", "tenants",
                 "elephant-stream", *CLUSTER_PRESETS,
                 "cpu", "engine", "sessions-engine")
 def _sessions(name: str, seed: int) -> Preset:
@@ -351,10 +351,23 @@ def _sessions(name: str, seed: int) -> Preset:
                   compares_predictors=name == "sessions-choices")
 
 
+def _tau2(name: str, seed: int) -> Preset:
+    from justitia.lab.tau2 import TAU2_OVERLOAD_COPIES, tau2_specs, tau2_summary, tau2_workload
+
+    copies = TAU2_OVERLOAD_COPIES if name == "tau2-overload" else 1
+    agents, info = tau2_workload(seed, copies)
+    return Preset(name, f"tau2-bench's real agent traffic ({info['sessions']} sessions, {info['solo_agents']} solo "
+                  f"agents; {copies} cop{'ies' if copies > 1 else 'y'}), the prefix cache on: fcfs, vtc, las, las-turn, "
+                  "las-decay, srjf, justitia (oracle), justitia online, guarded, warm", agents, info, tau2_specs(agents),
+                  sim_options={"prefix_caching": True}, summary=tau2_summary, compares_predictors=True)
+
+
 PRESETS = {  # name -> the function that builds it
     "main": _main,
     "sessions": _sessions,
     "sessions-choices": _sessions,
+    "tau2": _tau2,
+    "tau2-overload": _tau2,
     **{n: _cluster for n in CLUSTER_PRESETS},
     "starvation": _starvation,
     **{n: _sustained for n in SUSTAINED_LOADS},

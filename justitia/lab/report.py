@@ -120,9 +120,9 @@ def tenant_table(doc: dict) -> Table:
 def print_results(doc: dict, title: str = "", console: Console | None = None) -> None:
     """Print the table, and the delay-bound check when Justitia ran."""
     if console is None:
-        console = Console()
+        console = Console(emoji=False)  # a label such as "justitia@noisy:100" is text, not an emoji code
         if not console.is_terminal:
-            console = Console(width=150)  # files and pipes get the whole table unwrapped
+            console = Console(width=150, emoji=False)  # files and pipes get the whole table unwrapped
     console.print(results_table(doc, title))
     if doc.get("engine") == "vllm":
         console.print(engine_table(doc))

@@ -71,6 +71,14 @@ class Policy:
         """A paused session arrives again: ``agent`` carries its next burst's predicted cost. By
         default the policy keeps what it knows of it (its attained service, its arrival order)."""
 
+    def requests_drained(self, agent_id: str) -> None:
+        """The agent has no request open (its last one finished): a session between two calls, or
+        an agent between two stages."""
+
+    def requests_opened(self, agent_id: str, now_s: float | None) -> None:
+        """The agent had no request open and has one now (a new request arrived at ``now_s``, if
+        the engine tells the time)."""
+
     def backlogged(self, agent_id: str, others: Iterable[str]) -> None:
         """The agent has waiting requests again; ``others`` are the other backlogged agents (a
         dynamic policy's smallest key first)."""

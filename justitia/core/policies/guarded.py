@@ -53,10 +53,13 @@ class GuardedJustitia(Justitia):
         self.lag_factor = lag_factor
         self.lag_s = 0.0  # L, as of the last advance
         self.lag_max_s = 0.0  # the largest L it ran at: the bound it kept is 2 c_max + this
-        self._largest = float(scale)  # the largest burst's attained service seen (a price never counts)
+        self._largest = float(scale)  # L's scale: the largest burst's attained service seen (a session's:
+        # its work as it came, between two moments with no request open); a price never counts
+        self._cap = float(scale)  # the largest whole burst served (a session's: a turn): GPS counts none past it
         self._now_s = 0.0
         # agents on their own: pace on the GPS clock
-        self._pace: dict[str, list] = {}  # agent -> [S, w, attained this burst, tenant]
+        self._pace: dict[str, list] = {}  # agent -> [S, w, attained this burst, tenant, attained since it
+        # last had no request open, session?]
         self._urgent: set[str] = set()
         self._watch: list[tuple[float, str]] = []  # (pace point, agent) of agents not urgent
         self._root = Trace()  # t -> V
@@ -88,7 +91,7 @@ class GuardedJustitia(Justitia):
         """Ordered by its price as the paper's rule orders it, but counted in GPS at no more than the
         largest burst the engine has served (a price past it is a guess no agent has borne out), so
         an over-priced agent does not hold V back for everyone's pace."""
-        cap = self._largest
+        cap = self._cap
         if agent.tenant is not None or cap <= 0:
             return super()._arrive(agent, cost, now_s)
         counted = min(max(cost, agent.dist.top) if agent.dist is not None else cost, cap)
@@ -102,10 +105,10 @@ class GuardedJustitia(Justitia):
         if agent.tenant is None:
             start = self.clock.start(agent.agent_id)
             if start is not None:
-                self._pace[agent.agent_id] = [start, agent.weight, 0.0, None]
+                self._pace[agent.agent_id] = [start, agent.weight, 0.0, None, 0.0, agent.session]
                 heapq.heappush(self._watch, (start, agent.agent_id))
         else:
-            self._pace[agent.agent_id] = [0.0, agent.weight, 0.0, agent.tenant]
+            self._pace[agent.agent_id] = [0.0, agent.weight, 0.0, agent.tenant, 0.0, agent.session]
 
     def _comes_in(self, agent: AgentInfo, now_s: float) -> None:
         """Its root entry is present. A tenant that was not starts its pace again at R, or where its
@@ -167,8 +170,12 @@ class GuardedJustitia(Justitia):
             return
         amount = self.cost.service(service)
         pace[2] += amount
-        if pace[2] > self._largest:
-            self._largest = pace[2]
+        pace[4] += amount
+        burst = pace[4] if pace[5] else pace[2]
+        if burst > self._largest:
+            self._largest = burst
+        if pace[2] > self._cap:
+            self._cap = pace[2]
         tenant = pace[3]
         if tenant is not None:
             tp = self._tpace[tenant]
@@ -184,6 +191,27 @@ class GuardedJustitia(Justitia):
         if req.agent_id in self._urgent and pace[0] + pace[2] / pace[1] >= self._vlag:
             self._urgent.discard(req.agent_id)
             heapq.heappush(self._watch, (pace[0] + pace[2] / pace[1], req.agent_id))
+
+    def requests_drained(self, agent_id: str) -> None:
+        """A session's work as it came ends when it has no request open (a burst of the GPS yardstick,
+        docs/sessions.md): the next one's service counts from 0 for ``L``'s scale."""
+        pace = self._pace.get(agent_id)
+        if pace is not None and pace[5]:
+            pace[4] = 0.0
+
+    def requests_opened(self, agent_id: str, now_s: float | None) -> None:
+        """A session on its own sends work again after none was open (a tool ran, or its user): as
+        in GPS, where it left and came back, its pace starts again at ``V(now)`` if it fell behind
+        while it had nothing to run (a wait the engine did not cause does not make it urgent)."""
+        pace = self._pace.get(agent_id)
+        if pace is None or not pace[5] or pace[3] is not None:
+            return
+        self._now_s = max(self._now_s, now_s or 0.0)
+        v = self.clock.virtual_time(self._now_s)
+        if pace[0] + pace[2] / pace[1] < v:
+            pace[0], pace[2] = v, 0.0
+            self._urgent.discard(agent_id)
+            heapq.heappush(self._watch, (v, agent_id))
 
     def settle(self, agent_id: str, cost: float, now_s: float) -> None:
         super().settle(agent_id, cost, now_s)
@@ -243,8 +271,9 @@ class GuardedJustitia(Justitia):
         super().set_capacity(capacity_per_s, now_s)
 
     def _mean_capacity(self, now_s: float) -> float:
-        """M over the run so far, weighted by how long each held (the first guess's included): a
-        window in which the engine delivered little does not stretch ``L``."""
+        """M over the run so far, weighted by how long each held (the starting guess's included, as a
+        prior until the engine has been measured): a window in which the engine delivered little,
+        such as its first as it warms up, does not stretch ``L``."""
         m = self._measured
         if m is None:
             self._measured = m = [now_s, 0.0, self.clock.capacity, now_s]
