@@ -15,10 +15,13 @@ lag guard, and with ``online`` started warm from a disjoint history: each simula
 from what the *other* agent model's simulations taught (the same tasks, another agent: what a
 deployment that keeps its online state across a model upgrade has), then learn in the run.
 
-The load: 2 simulations a second with lengths halved (``TAU2_RATE_PER_S``, ``TAU2_SCALE``): the
-engine is busy but drains between bursts, so turn times are queueing plus service and the
-policies differ by about 1.4x (at 1 a second they are within 10 % of each other; past 3 a
-second every policy's mean is queueing behind the overload). ``tau2-overload`` is three copies.
+The load: 2 simulations a second with lengths halved (``TAU2_RATE_PER_S``, ``TAU2_SCALE``), where
+the user who first replayed them looked. ``python -m justitia.lab.tau2`` runs fcfs, las-turn and
+Justitia at several rates: at 1 a second or less the engine keeps up with the 280 simulations and
+every policy gives the same turn times (2.2 s); from about 1.25 a second their work outruns it,
+turns queue, and the policies part (Justitia ``online`` 0.86x las-turn at 1.25, 0.73-0.80x from 1.5
+to 4). 2 a second is well inside that range without being the deepest backlog; ``tau2-overload``
+is three copies of the simulations, shuffled, at the same rate.
 """
 
 from __future__ import annotations
@@ -137,3 +140,34 @@ def tau2_summary(doc: dict) -> list[str]:
                      f"{r['conversation_turn_s']:11.1f}   {r['conversation_ratio']:.3f} ({clo:.3f}-{chi:.3f})   "
                      f"{r['solo_mean_jct_s']:10.1f}   {r['solo_ratio']:.3f}   {over}")
     return lines
+
+
+def rate_sweep(rates: list[float], seed: int = 0) -> list[str]:
+    """Mean turn time over every turn of fcfs, las-turn, Justitia (oracle) and Justitia ``online``
+    at each arrival rate: where the policies differ, the load the ``tau2`` preset runs at."""
+    from justitia.lab.bench import run_bench
+    from justitia.lab.presets import SIM_DEFAULT_PROFILE
+    from justitia.sim import EngineConfig
+    from justitia.sim.config import load_profile
+
+    config = EngineConfig(profile=load_profile(SIM_DEFAULT_PROFILE), max_num_batched_tokens=2048, max_num_seqs=256,
+                          prefix_caching=True)
+    specs = [RunSpec("fcfs", "fcfs"), RunSpec(REFERENCE, REFERENCE), RunSpec(ORACLE, "justitia"),
+             RunSpec(ONLINE, "justitia", "online")]
+    lines = ["rate/s   " + "   ".join(f"{s.label:>16s}" for s in specs) + "   (mean turn s over every turn; / las-turn)"]
+    for rate in rates:
+        agents, info = tau2_workload(seed, rate_per_s=rate)
+        rows = tau2_comparisons(run_bench(agents, specs, config, info, seed, progress=False))
+        lines.append(f"{rate:6.2f}   " + "   ".join(f"{rows[s.label]['mean_turn_s']:7.1f} ({rows[s.label]['ratio']:.2f})"
+                                              for s in specs))
+    return lines
+
+
+if __name__ == "__main__":
+    import argparse
+
+    ap = argparse.ArgumentParser(description="tau2-bench's simulations at several arrival rates (the tau2 preset's load)")
+    ap.add_argument("--rates", type=float, nargs="+", default=[0.5, 1.0, 2.0, 3.0, 4.0])
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args()
+    print("\n".join(rate_sweep(args.rates, args.seed)))
