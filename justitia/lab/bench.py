@@ -25,6 +25,7 @@ from justitia.sim.config import KV_EVICTIONS
 from justitia.workload import Agent
 
 RESULTS_SCHEMA = "justitia.results/1"
+SIM_DEFAULT_PROFILE = "llama7b-a100-40gb"
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field, replace
 from typing import Callable
 
 from justitia.core import POLICY_NAMES
-from justitia.lab.bench import RunSpec
+from justitia.lab.bench import SIM_DEFAULT_PROFILE, RunSpec
 from justitia.lab.metrics import largest_burst
 from justitia.lab.sessions import ONLINE_LABEL, sessions_specs, sessions_summary, sessions_workload
 from justitia.lab.workloads import (ABLATION_DENSITY, ELEPHANT_STREAM_RATE, ELEPHANT_STREAM_S, STREAM_LOAD, STREAM_S,
@@ -21,8 +21,6 @@ from justitia.sim import EngineConfig
 from justitia.sim.config import load_profile
 from justitia.workload import Agent, build_workload, scale_tokens
 from justitia.workload.arrivals import MOONCAKE_ARRIVALS
-
-SIM_DEFAULT_PROFILE = "llama7b-a100-40gb"
 
 
 @dataclass

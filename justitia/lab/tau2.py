@@ -145,8 +145,7 @@ def tau2_summary(doc: dict) -> list[str]:
 def rate_sweep(rates: list[float], seed: int = 0) -> list[str]:
     """Mean turn time over every turn of fcfs, las-turn, Justitia (oracle) and Justitia ``online``
     at each arrival rate: where the policies differ, the load the ``tau2`` preset runs at."""
-    from justitia.lab.bench import run_bench
-    from justitia.lab.presets import SIM_DEFAULT_PROFILE
+    from justitia.lab.bench import SIM_DEFAULT_PROFILE, run_bench
     from justitia.sim import EngineConfig
     from justitia.sim.config import load_profile
 
