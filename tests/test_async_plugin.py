@@ -1,4 +1,4 @@
-"""The plug-in on vLLM's async path, at the scheduler level (issue 31): no engine, vLLM's own
+"""The plug-in on vLLM's async path, at the scheduler level: no engine, vLLM's own
 scheduler classes driven as its engine core drives them (``tests/vllm_scheduler.py``), the next
 step scheduled before the last one's output comes back."""
 

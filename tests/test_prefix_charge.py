@@ -1,4 +1,4 @@
-"""``kv-prefix``'s charge (issue 34): a full KV block that ``n`` requests hold at once is charged
+"""``kv-prefix``'s charge: a full KV block that ``n`` requests hold at once is charged
 ``1/n`` to each, across agents too (``core.cost.shared_kv_charge``, ``vllm.accounting.prefix_step_charges``); the
 plug-in charges it under ``kv-prefix`` and nothing else changes. The rule's tests need no vLLM; the
 plug-in's build vLLM's scheduler without an engine (``tests/vllm_scheduler.py``)."""

@@ -1,4 +1,4 @@
-"""The twelve chat requests agent frameworks send (issue 36), each a body for ``/v1/chat/completions``
+"""The twelve chat requests agent frameworks send, each a body for ``/v1/chat/completions``
 on the ``tiny`` model; stock vLLM (``--enable-auto-tool-choice --tool-call-parser hermes``) takes all."""
 
 from __future__ import annotations

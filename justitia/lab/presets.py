@@ -292,9 +292,11 @@ def _engine(name: str, seed: int) -> Preset:
     agents = scale_tokens(agents, CPU_SCALE)
     calib, _ = build_workload(ENGINE_CALIBRATION_AGENTS, seed + 1, MOONCAKE_ARRIVALS, ENGINE_DENSITY)
     info |= {"token_scale": CPU_SCALE}
-    specs = [RunSpec(p, p) for p in ENGINE_POLICIES]
+    # and justitia priced as it ships: by online, learning from the agents that finished earlier in the run
+    specs = [RunSpec(p, p) for p in ENGINE_POLICIES] + [RunSpec(ONLINE_LABEL, "justitia", "online")]
     return Preset(name, f"{ENGINE_AGENTS} agents arriving densely on real vLLM (tiny model, CPU): "
-                  f"{', '.join(ENGINE_POLICIES)} + front-end tagging, {ENGINE_REPEATS} interleaved repeats",
+                  f"{', '.join(ENGINE_POLICIES)}, justitia priced online + front-end tagging, {ENGINE_REPEATS} "
+                  "interleaved repeats",
                   agents, info, specs, engine="vllm", engine_options=dict(ENGINE_OPTIONS),
                   calibration_agents=scale_tokens(calib, CPU_SCALE), repeats=ENGINE_REPEATS, tagging=True,
                   speed_probes=True)
