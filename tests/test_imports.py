@@ -164,3 +164,32 @@ def test_the_compact_file_is_gzip_jsonl():
     with gzip.open(TAU2_COMPACT, "rt", encoding="utf-8") as fh:
         first = json.loads(fh.readline())
     assert set(first) >= {"id", "kind", "system", "calls"}
+
+
+def test_the_tau2_presets_replay_every_simulation_and_fit_the_small_engine():
+    from justitia.lab.tau2 import TAU2_ENGINE_N, tau2_engine_workload, tau2_workload
+    from justitia.workload.imports import TAU2_COMPACT
+
+    agents, info = tau2_workload(0, copies=3, source=[TAU2_COMPACT])
+    assert len(agents) == 840 and len({a.agent_id for a in agents}) == 840
+    assert info["sessions"] == 600 and info["solo_agents"] == 240
+    assert sorted(a.arrival_s for a in agents) == [a.arrival_s for a in agents]
+    small, info = tau2_engine_workload(0, kv_tokens=2944, max_model_len=2048, source=[TAU2_COMPACT])
+    assert len(small) == TAU2_ENGINE_N and all(a.is_session for a in small)
+    assert max(t.prompt_tokens + t.output_tokens for a in small for t in a.tasks) <= 0.6 * 2944
+
+
+def test_a_warm_row_learns_from_the_other_agent_model_only():
+    from justitia.lab.bench import warm_predictor
+    from justitia.lab.tau2 import disjoint_history, other_model
+    from justitia.predictors import make_predictor
+
+    assert other_model("tau2-airline/gpt41") == "tau2-airline/ft"
+    assert other_model("tau2-retail-solo/ft") == "tau2-retail-solo/gpt41"
+    agents = conversations_to_agents(read_tau2([TAU2_COMPACT]), [float(i) for i in range(280)])
+    history = disjoint_history(agents)
+    assert all(h.type == other_model(a.type) != a.type for h, a in zip(history, agents))
+    gpt = next(a for a in agents if a.type == "tau2-airline/gpt41")
+    cold, warm = make_predictor("online"), make_predictor("online")
+    warm_predictor(warm, [h for h in history if h.type == "tau2-airline/gpt41"])  # the ft agent's sessions
+    assert warm.turn_cost(gpt, 1, [1e6], KV) != cold.turn_cost(gpt, 1, [1e6], KV)

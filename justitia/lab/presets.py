@@ -339,7 +339,7 @@ ENGINE_OPTIONS = {"model": "tiny", "kv_blocks": 24, "max_num_seqs": 64, "max_num
 CPU_BLOCK_SIZE = 128  # vLLM's CPU backend's KV block
 PRESET_NAMES = ("main", "sessions", "sessions-choices", "tau2", "tau2-overload", "starvation", "noise", "ablation", "sustained", "sustained-near", "trojan", "tenants",
                 "elephant-stream", *CLUSTER_PRESETS,
-                "cpu", "engine", "sessions-engine")
+                "cpu", "engine", "sessions-engine", "tau2-engine")
 def _sessions(name: str, seed: int) -> Preset:
     agents, info = sessions_workload(seed)
     what = ("justitia by turn, by pause, with subagents as flows, with tag eviction, with the prefix-aware cost, "
@@ -362,6 +362,25 @@ def _tau2(name: str, seed: int) -> Preset:
                   sim_options={"prefix_caching": True}, summary=tau2_summary, compares_predictors=True)
 
 
+def _tau2_engine(name: str, seed: int) -> Preset:
+    # tau2-bench's conversations on real vLLM (tiny model, CPU), its prefix cache on, through justitia
+    # serve's door as a harness sends them (lab.door), priced by the server; calibrated as sessions-engine is
+    from justitia.lab.door import door_label
+    from justitia.lab.sessions import sessions_engine_summary
+    from justitia.lab.tau2 import TAU2_ENGINE_POLICIES, tau2_engine_workload
+    from justitia.vllm.engine import EngineSpec
+
+    spec = EngineSpec(**ENGINE_OPTIONS)
+    agents, info = tau2_engine_workload(seed, spec.usable_blocks * CPU_BLOCK_SIZE, spec.max_model_len)
+    calib, _ = build_workload(ENGINE_CALIBRATION_AGENTS, seed + 1, MOONCAKE_ARRIVALS, ENGINE_DENSITY)
+    door = [RunSpec(door_label(p), p, "online" if p == "justitia" else "oracle") for p in TAU2_ENGINE_POLICIES]
+    return Preset(name, f"{len(agents)} of tau2-bench's conversations on real vLLM (tiny model, CPU), the prefix cache "
+                  f"on, through justitia serve's door: {', '.join(TAU2_ENGINE_POLICIES)}, {ENGINE_REPEATS} interleaved "
+                  "repeats", agents, info, [], engine="vllm", engine_options=dict(ENGINE_OPTIONS, prefix_caching=None),
+                  calibration_agents=scale_tokens(calib, CPU_SCALE), repeats=ENGINE_REPEATS, speed_probes=True,
+                  summary=sessions_engine_summary, door=door)
+
+
 PRESETS = {  # name -> the function that builds it
     "main": _main,
     "sessions": _sessions,
@@ -379,4 +398,5 @@ PRESETS = {  # name -> the function that builds it
     "cpu": _cpu,
     "engine": _engine,
     "sessions-engine": _sessions_engine,
+    "tau2-engine": _tau2_engine,
 }

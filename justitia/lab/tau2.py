@@ -142,6 +142,34 @@ def tau2_summary(doc: dict) -> list[str]:
     return lines
 
 
+# tau2-engine: the conversations through justitia serve's door on the tiny model (CPU), as
+# sessions-engine sends its sessions: 100 of them (seeded), every call within 60 % of the engine's
+# KV cache (lengths divided by what that takes), tool and think times / 20, 8 sessions a second
+# (sessions-engine's rate, where queueing dominates a turn on this engine; not swept for tau2).
+TAU2_ENGINE_N, TAU2_ENGINE_RATE_PER_S, TAU2_ENGINE_TIME_SCALE, TAU2_ENGINE_FRACTION = 100, 8.0, 20.0, 0.6
+TAU2_ENGINE_POLICIES = ("justitia", REFERENCE, "fcfs")
+
+
+def tau2_engine_workload(seed: int, kv_tokens: int, max_model_len: int, source=None) -> tuple[list[Agent], dict]:
+    """``TAU2_ENGINE_N`` of tau2-bench's conversations (the solo ones are not sessions a harness
+    sends), arriving at ``TAU2_ENGINE_RATE_PER_S``, shrunk to fit a small engine."""
+    from justitia.workload import fit_tokens
+
+    convs = [c for c in read_tau2(source or default_tau2_source()) if not c.solo]
+    rng = np.random.default_rng(seed)
+    pick = [convs[i] for i in sorted(rng.choice(len(convs), TAU2_ENGINE_N, replace=False))]
+    pick = [pick[i] for i in rng.permutation(len(pick))]
+    for c in pick:
+        c.calls = [replace(call, pause_s=call.pause_s / TAU2_ENGINE_TIME_SCALE) for call in c.calls]
+    arrivals = synthetic_arrivals(len(pick), rng, TAU2_ENGINE_RATE_PER_S)
+    room = int(min(kv_tokens * TAU2_ENGINE_FRACTION, max_model_len - 64))
+    agents, factor = fit_tokens(conversations_to_agents(pick, arrivals), room)
+    info = {"source": "tau2-bench", "sessions": len(agents), "arrivals": "poisson", "rate_per_s": TAU2_ENGINE_RATE_PER_S,
+            "token_scale": factor, "time_scale": TAU2_ENGINE_TIME_SCALE, "max_conversation_fraction": TAU2_ENGINE_FRACTION,
+            "seed": seed}
+    return agents, info
+
+
 def rate_sweep(rates: list[float], seed: int = 0) -> list[str]:
     """Mean turn time over every turn of fcfs, las-turn, Justitia (oracle) and Justitia ``online``
     at each arrival rate: where the policies differ, the load the ``tau2`` preset runs at."""

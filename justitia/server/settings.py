@@ -9,9 +9,10 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from justitia.core import POLICY_NAMES, positive_finite
+from justitia.core import BASELINE_NAMES, POLICY_NAMES, positive_finite
 
-SERVE_POLICIES = (*POLICY_NAMES, "justitia-guarded")  # the paper's seven, and justitia behind its lag guard
+# the paper's seven, justitia behind its lag guard, and the non-clairvoyant baselines (las-turn, las-decay)
+SERVE_POLICIES = (*POLICY_NAMES, "justitia-guarded", *BASELINE_NAMES)
 
 
 @dataclass
