@@ -4,7 +4,7 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: setup harnesses browser harness-load run test speed presets cpu engine sessions-engine noise-study overhead profile predictor-eval load load-upstream load-ray ray-affinity pricing server-bench flags-bench throughput ray-kill tenant-watch abuse replay clean
+.PHONY: setup harnesses browser harness-load run test speed presets cpu engine sessions-engine tau2-engine noise-study overhead profile predictor-eval load load-upstream load-ray ray-affinity pricing server-bench flags-bench throughput ray-kill tenant-watch abuse replay clean
 
 $(VENV)/.installed: pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
@@ -52,6 +52,10 @@ engine: setup
 # Coding-agent sessions on real vLLM, its prefix cache on: four policies, justitia priced online, + tagging, + las and justitia through justitia serve's door, three repeats; vLLM's hit rate beside the simulator's.
 sessions-engine: setup
 	$(BIN)/justitia bench --preset sessions-engine --out results/sessions-engine
+
+# tau2-bench's real conversations on real vLLM, through justitia serve's door: justitia (priced by the server), las-turn, fcfs, three repeats.
+tau2-engine: setup
+	$(BIN)/justitia bench --preset tau2-engine --out results/tau2-engine
 
 # What makes repeats on the real engine differ: thread binding, shared cores, warm-up.
 noise-study: setup
