@@ -54,7 +54,7 @@ def test_one_session_across_a_harness_continuing_it():
     for group in (("claude-code-turn",), ("claude-code-tool",), ("claude-code-subagent", "claude-code-notification"),
                   ("codex-turn",), ("opencode",)):
         ids = {identify(load(n)[1], load(n)[2], "key").agent_id for n in EXPECTED if n.startswith(group)}
-        assert len(ids) == 1, harness
+        assert len(ids) == 1, group
 
 
 def test_claude_codes_trailing_system_message_is_what_hid_its_turns():

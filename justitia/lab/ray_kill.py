@@ -79,7 +79,7 @@ def main() -> int:
                     while time.time() < deadline:
                         probes = [client.post("/v1/agents", json=body).json()["agent_id"] for body in agents()[1:5]]
                         for probe in probes:
-                            wait(client, probe, 120)
+                            wait_agent(client, probe, 120)
                         if set(answers(url)) - seen:
                             break
                         time.sleep(2)

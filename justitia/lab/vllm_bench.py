@@ -366,8 +366,9 @@ def _judge_against_simulator(entry: dict, spec: RunSpec, agents: list[Agent], co
 COMPARED = [("justitia", b) for b in ("vtc", "srjf", "las", "fcfs")] + [(TAGGING_LABEL, "vtc"), (TAGGING_LABEL, "justitia"),
                                                                      ("justitia@prefix-aware", "justitia")]
 # prices learned in the run: by the bench's driver (online), and by the server through its door
-COMPARED += [("justitia@online", "las"), ("justitia@online", "justitia"), ("justitia" + DOOR_SUFFIX, "las" + DOOR_SUFFIX),
-             ("justitia" + DOOR_SUFFIX, "las"), ("justitia" + DOOR_SUFFIX, "justitia")]
+COMPARED += [("justitia@online", "vtc"), ("justitia@online", "las"), ("justitia@online", "justitia"), ("justitia" + DOOR_SUFFIX, "las" + DOOR_SUFFIX),
+             ("justitia" + DOOR_SUFFIX, "las"), ("justitia" + DOOR_SUFFIX, "justitia"),
+             ("justitia" + DOOR_SUFFIX, "las-turn" + DOOR_SUFFIX), ("justitia" + DOOR_SUFFIX, "fcfs" + DOOR_SUFFIX)]
 
 
 def comparisons(tries: dict[str, list], seed: int = 0, metric: str = "jct") -> dict:
