@@ -24,7 +24,8 @@ ITERATION_S = 0.02
 # SESSION_KEEP_S (imported above, the core's too): a session (requests marked ``session``: the door marks
 # those a session header or field names) with nothing open is kept this long across its pauses, then released.
 
-ENV_POLICY = "JUSTITIA_POLICY"  # fcfs|sjf|parrot|vtc|srjf|justitia|las, or justitia-guarded|justitia-eligible|justitia-chained|tagged
+# fcfs|sjf|parrot|vtc|srjf|justitia|las, or justitia-guarded|justitia-eligible|justitia-chained|tagged
+ENV_POLICY = "JUSTITIA_POLICY"
 # (default justitia)
 ENV_COST = "JUSTITIA_COST"  # kv|compute (default kv)
 ENV_CAPACITY = "JUSTITIA_CAPACITY"  # the clock's M in cost units per second (default: from ITERATION_S)
@@ -34,9 +35,14 @@ ENV_AGENT_IDLE_S = "JUSTITIA_AGENT_IDLE_S"  # default AGENT_IDLE_S
 ENV_SESSION_KEEP_S = "JUSTITIA_SESSION_KEEP_S"  # default SESSION_KEEP_S
 ENV_LOG_AGENTS = "JUSTITIA_LOG_AGENTS"  # 1: one log line per agent arrival and release
 ENV_MEASURE_CAPACITY = "JUSTITIA_MEASURE_CAPACITY"  # 0: keep the formula's M (default 1: measure it)
-ENV_GUARD_SCALE = "JUSTITIA_GUARD_SCALE"  # justitia-guarded: the largest burst (cost units) a deployment has served before (default 0: learned)
-ENV_PRICING = "JUSTITIA_PRICING"  # online|max-tokens: how the plug-in prices a burst that comes without a price (default online)
-ENV_PRICING_STATE = "JUSTITIA_PRICING_STATE"  # where the plug-in keeps what its online pricing learned (default: nowhere)
+# justitia-guarded: the largest burst (cost units) a deployment has served before (default 0: learned)
+ENV_GUARD_SCALE = "JUSTITIA_GUARD_SCALE"
+ENV_PRICING = (
+    "JUSTITIA_PRICING"  # online|max-tokens: how the plug-in prices a burst that comes without a price (default online)
+)
+ENV_PRICING_STATE = (
+    "JUSTITIA_PRICING_STATE"  # where the plug-in keeps what its online pricing learned (default: nowhere)
+)
 ENV_RETAG = "JUSTITIA_RETAG"  # 0: an agent keeps its first tag (default 1: it moves back when it reveals more work)
 # whether the plug-in reads agent_cost, request_cost, agent_weight, tenant, agent_tag and agent_rank
 # from a request: 1, from every one; 0, from none; unset, from every one in an engine with no door
@@ -117,20 +123,29 @@ def policy_settings(environ: Mapping[str, str] | None = None) -> PolicySettings:
 
     prices = env.get(ENV_CLIENT_PRICES)
     if prices not in (None, "", "0", "1"):
-        raise ValueError(f"{ENV_CLIENT_PRICES}={prices!r}: expected 1 (read every request's prices) or 0 (none); "
-                         "unset: only those Justitia's door checked, in vLLM's OpenAI server.")
+        raise ValueError(
+            f"{ENV_CLIENT_PRICES}={prices!r}: expected 1 (read every request's prices) or 0 (none); "
+            "unset: only those Justitia's door checked, in vLLM's OpenAI server."
+        )
 
     pricing = env.get(ENV_PRICING, "online")
     if pricing not in PRICINGS:
         raise ValueError(f"{ENV_PRICING}={pricing!r}: expected one of {', '.join(PRICINGS)}.")
 
     return PolicySettings(
-        policy=env.get(ENV_POLICY, "justitia"), cost=env.get(ENV_COST, "kv"),
-        capacity_per_s=number(ENV_CAPACITY, None), calibration=env.get(ENV_CALIBRATION) or None, iteration_s=number(ENV_ITERATION_S, ITERATION_S),
+        policy=env.get(ENV_POLICY, "justitia"),
+        cost=env.get(ENV_COST, "kv"),
+        capacity_per_s=number(ENV_CAPACITY, None),
+        calibration=env.get(ENV_CALIBRATION) or None,
+        iteration_s=number(ENV_ITERATION_S, ITERATION_S),
         agent_idle_s=number(ENV_AGENT_IDLE_S, AGENT_IDLE_S, strict=False),
         session_keep_s=number(ENV_SESSION_KEEP_S, SESSION_KEEP_S, strict=False),
-        log_agents=env.get(ENV_LOG_AGENTS) == "1", measure_capacity=env.get(ENV_MEASURE_CAPACITY, "1") != "0",
-        retag=env.get(ENV_RETAG, "1") != "0", client_prices={"1": True, "0": False}.get(prices or "", None),
-        door_token=env.get(ENV_DOOR_TOKEN) or None, pricing=pricing, pricing_state=env.get(ENV_PRICING_STATE) or None,
+        log_agents=env.get(ENV_LOG_AGENTS) == "1",
+        measure_capacity=env.get(ENV_MEASURE_CAPACITY, "1") != "0",
+        retag=env.get(ENV_RETAG, "1") != "0",
+        client_prices={"1": True, "0": False}.get(prices or "", None),
+        door_token=env.get(ENV_DOOR_TOKEN) or None,
+        pricing=pricing,
+        pricing_state=env.get(ENV_PRICING_STATE) or None,
         guard_scale=number(ENV_GUARD_SCALE, 0.0, strict=False),
     )

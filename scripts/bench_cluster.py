@@ -30,12 +30,11 @@ from rich.table import Table
 
 from justitia.lab.bench import RunSpec, simulate
 from justitia.lab.metrics import delay_bound_s, gps_finish_times
-from justitia.predictors import make_predictor
-from justitia.sim import Cluster, LatencyProfile
-from justitia.workload import Agent, Task
 from justitia.lab.presets import SIM_DEFAULT_PROFILE, build_workload
-from justitia.sim import EngineConfig
+from justitia.predictors import make_predictor
+from justitia.sim import Cluster, EngineConfig, LatencyProfile
 from justitia.sim.config import load_profile
+from justitia.workload import Agent, Task
 from justitia.workload.arrivals import MOONCAKE_ARRIVALS
 
 
@@ -53,18 +52,24 @@ def bound_check(workloads: int) -> None:
         t, agents = 0.0, []
         for i in range(n * replicas // 2 + 2):  # test_bound's single-stage agents, more of them
             t += float(rng.exponential(0.15))
-            tasks = tuple(Task("t", int(rng.integers(1, 200)), int(rng.integers(1, 150))) for _ in range(rng.integers(1, 12)))
+            tasks = tuple(
+                Task("t", int(rng.integers(1, 200)), int(rng.integers(1, 150))) for _ in range(rng.integers(1, 12))
+            )
             agents.append(Agent(f"a{i:03d}", "t", round(t, 3), (tasks,)))
         cfg = EngineConfig(profile=flat, kv_blocks=blocks, max_num_batched_tokens=512, max_num_seqs=256)
         gps = gps_finish_times(agents, replicas * cfg.capacity_per_s("kv"))
         bound = delay_bound_s(agents, cfg, replicas=replicas)
         for (router, clock), over in cases.items():
-            run = Cluster(cfg, "justitia", make_predictor("oracle"), replicas=replicas, router=router, clock=clock).run(agents)
+            run = Cluster(cfg, "justitia", make_predictor("oracle"), replicas=replicas, router=router, clock=clock).run(
+                agents
+            )
             over.append(max(a.finish_s - gps[a.agent_id] for a in run.agents) / bound - 1)
     for (router, clock), over in cases.items():
         late = [x for x in over if x > 0]
-        print(f"{clock} clock, {router}: {len(late)} of {workloads} workloads with an agent past the bound"
-              + (f" (by up to {max(late):.0%} of it)" if late else f" (largest finish - GPS: {max(over) + 1:.0%} of it)"))
+        print(
+            f"{clock} clock, {router}: {len(late)} of {workloads} workloads with an agent past the bound"
+            + (f" (by up to {max(late):.0%} of it)" if late else f" (largest finish - GPS: {max(over) + 1:.0%} of it)")
+        )
 
 
 def main() -> int:
@@ -88,13 +93,24 @@ def main() -> int:
             for policy in policies:
                 cpu0, wall0 = time.process_time(), time.perf_counter()
                 run = simulate(agents, RunSpec(policy, policy), config, args.seed, replicas=replicas)
-                rows.append({"agents": n_agents, "replicas": replicas, "policy": policy,
-                             "wall_s": time.perf_counter() - wall0, "cpu_s": time.process_time() - cpu0,
-                             "iterations": run.iterations, "steps": run.steps,
-                             "mean_jct_s": sum(a.jct_s for a in run.agents) / len(run.agents)})
+                rows.append(
+                    {
+                        "agents": n_agents,
+                        "replicas": replicas,
+                        "policy": policy,
+                        "wall_s": time.perf_counter() - wall0,
+                        "cpu_s": time.process_time() - cpu0,
+                        "iterations": run.iterations,
+                        "steps": run.steps,
+                        "mean_jct_s": sum(a.jct_s for a in run.agents) / len(run.agents),
+                    }
+                )
                 r = rows[-1]
-                print(f"{n_agents} agents, {replicas} engines, {policy}: {r['wall_s']:.1f} s wall, "
-                      f"{r['cpu_s']:.1f} s CPU, {r['iterations']:,} iterations", flush=True)
+                print(
+                    f"{n_agents} agents, {replicas} engines, {policy}: {r['wall_s']:.1f} s wall, "
+                    f"{r['cpu_s']:.1f} s CPU, {r['iterations']:,} iterations",
+                    flush=True,
+                )
     table = Table(title="cluster simulator: seconds per run (CPU; wall in brackets), three policies")
     for col in ("agents", "engines", *policies, "all three", "iterations (all three)", "CPU us per iteration"):
         table.add_column(col, justify="right")
@@ -102,8 +118,14 @@ def main() -> int:
         for replicas in args.replicas:
             cell = [r for r in rows if r["agents"] == n_agents and r["replicas"] == replicas]
             cpu, wall, iters = (sum(r[k] for r in cell) for k in ("cpu_s", "wall_s", "iterations"))
-            table.add_row(f"{n_agents:,}", str(replicas), *(f"{r['cpu_s']:.1f} ({r['wall_s']:.1f})" for r in cell),
-                          f"{cpu:.1f} ({wall:.1f})", f"{iters:,}", f"{1e6 * cpu / iters:.0f}")
+            table.add_row(
+                f"{n_agents:,}",
+                str(replicas),
+                *(f"{r['cpu_s']:.1f} ({r['wall_s']:.1f})" for r in cell),
+                f"{cpu:.1f} ({wall:.1f})",
+                f"{iters:,}",
+                f"{1e6 * cpu / iters:.0f}",
+            )
     Console(width=160).print(table)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({"seed": args.seed, "policies": policies, "rows": rows}, indent=1))

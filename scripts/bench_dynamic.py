@@ -48,21 +48,32 @@ def main() -> None:
         cpu0 = time.process_time()
         run = simulate(agents, RunSpec(policy, policy), config, args.seed)
         cpu_s = time.process_time() - cpu0
-        row = {"policy": policy, "static": policy in STATIC_POLICY_NAMES, "wall_s": run.wall_s,
-               "cpu_s": cpu_s, "makespan_s": run.makespan_s, "iterations": run.iterations, "steps": run.steps,
-               "preemptions": run.preemptions}
+        row = {
+            "policy": policy,
+            "static": policy in STATIC_POLICY_NAMES,
+            "wall_s": run.wall_s,
+            "cpu_s": cpu_s,
+            "makespan_s": run.makespan_s,
+            "iterations": run.iterations,
+            "steps": run.steps,
+            "preemptions": run.preemptions,
+        }
         if args.finish_times:
             row["finish_s"] = {a.agent_id: a.finish_s for a in run.agents}
         rows.append(row)
-        print(f"{policy:<9} {run.wall_s:8.2f} s (cpu {cpu_s:7.2f} s)  makespan {run.makespan_s:9.1f} s  "
-              f"iterations {run.iterations:>9}  loop passes {run.steps:>8}  preemptions {run.preemptions:>6}",
-              flush=True)
+        print(
+            f"{policy:<9} {run.wall_s:8.2f} s (cpu {cpu_s:7.2f} s)  makespan {run.makespan_s:9.1f} s  "
+            f"iterations {run.iterations:>9}  loop passes {run.steps:>8}  preemptions {run.preemptions:>6}",
+            flush=True,
+        )
     static = [r for r in rows if r["static"]] or rows  # fcfs and justitia by default (keys fixed on arrival)
     slowest = max(r["wall_s"] for r in static)
     for r in rows:
         r["vs_slowest_static"] = r["wall_s"] / slowest
-    print("wall time against the slowest static policy: "
-          + ", ".join(f"{r['policy']} {r['vs_slowest_static']:.2f}x" for r in rows))
+    print(
+        "wall time against the slowest static policy: "
+        + ", ".join(f"{r['policy']} {r['vs_slowest_static']:.2f}x" for r in rows)
+    )
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({"workload": info, "workload_build_s": build_s, "runs": rows}, indent=1))
 

@@ -15,27 +15,50 @@ import sys
 
 def markdown(doc: dict) -> str:
     """The table of ``doc``, in Markdown."""
-    cols = ["run", "mean JCT s", "p50 s", "p90 s", "p99 s", "makespan s", "vs VTC", "not delayed vs VTC",
-            "mean delay of delayed", "delay p50", "delay p90", "delay p99", "max delay"]
+    cols = [
+        "run",
+        "mean JCT s",
+        "p50 s",
+        "p90 s",
+        "p99 s",
+        "makespan s",
+        "vs VTC",
+        "not delayed vs VTC",
+        "mean delay of delayed",
+        "delay p50",
+        "delay p90",
+        "delay p99",
+        "max delay",
+    ]
     lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     digits = 2 if doc.get("engine") == "vllm" else 1
     for label, e in doc["policies"].items():
         f = doc["fairness"].get(f"{label}_vs_vtc")
         imp = e.get("improvement_vs_vtc")
-        row = [label] + [f"{e[k]:.{digits}f}" for k in ("mean_jct_s", "p50_jct_s", "p90_jct_s", "p99_jct_s", "makespan_s")]
+        row = [label] + [
+            f"{e[k]:.{digits}f}" for k in ("mean_jct_s", "p50_jct_s", "p90_jct_s", "p99_jct_s", "makespan_s")
+        ]
         row.append("-" if imp is None or label == "vtc" else f"{imp:+.1%}")
         if f:
-            row += [f"{f['not_delayed_frac']:.1%}", f"{f['mean_delay_of_delayed']:.1%}", f"{f['delay_p50']:+.1%}",
-                    f"{f['delay_p90']:+.1%}", f"{f['delay_p99']:+.1%}", f"{f['max_delay']:.1%}"]
+            row += [
+                f"{f['not_delayed_frac']:.1%}",
+                f"{f['mean_delay_of_delayed']:.1%}",
+                f"{f['delay_p50']:+.1%}",
+                f"{f['delay_p90']:+.1%}",
+                f"{f['delay_p99']:+.1%}",
+                f"{f['max_delay']:.1%}",
+            ]
         else:
             row += ["-"] * 6
         lines.append("| " + " | ".join(row) + " |")
     j = doc["policies"].get("justitia")
     if j and "delay_bound_s" in j:
         lines.append("")
-        lines.append(f"Justitia delay bound `2c_max + C_max/M` (GPS at the M the engine delivered) = {j['delay_bound_s']:.1f} s; the largest `finish - GPS "
-                     f"finish` was {j['max_delay_vs_gps_s']:.1f} s; {j['bound_violations']} of {len(j['agents'])} agents "
-                     "over the bound.")
+        lines.append(
+            f"Justitia delay bound `2c_max + C_max/M` (GPS at the M the engine delivered) = {j['delay_bound_s']:.1f} s; the largest `finish - GPS "
+            f"finish` was {j['max_delay_vs_gps_s']:.1f} s; {j['bound_violations']} of {len(j['agents'])} agents "
+            "over the bound."
+        )
     return "\n".join(lines)
 
 

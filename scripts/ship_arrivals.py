@@ -24,8 +24,11 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--trace", type=Path, default=ROOT.parent / "shared/traces/mooncake_conversation_trace.jsonl")
     args = ap.parse_args()
-    lines = [json.dumps({"timestamp": json.loads(line)["timestamp"]})
-             for line in args.trace.read_text().splitlines() if line.strip()]
+    lines = [
+        json.dumps({"timestamp": json.loads(line)["timestamp"]})
+        for line in args.trace.read_text().splitlines()
+        if line.strip()
+    ]
     data = ("\n".join(lines) + "\n").encode()
     OUT.write_bytes(gzip.compress(data, compresslevel=9, mtime=0))
     print(f"wrote {len(lines)} arrival times to {OUT} ({OUT.stat().st_size:,} bytes)")

@@ -20,8 +20,15 @@ if __name__ == "__main__":
     from justitia.vllm.models import smollm2_model
 
     dtype = sys.argv[1] if len(sys.argv) > 1 else "float32"
-    llm = LLM(model=str(smollm2_model()), dtype=dtype, enforce_eager=True, max_model_len=4096,
-              max_num_seqs=128, enable_prefix_caching=False, max_num_batched_tokens=4096)
+    llm = LLM(
+        model=str(smollm2_model()),
+        dtype=dtype,
+        enforce_eager=True,
+        max_model_len=4096,
+        max_num_seqs=128,
+        enable_prefix_caching=False,
+        max_num_batched_tokens=4096,
+    )
     rng = random.Random(0)
 
     def prompts(n: int, length: int) -> list:

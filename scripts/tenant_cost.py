@@ -44,6 +44,7 @@ def main() -> None:
             finally:
                 if self.policy_name == "justitia":  # the front's core (the engines run tagged)
                     spent["s"] += time.perf_counter() - t0
+
         return wrapper
 
     for name in TIMED:
@@ -56,8 +57,10 @@ def main() -> None:
         t0 = time.perf_counter()
         run = simulate(workload, RunSpec("justitia", "justitia"), config, replicas=args.replicas)
         wall = time.perf_counter() - t0
-        print(f"tenants {n:>4}: wall {wall:6.1f} s, the front's core {spent['s']:5.2f} s, "
-              f"mean JCT {np.mean([a.jct_s for a in run.agents]):.1f} s")
+        print(
+            f"tenants {n:>4}: wall {wall:6.1f} s, the front's core {spent['s']:5.2f} s, "
+            f"mean JCT {np.mean([a.jct_s for a in run.agents]):.1f} s"
+        )
 
 
 if __name__ == "__main__":

@@ -26,8 +26,12 @@ from justitia.sim import EngineConfig, LatencyProfile, Simulator
 from justitia.workload import Agent, Task
 
 # a small engine whose every iteration takes 10 ms
-ENGINE = EngineConfig(profile=LatencyProfile("const-10ms", 10.0, 0.0, 0.0, 0.0, 1.0, 64, "every iteration 10 ms"),
-                      kv_blocks=60, max_num_batched_tokens=512, max_num_seqs=64)
+ENGINE = EngineConfig(
+    profile=LatencyProfile("const-10ms", 10.0, 0.0, 0.0, 0.0, 1.0, 64, "every iteration 10 ms"),
+    kv_blocks=60,
+    max_num_batched_tokens=512,
+    max_num_seqs=64,
+)
 
 
 def recording(base):
@@ -62,21 +66,34 @@ def main() -> None:
     agents = []
     for tenant, weight in (("A", 2.0), ("B", 1.0)):
         times = np.cumsum(rng.exponential(1 / rate, size=int(rate * 80)))
-        agents += [Agent(f"{tenant}{i:05d}", tenant, round(float(t), 4), ((Task(f"{tenant}{i:05d} task", 100, 60),),),
-                         weight=weight, tenant=tenant) for i, t in enumerate(times[times < 60])]
+        agents += [
+            Agent(
+                f"{tenant}{i:05d}",
+                tenant,
+                round(float(t), 4),
+                ((Task(f"{tenant}{i:05d} task", 100, 60),),),
+                weight=weight,
+                tenant=tenant,
+            )
+            for i, t in enumerate(times[times < 60])
+        ]
     agents.sort(key=lambda a: a.arrival_s)
     untenanted = [replace(a, tenant=None) for a in agents]
-    for name, policy, workload in (("justitia (tenants)", recording(Justitia)(m), agents),
-                                   ("justitia (chained)", recording(Justitia)(m, True), agents),
-                                   ("justitia (per agent)", recording(Justitia)(m), untenanted),
-                                   ("vtc (per tenant)", recording(VTC)(), agents),
-                                   ("vtc (per agent)", recording(VTC)(), untenanted)):
+    for name, policy, workload in (
+        ("justitia (tenants)", recording(Justitia)(m), agents),
+        ("justitia (chained)", recording(Justitia)(m, True), agents),
+        ("justitia (per agent)", recording(Justitia)(m), untenanted),
+        ("vtc (per tenant)", recording(VTC)(), agents),
+        ("vtc (per agent)", recording(VTC)(), untenanted),
+    ):
         res = Simulator(cfg, policy, make_predictor("oracle"), event_skipping=False).run(workload)
         at = {t: next(n for n in policy.notes if n[0] >= t) for t in (15, 45)}
         share, compute = ((at[45][i]["A"] - at[15][i]["A"]) / (at[45][i]["B"] - at[15][i]["B"]) for i in (1, 2))
         jct = {t: np.mean([a.jct_s for a in res.agents if a.agent_id[0] == t]) for t in "AB"}
-        print(f"{name:21s} service A:B in 15-45 s = {share:.2f} (compute tokens {compute:.2f}); "
-              f"mean JCT A {jct['A']:.1f} s, B {jct['B']:.1f} s")
+        print(
+            f"{name:21s} service A:B in 15-45 s = {share:.2f} (compute tokens {compute:.2f}); "
+            f"mean JCT A {jct['A']:.1f} s, B {jct['B']:.1f} s"
+        )
 
 
 if __name__ == "__main__":

@@ -16,6 +16,8 @@ def pytest_sessionfinish(session, exitstatus):
 def pytest_terminal_summary(terminalreporter, exitstatus, config):
     skipped = terminalreporter.stats.get("skipped", [])
     if skipped and not os.environ.get("JUSTITIA_ALLOW_SKIPS"):
-        terminalreporter.write_line(f"FAILED: {len(skipped)} test(s) skipped; every test must run (install what "
-                                    "they need: make setup), or set JUSTITIA_ALLOW_SKIPS=1 for a partial run.",
-                                    red=True)
+        terminalreporter.write_line(
+            f"FAILED: {len(skipped)} test(s) skipped; every test must run (install what "
+            "they need: make setup), or set JUSTITIA_ALLOW_SKIPS=1 for a partial run.",
+            red=True,
+        )

@@ -31,15 +31,25 @@ def task_parallel_agents(rng, n: int) -> list[Agent]:
     return out
 
 
-def random_agents(rng: np.random.Generator, n: int, max_stages: int = 3, max_tasks: int = 8,
-                  max_prompt: int = 300, max_output: int = 120, mean_gap_s: float = 0.3) -> list[Agent]:
+def random_agents(
+    rng: np.random.Generator,
+    n: int,
+    max_stages: int = 3,
+    max_tasks: int = 8,
+    max_prompt: int = 300,
+    max_output: int = 120,
+    mean_gap_s: float = 0.3,
+) -> list[Agent]:
     """Random multi-stage agents with Poisson arrivals."""
     t = 0.0
     out = []
     for i in range(n):
         t += float(rng.exponential(mean_gap_s))
         stages = [
-            [(int(rng.integers(1, max_prompt)), int(rng.integers(1, max_output))) for _ in range(rng.integers(1, max_tasks + 1))]
+            [
+                (int(rng.integers(1, max_prompt)), int(rng.integers(1, max_output)))
+                for _ in range(rng.integers(1, max_tasks + 1))
+            ]
             for _ in range(rng.integers(1, max_stages + 1))
         ]
         out.append(agent(f"a{i:03d}", round(t, 3), *stages))

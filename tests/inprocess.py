@@ -11,8 +11,8 @@ import time
 from pathlib import Path
 from types import SimpleNamespace
 
-from justitia.core import AgentBook, RequestMeta
 from justitia.backends.base import Backend, BackendError, BackendInterrupted
+from justitia.core import AgentBook, RequestMeta
 
 
 def auth(key: str) -> dict:
@@ -25,7 +25,10 @@ def settle(client, agent_id: str, key: str | None = None) -> dict:
     headers = auth(key) if key else {}
     deadline = time.time() + 60
     while (doc := client.get(f"/v1/agents/{agent_id}", headers=headers).json())["status"] not in (
-            "done", "failed", "cancelled"):
+        "done",
+        "failed",
+        "cancelled",
+    ):
         assert time.time() < deadline, doc
         time.sleep(0.01)
     return doc
@@ -95,10 +98,14 @@ class RecordingBackend(Backend):
         choice = {"index": 0, "text": "ok", "finish_reason": "length"}
         if self.tool_calls:
             call = {"id": "c1", "type": "function", "function": {"name": "weather", "arguments": "{}"}}
-            choice = {"index": 0, "message": {"role": "assistant", "content": None, "tool_calls": [call]},
-                      "finish_reason": "tool_calls"}
+            choice = {
+                "index": 0,
+                "message": {"role": "assistant", "content": None, "tool_calls": [call]},
+                "finish_reason": "tool_calls",
+            }
         answer = {"id": request_id, "object": "text_completion", "model": doc.get("model"), "choices": [choice]}
         if doc.get("stream"):
+
             async def chunks():
                 yield f"data: {json.dumps(answer)}\n\n"
                 yield "data: [DONE]\n\n"
@@ -106,8 +113,9 @@ class RecordingBackend(Backend):
             return StreamingResponse(chunks(), media_type="text/event-stream")
         return JSONResponse(answer)
 
-    async def register(self, agent_id, agent_type, predicted_cost, weight=1.0, tenant=None, resume_cost=None,
-                       session=False, dist=None):
+    async def register(
+        self, agent_id, agent_type, predicted_cost, weight=1.0, tenant=None, resume_cost=None, session=False, dist=None
+    ):
         if self.register_failures:  # the engine cannot take an agent now
             self.register_failures -= 1
             raise BackendError("the engine is busy")
@@ -139,8 +147,8 @@ def open_app(backend, settings, keyring, journal=None):
     ``TestClient`` with ``backend``, ``manager`` and ``journal`` on it; ``close_app`` ends it."""
     from fastapi.testclient import TestClient
 
-    from justitia.predictors import make_predictor
     from justitia.frontend.app import create_app
+    from justitia.predictors import make_predictor
 
     app = create_app(backend, WordTokenizer(), settings, make_predictor("oracle"), keyring, journal)
     client = TestClient(app).__enter__()
@@ -184,15 +192,20 @@ def door_app(tmp_path, keys: str):
     key file ``keys`` (one key per line, as ``KeyRing`` reads it)."""
     from fastapi.testclient import TestClient
 
-    from justitia.predictors import make_predictor
     from justitia.frontend.app import Settings, create_app
+    from justitia.predictors import make_predictor
     from justitia.server.keys import KeyRing
 
     path = tmp_path / "keys.txt"
     path.write_text(keys)
     backend = RecordingBackend()
-    application = create_app(backend, WordTokenizer(chat=True), Settings(max_model_len=512, key_requests_in_flight=10),
-                             make_predictor("oracle"), KeyRing.load(None, path))
+    application = create_app(
+        backend,
+        WordTokenizer(chat=True),
+        Settings(max_model_len=512, key_requests_in_flight=10),
+        make_predictor("oracle"),
+        KeyRing.load(None, path),
+    )
     with TestClient(application) as client:
         client.backend = backend
         yield client

@@ -29,8 +29,9 @@ class Server:
         self.port, self.log = port, log
         self.url = f"http://127.0.0.1:{port}"
         self._out = open(log, "w")
-        self.proc = subprocess.Popen(cmd, env=dict(os.environ, **(env or {})), stdout=self._out,
-                                     stderr=subprocess.STDOUT, text=True)
+        self.proc = subprocess.Popen(
+            cmd, env=dict(os.environ, **(env or {})), stdout=self._out, stderr=subprocess.STDOUT, text=True
+        )
         self.children: list[int] = []
 
     def wait_ready(self, path: str, timeout_s: float = 300) -> None:

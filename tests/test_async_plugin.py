@@ -8,11 +8,11 @@ from collections import defaultdict
 
 import pytest
 from vllm.v1.core.sched.async_scheduler import AsyncScheduler
+from vllm_scheduler import Driver, count_charges, make_scheduler, request
 
 from justitia.core import REGISTER, RESET, RETIRE, ControlCall
 from justitia.vllm.plugin import JustitiaScheduler, StepLogScheduler, check_version
 from justitia.vllm.steplog import read_step_log
-from vllm_scheduler import Driver, count_charges, make_scheduler, request
 
 SIZES = [(40, 5), (50, 6), (60, 7), (70, 8), (80, 9), (90, 10)]  # (prompt tokens, output tokens)
 

@@ -1,8 +1,8 @@
 """Each baseline shows the behaviour it is known for; Justitia avoids it."""
 
 import pytest
-
 from helpers import agent, engine
+
 from justitia.core import AgentScheduler, make_policy
 from justitia.predictors import make_predictor
 from justitia.sim import Simulator

@@ -2,12 +2,12 @@
 
 import numpy as np
 import pytest
+from helpers import agent, engine, task_parallel_agents
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from helpers import agent, engine, task_parallel_agents
-from justitia.lab.metrics import delay_bound_s, gps_finish_times
 from justitia.core.policies import make_policy
+from justitia.lab.metrics import delay_bound_s, gps_finish_times
 from justitia.predictors import make_predictor
 from justitia.sim import Simulator
 
@@ -17,7 +17,9 @@ def violations(agents, cfg, policy="justitia"):
     res = Simulator(cfg, pol, make_predictor("oracle")).run(agents)
     gps = gps_finish_times(agents, cfg.capacity_per_s("kv"))
     bound = delay_bound_s(agents, cfg)
-    late = {a.agent_id: a.finish_s - gps[a.agent_id] - bound for a in res.agents if a.finish_s > gps[a.agent_id] + bound}
+    late = {
+        a.agent_id: a.finish_s - gps[a.agent_id] - bound for a in res.agents if a.finish_s > gps[a.agent_id] + bound
+    }
     return late, bound
 
 

@@ -5,8 +5,8 @@ import json
 import numpy as np
 import pytest
 
-from justitia.lab.calibrate import delivered_capacity, fit_profile, step_durations
 from justitia.cli import main
+from justitia.lab.calibrate import delivered_capacity, fit_profile, step_durations
 from justitia.sim.config import LatencyProfile, load_profile
 from justitia.vllm.steplog import StepRow
 from justitia.workload import Agent, Task, scale_tokens
@@ -46,12 +46,26 @@ def simulated_engine(profile: LatencyProfile, speed, logged, schedulers=None):
         async def __aexit__(self, *exc):
             return False
 
-        async def run(self, run_agents, policy, predictor="oracle", cost="kv", capacity_per_s=None, seed=0,
-                      on_agent_finish=None, **_):
+        async def run(
+            self,
+            run_agents,
+            policy,
+            predictor="oracle",
+            cost="kv",
+            capacity_per_s=None,
+            seed=0,
+            on_agent_finish=None,
+            **_,
+        ):
             x = speed(policy, len(run_agents))
             config = vllm_bench.engine_config(replace(profile, scale=x), self.spec, 128)
-            steps = synthetic_steps(profile.base_ms * x, profile.per_batched_token_ms * x,
-                                    profile.per_context_token_ms * x, n=50) if logged(self.spec) else []
+            steps = (
+                synthetic_steps(
+                    profile.base_ms * x, profile.per_batched_token_ms * x, profile.per_context_token_ms * x, n=50
+                )
+                if logged(self.spec)
+                else []
+            )
             return EngineRun(simulate(run_agents, RunSpec(policy, policy, predictor), config, seed), steps, 0.0)
 
     return SimulatedEngine
@@ -70,11 +84,13 @@ def test_the_fit_recovers_the_coefficients_and_ignores_steps_before_an_idle_gap(
 
 def test_calibration_measures_m_over_the_steps_that_started_with_requests_waiting():
     # (t, batched, ctx, prefills, decodes, busy_after, preemptions, waiting_before, delivered_kv)
-    lines = [(0.00, 64, 0, 1, 0, 1, 0, 0, 0),  # nothing waited: not counted
-             (0.01, 8, 900, 0, 8, 1, 0, 3, 900),  # 900 delivered in 0.02 s while 3 waited
-             (0.03, 8, 1000, 0, 8, 0, 0, 2, 1000),  # an idle gap follows: no measurable duration
-             (0.50, 8, 500, 0, 8, 1, 0, 1, 500),  # 500 in 0.01 s
-             (0.51, 8, 500, 0, 8, 1, 0, 0, 500)]
+    lines = [
+        (0.00, 64, 0, 1, 0, 1, 0, 0, 0),  # nothing waited: not counted
+        (0.01, 8, 900, 0, 8, 1, 0, 3, 900),  # 900 delivered in 0.02 s while 3 waited
+        (0.03, 8, 1000, 0, 8, 0, 0, 2, 1000),  # an idle gap follows: no measurable duration
+        (0.50, 8, 500, 0, 8, 1, 0, 1, 500),  # 500 in 0.01 s
+        (0.51, 8, 500, 0, 8, 1, 0, 0, 500),
+    ]
     per_s, busy_s = delivered_capacity([[StepRow(*line) for line in lines]])
     assert per_s == pytest.approx(1400 / 0.03) and busy_s == pytest.approx(0.03)
     old = [StepRow(*line[:7]) for line in lines]  # an old step log has no such columns
@@ -162,13 +178,17 @@ def test_the_bench_calibrates_on_agents_that_fit_the_engines_context_and_cache(m
             from types import SimpleNamespace
 
             self.longest.append(max(t.prompt_tokens + t.output_tokens for a in agents for t in a.tasks))
-            return SimpleNamespace(steps=[], requests=[],
-                                   result=SimpleNamespace(agents=[SimpleNamespace(jct_s=1.0) for _ in agents]))
+            return SimpleNamespace(
+                steps=[], requests=[], result=SimpleNamespace(agents=[SimpleNamespace(jct_s=1.0) for _ in agents])
+            )
 
     profile = LatencyProfile("p", 0.0, 1.0, 0.01, 0.0, 1.0, 11, "test", 128)
     monkeypatch.setattr(vllm_bench, "fit_profile", lambda runs, *a: (profile, {"steps": 0}))
-    monkeypatch.setattr(vllm_bench, "fit_frontend", lambda runs: {"request_latency_ms": 5.0, "answer_latency_ms": 1.0,
-                                                                 "frontend_ms_per_request": 0.5})
+    monkeypatch.setattr(
+        vllm_bench,
+        "fit_frontend",
+        lambda runs: {"request_latency_ms": 5.0, "answer_latency_ms": 1.0, "frontend_ms_per_request": 0.5},
+    )
     engine = FakeEngine()
     big = [Agent("a", "t", 0.0, ((Task("x", 2000, 62),),))]  # 2,062 tokens: over both limits
     profile, stats = asyncio.run(vllm_bench._calibrate(engine, big, 0))
@@ -197,13 +217,18 @@ def test_the_calibration_throws_runs_away_until_the_engine_is_warm(monkeypatch):
 
         async def run(self, agents, policy, seed=0):
             ms = self.speeds.pop(0)
-            return SimpleNamespace(steps=steps(ms), requests=[], result=SimpleNamespace(agents=[SimpleNamespace(jct_s=ms)]))
+            return SimpleNamespace(
+                steps=steps(ms), requests=[], result=SimpleNamespace(agents=[SimpleNamespace(jct_s=ms)])
+            )
 
     fitted = []
     profile = LatencyProfile("p", 0.0, 1.0, 0.01, 0.0, 1.0, 11, "test", 128)
     monkeypatch.setattr(vllm_bench, "fit_profile", lambda runs, *a: (fitted.append(runs) or profile, {"steps": 0}))
-    monkeypatch.setattr(vllm_bench, "fit_frontend", lambda runs: {"request_latency_ms": 5.0, "answer_latency_ms": 1.0,
-                                                                 "frontend_ms_per_request": 0.5})
+    monkeypatch.setattr(
+        vllm_bench,
+        "fit_frontend",
+        lambda runs: {"request_latency_ms": 5.0, "answer_latency_ms": 1.0, "frontend_ms_per_request": 0.5},
+    )
     agents = [Agent("a", "t", 0.0, ((Task("x", 100, 10),),))]
     engine = FakeEngine([14.0, 11.0, 10.5, 10.0, 99.0])
     _, stats = asyncio.run(vllm_bench._calibrate(engine, agents, 0))
@@ -246,10 +271,19 @@ def test_the_vllm_bench_compares_justitia_with_each_baseline_that_ran():
     def run(jcts):
         return SimpleNamespace(result=SimpleNamespace(agents=[SimpleNamespace(jct_s=j) for j in jcts]))
 
-    tries = {"justitia": [run([1, 2]), run([1, 3])], "vtc": [run([2, 4]), run([2, 5])],
-             TAGGING_LABEL: [run([1, 2]), run([1, 2])], "fcfs": [run([3, 3]), run([3, 3])]}
+    tries = {
+        "justitia": [run([1, 2]), run([1, 3])],
+        "vtc": [run([2, 4]), run([2, 5])],
+        TAGGING_LABEL: [run([1, 2]), run([1, 2])],
+        "fcfs": [run([3, 3]), run([3, 3])],
+    }
     out = comparisons(tries)
-    assert set(out) == {"justitia_vs_vtc", "justitia_vs_fcfs", f"{TAGGING_LABEL}_vs_vtc", f"{TAGGING_LABEL}_vs_justitia"}
+    assert set(out) == {
+        "justitia_vs_vtc",
+        "justitia_vs_fcfs",
+        f"{TAGGING_LABEL}_vs_vtc",
+        f"{TAGGING_LABEL}_vs_justitia",
+    }
     assert out["justitia_vs_vtc"]["ratio"] == pytest.approx(7 / 13) and out["justitia_vs_vtc"]["repeats"] == 2
 
 
@@ -258,7 +292,9 @@ def test_the_engine_preset_is_the_papers_comparison_on_dense_arrivals_that_fit_t
 
     preset = make_preset("engine")
     assert preset.engine == "vllm" and preset.tagging and preset.repeats >= 3
-    assert all(s.label == s.policy for s in preset.specs)  # every policy as itself, none with options
+    # every policy as itself with the oracle's costs, and justitia priced as it ships
+    assert all(s.label == s.policy for s in preset.specs if s.predictor == "oracle")
+    assert [(s.label, s.policy) for s in preset.specs if s.predictor != "oracle"] == [("justitia@online", "justitia")]
     assert {"fcfs", "vtc", "justitia", "las"} <= {s.policy for s in preset.specs}  # the paper's comparison
     agents = preset.agents
     assert len(agents) >= 100 and len({a.type for a in agents}) == 9
@@ -267,7 +303,7 @@ def test_the_engine_preset_is_the_papers_comparison_on_dense_arrivals_that_fit_t
         assert max(t.prompt_tokens + t.output_tokens for a in group for t in a.tasks) <= 2048
     # the calibration is another workload (seed + 1): the fit never sees the agents it is judged on
     calibration = preset.calibration_agents
-    assert [a.tasks for a in calibration] != [a.tasks for a in agents[:len(calibration)]]
+    assert [a.tasks for a in calibration] != [a.tasks for a in agents[: len(calibration)]]
 
 
 def test_the_front_end_fit_recovers_its_latencies_from_a_step_log_and_the_requests():
@@ -286,8 +322,10 @@ def test_the_front_end_fit_recovers_its_latencies_from_a_step_log_and_the_reques
     starts = np.arange(0.0, 2.5, 0.0103)  # steps of 10.3 ms
     joined = np.searchsorted(starts, ready)  # each request joins the first step starting after it is ready
     ends = joined + 3  # and finishes three steps later
-    lines = [(float(t), 64, 0, 1, 1, 1, 0, 0, 0, 0, int((joined == k).sum()), int((ends == k).sum()), 0)
-             for k, t in enumerate(starts)]
+    lines = [
+        (float(t), 64, 0, 1, 1, 1, 0, 0, 0, 0, int((joined == k).sum()), int((ends == k).sum()), 0)
+        for k, t in enumerate(starts)
+    ]
     rows = [StepRow(*line) for line in lines]
     # answered 2 ms after the end of its finishing step (the next step's start)
     requests = [(f"r{i}", float(s), float(starts[e + 1] + 0.002)) for i, (s, e) in enumerate(zip(sent, ends))]
@@ -298,12 +336,29 @@ def test_the_front_end_fit_recovers_its_latencies_from_a_step_log_and_the_reques
     with pytest.raises(ValueError, match="step logs"):
         fit_frontend([([StepRow(*line[:10]) for line in lines], requests)])  # a log without the arrival columns
     # the latencies round-trip through a profile file; an older file's one latency meant both ways
-    doc = LatencyProfile("p", 0.0, 2.0, 0.01, 0.0, 1.0, 23, "test", 128, request_latency_ms=12.5, answer_latency_ms=2.0,
-                         frontend_ms_per_request=0.8, per_request_ms=0.1, per_arrival_ms=0.2).to_json()
+    doc = LatencyProfile(
+        "p",
+        0.0,
+        2.0,
+        0.01,
+        0.0,
+        1.0,
+        23,
+        "test",
+        128,
+        request_latency_ms=12.5,
+        answer_latency_ms=2.0,
+        frontend_ms_per_request=0.8,
+        per_request_ms=0.1,
+        per_arrival_ms=0.2,
+    ).to_json()
     loaded = LatencyProfile.from_json(doc)
     assert loaded.frontend_ms == (12.5, 2.0, 0.8) and (loaded.per_request_ms, loaded.per_arrival_ms) == (0.1, 0.2)
-    old = {k: v for k, v in doc.items() if k not in ("answer_latency_ms", "frontend_ms_per_request", "per_request_ms",
-                                                     "per_arrival_ms")}
+    old = {
+        k: v
+        for k, v in doc.items()
+        if k not in ("answer_latency_ms", "frontend_ms_per_request", "per_request_ms", "per_arrival_ms")
+    }
     assert LatencyProfile.from_json(old).frontend_ms == (12.5, 12.5, 0.0)
     with pytest.raises(ValueError, match="frontend_ms_per_request"):
         LatencyProfile.from_json(doc | {"frontend_ms_per_request": "fast"})
@@ -315,13 +370,15 @@ def test_the_fit_finds_what_each_request_and_each_arrival_adds_to_a_step():
     rng = np.random.default_rng(1)
     rows, t = [], 0.0
     for k in range(300):
-        batched, ctx, reqs, arrived = int(rng.integers(1, 500)), int(rng.integers(0, 3000)), int(rng.integers(1, 30)), 0
+        batched, ctx, reqs = int(rng.integers(1, 500)), int(rng.integers(0, 3000)), int(rng.integers(1, 30))
         rows.append([t, batched, ctx, 1, reqs - 1, 1, 0, 0, 0, 0, int(rng.integers(0, 5)), 0, 0])
     for k in range(len(rows) - 1):  # a step lasts its terms, the next row's arrivals included
         b, c, n, a = rows[k][1], rows[k][2], rows[k][3] + rows[k][4], rows[k + 1][10]
         rows[k + 1][0] = rows[k][0] + (6.0 + 0.04 * b + 0.0002 * c + 0.12 * n + 0.25 * a) / 1000
     profile, stats = fit_profile([[StepRow(*r) for r in rows]], "fit", 23, 128, "test")
-    assert profile.per_request_ms == pytest.approx(0.12, rel=1e-6) and profile.per_arrival_ms == pytest.approx(0.25, rel=1e-6)
+    assert profile.per_request_ms == pytest.approx(0.12, rel=1e-6) and profile.per_arrival_ms == pytest.approx(
+        0.25, rel=1e-6
+    )
     assert profile.base_ms == pytest.approx(6.0, rel=1e-6) and stats["r2"] == pytest.approx(1.0)
     assert profile.iteration_s(100, 1000, 10, 2) == pytest.approx((6.0 + 4.0 + 0.2 + 1.2 + 0.5) / 1000)
 
@@ -395,8 +452,9 @@ def test_the_vllm_bench_predicts_each_run_at_the_speed_its_probe_found(monkeypat
     SimulatedEngine = simulated_engine(profile, speed, lambda _spec: step_log)
     monkeypatch.setattr(vllm_bench, "VllmEngine", SimulatedEngine)
     specs = [RunSpec("fcfs", "fcfs"), RunSpec("justitia", "justitia")]
-    doc = vllm_bench.run_bench_vllm(agents, specs, EngineSpec(kv_blocks=24), {}, 0, False, profile, probe,
-                                    repeats=2, speed_probes=True)
+    doc = vllm_bench.run_bench_vllm(
+        agents, specs, EngineSpec(kv_blocks=24), {}, 0, False, profile, probe, repeats=2, speed_probes=True
+    )
     # a probe before the first run and after every run
     assert calls == [("fcfs", 12)] + [("fcfs", 16), ("fcfs", 12), ("justitia", 16), ("fcfs", 12)] * 2
     fcfs, justitia = doc["policies"]["fcfs"], doc["policies"]["justitia"]
@@ -409,14 +467,16 @@ def test_the_vllm_bench_predicts_each_run_at_the_speed_its_probe_found(monkeypat
         assert abs(entry["sim_error_probe_jct"]) < 0.03  # both readings of a probe find the speed
         if step_log:
             assert entry["run_speed_per_repeat"] == pytest.approx(entry["speed_scale_per_repeat"], rel=0.02)
-            assert entry["probe_step_scale_before_after_per_repeat"][0] == [pytest.approx(x, rel=0.02) for x in
-                                                                             ((1.0, 1.5) if entry is fcfs else (1.5, 0.7))]
+            assert entry["probe_step_scale_before_after_per_repeat"][0] == [
+                pytest.approx(x, rel=0.02) for x in ((1.0, 1.5) if entry is fcfs else (1.5, 0.7))
+            ]
     if step_log:  # the probe before alone is off by the speed's move over the run
         assert abs(fcfs["sim_error_probe_before"]) > 0.1 and abs(justitia["sim_error_probe_before"]) > 0.1
     assert abs(justitia["sim_error_one_profile"]) > 0.1  # the engine ran 1.1-1.2x slower than the profile
     with pytest.raises(ValueError, match="calibration agents"):
-        vllm_bench.run_bench_vllm(agents, specs, EngineSpec(kv_blocks=24), {}, 0, False, profile, None,
-                                  speed_probes=True)
+        vllm_bench.run_bench_vllm(
+            agents, specs, EngineSpec(kv_blocks=24), {}, 0, False, profile, None, speed_probes=True
+        )
 
 
 def test_the_vllm_benchs_tagging_run_reads_its_probes_steps_from_the_step_log_base(monkeypatch):
@@ -434,8 +494,18 @@ def test_the_vllm_benchs_tagging_run_reads_its_probes_steps_from_the_step_log_ba
     # the simulator at 1.3x the profile's step times, with a step log where vLLM would write one
     SimulatedEngine = simulated_engine(profile, lambda *_: 1.3, lambda spec: spec.scheduler != "priority", schedulers)
     monkeypatch.setattr(vllm_bench, "VllmEngine", SimulatedEngine)
-    doc = vllm_bench.run_bench_vllm(agents, [RunSpec("vtc", "vtc")], EngineSpec(kv_blocks=24), {}, 0, False, profile,
-                                    probe, tagging=True, speed_probes=True)
+    doc = vllm_bench.run_bench_vllm(
+        agents,
+        [RunSpec("vtc", "vtc")],
+        EngineSpec(kv_blocks=24),
+        {},
+        0,
+        False,
+        profile,
+        probe,
+        tagging=True,
+        speed_probes=True,
+    )
     assert schedulers == ["plugin", "priority-logged"]
     tagged = doc["policies"][vllm_bench.TAGGING_LABEL]
     assert tagged["mode"] == "tagging" and tagged["speed_probe"] == "steps"
@@ -453,8 +523,15 @@ def test_a_bench_document_loads_back_into_the_simulators_view_of_its_engine(tmp_
     profile = LatencyProfile("p", 0.0, 4.8, 0.0309, 0.00028, 1.0, 23, "test", 128, request_latency_ms=7.5)
     spec = EngineSpec(kv_blocks=24, max_num_seqs=64)
     path = tmp_path / "results.json"
-    path.write_text(json.dumps({"profile": profile.to_json(), "vllm": asdict(spec) | {"block_size": 128, "kv_tokens": 2944},
-                                "workload": {"seed": 0}}))
+    path.write_text(
+        json.dumps(
+            {
+                "profile": profile.to_json(),
+                "vllm": asdict(spec) | {"block_size": 128, "kv_tokens": 2944},
+                "workload": {"seed": 0},
+            }
+        )
+    )
     doc, loaded, loaded_spec, config = load_bench(path)
     assert loaded == profile and loaded_spec == spec and doc["workload"]["seed"] == 0
     assert config == engine_config(profile, spec, 128)

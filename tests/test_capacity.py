@@ -5,11 +5,11 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
+from helpers import agent, engine
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from helpers import agent, engine
-from justitia.core import KV, AgentBook, AgentScheduler, CapacityMeter, Charge, RequestMeta, VirtualClock
+from justitia.core import KV, AgentScheduler, CapacityMeter, Charge, RequestMeta, VirtualClock
 from justitia.core.policies import make_policy
 from justitia.lab.calibrate import calibrated_capacity
 from justitia.lab.metrics import delay_bound_s, gps_finish_times
@@ -101,7 +101,10 @@ def test_only_a_policy_with_a_clock_is_measured_and_m_changes_only_at_arrivals()
     core.observe_service(1.0, Charge(kv_token_iters=50))
     assert core.clock().capacity_per_s == 100.0  # not until an agent arrives
     core.agent_arrived("a", "t", 10.0, 3.0)
-    assert core.clock().capacity_per_s == pytest.approx(50.0) and core.clock().schedule[-1] == (3.0, pytest.approx(50.0))
+    assert core.clock().capacity_per_s == pytest.approx(50.0) and core.clock().schedule[-1] == (
+        3.0,
+        pytest.approx(50.0),
+    )
 
 
 def _stream(rng, n, mean_gap_s):
@@ -123,8 +126,12 @@ def _late(agents, cfg, measure):
 
 
 @settings(max_examples=15, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
-@given(seed=st.integers(0, 100_000), blocks=st.integers(90, 200), n=st.integers(40, 120),
-       slow=st.tuples(st.floats(0.1, 0.5), st.floats(0.2, 0.5)))
+@given(
+    seed=st.integers(0, 100_000),
+    blocks=st.integers(90, 200),
+    n=st.integers(40, 120),
+    slow=st.tuples(st.floats(0.1, 0.5), st.floats(0.2, 0.5)),
+)
 def test_with_m_measured_the_bound_holds_while_the_engine_runs_two_fold_slower(seed, blocks, n, slow):
     # A stream busier than the engine, which runs at half speed for part of it: the GPS reference
     # runs at the capacity the clock measured, and the bound uses its smallest value.
@@ -147,8 +154,9 @@ def test_on_a_saturated_run_m_converges_to_the_delivered_rate_from_a_guess_outsi
     # guess, which excludes the delivered rate for both guesses.
     cfg = engine(blocks=150, budget=512, seqs=256, profile=PROFILES["llama7b-a100-40gb"])
     agents = _stream(np.random.default_rng(0), 150, 0.3)  # busier than the engine until the last arrival
-    sim = Simulator(cfg, make_policy("justitia", guess * cfg.capacity_per_s("kv")), make_predictor("oracle"),
-                    measure_capacity=True)
+    sim = Simulator(
+        cfg, make_policy("justitia", guess * cfg.capacity_per_s("kv")), make_predictor("oracle"), measure_capacity=True
+    )
     res = sim.run(agents)
     meter = sim.meter
     delivered = meter.service / meter.busy_s  # the run's delivered service over its busy time
@@ -164,8 +172,9 @@ def test_the_simulated_meter_never_counts_the_time_an_idle_engine_waits():
     burst = [agent(f"a{i}", 0.0, [(150, 100)] * 4) for i in range(8)]
     later = [agent(f"b{i}", 1000.0 + 0.01 * i, [(150, 100)] * 4) for i in range(8)]
     cfg = engine(blocks=80, budget=512, seqs=256)
-    sim = Simulator(cfg, make_policy("justitia", cfg.capacity_per_s("kv")), make_predictor("oracle"),
-                    measure_capacity=True)
+    sim = Simulator(
+        cfg, make_policy("justitia", cfg.capacity_per_s("kv")), make_predictor("oracle"), measure_capacity=True
+    )
     res = sim.run(burst + later)
     idle = 1000.0 - max(a.finish_s for a in res.agents if a.agent_id.startswith("a"))
     assert idle > 900 and 0 < sim.meter.busy_s <= res.makespan_s - idle
@@ -188,14 +197,17 @@ def test_the_plug_in_starts_its_clock_from_a_calibration_of_its_own_kv_cache(tmp
     and at the formula's guess otherwise; a file that cannot be read stops the engine, by name."""
     import json
 
-    from justitia.vllm.plugin import JustitiaScheduler
     from vllm_scheduler import make_scheduler
+
+    from justitia.vllm.plugin import JustitiaScheduler
 
     monkeypatch.setenv("JUSTITIA_POLICY", "justitia")
     guess = make_scheduler(JustitiaScheduler, False).core.clock().capacity_per_s
     for blocks, expected in ((64, 4321.0), (128, guess)):
         path = tmp_path / f"calibration-{blocks}.json"
-        path.write_text(json.dumps({"kv_blocks": blocks, "block_size": 16, "fit": {"delivered_capacity_per_s": 4321.0}}))
+        path.write_text(
+            json.dumps({"kv_blocks": blocks, "block_size": 16, "fit": {"delivered_capacity_per_s": 4321.0}})
+        )
         monkeypatch.setenv("JUSTITIA_CALIBRATION", str(path))
         assert make_scheduler(JustitiaScheduler, False).core.clock().capacity_per_s == expected
     assert guess != 4321.0

@@ -37,8 +37,23 @@ def test_same_seed_gives_the_same_results(tmp_path):
     docs = []
     for i in range(2):
         out = tmp_path / f"r{i}"
-        main(["bench", "--agents", "10", "--seed", "5", "--policies", "justitia,las", "--predictor", "noisy:3",
-              "--out", str(out), "--no-plots", "--no-progress"])
+        main(
+            [
+                "bench",
+                "--agents",
+                "10",
+                "--seed",
+                "5",
+                "--policies",
+                "justitia,las",
+                "--predictor",
+                "noisy:3",
+                "--out",
+                str(out),
+                "--no-plots",
+                "--no-progress",
+            ]
+        )
         doc = json.loads((out / "results.json").read_text())
         docs.append({k: v["agents"] for k, v in doc["policies"].items()})
     assert docs[0] == docs[1]
@@ -46,7 +61,9 @@ def test_same_seed_gives_the_same_results(tmp_path):
 
 def test_bad_input_is_one_clear_sentence_and_nothing_runs(tmp_path, capsys):
     wl = tmp_path / "bad.jsonl"
-    wl.write_text('{"agent_id": "a", "type": "t", "arrival_s": 0, "stages": [[{"prompt": "p", "prompt_tokens": "ten", "output_tokens": 3}]]}\n')
+    wl.write_text(
+        '{"agent_id": "a", "type": "t", "arrival_s": 0, "stages": [[{"prompt": "p", "prompt_tokens": "ten", "output_tokens": 3}]]}\n'
+    )
     out = tmp_path / "out"
     assert main(["bench", "--workload", str(wl), "--out", str(out), "--no-progress"]) == 2
     err = capsys.readouterr().err
@@ -69,8 +86,24 @@ def test_the_cost_switch_prices_agents_in_its_cost_model(tmp_path):
     priced = {}
     for model in (KV, COMPUTE):
         out = tmp_path / model.name
-        assert main(["bench", "--workload", str(wl), "--policies", "justitia", "--cost", model.name, "--out", str(out),
-                     "--no-plots", "--no-progress"]) == 0
+        assert (
+            main(
+                [
+                    "bench",
+                    "--workload",
+                    str(wl),
+                    "--policies",
+                    "justitia",
+                    "--cost",
+                    model.name,
+                    "--out",
+                    str(out),
+                    "--no-plots",
+                    "--no-progress",
+                ]
+            )
+            == 0
+        )
         runs = json.loads((out / "results.json").read_text())["policies"]["justitia"]["agents"]
         priced[model.name] = {r["agent_id"]: r["predicted_cost"] for r in runs}
         # the oracle prices each agent at its true cost in the model asked for: p + 2d, or p*d + d^2/2
@@ -126,22 +159,53 @@ def test_the_sustained_presets_stream_small_agents_at_a_multiple_of_what_the_eng
         assert max(m.arrival_s for m in mice) < SUSTAINED_S
         rate = len(mice) / SUSTAINED_S  # Poisson: within a few percent of the asked rate
         assert rate == pytest.approx(preset.workload_info["rate_per_s"], rel=0.1)
-        assert [s.label for s in preset.specs] == ["fcfs", "sjf", "parrot", "vtc", "srjf", "justitia", "las",
-                                                  "justitia@formula-M", "justitia@online", "srjf@online",
-                                                  "justitia-guarded@online"]
+        assert [s.label for s in preset.specs] == [
+            "fcfs",
+            "sjf",
+            "parrot",
+            "vtc",
+            "srjf",
+            "justitia",
+            "las",
+            "justitia@formula-M",
+            "justitia@online",
+            "srjf@online",
+            "justitia-guarded@online",
+        ]
         assert {s.predictor for s in preset.specs} == {"oracle", "online"}
 
 
 def test_a_preset_prints_its_own_summary_and_an_agent_name_alone_prints_none(tmp_path, capsys):
-    import justitia.lab.presets as presets
-    from justitia.workload import save_workload
     from helpers import agent
 
-    wl = save_workload([agent("elephant", 0.0, [(400, 200)] * 6), agent("trojan-1", 0.5, [(50, 20)]),
-                        agent("mouse-1", 1.0, [(60, 30)] * 2)], tmp_path / "w.jsonl")
+    import justitia.lab.presets as presets
+    from justitia.workload import save_workload
+
+    wl = save_workload(
+        [
+            agent("elephant", 0.0, [(400, 200)] * 6),
+            agent("trojan-1", 0.5, [(50, 20)]),
+            agent("mouse-1", 1.0, [(60, 30)] * 2),
+        ],
+        tmp_path / "w.jsonl",
+    )
     out = tmp_path / "out"
-    assert main(["bench", "--workload", str(wl), "--policies", "fcfs,justitia", "--out", str(out),
-                 "--no-plots", "--no-progress"]) == 0
+    assert (
+        main(
+            [
+                "bench",
+                "--workload",
+                str(wl),
+                "--policies",
+                "fcfs,justitia",
+                "--out",
+                str(out),
+                "--no-plots",
+                "--no-progress",
+            ]
+        )
+        == 0
+    )
     printed = capsys.readouterr().out
     assert "elephant finishes" not in printed and "trojans" not in printed  # no preset, no summary
     doc = json.loads((out / "results.json").read_text())
@@ -155,16 +219,25 @@ def test_a_preset_prints_its_own_summary_and_an_agent_name_alone_prints_none(tmp
     assert presets.make_preset("starvation").summary is presets.elephant_summary
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["--max-num-seqs", "0"], "--max-num-seqs must be >= 1, got 0."),
-    (["--key-rate", "inf"], "--key-rate must be a finite number >= 0, got inf."),
-    (["--header-timeout", "0"], "--header-timeout must be a finite number > 0, got 0.0."),
-    (["--journal", "j.sqlite", "--no-journal"], "--journal and --no-journal contradict each other."),
-    (["--ray", "--upstream", "http://127.0.0.1:9"], "--ray and --upstream contradict each other"),
-    (["--ray", "--replicas", "0"], "--replicas must be >= 1, got 0."),
-    (["--upstream", "http://127.0.0.1:9", "--enforce-eager"], "--enforce-eager: with --upstream, give vLLM's options"),
-    (["--upstream", "http://127.0.0.1:9", "--calibration", "c.json"], "--calibration: for the engine justitia serve runs"),
-])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--max-num-seqs", "0"], "--max-num-seqs must be >= 1, got 0."),
+        (["--key-rate", "inf"], "--key-rate must be a finite number >= 0, got inf."),
+        (["--header-timeout", "0"], "--header-timeout must be a finite number > 0, got 0.0."),
+        (["--journal", "j.sqlite", "--no-journal"], "--journal and --no-journal contradict each other."),
+        (["--ray", "--upstream", "http://127.0.0.1:9"], "--ray and --upstream contradict each other"),
+        (["--ray", "--replicas", "0"], "--replicas must be >= 1, got 0."),
+        (
+            ["--upstream", "http://127.0.0.1:9", "--enforce-eager"],
+            "--enforce-eager: with --upstream, give vLLM's options",
+        ),
+        (
+            ["--upstream", "http://127.0.0.1:9", "--calibration", "c.json"],
+            "--calibration: for the engine justitia serve runs",
+        ),
+    ],
+)
 def test_serve_refuses_a_bad_setting_in_one_sentence_before_starting_anything(argv, message, capsys):
     assert main(["serve", *argv]) == 2
     assert f"justitia: error: {message}" in capsys.readouterr().err

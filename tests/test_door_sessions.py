@@ -6,8 +6,8 @@ app in process, over a backend that records what reaches it; no engine)."""
 from __future__ import annotations
 
 import pytest
-
 from inprocess import auth, door_app
+
 from justitia.core.book import SESSION_KEEP_S
 from justitia.defaults import policy_settings
 from justitia.server.identity import SESSION_SOURCES, SOURCES, opens_turn
@@ -15,25 +15,42 @@ from justitia.server.identity import SESSION_SOURCES, SOURCES, opens_turn
 KEY = "sk-door-sessions-a"
 AUTH = {"Authorization": f"Bearer {KEY}"}
 USER, TOOL = {"role": "user", "content": "go on"}, {"role": "tool", "tool_call_id": "c1", "content": "sunny"}
-CALL = {"role": "assistant", "content": None,
-        "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "weather", "arguments": "{}"}}]}
+CALL = {
+    "role": "assistant",
+    "content": None,
+    "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "weather", "arguments": "{}"}}],
+}
 # one body a turn start and one a tool's return, for each endpoint with turns, as its harnesses send them
 BODIES = {
-    "chat": ("/v1/chat/completions", {"messages": [{"role": "system", "content": "be brief"}, USER], "max_tokens": 2},
-             {"messages": [USER, CALL, TOOL], "max_tokens": 2}),
-    "responses": ("/v1/responses", {"input": "go on", "max_output_tokens": 2},
-                  {"input": [{"role": "user", "content": "go on"},
-                             {"type": "function_call", "call_id": "c1", "name": "weather", "arguments": "{}"},
-                             {"type": "function_call_output", "call_id": "c1", "output": "sunny"}],
-                   "max_output_tokens": 2}),
-    "messages": ("/v1/messages", {"messages": [{"role": "user", "content": [{"type": "text", "text": "go on"}]}],
-                                  "max_tokens": 2},
-                 {"messages": [{"role": "user", "content": "go on"},
-                               {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "weather",
-                                                                  "input": {}}]},
-                               {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1",
-                                                             "content": "sunny"}]}],
-                  "max_tokens": 2}),
+    "chat": (
+        "/v1/chat/completions",
+        {"messages": [{"role": "system", "content": "be brief"}, USER], "max_tokens": 2},
+        {"messages": [USER, CALL, TOOL], "max_tokens": 2},
+    ),
+    "responses": (
+        "/v1/responses",
+        {"input": "go on", "max_output_tokens": 2},
+        {
+            "input": [
+                {"role": "user", "content": "go on"},
+                {"type": "function_call", "call_id": "c1", "name": "weather", "arguments": "{}"},
+                {"type": "function_call_output", "call_id": "c1", "output": "sunny"},
+            ],
+            "max_output_tokens": 2,
+        },
+    ),
+    "messages": (
+        "/v1/messages",
+        {"messages": [{"role": "user", "content": [{"type": "text", "text": "go on"}]}], "max_tokens": 2},
+        {
+            "messages": [
+                {"role": "user", "content": "go on"},
+                {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "weather", "input": {}}]},
+                {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1", "content": "sunny"}]},
+            ],
+            "max_tokens": 2,
+        },
+    ),
 }
 
 
@@ -50,8 +67,9 @@ def test_a_turn_opens_with_the_users_own_message_on_each_endpoint_and_never_for_
         assert not opens_turn(kind, turn, subagent="explorer"), kind  # a subagent runs inside its session's turn
     assert not opens_turn("chat", {"messages": [USER, {"role": "assistant", "content": "Sure,"}]})  # a prefill
     assert not opens_turn("chat", {"messages": []}) and not opens_turn("chat", {"messages": "hi"})
-    assert opens_turn("responses", {"input": [{"type": "message", "role": "user",
-                                               "content": [{"type": "input_text", "text": "hi"}]}]})
+    assert opens_turn(
+        "responses", {"input": [{"type": "message", "role": "user", "content": [{"type": "input_text", "text": "hi"}]}]}
+    )
     assert not opens_turn("responses", {"input": [{"role": "assistant", "content": "hi"}]})
     assert not opens_turn("responses", {"previous_response_id": "r1"})  # no input: nothing the user said
     assert not opens_turn("messages", {"messages": [{"role": "assistant", "content": "Sure,"}]})
@@ -63,7 +81,9 @@ def test_a_turn_opens_with_the_users_own_message_on_each_endpoint_and_never_for_
 def next_turn(kind: str, tool: dict) -> dict:
     """The tool's body, answered, then the user's same words again: a second turn."""
     key = "input" if kind == "responses" else "messages"
-    return dict(tool, **{key: tool[key] + [{"role": "assistant", "content": "done"}, {"role": "user", "content": "go on"}]})
+    return dict(
+        tool, **{key: tool[key] + [{"role": "assistant", "content": "done"}, {"role": "user", "content": "go on"}]}
+    )
 
 
 @pytest.mark.parametrize("kind", sorted(BODIES))
@@ -71,30 +91,45 @@ def test_a_sessions_requests_are_marked_session_and_its_turns_start_where_the_us
     """A turn, its tool's return, a subagent's request, the turn's first request again (a retry: no
     new turn), then the same words after an answer (a new turn)."""
     path, turn, tool = BODIES[kind]
-    for body, headers in ((turn, {}), (tool, {}), (turn, {"X-Claude-Code-Agent-Id": "explorer"}), (turn, {}),
-                          (next_turn(kind, tool), {})):
+    for body, headers in (
+        (turn, {}),
+        (tool, {}),
+        (turn, {"X-Claude-Code-Agent-Id": "explorer"}),
+        (turn, {}),
+        (next_turn(kind, tool), {}),
+    ):
         r = app.post(path, json={"model": "tiny"} | body, headers=AUTH | {"X-Claude-Code-Session-Id": "cc-1"} | headers)
         assert r.status_code == 200, r.text
     metas = app.backend.metas
     assert all(m.session and m.agent_id.endswith("/cc-1") for m in metas)
     assert [m.turn_start for m in metas] == [True, False, False, False, True]
-    doc, = app.get("/v1/sessions", headers=AUTH).json()["data"]
+    (doc,) = app.get("/v1/sessions", headers=AUTH).json()["data"]
     assert (doc["requests"], doc["turns"], doc["subagents"]) == (5, 2, ["explorer"])
     assert app.backend.book.agent(metas[0].agent_id).info.session  # the engine's book took it as a session
 
 
 def test_completions_have_no_turns(app):
-    r = app.post("/v1/completions", json={"model": "tiny", "prompt": "hi", "max_tokens": 2},
-                 headers=AUTH | {"X-Session-ID": "s-1"})
+    r = app.post(
+        "/v1/completions",
+        json={"model": "tiny", "prompt": "hi", "max_tokens": 2},
+        headers=AUTH | {"X-Session-ID": "s-1"},
+    )
     assert r.status_code == 200, r.text
-    meta, = app.backend.metas
+    (meta,) = app.backend.metas
     assert meta.session and not meta.turn_start
     assert app.get("/v1/sessions", headers=AUTH).json()["data"][0]["turns"] == 0
 
 
-@pytest.mark.parametrize("headers, body", [({"X-Session-ID": "s"}, {}), ({}, {"session_id": "s"}),
-                                           ({}, {"prompt_cache_key": "s"}), ({}, {"user": "s"}),
-                                           ({"X-Claude-Code-Session-Id": "s"}, {})])
+@pytest.mark.parametrize(
+    "headers, body",
+    [
+        ({"X-Session-ID": "s"}, {}),
+        ({}, {"session_id": "s"}),
+        ({}, {"prompt_cache_key": "s"}),
+        ({}, {"user": "s"}),
+        ({"X-Claude-Code-Session-Id": "s"}, {}),
+    ],
+)
 def test_every_session_source_marks_a_session_and_the_doors_reading_replaces_the_clients(app, headers, body):
     chat = {"model": "tiny", "max_tokens": 2} | body
     says = {"vllm_xargs": {"session": False, "turn_start": True}}  # the client's own, both wrong
@@ -111,26 +146,32 @@ def test_every_session_source_marks_a_session_and_the_doors_reading_replaces_the
 def test_an_agents_id_keeps_agent_semantics_and_what_its_client_says(app, headers, xargs):
     chat = {"model": "tiny", "messages": [USER], "max_tokens": 2}
     app.post("/v1/chat/completions", json=chat | {"vllm_xargs": xargs}, headers=AUTH | headers)
-    plain, = app.backend.metas
+    (plain,) = app.backend.metas
     assert plain.agent_id.endswith("/a") and not plain.session and not plain.turn_start  # a user message or not
-    app.post("/v1/chat/completions", json=chat | {"vllm_xargs": xargs | {"session": True, "turn_start": True}},
-             headers=AUTH | headers)
+    app.post(
+        "/v1/chat/completions",
+        json=chat | {"vllm_xargs": xargs | {"session": True, "turn_start": True}},
+        headers=AUTH | headers,
+    )
     said = app.backend.metas[1]
     assert said.session and said.turn_start  # its client's own (they are not prices)
-    doc, = app.get("/v1/sessions", headers=AUTH).json()["data"]
+    (doc,) = app.get("/v1/sessions", headers=AUTH).json()["data"]
     assert (doc["requests"], doc["turns"]) == (2, 1)
 
 
 def test_an_unnamed_request_is_no_session(app):
     app.post("/v1/chat/completions", json={"model": "tiny", "messages": [USER], "max_tokens": 2}, headers=AUTH)
-    meta, = app.backend.metas
+    (meta,) = app.backend.metas
     assert meta.agent_id is None and not meta.session and not meta.turn_start and meta.agent_done
 
 
 @pytest.mark.parametrize("key", ["session", "turn_start"])
 def test_a_session_flag_that_is_not_a_boolean_is_a_400_naming_it(app, key):
-    r = app.post("/v1/chat/completions", json={"model": "tiny", "messages": [USER], "max_tokens": 2,
-                                               "vllm_xargs": {key: "yes"}}, headers=AUTH)
+    r = app.post(
+        "/v1/chat/completions",
+        json={"model": "tiny", "messages": [USER], "max_tokens": 2, "vllm_xargs": {key: "yes"}},
+        headers=AUTH,
+    )
     assert r.status_code == 400 and f"vllm_xargs.{key}" in r.json()["error"]["message"], r.text
     assert app.backend.metas == []
 
@@ -151,7 +192,9 @@ def test_the_benchs_door_runs_shape_their_calls_as_a_harness_does():
 
     first, inside = messages("context ", "turn one", True), messages("context turn one", " tool said", False)
     assert opens_turn("chat", {"messages": first}) and not opens_turn("chat", {"messages": inside})
-    assert turn_opener("chat", {"messages": first}) != turn_opener("chat", {"messages": messages("c", "turn two", True)})
+    assert turn_opener("chat", {"messages": first}) != turn_opener(
+        "chat", {"messages": messages("c", "turn two", True)}
+    )
 
 
 def test_the_door_tells_the_engine_a_turn_ended_when_an_answer_calls_no_tool(app):
@@ -191,19 +234,22 @@ def test_a_bench_answer_that_stands_for_a_tool_call_ends_no_turn_and_only_a_trus
         assert r.status_code == 400 and "vllm_xargs.justitia_answer_calls_tool" in r.json()["error"]["message"]
 
 
-@pytest.mark.parametrize("answer, calls", [
-    (b'{"choices": [{"message": {"content": "done", "tool_calls": []}, "finish_reason": "stop"}]}', False),
-    (b'{"choices": [{"message": {"content": "tool_calls", "tool_calls": [{"id": "c"}]}}]}', True),
-    (b'{"choices": [{"delta": {"tool_calls": [{"index": 0}]}}]}', True),
-    (b'{"choices": [{"delta": {}, "finish_reason": "tool_calls"}]}', True),
-    (b'{"content": [{"type": "text", "text": "the tool_use said"}], "stop_reason": "end_turn"}', False),
-    (b'{"content": [{"type": "tool_use", "id": "t1", "name": "w", "input": {}}], "stop_reason": "tool_use"}', True),
-    (b'{"type": "content_block_start", "index": 1, "content_block": {"type": "tool_use", "id": "t1"}}', True),
-    (b'{"type": "message_delta", "delta": {"stop_reason": "tool_use"}}', True),
-    (b'{"output": [{"type": "function_call", "call_id": "c1", "name": "w"}], "parallel_tool_calls": true}', True),
-    (b'{"output": [{"type": "message"}], "tools": [{"type": "function"}], "parallel_tool_calls": true}', False),
-    (b'{"not json, with a tool', True),  # unread: the turn is not taken to have ended
-])
+@pytest.mark.parametrize(
+    "answer, calls",
+    [
+        (b'{"choices": [{"message": {"content": "done", "tool_calls": []}, "finish_reason": "stop"}]}', False),
+        (b'{"choices": [{"message": {"content": "tool_calls", "tool_calls": [{"id": "c"}]}}]}', True),
+        (b'{"choices": [{"delta": {"tool_calls": [{"index": 0}]}}]}', True),
+        (b'{"choices": [{"delta": {}, "finish_reason": "tool_calls"}]}', True),
+        (b'{"content": [{"type": "text", "text": "the tool_use said"}], "stop_reason": "end_turn"}', False),
+        (b'{"content": [{"type": "tool_use", "id": "t1", "name": "w", "input": {}}], "stop_reason": "tool_use"}', True),
+        (b'{"type": "content_block_start", "index": 1, "content_block": {"type": "tool_use", "id": "t1"}}', True),
+        (b'{"type": "message_delta", "delta": {"stop_reason": "tool_use"}}', True),
+        (b'{"output": [{"type": "function_call", "call_id": "c1", "name": "w"}], "parallel_tool_calls": true}', True),
+        (b'{"output": [{"type": "message"}], "tools": [{"type": "function"}], "parallel_tool_calls": true}', False),
+        (b'{"not json, with a tool', True),  # unread: the turn is not taken to have ended
+    ],
+)
 def test_what_counts_as_an_answer_that_calls_a_tool(answer, calls):
     from justitia.server.door import calls_tool
 
@@ -223,8 +269,11 @@ def test_an_answer_ends_its_turn_only_when_it_is_whole_a_200_and_no_stream_event
 
     plain = b'{"choices": [{"message": {"content": "done"}}]}'
     assert watched(200, [plain[:9], plain[9:]]) and not watched(400, [plain]) and not watched(200, [plain[:9], b""])
-    events = [b'data: {"choices": [{"delta": {"content": "do"}}]}\n\ndata: {"choices": [{"del',
-              b'ta": {"tool_calls": [{"index": 0}]}}]}\n\n', b"data: [DONE]\n\n"]
+    events = [
+        b'data: {"choices": [{"delta": {"content": "do"}}]}\n\ndata: {"choices": [{"del',
+        b'ta": {"tool_calls": [{"index": 0}]}}]}\n\n',
+        b"data: [DONE]\n\n",
+    ]
     assert not watched(200, events, stream=True)  # the tool call split across two chunks
     assert watched(200, [events[0].split(b"\n\n")[0] + b"\n\n", events[2]], stream=True)
     assert not watched(200, [b'data: {"error": {"message": "the engine died"}}\n\n'], stream=True)
@@ -243,12 +292,15 @@ def test_the_benchs_door_runs_say_which_answers_stand_for_a_tool_call():
     branch's included) stands for a tool call; the last stage's ends the turn."""
     from types import SimpleNamespace
 
-    from justitia.lab.door import goes_on
     from test_sessions import session
 
+    from justitia.lab.door import goes_on
+
     s = session()  # turn 0: stages 0-3 (a fork of two subagents at 2), turn 1: stage 4
-    said = {(st, i): goes_on(s, SimpleNamespace(stage=st, index=i, turn=0 if st < 4 else 1))
-            for st, i in s.turn_calls(0) + s.turn_calls(1)}
+    said = {
+        (st, i): goes_on(s, SimpleNamespace(stage=st, index=i, turn=0 if st < 4 else 1))
+        for st, i in s.turn_calls(0) + s.turn_calls(1)
+    }
     assert said == {(0, 0): True, (1, 0): True, (2, 0): True, (2, 1): True, (2, 2): True, (3, 0): False, (4, 0): False}
 
 

@@ -6,10 +6,11 @@ from __future__ import annotations
 
 import math
 
+from vllm_scheduler import Driver, count_charges, make_scheduler, request
+
 from justitia.core import KV, RETIRE, ControlCall
 from justitia.core.book import unpriced
 from justitia.vllm.plugin import JustitiaScheduler
-from vllm_scheduler import Driver, count_charges, make_scheduler, request
 
 PROMPT, ANSWER = 60, 8  # every turn's one request
 

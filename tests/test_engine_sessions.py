@@ -5,21 +5,29 @@ turn_start, the burst's cost, the pauses between bursts), and the token ids the 
 import asyncio
 
 import pytest
+from test_sessions import session
 
 from justitia.agent import AgentProcess, Answer, drive
 from justitia.core import AgentBook
 from justitia.lab.runner import SessionPrompts
 from justitia.predictors import OraclePredictor
 from justitia.workload import Agent, Stage, Task
-from test_sessions import session
 
 SCALE = 0.01  # the session's pauses, shrunk to keep the tests short
 
 
 def fast(s: Agent) -> Agent:
-    return Agent(s.agent_id, s.type, 0.0, tuple(
-        Stage(st, st.pause_s * SCALE, [tuple(Stage(b, b.pause_s * SCALE) for b in ch) for ch in st.branches], st.turn)
-        for st in s.stages))
+    return Agent(
+        s.agent_id,
+        s.type,
+        0.0,
+        tuple(
+            Stage(
+                st, st.pause_s * SCALE, [tuple(Stage(b, b.pause_s * SCALE) for b in ch) for ch in st.branches], st.turn
+            )
+            for st in s.stages
+        ),
+    )
 
 
 def run(agent: Agent, book: AgentBook | None = None):
@@ -57,8 +65,10 @@ def test_a_sessions_calls_say_so_and_each_turn_opens_with_its_price():
     assert all(c.meta.session for c in seen)
     starts = [c for c in seen if c.meta.turn_start]
     assert [c.task.id for c in starts] == ["t0", "t3"]  # the two user turns; tool pauses and subagents inside
-    assert [c.meta.agent_cost for c in starts] == [pytest.approx(proc.turn_predicted[0]),
-                                                   pytest.approx(proc.turn_predicted[1])]
+    assert [c.meta.agent_cost for c in starts] == [
+        pytest.approx(proc.turn_predicted[0]),
+        pytest.approx(proc.turn_predicted[1]),
+    ]
     assert events == [("pause",)]  # between the turns, once; a tool pause inside a turn is none
 
 
@@ -97,8 +107,16 @@ def test_the_runner_registers_a_price_that_is_a_distribution_ahead_of_its_reques
         meta, args = call.meta, register_args(proc, call)
         if args is not None:  # as the runner sends it (control REGISTER), as the plug-in reads it (parse_dist)
             values, probs = args["dist"]
-            book.register(args["agent_id"], args["agent_type"], args["predicted_cost"], 0.0, args["weight"],
-                          args["tenant"], session=args["session"], dist=CostDist(tuple(values), tuple(probs)))
+            book.register(
+                args["agent_id"],
+                args["agent_type"],
+                args["predicted_cost"],
+                0.0,
+                args["weight"],
+                args["tenant"],
+                session=args["session"],
+                dist=CostDist(tuple(values), tuple(probs)),
+            )
             meta = replace(meta, turn_start=False)
         book.arrive(call.request_id, meta, call.task.prompt_tokens, call.task.output_tokens, 0.0)
         if args is not None:
@@ -115,8 +133,10 @@ def test_the_runner_registers_a_price_that_is_a_distribution_ahead_of_its_reques
     plain = Agent("p", "x", 0.0, (Stage([Task("a", 10, 2), Task("b", 10, 2)]), Stage([Task("c", 10, 2)])))
     priced = AgentProcess(plain, OnlinePredictor())
     calls = priced.start()
-    assert all(register_args(priced, c)["dist"] == [list(priced.predicted_dist.values),
-                                                    list(priced.predicted_dist.probs)] for c in calls)
+    assert all(
+        register_args(priced, c)["dist"] == [list(priced.predicted_dist.values), list(priced.predicted_dist.probs)]
+        for c in calls
+    )
     later = priced.answered(calls[0], Answer("", 10, 2)) + priced.answered(calls[1], Answer("", 10, 2))
     assert [register_args(priced, c) for c in later] == [None]  # its later stages open nothing
     oracle = AgentProcess(fast(session()), OraclePredictor())
@@ -143,7 +163,7 @@ def test_session_prompts_are_the_shared_text_then_the_conversation_as_sent_then_
     prompts.answered(t0, out0)
     [t1] = proc.answered(t0, Answer("", t0.task.prompt_tokens, t0.task.output_tokens))
     ids1 = prompts.prompt(t1)
-    assert len(ids1) == t1.task.prompt_tokens and ids1[:len(ids0) + len(out0)] == ids0 + out0
+    assert len(ids1) == t1.task.prompt_tokens and ids1[: len(ids0) + len(out0)] == ids0 + out0
     other = SessionPrompts(Tokens(), 4096)
     u0 = other.prompt(AgentProcess(session("u"), OraclePredictor()).start()[0])
     assert u0[:40] == ids0[:40] and u0[40:] != ids0[40:]  # the system prompt alike; each own text apart
@@ -164,9 +184,21 @@ def _tries(turns_by_repeat: list[list[list[float]]], hits=(10, 20)):
     for r, sessions in enumerate(turns_by_repeat):
         # every session's JCT 10 s, pauses included: only the turn times differ between labels
         agents = [AgentResult(f"s{i}", "coding", 0.0, 10.0, 10.0, 1.0, 1.0, list(t)) for i, t in enumerate(sessions)]
-        runs.append(SimpleNamespace(result=RunResult("x", agents, 1.0, 1, 1, 0, 1.0, None,
-                                                     prefix_cache={"queried_tokens": 100, "hit_tokens": hits[r],
-                                                                   "hit_rate": hits[r] / 100})))
+        runs.append(
+            SimpleNamespace(
+                result=RunResult(
+                    "x",
+                    agents,
+                    1.0,
+                    1,
+                    1,
+                    0,
+                    1.0,
+                    None,
+                    prefix_cache={"queried_tokens": 100, "hit_tokens": hits[r], "hit_rate": hits[r] / 100},
+                )
+            )
+        )
     return runs
 
 

@@ -7,10 +7,10 @@ import math
 import zlib
 
 import numpy as np
+from helpers import engine, task_parallel_agents
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from helpers import agent, engine, task_parallel_agents
 from justitia.core import AgentScheduler, Charge
 from justitia.core.guard import GUARD_FACTOR, Trace
 from justitia.core.policies import make_policy
@@ -52,7 +52,7 @@ class Adversarial(OraclePredictor):
         self._top = max(a.cost(cost_model(model)) for a in agents)
 
     def agent_cost(self, a, model):
-        return self._top ** 2 / max(super().agent_cost(a, model), 1.0)
+        return self._top**2 / max(super().agent_cost(a, model), 1.0)
 
     def request_cost(self, a, stage, index, model):
         true = super().request_cost(a, stage, index, model)
@@ -70,9 +70,12 @@ def lateness(agents, cfg, predictor, policy="justitia-guarded"):
     delivered = delivered_capacity(res.capacity_schedule, res.makespan_s) if len(res.capacity_schedule) > 1 else m
     bursts = {r.agent_id: r.bursts for r in res.agents if r.bursts}
     gps = gps_finish_times(agents, delivered, bursts=bursts)
-    bound = delay_bound_s(agents, cfg, delivered, bursts=bursts, guard=True, guard_lag_s=getattr(pol, "lag_max_s", None))
-    return {r.agent_id: r.finish_s - gps[r.agent_id] - bound for r in res.agents
-            if r.finish_s > gps[r.agent_id] + bound}, bound
+    bound = delay_bound_s(
+        agents, cfg, delivered, bursts=bursts, guard=True, guard_lag_s=getattr(pol, "lag_max_s", None)
+    )
+    return {
+        r.agent_id: r.finish_s - gps[r.agent_id] - bound for r in res.agents if r.finish_s > gps[r.agent_id] + bound
+    }, bound
 
 
 @settings(max_examples=30, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
@@ -113,8 +116,10 @@ def test_true_prices_keep_the_paper_s_order():
     agents = task_parallel_agents(rng, 20)
     cfg = engine(blocks=150, budget=512, seqs=256)
     m = cfg.capacity_per_s("kv")
-    runs = {p: Simulator(cfg, make_policy(p, m, guard_scale=1e9), OraclePredictor()).run(agents)
-            for p in ("justitia-guarded", "justitia")}
+    runs = {
+        p: Simulator(cfg, make_policy(p, m, guard_scale=1e9), OraclePredictor()).run(agents)
+        for p in ("justitia-guarded", "justitia")
+    }
     finish = {p: {r.agent_id: r.finish_s for r in res.agents} for p, res in runs.items()}
     assert finish["justitia-guarded"] == finish["justitia"]
 

@@ -51,8 +51,13 @@ def test_a_captured_request_opens_a_turn_exactly_when_its_harness_began_one(name
 
 
 def test_one_session_across_a_harness_continuing_it():
-    for group in (("claude-code-turn",), ("claude-code-tool",), ("claude-code-subagent", "claude-code-notification"),
-                  ("codex-turn",), ("opencode",)):
+    for group in (
+        ("claude-code-turn",),
+        ("claude-code-tool",),
+        ("claude-code-subagent", "claude-code-notification"),
+        ("codex-turn",),
+        ("opencode",),
+    ):
         ids = {identify(load(n)[1], load(n)[2], "key").agent_id for n in EXPECTED if n.startswith(group)}
         assert len(ids) == 1, group
 
@@ -91,7 +96,9 @@ def test_opencodes_title_request_and_its_agents_first_open_one_turn_and_its_chil
     """OpenCode asks for a title with the user's first message while its agent answers it: the same
     opener, so the door counts one turn (a retry is the same case); its task tool's child session
     names the parent in X-Parent-Session-Id and runs as a subagent of it."""
-    openers = {n: turn_opener(*load(n)[::2]) for n in ("opencode-title.json", "opencode-turn-1.json", "opencode-turn-2.json")}
+    openers = {
+        n: turn_opener(*load(n)[::2]) for n in ("opencode-title.json", "opencode-turn-1.json", "opencode-turn-2.json")
+    }
     assert openers["opencode-title.json"] == openers["opencode-turn-1.json"] != openers["opencode-turn-2.json"]
     _, headers, body = load("opencode-subagent.json")
     who = identify(headers, body, "key")

@@ -18,9 +18,9 @@ import sys
 
 import httpx
 import pytest
+from servers import Server, free_port
 
 from justitia.lab.harnesses import BIN, HARNESSES, SESSION, write_script
-from servers import Server, free_port
 
 MODEL = "tiny-long"
 KEYS = {"claude-code": "sk-harness-team-a", "codex": "sk-harness-team-b"}
@@ -39,19 +39,63 @@ def server(request, tmp_path_factory):
     keys = where / "keys.txt"
     keys.write_text("".join(f"{KEYS[h]} {TENANTS[h]} 1\n" for h in KEYS) + f"{BENCH_KEY} bench 1 trusted\n")
     port = free_port()
-    engine = ["--max-model-len", "65536", "--enable-auto-tool-choice", "--tool-call-parser", "hermes",
-              "--logits-processors", "justitia.vllm.scripted:ScriptedAnswers"]
-    env = {"JUSTITIA_SCRIPT": str(write_script(where / "script.json")), "HF_HUB_OFFLINE": "1",
-           "VLLM_CPU_KVCACHE_SPACE": "1", "JUSTITIA_LOG_AGENTS": "1", "JUSTITIA_SESSION_KEEP_S": "3600"}
+    engine = [
+        "--max-model-len",
+        "65536",
+        "--enable-auto-tool-choice",
+        "--tool-call-parser",
+        "hermes",
+        "--logits-processors",
+        "justitia.vllm.scripted:ScriptedAnswers",
+    ]
+    env = {
+        "JUSTITIA_SCRIPT": str(write_script(where / "script.json")),
+        "HF_HUB_OFFLINE": "1",
+        "VLLM_CPU_KVCACHE_SPACE": "1",
+        "JUSTITIA_LOG_AGENTS": "1",
+        "JUSTITIA_SESSION_KEEP_S": "3600",
+    }
     if request.param == "justitia-serve":
-        cmd = [sys.executable, "-m", "justitia", "serve", "--model", MODEL, "--port", str(port),
-               "--api-keys", str(keys), "--journal", str(where / "journal.sqlite"), *engine]
+        cmd = [
+            sys.executable,
+            "-m",
+            "justitia",
+            "serve",
+            "--model",
+            MODEL,
+            "--port",
+            str(port),
+            "--api-keys",
+            str(keys),
+            "--journal",
+            str(where / "journal.sqlite"),
+            *engine,
+        ]
     else:
-        serve = {"api_keys_file": str(keys), "journal": str(where / "journal.sqlite"),
-                 "predictor_state": str(where / "online.json")}
-        cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(resolve_model(MODEL)),
-               "--served-model-name", MODEL, "--port", str(port), "--enforce-eager", "--dtype", "float32",
-               "--scheduler-cls", "justitia.vllm.plugin.JustitiaScheduler", "--scheduling-policy", "priority", *engine]
+        serve = {
+            "api_keys_file": str(keys),
+            "journal": str(where / "journal.sqlite"),
+            "predictor_state": str(where / "online.json"),
+        }
+        cmd = [
+            sys.executable,
+            "-m",
+            "vllm.entrypoints.openai.api_server",
+            "--model",
+            str(resolve_model(MODEL)),
+            "--served-model-name",
+            MODEL,
+            "--port",
+            str(port),
+            "--enforce-eager",
+            "--dtype",
+            "float32",
+            "--scheduler-cls",
+            "justitia.vllm.plugin.JustitiaScheduler",
+            "--scheduling-policy",
+            "priority",
+            *engine,
+        ]
         env |= {"VLLM_PLUGINS": "justitia", "JUSTITIA_SERVE": json.dumps(serve)}
     srv = Server(cmd, port, where / "server.log", env=env)
     srv.wait_ready("/health")
@@ -74,9 +118,13 @@ def test_a_harness_session_of_two_turns_with_a_tool_is_one_session_with_its_turn
     # every request the harness sent got a 200 (the access log: this harness alone used its endpoint)
     path = {"messages": r"/v1/messages(?:\?beta=true)?", "responses": "/v1/responses"}[endpoint]
     statuses = re.findall(rf'"POST {path} HTTP/1\.1" (\d+)', server.output())
-    assert statuses == ["200"] * session["requests"] and len(statuses) > len(SESSION[harness]), statuses  # a tool round trip: two requests in a turn
+    assert statuses == ["200"] * session["requests"] and len(statuses) > len(SESSION[harness]), (
+        statuses
+    )  # a tool round trip: two requests in a turn
     # the plug-in saw one agent of the key's tenant: it arrived with turn 1, and returned with turn 2 at its own price
-    lines = [line for line in server.output().splitlines() if f"/{run.session_id} " in line and "justitia: agent" in line]
+    lines = [
+        line for line in server.output().splitlines() if f"/{run.session_id} " in line and "justitia: agent" in line
+    ]
     arrived = [line for line in lines if " arrived: " in line]
     returned = [line for line in lines if " returned after a pause: " in line]
     assert len(arrived) == 1 and len(returned) == len(SESSION[harness]) - 1, lines
@@ -91,14 +139,26 @@ def test_a_bench_only_key_ends_the_answer_at_its_length_whatever_max_tokens_allo
     headers = {"Authorization": f"Bearer {BENCH_KEY}"}
     body = {"model": MODEL, "messages": [{"role": "user", "content": "Tell a long story."}], "max_tokens": 500}
     for n in (1, 7, 40):
-        r = httpx.post(f"{server.url}/v1/chat/completions", headers=headers, timeout=60,
-                       json=body | {"vllm_xargs": {"justitia_answer_tokens": n}})
+        r = httpx.post(
+            f"{server.url}/v1/chat/completions",
+            headers=headers,
+            timeout=60,
+            json=body | {"vllm_xargs": {"justitia_answer_tokens": n}},
+        )
         assert r.status_code == 200, r.text
         doc = r.json()
         assert doc["usage"]["completion_tokens"] == n and doc["choices"][0]["finish_reason"] == "stop", doc
-    r = httpx.post(f"{server.url}/v1/chat/completions", headers=headers, timeout=60,
-                   json=body | {"vllm_xargs": {"justitia_answer_tokens": 0}})
+    r = httpx.post(
+        f"{server.url}/v1/chat/completions",
+        headers=headers,
+        timeout=60,
+        json=body | {"vllm_xargs": {"justitia_answer_tokens": 0}},
+    )
     assert r.status_code == 400 and "justitia_answer_tokens" in r.text, r.text
-    r = httpx.post(f"{server.url}/v1/chat/completions", headers={"Authorization": f"Bearer {KEYS['codex']}"},
-                   timeout=60, json=body | {"vllm_xargs": {"justitia_answer_tokens": 7}})
+    r = httpx.post(
+        f"{server.url}/v1/chat/completions",
+        headers={"Authorization": f"Bearer {KEYS['codex']}"},
+        timeout=60,
+        json=body | {"vllm_xargs": {"justitia_answer_tokens": 7}},
+    )
     assert r.status_code == 400 and "'vllm_xargs.justitia_answer_tokens': unknown key" in r.text, r.text

@@ -10,8 +10,8 @@ import threading
 
 import httpx
 import pytest
-
 from inprocess import auth, door_app
+
 from justitia.server.identity import SOURCES, IdentityError, identify
 
 A, B = "sk-identity-a", "sk-identity-b"
@@ -42,14 +42,17 @@ def test_the_first_source_in_the_table_names_the_agent_and_every_one_present_is_
     assert [name for _, name, _, _ in SOURCES][:2] == ["X-Agent-Id", "vllm_xargs.agent_id"]
 
 
-@pytest.mark.parametrize("headers, body", [
-    ({"X-Claude-Code-Session-Id": "run-1"}, {}),
-    ({"X-Session-ID": "run-1"}, {}),
-    ({}, {"session_id": "run-1"}),
-    ({}, {"prompt_cache_key": "run-1"}),
-    ({}, {"user": "run-1"}),
-    ({"X-Agent-Id": "run-1"}, {}),
-])
+@pytest.mark.parametrize(
+    "headers, body",
+    [
+        ({"X-Claude-Code-Session-Id": "run-1"}, {}),
+        ({"X-Session-ID": "run-1"}, {}),
+        ({}, {"session_id": "run-1"}),
+        ({}, {"prompt_cache_key": "run-1"}),
+        ({}, {"user": "run-1"}),
+        ({"X-Agent-Id": "run-1"}, {}),
+    ],
+)
 def test_each_harness_id_groups_requests_into_one_agent_per_key(app, headers, body):
     for key in (A, A, B):
         r = app.post("/v1/chat/completions", json=CHAT | body, headers=auth(key) | headers)
@@ -71,8 +74,11 @@ def test_the_engine_sees_the_namespaced_session_and_no_client_session_field(app)
         return await forward(path, kind, doc, *rest)
 
     app.backend.forward = keep
-    app.post("/v1/chat/completions", json=CHAT | {"session_id": "s1", "vllm_xargs": {"agent_type": "coder"}},
-             headers=auth(A) | {"X-Session-ID": "ignored"})
+    app.post(
+        "/v1/chat/completions",
+        json=CHAT | {"session_id": "s1", "vllm_xargs": {"agent_type": "coder"}},
+        headers=auth(A) | {"X-Session-ID": "ignored"},
+    )
     doc = seen[0]
     assert "session_id" not in doc
     xargs = doc["vllm_xargs"]
@@ -85,14 +91,17 @@ def test_the_engine_sees_the_namespaced_session_and_no_client_session_field(app)
     assert app.get("/v1/sessions", headers=auth(B)).json()["data"] == []  # another key sees none of them
 
 
-@pytest.mark.parametrize("body, headers, words", [
-    ({"vllm_xargs": {"agent_cost": 1}}, {}, "vllm_xargs.agent_cost"),
-    ({"vllm_xargs": {"tenant": "vip"}}, {}, "vllm_xargs.tenant"),
-    ({"vllm_xargs": {"priority": -5}}, {}, "vllm_xargs.priority"),
-    ({"vllm_xargs": "agent"}, {}, "vllm_xargs"),
-    ({"session_id": "x" * 300}, {}, "session_id"),
-    ({}, {"X-Claude-Code-Agent-Id": "\t"}, "X-Claude-Code-Agent-Id"),
-])
+@pytest.mark.parametrize(
+    "body, headers, words",
+    [
+        ({"vllm_xargs": {"agent_cost": 1}}, {}, "vllm_xargs.agent_cost"),
+        ({"vllm_xargs": {"tenant": "vip"}}, {}, "vllm_xargs.tenant"),
+        ({"vllm_xargs": {"priority": -5}}, {}, "vllm_xargs.priority"),
+        ({"vllm_xargs": "agent"}, {}, "vllm_xargs"),
+        ({"session_id": "x" * 300}, {}, "session_id"),
+        ({}, {"X-Claude-Code-Agent-Id": "\t"}, "X-Claude-Code-Agent-Id"),
+    ],
+)
 def test_a_bad_id_or_price_is_a_400_naming_it_and_reaches_nothing(app, body, headers, words):
     r = app.post("/v1/chat/completions", json=CHAT | body, headers=auth(A) | headers)
     assert r.status_code == 400 and words in r.json()["error"]["message"], r.text
@@ -110,8 +119,10 @@ def test_concurrent_requests_past_the_keys_limit_are_refused_at_once_not_after_t
 
     async def burst():
         async with httpx.AsyncClient(transport=transport, base_url=url, headers=auth(A)) as client:
-            sends = [asyncio.create_task(client.post("/v1/completions", json={"prompt": "hi", "max_tokens": 2}))
-                     for _ in range(100)]
+            sends = [
+                asyncio.create_task(client.post("/v1/completions", json={"prompt": "hi", "max_tokens": 2}))
+                for _ in range(100)
+            ]
             for _ in range(3000):  # the refusals come back while the engine holds the others
                 if sum(s.done() for s in sends) >= 90:
                     break
@@ -135,15 +146,18 @@ def test_a_plugin_that_cannot_start_stops_vllm_rather_than_serve_without_its_doo
 
     keys = tmp_path / "keys.txt"
     keys.write_text(f"{A} team-a 2 trusted\n")
-    monkeypatch.setenv(ENV_SERVE, json.dumps({"predictor": "mean", "api_keys_file": str(keys),
-                                              "limits": {"key_rate": 5}}))
+    monkeypatch.setenv(
+        ENV_SERVE, json.dumps({"predictor": "mean", "api_keys_file": str(keys), "limits": {"key_rate": 5}})
+    )
     plugin = JustitiaPlugin()
     assert len(plugin.keys) == 1 and plugin.settings.key_rate == 5 and plugin.manager is None
-    for config, words in (({"api_keys_file": str(tmp_path / "missing.txt")}, "cannot read"),
-                          ({"api_keys": ["short"]}, "at least 8"),
-                          ({"colour": "red"}, "unknown key"),
-                          ({"limits": {"bogus": 1}}, "bogus"),
-                          ({"predictor": "no-such"}, "no-such")):
+    for config, words in (
+        ({"api_keys_file": str(tmp_path / "missing.txt")}, "cannot read"),
+        ({"api_keys": ["short"]}, "at least 8"),
+        ({"colour": "red"}, "unknown key"),
+        ({"limits": {"bogus": 1}}, "bogus"),
+        ({"predictor": "no-such"}, "no-such"),
+    ):
         monkeypatch.setenv(ENV_SERVE, json.dumps(config))
         with pytest.raises(SystemExit, match=words):
             JustitiaPlugin()

@@ -9,8 +9,15 @@ import pytest
 
 from justitia.core import KV
 from justitia.workload import WorkloadError, load_workload
-from justitia.workload.imports import (TAU2_COMPACT, conversations_to_agents, read_chat_log, read_compact,
-                                       read_mooncake, read_tau2, write_compact)
+from justitia.workload.imports import (
+    TAU2_COMPACT,
+    conversations_to_agents,
+    read_chat_log,
+    read_compact,
+    read_mooncake,
+    read_tau2,
+    write_compact,
+)
 
 
 def _msg(role, at, content="", usage=None, tool_calls=None):
@@ -27,9 +34,11 @@ def _sim(sim_id, user=True):
     msgs = [_msg("assistant", 0.0, "Hi! How can I help you today?")] if user else []
     if user:
         msgs.append(_msg("user", 1.0, "I want to change my flight", (450, 51)))  # the user simulator's usage
-    msgs += [_msg("assistant", 2.0, None, (3346, 57), [{"name": "get_user"}]),
-             _msg("tool", 2.5, '{"user": "x"}'),
-             _msg("assistant", 4.0, "Done.", (3437, 22))]
+    msgs += [
+        _msg("assistant", 2.0, None, (3346, 57), [{"name": "get_user"}]),
+        _msg("tool", 2.5, '{"user": "x"}'),
+        _msg("assistant", 4.0, "Done.", (3437, 22)),
+    ]
     if user:
         msgs += [_msg("user", 9.0, "Thanks, and my bag?", (600, 20)), _msg("assistant", 10.0, "Added.", (3500, 30))]
     return {"id": sim_id, "task_id": "13", "messages": msgs}
@@ -71,8 +80,9 @@ def test_tau2_import_is_exact_at_scale_1(tau2_dir, tmp_path):
 def test_the_compact_file_replays_what_the_results_files_hold(tau2_dir, tmp_path):
     convs = read_tau2([tau2_dir])
     back = read_compact(write_compact(convs, tmp_path / "c.jsonl.gz"))
-    assert [(c.conv_id, c.kind, [(x.prompt_tokens, x.output_tokens, x.turn) for x in c.calls]) for c in back] == \
-           [(c.conv_id, c.kind, [(x.prompt_tokens, x.output_tokens, x.turn) for x in c.calls]) for c in convs]
+    assert [(c.conv_id, c.kind, [(x.prompt_tokens, x.output_tokens, x.turn) for x in c.calls]) for c in back] == [
+        (c.conv_id, c.kind, [(x.prompt_tokens, x.output_tokens, x.turn) for x in c.calls]) for c in convs
+    ]
 
 
 def test_the_shipped_compact_file_holds_tau2_bench():
@@ -81,14 +91,17 @@ def test_the_shipped_compact_file_holds_tau2_bench():
     assert sum(c.solo for c in convs) == 80
 
 
-@pytest.mark.parametrize("break_it, field", [
-    (lambda d: d["simulations"][0]["messages"][2]["usage"].update(prompt_tokens=0), "usage.prompt_tokens"),
-    (lambda d: d["simulations"][0]["messages"][2]["usage"].pop("completion_tokens"), "usage.completion_tokens"),
-    (lambda d: d["simulations"][0]["messages"][2].update(role="robot"), "role"),
-    (lambda d: d["simulations"][0]["messages"][3].update(timestamp="yesterday"), "timestamp"),
-    (lambda d: d["simulations"][0].update(messages=[]), "messages"),
-    (lambda d: d["simulations"][0].update(id=""), "id"),
-])
+@pytest.mark.parametrize(
+    "break_it, field",
+    [
+        (lambda d: d["simulations"][0]["messages"][2]["usage"].update(prompt_tokens=0), "usage.prompt_tokens"),
+        (lambda d: d["simulations"][0]["messages"][2]["usage"].pop("completion_tokens"), "usage.completion_tokens"),
+        (lambda d: d["simulations"][0]["messages"][2].update(role="robot"), "role"),
+        (lambda d: d["simulations"][0]["messages"][3].update(timestamp="yesterday"), "timestamp"),
+        (lambda d: d["simulations"][0].update(messages=[]), "messages"),
+        (lambda d: d["simulations"][0].update(id=""), "id"),
+    ],
+)
 def test_a_bad_tau2_file_is_refused_naming_the_simulation_and_the_field(tmp_path, break_it, field):
     doc = {"simulations": [_sim("aaaaaaaa-1")]}
     break_it(doc)
@@ -101,14 +114,21 @@ def test_a_bad_tau2_file_is_refused_naming_the_simulation_and_the_field(tmp_path
 
 def test_a_chat_log_takes_usage_where_present_and_says_when_it_estimated(tmp_path):
     path = tmp_path / "log.jsonl"
-    with_usage = [{"role": "system", "content": "You are a helpful agent."},
-                  {"role": "user", "content": "hello"},
-                  {"role": "assistant", "content": "hi", "usage": {"prompt_tokens": 20, "completion_tokens": 3}}]
-    without = {"id": "s2", "kind": "support", "messages": [
-        {"role": "user", "content": "x" * 400, "timestamp": "2025-01-01T00:00:00"},
-        {"role": "assistant", "content": "y" * 40, "timestamp": "2025-01-01T00:00:02"},
-        {"role": "user", "content": "z" * 80, "timestamp": "2025-01-01T00:00:07"},
-        {"role": "assistant", "content": "w" * 8, "timestamp": "2025-01-01T00:00:08"}]}
+    with_usage = [
+        {"role": "system", "content": "You are a helpful agent."},
+        {"role": "user", "content": "hello"},
+        {"role": "assistant", "content": "hi", "usage": {"prompt_tokens": 20, "completion_tokens": 3}},
+    ]
+    without = {
+        "id": "s2",
+        "kind": "support",
+        "messages": [
+            {"role": "user", "content": "x" * 400, "timestamp": "2025-01-01T00:00:00"},
+            {"role": "assistant", "content": "y" * 40, "timestamp": "2025-01-01T00:00:02"},
+            {"role": "user", "content": "z" * 80, "timestamp": "2025-01-01T00:00:07"},
+            {"role": "assistant", "content": "w" * 8, "timestamp": "2025-01-01T00:00:08"},
+        ],
+    }
     path.write_text(json.dumps(with_usage) + "\n" + json.dumps(without) + "\n")
     a, b = read_chat_log(path)
     assert a.meta["tokens"] == "usage" and [(c.prompt_tokens, c.output_tokens) for c in a.calls] == [(20, 3)]
@@ -126,9 +146,11 @@ def test_a_bad_chat_log_line_is_refused_naming_the_line(tmp_path):
 
 
 def test_mooncake_requests_that_extend_an_earlier_prompt_continue_its_conversation(tmp_path):
-    rows = [{"timestamp": 0, "input_length": 1000, "output_length": 10, "hash_ids": [0, 1, 2]},
-            {"timestamp": 500, "input_length": 900, "output_length": 5, "hash_ids": [0, 7]},  # only the system block
-            {"timestamp": 3000, "input_length": 1600, "output_length": 20, "hash_ids": [0, 1, 2, 3, 4]}]
+    rows = [
+        {"timestamp": 0, "input_length": 1000, "output_length": 10, "hash_ids": [0, 1, 2]},
+        {"timestamp": 500, "input_length": 900, "output_length": 5, "hash_ids": [0, 7]},  # only the system block
+        {"timestamp": 3000, "input_length": 1600, "output_length": 20, "hash_ids": [0, 1, 2, 3, 4]},
+    ]
     path = tmp_path / "trace.jsonl"
     path.write_text("\n".join(json.dumps(r) for r in rows))
     convs = read_mooncake(path)

@@ -12,8 +12,8 @@ import time
 from types import SimpleNamespace
 
 import pytest
-
 from inprocess import RecordingBackend, app_opener, auth, settle
+
 from justitia.core import AgentBook, AgentScheduler, RequestMeta
 from justitia.server.app import Settings
 from justitia.server.journal import Journal, JournalError, Record, resume_order
@@ -21,16 +21,26 @@ from justitia.server.keys import ANONYMOUS, KeyRing
 from justitia.server.schema import AgentSpec
 
 A, B = "sk-alpha-0001", "sk-bravo-0002"
-TWO_STAGES = {"type": "mrs", "stages": [[{"prompt": "one two", "max_tokens": 3}, {"prompt": "three", "max_tokens": 3}],
-                                         [{"prompt": "sum: {{prev}}", "max_tokens": 2}]]}
+TWO_STAGES = {
+    "type": "mrs",
+    "stages": [
+        [{"prompt": "one two", "max_tokens": 3}, {"prompt": "three", "max_tokens": 3}],
+        [{"prompt": "sum: {{prev}}", "max_tokens": 2}],
+    ],
+}
 
 
 @pytest.fixture
 def start(tmp_path):
     with app_opener(tmp_path, f"{A} team-a 2\n{B} team-b 1\n") as opener:
+
         def build(journal_path=tmp_path / "journal.sqlite", backend=None, open_server=False):
-            return opener(backend or RecordingBackend(), Settings(max_model_len=64), Journal(journal_path),
-                          KeyRing() if open_server else None)
+            return opener(
+                backend or RecordingBackend(),
+                Settings(max_model_len=64),
+                Journal(journal_path),
+                KeyRing() if open_server else None,
+            )
 
         yield build
 
@@ -40,8 +50,11 @@ def test_a_finished_agent_is_journaled_and_answers_the_same_after_a_restart(star
     agent_id = first.post("/v1/agents", json=TWO_STAGES, headers=auth(A)).json()["agent_id"]
     before = settle(first, agent_id, A)
     assert before["status"] == "done"
-    rows = sqlite3.connect(tmp_path / "journal.sqlite").execute(
-        "SELECT status, owner, tenant, weight FROM agents").fetchall()
+    rows = (
+        sqlite3.connect(tmp_path / "journal.sqlite")
+        .execute("SELECT status, owner, tenant, weight FROM agents")
+        .fetchall()
+    )
     assert rows == [("done", first.manager.agents[agent_id].owner, "team-a", 2.0)]  # the owner id, not the key
     second = start()
     assert second.portal.call(second.manager.recover) == (1, 0)
@@ -57,11 +70,17 @@ def test_an_unfinished_agent_resumes_from_its_first_stage_not_fully_answered(sta
     owner = KeyRing.load([A]).authenticate(f"Bearer {A}").owner
 
     async def crashed():  # what a killed server left: stage 0 answered, stage 1 not
-        await journal.accept(Record("agent-crashed", owner, "team-a", 2.0, spec, "idem-1", 99.0, "running", None,
-                                    time.time() - 5, None))
+        await journal.accept(
+            Record("agent-crashed", owner, "team-a", 2.0, spec, "idem-1", 99.0, "running", None, time.time() - 5, None)
+        )
         for task in (0, 1):
-            await journal.task_done("agent-crashed", 0, task, {"output": f"before-{task}", "prompt_tokens": 2,
-                                                               "output_tokens": 3, "finish_reason": "length"})
+            await journal.task_done(
+                "agent-crashed",
+                0,
+                task,
+                {"output": f"before-{task}", "prompt_tokens": 2, "output_tokens": 3, "finish_reason": "length"},
+            )
+
     asyncio.run(crashed())
     journal.close()
     app = start(path)
@@ -84,7 +103,9 @@ def test_a_retried_post_with_its_idempotency_key_returns_the_first_agent(start):
     other = app.post("/v1/agents", json=TWO_STAGES, headers=auth(A) | {"Idempotency-Key": "k2"}).json()["agent_id"]
     theirs = app.post("/v1/agents", json=TWO_STAGES, headers=auth(B) | {"Idempotency-Key": "k1"}).json()["agent_id"]
     assert len({first, other, theirs}) == 3  # keys are per API key
-    bad = app.post("/v1/agents", json={"stages": [[{"prompt": "{{prev}}"}]]}, headers=auth(A) | {"Idempotency-Key": "k3"})
+    bad = app.post(
+        "/v1/agents", json={"stages": [[{"prompt": "{{prev}}"}]]}, headers=auth(A) | {"Idempotency-Key": "k3"}
+    )
     assert bad.status_code == 400
     good = app.post("/v1/agents", json=TWO_STAGES, headers=auth(A) | {"Idempotency-Key": "k3"})
     assert good.status_code == 202  # a refused first try does not take the key
@@ -100,6 +121,7 @@ def test_a_server_that_stops_leaves_its_unfinished_agents_to_be_resumed(start, t
     async def stop():  # what shutting down does to a running agent (not a client's DELETE)
         run.task.cancel()
         await asyncio.gather(run.task, return_exceptions=True)
+
     app.portal.call(stop)
     status = sqlite3.connect(tmp_path / "journal.sqlite").execute("SELECT status FROM agents").fetchone()[0]
     assert status == "queued"  # not cancelled: the next start runs it
@@ -159,10 +181,13 @@ def test_a_partly_answered_stage_runs_only_its_missing_tasks_after_a_restart(sta
     owner = KeyRing.load([A]).authenticate(f"Bearer {A}").owner
 
     async def crashed():  # a killed server left stage 0 with one of its two tasks answered
-        await journal.accept(Record("agent-part", owner, "team-a", 2.0, TWO_STAGES, None, 99.0, "running", None,
-                                    time.time() - 5, None))
-        await journal.task_done("agent-part", 0, 1, {"output": "kept-1", "prompt_tokens": 2, "output_tokens": 3,
-                                                      "finish_reason": "length"})
+        await journal.accept(
+            Record("agent-part", owner, "team-a", 2.0, TWO_STAGES, None, 99.0, "running", None, time.time() - 5, None)
+        )
+        await journal.task_done(
+            "agent-part", 0, 1, {"output": "kept-1", "prompt_tokens": 2, "output_tokens": 3, "finish_reason": "length"}
+        )
+
     asyncio.run(crashed())
     journal.close()
     app = start(path)
@@ -181,6 +206,7 @@ def test_a_first_try_the_journal_could_not_write_is_released_and_leaves_its_idem
     async def broken(record):
         app.journal.accept = accept
         raise JournalError("disk full")
+
     app.journal.accept = broken
     r = app.post("/v1/agents", json=TWO_STAGES, headers=auth(A) | {"Idempotency-Key": "k-unwritten"})
     assert r.status_code == 503 and r.headers["retry-after"]
@@ -250,11 +276,32 @@ def crashed_journal(path, owner, agents):
 
     async def write():
         for i, (agent_id, tenant, weight, cost, status, run, v, f) in enumerate(agents):
-            await journal.accept(Record(agent_id, owner, tenant, weight, TWO_STAGES, None, cost, status, None,
-                                        time.time() - 60 + i, None, run, f, v))
+            await journal.accept(
+                Record(
+                    agent_id,
+                    owner,
+                    tenant,
+                    weight,
+                    TWO_STAGES,
+                    None,
+                    cost,
+                    status,
+                    None,
+                    time.time() - 60 + i,
+                    None,
+                    run,
+                    f,
+                    v,
+                )
+            )
             for task in (0, 1):
-                await journal.task_done(agent_id, 0, task, {"output": "before", "prompt_tokens": 2,
-                                                            "output_tokens": 3, "finish_reason": "length"})
+                await journal.task_done(
+                    agent_id,
+                    0,
+                    task,
+                    {"output": "before", "prompt_tokens": 2, "output_tokens": 3, "finish_reason": "length"},
+                )
+
     asyncio.run(write())
     journal.close()
 
@@ -269,16 +316,24 @@ def waiting_for(app, requests):
 def test_a_resumed_agent_keeps_its_place_before_agents_that_arrive_after_the_restart(start, tmp_path):
     probe = start(tmp_path / "probe.sqlite", open_server=True)
     small = {"type": "small", "stages": [[{"prompt": "one", "max_tokens": 2}]]}
-    cost, small_cost = (probe.manager.pricer.priced("probe", AgentSpec.model_validate(spec), ANONYMOUS)[0].predicted_cost
-                        for spec in (TWO_STAGES, small))
+    cost, small_cost = (
+        probe.manager.pricer.priced("probe", AgentSpec.model_validate(spec), ANONYMOUS)[0].predicted_cost
+        for spec in (TWO_STAGES, small)
+    )
     assert small_cost < cost
     # run 3 stopped with V at least 100 + cost - small_cost / 2 (a finished agent's reading): A, stamped
     # f = 100 + cost at V = 100, was still owed small_cost / 2; run 2's clock is another clock
     stop = 100 + cost - small_cost / 2
     path = tmp_path / "crashed.sqlite"
-    crashed_journal(path, ANONYMOUS.owner, [("agent-old", None, 1.0, cost, "done", 2, 1e9, 1e9 + cost),
-                                            ("agent-a", None, 1.0, cost, "queued", 3, 100.0, 100 + cost),
-                                            ("agent-late", None, 1.0, cost, "done", 3, stop, stop + cost)])
+    crashed_journal(
+        path,
+        ANONYMOUS.owner,
+        [
+            ("agent-old", None, 1.0, cost, "done", 2, 1e9, 1e9 + cost),
+            ("agent-a", None, 1.0, cost, "queued", 3, 100.0, 100 + cost),
+            ("agent-late", None, 1.0, cost, "done", 3, stop, stop + cost),
+        ],
+    )
     app = start(path, backend=OrderedBackend(), open_server=True)
     assert app.journal.run == 4
     assert app.portal.call(app.manager.recover) == (2, 1)
@@ -291,11 +346,18 @@ def test_a_resumed_agent_keeps_its_place_before_agents_that_arrive_after_the_res
     app.portal.call(app.backend.serve)
     docs = {name: settle(app, run.agent_id) for name, run in (("a", a), ("b", b), ("s", s))}
     assert all(doc["status"] == "done" for doc in docs.values())
-    assert app.backend.served[0] == "agent-a" and docs["a"]["finish_s"] < min(docs["b"]["finish_s"],
-                                                                              docs["s"]["finish_s"])
+    assert app.backend.served[0] == "agent-a" and docs["a"]["finish_s"] < min(
+        docs["b"]["finish_s"], docs["s"]["finish_s"]
+    )
     assert [t["output"] for t in docs["a"]["stages"][0]] == ["before", "before"]  # kept, not run again
-    rows = dict(((r[0], r[1:]) for r in sqlite3.connect(path).execute(
-        "SELECT agent_id, clock_run, virtual_finish, virtual_time FROM agents")))
+    rows = dict(
+        (
+            (r[0], r[1:])
+            for r in sqlite3.connect(path).execute(
+                "SELECT agent_id, clock_run, virtual_finish, virtual_time FROM agents"
+            )
+        )
+    )
     assert rows["agent-a"] == (4, pytest.approx(small_cost / 2), 0.0)  # stamped again in this run's clock
     assert rows[b.agent_id] == (4, pytest.approx(cost), 0.0)  # a new one: its tag and V at its registration
 
@@ -305,9 +367,15 @@ def test_resumed_agents_keep_their_old_order(start, tmp_path):
     path = tmp_path / "crashed.sqlite"
     # three agents of team-a (weight 2), each arrived later than the last with a smaller cost, so
     # that their whole costs would put them in the reverse order; V was at least 130 at the stop
-    crashed_journal(path, owner, [("agent-x", "team-a", 2.0, 99.0, "running", 5, 100.0, 149.5),
-                                  ("agent-y", "team-a", 2.0, 60.0, "queued", 5, 120.0, 150.0),
-                                  ("agent-z", "team-a", 2.0, 42.0, "queued", 5, 130.0, 151.0)])
+    crashed_journal(
+        path,
+        owner,
+        [
+            ("agent-x", "team-a", 2.0, 99.0, "running", 5, 100.0, 149.5),
+            ("agent-y", "team-a", 2.0, 60.0, "queued", 5, 120.0, 150.0),
+            ("agent-z", "team-a", 2.0, 42.0, "queued", 5, 130.0, 151.0),
+        ],
+    )
     app = start(path, backend=OrderedBackend())
     assert app.portal.call(app.manager.recover) == (0, 3)
     tags = [app.manager.agents[f"agent-{n}"].virtual_finish for n in "xyz"]
@@ -323,9 +391,14 @@ def test_resume_order_reads_each_run_by_its_own_clock():
     def rec(agent_id, status, run, v, f, cost=10.0, weight=2.0):
         return Record(agent_id, "o", None, weight, {}, None, cost, status, None, 0.0, None, run, f, v)
 
-    records = [rec("done-1", "done", 1, 500.0, 505.0), rec("late-1", "queued", 1, 400.0, 402.0),
-               rec("owed-0", "running", 1, 200.0, 300.0), rec("early-2", "queued", 2, 7.0, 8.0),
-               rec("old", "queued", None, None, None), rec("clamped", "queued", 2, 1.0, 50.0)]
+    records = [
+        rec("done-1", "done", 1, 500.0, 505.0),
+        rec("late-1", "queued", 1, 400.0, 402.0),
+        rec("owed-0", "running", 1, 200.0, 300.0),
+        rec("early-2", "queued", 2, 7.0, 8.0),
+        rec("old", "queued", None, None, None),
+        rec("clamped", "queued", 2, 1.0, 50.0),
+    ]
     plan = [(r.agent_id, owed) for r, owed in resume_order(records)]
     # run 1 stopped at V >= 500: late-1 and owed-0 were owed nothing (tag behind V); run 2 at V >= 7;
     # clamped's tag says more than its whole cost: its cost; no stamps: its whole cost, last
@@ -340,8 +413,10 @@ def test_a_journal_written_before_the_stamps_is_read_and_resumed_at_whole_cost(s
             agent_id TEXT PRIMARY KEY, owner TEXT NOT NULL, tenant TEXT, weight REAL NOT NULL, spec TEXT NOT NULL,
             idempotency_key TEXT, predicted_cost REAL NOT NULL, status TEXT NOT NULL, error TEXT,
             arrival_wall REAL NOT NULL, finish_wall REAL);""")
-    db.execute("INSERT INTO agents VALUES ('agent-old', 'open', NULL, 1.0, ?, NULL, 99.0, 'queued', NULL, ?, NULL)",
-               (json.dumps(TWO_STAGES), time.time()))
+    db.execute(
+        "INSERT INTO agents VALUES ('agent-old', 'open', NULL, 1.0, ?, NULL, 99.0, 'queued', NULL, ?, NULL)",
+        (json.dumps(TWO_STAGES), time.time()),
+    )
     db.commit()
     db.close()
     app = start(path, open_server=True)

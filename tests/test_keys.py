@@ -7,11 +7,11 @@ import re
 
 import pytest
 from fastapi.testclient import TestClient
-
 from inprocess import RecordingBackend, WordTokenizer, auth, settle
+
 from justitia.core import RequestMeta
-from justitia.predictors import make_predictor
 from justitia.frontend.app import Settings, create_app
+from justitia.predictors import make_predictor
 from justitia.server.keys import ANONYMOUS, KeyFileError, KeyRing
 
 A, B, FRONT = "sk-alpha-0001", "sk-bravo-0002", "sk-front-0003"
@@ -21,16 +21,19 @@ SOLO, HEAVY, EDGE, ALSO_A = "sk-solo-0004", "sk-heavy-0005", "sk-edge-0006", "sk
 @pytest.fixture
 def keyfile(tmp_path):
     path = tmp_path / "keys.txt"
-    path.write_text(f"# key tenant weight [trusted]\n{A} team-a 2\n\n{B} team-b 1\n{FRONT} edge 1 trusted\n"
-                    f"{SOLO}\n{HEAVY} - 3\n{EDGE} trusted\n{ALSO_A} team-a 2\n")
+    path.write_text(
+        f"# key tenant weight [trusted]\n{A} team-a 2\n\n{B} team-b 1\n{FRONT} edge 1 trusted\n"
+        f"{SOLO}\n{HEAVY} - 3\n{EDGE} trusted\n{ALSO_A} team-a 2\n"
+    )
     return path
 
 
 @pytest.fixture
 def app(keyfile):
     backend = RecordingBackend()
-    application = create_app(backend, WordTokenizer(), Settings(max_model_len=512), make_predictor("oracle"),
-                             KeyRing.load(path=keyfile))
+    application = create_app(
+        backend, WordTokenizer(), Settings(max_model_len=512), make_predictor("oracle"), KeyRing.load(path=keyfile)
+    )
     with TestClient(application) as client:
         client.backend = backend
         yield client
@@ -59,11 +62,15 @@ def test_key_files_are_read_line_by_line_and_a_bad_line_is_named(tmp_path, keyfi
     ops, both, plain = (KeyRing.load(path=flagged).authenticate(f"Bearer {k}") for k in (A, FRONT, SOLO))
     assert (ops.tenant, ops.admin, ops.trusted) == ("ops", True, False)
     assert both.admin and both.trusted and both.tenant == both.owner and not plain.admin
-    for line, words in ((f"{A} t 1 trusted x", "expected 'KEY [TENANT WEIGHT] [trusted] [admin]'"),
-                        (f"{A} t 0", "finite number > 0"),
-                        (f"{A} t heavy", "finite number > 0"), (f"{A} t 1 root", "expected"),
-                        (f"{A} t 1 admin admin", "expected"),
-                        ("short t 1", "at least 8"), (f"{A} t 1\n{A} u 2", "listed twice")):
+    for line, words in (
+        (f"{A} t 1 trusted x", "expected 'KEY [TENANT WEIGHT] [trusted] [admin]'"),
+        (f"{A} t 0", "finite number > 0"),
+        (f"{A} t heavy", "finite number > 0"),
+        (f"{A} t 1 root", "expected"),
+        (f"{A} t 1 admin admin", "expected"),
+        ("short t 1", "at least 8"),
+        (f"{A} t 1\n{A} u 2", "listed twice"),
+    ):
         bad = tmp_path / "bad.txt"
         bad.write_text("# header\n" + line + "\n")
         with pytest.raises(KeyFileError, match=r"bad.txt:[23]: .*" + re.escape(words)):
@@ -73,8 +80,13 @@ def test_key_files_are_read_line_by_line_and_a_bad_line_is_named(tmp_path, keyfi
 
 
 def test_without_a_valid_key_every_v1_route_is_401_and_health_stays_open(app):
-    for method, path in (("post", "/v1/agents"), ("get", "/v1/agents/x"), ("delete", "/v1/agents/x"),
-                         ("post", "/v1/completions"), ("get", "/v1/models")):
+    for method, path in (
+        ("post", "/v1/agents"),
+        ("get", "/v1/agents/x"),
+        ("delete", "/v1/agents/x"),
+        ("post", "/v1/completions"),
+        ("get", "/v1/models"),
+    ):
         for headers in ({}, auth("sk-nobody-999"), {"Authorization": A}):
             r = getattr(app, method)(path, headers=headers)
             assert r.status_code == 401 and r.headers["www-authenticate"] == "Bearer", (method, path, headers)
@@ -91,7 +103,10 @@ def test_anthropics_x_api_key_header_is_a_key_too_and_authorization_comes_first(
 
 
 def test_an_agent_belongs_to_its_key_and_runs_in_its_tenants_flow(app):
-    body = {"type": "mrs", "stages": [[{"prompt": "one two", "max_tokens": 4}], [{"prompt": "{{prev}}", "max_tokens": 2}]]}
+    body = {
+        "type": "mrs",
+        "stages": [[{"prompt": "one two", "max_tokens": 4}], [{"prompt": "{{prev}}", "max_tokens": 2}]],
+    }
     agent_id = app.post("/v1/agents", json=body, headers=auth(A)).json()["agent_id"]
     assert settle(app, agent_id, A)["stages"][1][0]["output"] == "ok"
     for method in ("get", "delete"):  # another key sees nothing there: the same 404 as an unknown id
@@ -104,8 +119,11 @@ def test_an_agent_belongs_to_its_key_and_runs_in_its_tenants_flow(app):
 
 def test_openai_agent_ids_live_in_each_keys_namespace(app):
     for key in (A, B):
-        r = app.post("/v1/completions", headers=auth(key),
-                     json={"model": "tiny", "prompt": "hi there", "max_tokens": 3, "vllm_xargs": {"agent_id": "story"}})
+        r = app.post(
+            "/v1/completions",
+            headers=auth(key),
+            json={"model": "tiny", "prompt": "hi there", "max_tokens": 3, "vllm_xargs": {"agent_id": "story"}},
+        )
         assert r.status_code == 200, r.text
     r = app.post("/v1/completions", headers=auth(A) | {"X-Agent-Id": "story"}, json={"prompt": "hi", "max_tokens": 2})
     assert r.status_code == 200, r.text
@@ -114,8 +132,9 @@ def test_openai_agent_ids_live_in_each_keys_namespace(app):
     assert all(i.endswith("/story") and A not in i and B not in i for i in ids)
 
 
-@pytest.mark.parametrize("field, value", [("agent_cost", 0), ("request_cost", 1), ("agent_weight", 100),
-                                          ("tenant", "team-b")])
+@pytest.mark.parametrize(
+    "field, value", [("agent_cost", 0), ("request_cost", 1), ("agent_weight", 100), ("tenant", "team-b")]
+)
 def test_only_a_trusted_key_may_set_prices_and_shares(app, field, value):
     body = {"prompt": "hi", "max_tokens": 2, "vllm_xargs": {"agent_id": "x", field: value}}
     r = app.post("/v1/completions", json=body, headers=auth(A))
@@ -123,8 +142,12 @@ def test_only_a_trusted_key_may_set_prices_and_shares(app, field, value):
     assert app.backend.metas == []  # refused at the door: nothing reached the engine
     assert app.post("/v1/completions", json=body, headers=auth(FRONT)).status_code == 200
     meta = app.backend.metas[-1]
-    assert {"agent_cost": meta.agent_cost, "request_cost": meta.request_cost, "agent_weight": meta.agent_weight,
-            "tenant": meta.tenant}[field] == value
+    assert {
+        "agent_cost": meta.agent_cost,
+        "request_cost": meta.request_cost,
+        "agent_weight": meta.agent_weight,
+        "tenant": meta.tenant,
+    }[field] == value
 
 
 def test_only_a_trusted_key_may_send_a_benchs_answer_length(app):
@@ -136,11 +159,16 @@ def test_only_a_trusted_key_may_send_a_benchs_answer_length(app):
     assert app.post("/v1/completions", json=body, headers=auth(FRONT)).status_code == 200
 
 
-@pytest.mark.parametrize("xargs, words", [({"justitia_control": "reset"}, "unknown key"),
-                                          ({"agent_id": {"deep": {"er": 1}}}, "must be a string, number or boolean"),
-                                          ({"agent_type": ["a"]}, "must be a string, number or boolean"),
-                                          ({"agent_done": 2**64}, "integer out of range"),
-                                          ({"agent_type": "t" * 300}, "longer than 256")])
+@pytest.mark.parametrize(
+    "xargs, words",
+    [
+        ({"justitia_control": "reset"}, "unknown key"),
+        ({"agent_id": {"deep": {"er": 1}}}, "must be a string, number or boolean"),
+        ({"agent_type": ["a"]}, "must be a string, number or boolean"),
+        ({"agent_done": 2**64}, "integer out of range"),
+        ({"agent_type": "t" * 300}, "longer than 256"),
+    ],
+)
 def test_vllm_xargs_takes_only_known_scalar_keys(app, xargs, words):
     r = app.post("/v1/completions", json={"prompt": "hi", "max_tokens": 2, "vllm_xargs": xargs}, headers=auth(FRONT))
     assert r.status_code == 400 and words in r.json()["error"]["message"]
@@ -168,9 +196,10 @@ def test_the_plug_ins_scheduler_prices_a_request_by_the_setting(client_prices, m
     request's ``agent_cost`` and ``tenant`` are read only with the token (by default), never (0), or
     always (1); an agent not priced by its client is priced by the engine: here by its prompt and
     ``max_tokens`` (``JUSTITIA_PRICING=max-tokens``; online pricing: tests/test_engine_pricing.py)."""
+    from vllm_scheduler import make_scheduler, request
+
     from justitia.defaults import DOOR_KEY, ENV_CLIENT_PRICES, ENV_DOOR_TOKEN
     from justitia.vllm.plugin import JustitiaScheduler
-    from vllm_scheduler import make_scheduler, request
 
     monkeypatch.setenv(ENV_DOOR_TOKEN, "s3cret")
     monkeypatch.setenv("JUSTITIA_POLICY", "justitia")
@@ -186,9 +215,11 @@ def test_the_plug_ins_scheduler_prices_a_request_by_the_setting(client_prices, m
     scheduler.add_request(request("r2", 32, 64, first_token=900, agent_id="guess", **claims, **{DOOR_KEY: "guess"}))
     agents = {a: scheduler.core.agent(a).info for a in ("plain", "door", "guess")}
     read = {a: agents[a].predicted_cost == 1.0 and agents[a].tenant == "vip" for a in ("plain", "door", "guess")}
-    expected = {None: {"plain": False, "door": True, "guess": False},
-                "0": {"plain": False, "door": False, "guess": False},
-                "1": {"plain": True, "door": True, "guess": True}}[client_prices]
+    expected = {
+        None: {"plain": False, "door": True, "guess": False},
+        "0": {"plain": False, "door": False, "guess": False},
+        "1": {"plain": True, "door": True, "guess": True},
+    }[client_prices]
     assert read == expected
     for agent in (a for a, was_read in read.items() if not was_read):  # priced by prompt and max_tokens
         # as a distribution of its answer's length up to max_tokens (core.book.unpriced)

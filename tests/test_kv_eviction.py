@@ -6,10 +6,10 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
+from helpers import engine
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from helpers import engine
 from justitia.core import AgentScheduler
 from justitia.core.policies import POLICY_NAMES, make_policy
 from justitia.lab.bench import RunSpec
@@ -27,7 +27,9 @@ LINEAR = LatencyProfile("lin", 1.0, 0.5, 0.01, 0.001, 1.3, 64, "tests: load-depe
 
 def req(agent: str, text: str, blocks: int) -> SimRequest:
     """A request of ``agent`` whose prompt is ``blocks`` full blocks of its own text (one output token)."""
-    return SimRequest(f"{agent}/{text}", agent, 1.0, blocks * BS, 1, runs=((text, blocks * BS), ((agent, text, "out"), 1)))
+    return SimRequest(
+        f"{agent}/{text}", agent, 1.0, blocks * BS, 1, runs=((text, blocks * BS), ((agent, text, "out"), 1))
+    )
 
 
 def freed(cache: PrefixCache, *reqs: SimRequest) -> None:
@@ -41,8 +43,9 @@ def freed(cache: PrefixCache, *reqs: SimRequest) -> None:
 
 def left(cache: PrefixCache, r: SimRequest) -> int:
     """How many of ``r``'s prompt blocks are still cached."""
-    return len(cache.lookup(SimRequest("probe", "probe", 1.0, r.prompt_tokens + 1, 1,
-                                       runs=r.runs[:1] + (("probe", 2),))))
+    return len(
+        cache.lookup(SimRequest("probe", "probe", 1.0, r.prompt_tokens + 1, 1, runs=r.runs[:1] + (("probe", 2),)))
+    )
 
 
 def order(cache: PrefixCache, blocks: int) -> list[tuple]:
@@ -101,7 +104,9 @@ def test_without_a_clock_the_rule_is_lru():
         rng = np.random.default_rng(0)
         reqs = [req(f"s{i % 4}", f"T{i}", int(rng.integers(1, 4))) for i in range(12)]
         freed(cache, *reqs[:8])
-        hits = cache.lookup(SimRequest("x", "s9", 1.0, reqs[2].prompt_tokens + 1, 1, runs=reqs[2].runs[:1] + (("x", 2),)))
+        hits = cache.lookup(
+            SimRequest("x", "s9", 1.0, reqs[2].prompt_tokens + 1, 1, runs=reqs[2].runs[:1] + (("x", 2),))
+        )
         cache.touch(hits)  # taken out of the free queue (and out of its agent's blocks)
         freed(cache, *reqs[8:])
         log += [(owner, key) for owner, key in order(cache, len(cache.lru))] if cache.eviction == "tag" else []
@@ -176,20 +181,34 @@ def sessions(seed: int, n: int):
 
 
 def outcome(res):
-    return ({a.agent_id: (a.finish_s, a.to_json()) for a in res.agents}, res.iterations, res.preemptions,
-            res.prefix_cache)
+    return (
+        {a.agent_id: (a.finish_s, a.to_json()) for a in res.agents},
+        res.iterations,
+        res.preemptions,
+        res.prefix_cache,
+    )
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(seed=st.integers(0, 10_000), policy=st.sampled_from(POLICY_NAMES), extra=st.integers(2, 60),
-       budget=st.sampled_from([64, 256, 2048]), seqs=st.sampled_from([4, 16, 256]))
+@given(
+    seed=st.integers(0, 10_000),
+    policy=st.sampled_from(POLICY_NAMES),
+    extra=st.integers(2, 60),
+    budget=st.sampled_from([64, 256, 2048]),
+    seqs=st.sampled_from([4, 16, 256]),
+)
 def test_event_skipping_matches_per_iteration_stepping_with_tag_eviction(seed, policy, extra, budget, seqs):
     agents = sessions(seed, 12)
     need = max(-(-(t.prompt_tokens + t.output_tokens) // BS) for a in agents for t in a.tasks)
-    cfg = replace(engine(blocks=need + extra, budget=budget, seqs=seqs, profile=LINEAR), prefix_caching=True,
-                  kv_eviction="tag")
-    runs = [Simulator(cfg, make_policy(policy, cfg.capacity_per_s("kv"), "kv"), make_predictor("noisy:2", 7), "kv",
-                      skip).run(agents) for skip in (True, False)]
+    cfg = replace(
+        engine(blocks=need + extra, budget=budget, seqs=seqs, profile=LINEAR), prefix_caching=True, kv_eviction="tag"
+    )
+    runs = [
+        Simulator(
+            cfg, make_policy(policy, cfg.capacity_per_s("kv"), "kv"), make_predictor("noisy:2", 7), "kv", skip
+        ).run(agents)
+        for skip in (True, False)
+    ]
     assert outcome(runs[0]) == outcome(runs[1])
     assert runs[0].steps <= runs[1].steps
 
@@ -201,13 +220,16 @@ def test_tag_eviction_changes_what_justitia_keeps_and_skipping_still_agrees():
     out = {}
     for rule in ("lru", "tag"):
         for skip in (True, False):
-            out[rule, skip] = Simulator(replace(cfg, kv_eviction=rule), "justitia", make_predictor("oracle", 0), "kv",
-                                        skip).run(agents)
+            out[rule, skip] = Simulator(
+                replace(cfg, kv_eviction=rule), "justitia", make_predictor("oracle", 0), "kv", skip
+            ).run(agents)
     for rule in ("lru", "tag"):
         assert outcome(out[rule, True]) == outcome(out[rule, False])
         assert out[rule, True].steps < out[rule, False].steps
     assert out["lru", True].prefix_cache != out["tag", True].prefix_cache
     # a policy without a clock: every tag None, the rule is LRU's, bit for bit
-    fcfs = [Simulator(replace(cfg, kv_eviction=rule), "fcfs", make_predictor("oracle", 0), "kv").run(agents)
-            for rule in ("lru", "tag")]
+    fcfs = [
+        Simulator(replace(cfg, kv_eviction=rule), "fcfs", make_predictor("oracle", 0), "kv").run(agents)
+        for rule in ("lru", "tag")
+    ]
     assert outcome(fcfs[0]) == outcome(fcfs[1])

@@ -11,12 +11,12 @@ import pytest
 pytest.importorskip("sklearn")
 
 from justitia.core.cost import cost_model
+from justitia.predictors import make_predictor
 from justitia.predictors.features import ALL_TYPES, agent_numbers, agent_text
 from justitia.predictors.files import PredictorFileError
 from justitia.predictors.mlp import CORRECTION_LIMIT, CORRECTION_WEIGHT, LearnedPredictor
-from justitia.predictors import make_predictor
-from justitia.workload.workflows import WORKFLOW_TYPES, generate_agents
 from justitia.workload import Agent, Task
+from justitia.workload.workflows import WORKFLOW_TYPES, generate_agents
 
 KV = cost_model("kv")
 
@@ -24,8 +24,9 @@ KV = cost_model("kv")
 @pytest.fixture(scope="module")
 def agents():
     rng = np.random.default_rng(3)
-    return generate_agents(np.zeros(12 * len(WORKFLOW_TYPES)), rng,
-                           types=[t for t in WORKFLOW_TYPES for _ in range(12)])
+    return generate_agents(
+        np.zeros(12 * len(WORKFLOW_TYPES)), rng, types=[t for t in WORKFLOW_TYPES for _ in range(12)]
+    )
 
 
 @pytest.fixture(scope="module")

@@ -6,8 +6,8 @@ from __future__ import annotations
 import time
 
 import pytest
-
 from inprocess import RecordingBackend, app_opener, auth, settle
+
 from justitia.server.app import Settings
 from justitia.server.limits import RateLimit
 

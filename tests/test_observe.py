@@ -8,22 +8,25 @@ import asyncio
 import math
 
 import pytest
+from inprocess import RecordingBackend, app_opener, auth, settle
 
 from justitia.core import AgentBook, AgentScheduler, Charge, PolicyState, RequestMeta
 from justitia.core.ledger import MAX_TYPES
 from justitia.server.observe import Watch
 
-from inprocess import RecordingBackend, app_opener, auth, settle
-
 
 def test_a_tenants_service_settles_across_turns_and_each_burst_lands_in_its_own_histogram():
     core = AgentScheduler.for_policy("justitia", 100.0)
     book = AgentBook(core)
-    info, _ = book.arrive("r1", RequestMeta("s", agent_type="chat", tenant="t", agent_cost=50.0, session=True), 10, 10, 0.0)
+    info, _ = book.arrive(
+        "r1", RequestMeta("s", agent_type="chat", tenant="t", agent_cost=50.0, session=True), 10, 10, 0.0
+    )
     core.charge(info, Charge(10, 10, 200))
     book.finish("r1", 3.0)
     assert book.pause("s", 3.0)  # the turn ends: its service settles, its time is a turn's
-    info, _ = book.arrive("r2", RequestMeta("a", agent_type="batch", tenant="t", agent_cost=10.0, agent_done=True), 10, 10, 4.0)
+    info, _ = book.arrive(
+        "r2", RequestMeta("a", agent_type="batch", tenant="t", agent_cost=10.0, agent_done=True), 10, 10, 4.0
+    )
     core.charge(info, Charge(10, 10, 40))
     state = book.state(5.0, detail=True)
     t = state.tenants["t"]
@@ -50,7 +53,9 @@ def test_a_burst_past_the_bound_counts_only_once_a_bound_is_given_and_types_are_
         book.finish(f"r{k}", 100.0 * k + 50.0)  # 50 s after its arrival: 40 s past it as read, far past the bound
     assert book.state(160.0, detail=True).tenants["t"]["violations"] == 1  # the first ended before any bound
     for k in range(MAX_TYPES + 5):  # a type is a client's word: the histograms stop at MAX_TYPES, then "other"
-        info, _ = book.arrive(f"x{k}", RequestMeta(f"x{k}", agent_type=f"type-{k}", agent_cost=1.0, agent_done=True), 1, 1, 200.0 + 2 * k)
+        info, _ = book.arrive(
+            f"x{k}", RequestMeta(f"x{k}", agent_type=f"type-{k}", agent_cost=1.0, agent_done=True), 1, 1, 200.0 + 2 * k
+        )
         core.charge(info, Charge(1, 1, 1))
         book.finish(f"x{k}", 201.0 + 2 * k)
     errors = book.state(400.0, detail=True).errors
@@ -67,15 +72,27 @@ class Readings:
         self.bounds.append(bound_s)
         rows = self.script[min(self.calls, len(self.script) - 1)]
         self.calls += 1
-        return PolicyState("justitia", len(rows), 1.0, len(rows), 100.0, None,
-                           {n: {"service": s, "requests": r, "weight": w, "price_max": 300.0, "late_s": 1.0,
-                                "violations": 0} for n, (s, r, w) in rows.items()}, [], {})
+        return PolicyState(
+            "justitia",
+            len(rows),
+            1.0,
+            len(rows),
+            100.0,
+            None,
+            {
+                n: {"service": s, "requests": r, "weight": w, "price_max": 300.0, "late_s": 1.0, "violations": 0}
+                for n, (s, r, w) in rows.items()
+            },
+            [],
+            {},
+        )
 
 
 def _read_all(watch: Watch, n: int) -> None:
     async def go():
         for _ in range(n):
             await watch.read()
+
     asyncio.run(go())
 
 
@@ -83,8 +100,9 @@ def test_the_window_gives_each_tenant_its_share_against_its_weighted_share_while
     script = [{"a": (300 * k, 1, 3.0), "b": (100 * k, 1, 1.0), "idle": (50, 0, 1.0)} for k in range(5)]
     young = Watch(Readings(script), "tiny", max_model_len=100, every_s=0.0)
     _read_all(young, 5)  # readings that do not cover the window yet: shares since the engine started
-    assert {r["tenant"]: r["share"] for r in young.tenants()} == pytest.approx({"a": 1200 / 1650, "b": 400 / 1650,
-                                                                                "idle": 50 / 1650})
+    assert {r["tenant"]: r["share"] for r in young.tenants()} == pytest.approx(
+        {"a": 1200 / 1650, "b": 400 / 1650, "idle": 50 / 1650}
+    )
     watch = Watch(Readings(script), "tiny", max_model_len=100, window_s=0.0, every_s=0.0)
     _read_all(watch, 5)  # a window the readings cover: what was attained between them
     rows = {r["tenant"]: r for r in watch.tenants()}
@@ -97,14 +115,23 @@ def test_the_window_gives_each_tenant_its_share_against_its_weighted_share_while
 
 
 def test_metrics_name_only_the_busiest_tenants_and_escape_their_names():
-    script = [{f"t{k}": (10.0 * k * i, 1, 1.0) for k in range(30)} | {'we"ird\\name': (1e6 * i, 1, 1.0)} for i in range(3)]
+    script = [
+        {f"t{k}": (10.0 * k * i, 1, 1.0) for k in range(30)} | {'we"ird\\name': (1e6 * i, 1, 1.0)} for i in range(3)
+    ]
     watch = Watch(Readings(script), "tiny", max_model_len=100, top=3, every_s=0.0)
     _read_all(watch, 3)
     text = "\n".join(watch.metric_lines())
-    named = {line.split('tenant="')[1].split('"}')[0] for line in text.splitlines()
-             if line.startswith("justitia_tenant_service_total{")}
+    named = {
+        line.split('tenant="')[1].split('"}')[0]
+        for line in text.splitlines()
+        if line.startswith("justitia_tenant_service_total{")
+    }
     assert named == {'we\\"ird\\\\name', "t29", "t28", "other"}
-    other = next(line for line in text.splitlines() if line.startswith('justitia_tenant_service_total{model_name="tiny",tenant="other"'))
+    other = next(
+        line
+        for line in text.splitlines()
+        if line.startswith('justitia_tenant_service_total{model_name="tiny",tenant="other"')
+    )
     assert float(other.split()[-1]) == pytest.approx(sum(10.0 * k * 2 for k in range(28)))  # the other 27 (t0 has 0)
     assert 'justitia_bound_seconds{model_name="tiny"}' in text
 
@@ -140,8 +167,13 @@ def test_the_live_state_shows_a_key_its_own_tenant_and_an_admin_every_tenant(key
     metrics = keyed.get("/metrics").text
     assert 'justitia_tenant_agent_seconds_count{model_name="tiny",tenant="alpha"} 1' in metrics
     assert 'justitia_tenant_weight{model_name="tiny",tenant="beta"} 1' in metrics
-    assert math.isfinite(float(next(line for line in metrics.splitlines()
-                                    if line.startswith("justitia_bound_violations_total")).split()[-1]))
+    assert math.isfinite(
+        float(
+            next(line for line in metrics.splitlines() if line.startswith("justitia_bound_violations_total")).split()[
+                -1
+            ]
+        )
+    )
 
 
 def test_a_front_end_that_tags_requests_credits_each_tenant_with_what_came_back():
@@ -178,7 +210,9 @@ def test_the_prefix_cache_hits_the_engine_reports_are_counted_per_tenant_and_in_
     watch = Watch(Book(), "tiny", max_model_len=100, every_s=0.0)
     _read_all(watch, 1)
     rows = {r["tenant"]: r for r in watch.doc()["tenants"]}
-    assert rows["t"]["cache_hit_rate"] == pytest.approx(256 / 400) and rows["u"]["cache_hit_rate"] == pytest.approx(138 / 210)
+    assert rows["t"]["cache_hit_rate"] == pytest.approx(256 / 400) and rows["u"]["cache_hit_rate"] == pytest.approx(
+        138 / 210
+    )
     text = "\n".join(watch.metric_lines())
     assert 'justitia_prefix_cache_queries_total{model_name="tiny"} 610' in text
     assert 'justitia_prefix_cache_hits_total{model_name="tiny"} 394' in text
@@ -189,8 +223,10 @@ def test_the_scrape_bench_judges_the_read_bursts_against_the_unread_ones_of_the_
     from justitia.lab.bench_scrape import PHASES, report
 
     slow = [10.0, 20.0, 10.0, 20.0, 10.0]  # the machine's pace moves from round to round; the ratio does not
-    doc = {"requests_per_s": {PHASES[0]: [0.9 * r for r in slow], PHASES[1]: slow, PHASES[2]: [1.02 * r for r in slow]},
-           "scrape_s": [0.004, 0.002, 0.003]}
+    doc = {
+        "requests_per_s": {PHASES[0]: [0.9 * r for r in slow], PHASES[1]: slow, PHASES[2]: [1.02 * r for r in slow]},
+        "scrape_s": [0.004, 0.002, 0.003],
+    }
     report(doc)
     out = capsys.readouterr().out
     assert "median 0.891 (quartiles 0.891-0.891, 5 rounds)" in out  # 0.9 / mean(1, 1.02)

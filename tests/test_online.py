@@ -10,10 +10,10 @@ import zlib
 
 import numpy as np
 import pytest
+from helpers import agent, engine, task_parallel_agents
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from helpers import agent, engine, task_parallel_agents
 from justitia.core import KV, AgentScheduler, Charge, CostDist, make_policy
 from justitia.lab.metrics import delay_bound_s, gps_finish_times
 from justitia.predictors import OnlinePredictor, make_predictor
@@ -49,8 +49,17 @@ def test_the_index_never_runs_more_than_its_arrival_price_past_what_was_attained
         assert a <= d.index(a) <= a + d.index(0) + 1e-9
 
 
-@pytest.mark.parametrize("values, probs", [((), ()), ((1.0, 2.0), (1.0,)), ((2.0, 1.0), (0.5, 0.5)),
-                                           ((1.0, math.inf), (0.5, 0.5)), ((1.0,), (0.5,)), ((-1.0,), (1.0,))])
+@pytest.mark.parametrize(
+    "values, probs",
+    [
+        ((), ()),
+        ((1.0, 2.0), (1.0,)),
+        ((2.0, 1.0), (0.5, 0.5)),
+        ((1.0, math.inf), (0.5, 0.5)),
+        ((1.0,), (0.5,)),
+        ((-1.0,), (1.0,)),
+    ],
+)
 def test_a_malformed_distribution_is_refused(values, probs):
     with pytest.raises(ValueError):
         CostDist(values, probs)
@@ -110,8 +119,11 @@ def test_agents_priced_by_uncertain_distributions_stay_within_the_bound_of_their
     bound = delay_bound_s(agents, cfg)
     spans = [(a.arrival_s, gps[a.agent_id]) for a in agents]
     n_max = max(sum(s <= t < e for s, e in spans) for t, _ in spans)
-    late = {a.agent_id: a.finish_s - gps[a.agent_id] - bound - a.predicted_cost * n_max / m
-            for a in res.agents if a.finish_s > gps[a.agent_id] + bound + a.predicted_cost * n_max / m}
+    late = {
+        a.agent_id: a.finish_s - gps[a.agent_id] - bound - a.predicted_cost * n_max / m
+        for a in res.agents
+        if a.finish_s > gps[a.agent_id] + bound + a.predicted_cost * n_max / m
+    }
     assert not late, f"agents over the {bound:.2f} s bound (+ P N_max / M) by: {late}"
 
 
@@ -226,11 +238,24 @@ def test_what_online_learned_survives_a_restart(tmp_path):
     assert make_predictor("online").agent_dist(probe, KV) != pred.agent_dist(probe, KV)
 
 
-@pytest.mark.parametrize("doc", [{}, {"schema": "x"}, {"schema": "justitia.online/1", "models": [], "offsets": [{}]},
-                                 {"schema": "justitia.online/1", "offsets": [],
-                                  "models": [{"kind": "agent", "tenant": "", "type": "t", "xs": [[1, 2]], "ys": [1, 2]}]},
-                                 {"schema": "justitia.online/1", "offsets": [],
-                                  "models": [{"kind": "agent", "tenant": "", "type": "t", "xs": [[1]], "ys": ["nan"]}]}])
+@pytest.mark.parametrize(
+    "doc",
+    [
+        {},
+        {"schema": "x"},
+        {"schema": "justitia.online/1", "models": [], "offsets": [{}]},
+        {
+            "schema": "justitia.online/1",
+            "offsets": [],
+            "models": [{"kind": "agent", "tenant": "", "type": "t", "xs": [[1, 2]], "ys": [1, 2]}],
+        },
+        {
+            "schema": "justitia.online/1",
+            "offsets": [],
+            "models": [{"kind": "agent", "tenant": "", "type": "t", "xs": [[1]], "ys": ["nan"]}],
+        },
+    ],
+)
 def test_a_damaged_state_is_refused(doc):
     with pytest.raises(ValueError):
         make_predictor("online").load_state(json.loads(json.dumps(doc)))

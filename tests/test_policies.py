@@ -4,15 +4,26 @@ import math
 
 import numpy as np
 import pytest
+from helpers import agent
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from justitia.core import (COMPUTE, KV, POLICY_NAMES, AgentBook, AgentScheduler, Charge, RequestInfo, RequestMeta,
-                           cost_model, kv_token_iters, make_policy)
+from justitia.core import (
+    COMPUTE,
+    KV,
+    POLICY_NAMES,
+    AgentBook,
+    AgentScheduler,
+    Charge,
+    RequestInfo,
+    RequestMeta,
+    cost_model,
+    kv_token_iters,
+    make_policy,
+)
 from justitia.core.cost import compute_tokens
 from justitia.core.queue import WaitingQueue
 from justitia.predictors import make_predictor
-from helpers import agent
 
 
 @given(st.integers(0, 10_000), st.integers(0, 10_000))
@@ -48,10 +59,13 @@ def order(core):
     return out
 
 
-@pytest.mark.parametrize("policy, served", [
-    ("fcfs", ["x1", "y1", "x2"]),  # requests in arrival order across agents
-    ("parrot", ["x1", "x2", "y1"]),  # an agent's requests kept together, in agent order
-])
+@pytest.mark.parametrize(
+    "policy, served",
+    [
+        ("fcfs", ["x1", "y1", "x2"]),  # requests in arrival order across agents
+        ("parrot", ["x1", "x2", "y1"]),  # an agent's requests kept together, in agent order
+    ],
+)
 def test_fcfs_serves_requests_in_arrival_order_and_parrot_keeps_an_agents_requests_together(policy, served):
     core = scheduler(policy)
     core.agent_arrived("x", "t", 500, 0.0)  # x first but dearer: neither policy looks at the cost
@@ -69,12 +83,22 @@ def test_sjf_serves_the_cheapest_request_first():
     assert order(core) == ["small", "mid", "big"]
 
 
-@pytest.mark.parametrize("policy, costs, first, service, then", [
-    ("srjf", (100, 60), "y", 50, "x"),  # least remaining first: y (60); x served 50 has 50 left, y 60
-    ("las", (0, 0), "x", 1, "y"),  # least attained service first: a tie goes to the earlier agent, x; served, x waits
-])
+@pytest.mark.parametrize(
+    "policy, costs, first, service, then",
+    [
+        ("srjf", (100, 60), "y", 50, "x"),  # least remaining first: y (60); x served 50 has 50 left, y 60
+        (
+            "las",
+            (0, 0),
+            "x",
+            1,
+            "y",
+        ),  # least attained service first: a tie goes to the earlier agent, x; served, x waits
+    ],
+)
 def test_srjf_prefers_least_remaining_and_las_least_attained_service_and_both_update_with_service(
-        policy, costs, first, service, then):
+    policy, costs, first, service, then
+):
     core = scheduler(policy)
     core.agent_arrived("x", "t", costs[0], 0.0)
     core.agent_arrived("y", "t", costs[1], 0.0)
@@ -117,7 +141,9 @@ def test_advance_names_the_agents_whose_keys_moved_and_no_others():
     core.request_arrived("z1", "z", 10, 1.0)  # z becomes backlogged: vtc lifts it
     moved = core.advance(1.0)
     assert moved == {"x", "z"} and core.advance(1.0) == set()
-    assert [a for a in "xyz" if core.lookahead.agent_key(a) != before[a]] == ["x"]  # z's lift: to 0, nothing else waited
+    assert [a for a in "xyz" if core.lookahead.agent_key(a) != before[a]] == [
+        "x"
+    ]  # z's lift: to 0, nothing else waited
     assert scheduler("justitia", capacity=100).advance(0.0) == set()
 
 
@@ -168,8 +194,11 @@ def test_victim_is_the_lowest_priority_and_finished_agents_leave_no_state(name):
         core.dequeue(req)  # both running
     core.charge(rx, Charge(prefill_tokens=500, decode_tokens=10, kv_token_iters=5000))
     # the engine preempts the running request with the largest key
-    assert max([rx, ry], key=core.priority).request_id == max([ry, rx], key=core.priority).request_id \
+    assert (
+        max([rx, ry], key=core.priority).request_id
+        == max([ry, rx], key=core.priority).request_id
         == LOWEST_PRIORITY[name]
+    )
     core.request_arrived("x2", "x", 10, 1.0)
     core.agent_finished("x", 1.0)  # cancelled with a request still waiting
     assert len(core) == 0 and core.agent("y") is not None and core.agent("x") is None
@@ -201,8 +230,9 @@ def test_dynamic_queue_order_and_vtc_lift_match_the_plain_computation(name, seed
     core = scheduler(name)
     agents = [f"a{i}" for i in range(int(rng.integers(2, 24)))]
     for i, a in enumerate(agents):
-        core.agent_arrived(a, "t", float(rng.integers(1, 5000)), 0.0,
-                           weight=float(rng.choice([0.5, 1.0, 3.0])) if weighted else 1.0)
+        core.agent_arrived(
+            a, "t", float(rng.integers(1, 5000)), 0.0, weight=float(rng.choice([0.5, 1.0, 3.0])) if weighted else 1.0
+        )
     waiting, running, n = [], [], 0
     for _ in range(int(rng.integers(20, 600))):
         op = rng.random()
@@ -298,8 +328,13 @@ def test_agent_book_registers_on_first_request_and_releases_on_done_cancel_or_id
 
 def test_request_metadata_round_trips_and_bad_costs_are_logged_and_dropped(caplog):
     meta = RequestMeta("a", "fv", 3.5e5, 120.0, True)
-    assert meta.to_extra_args() == {"agent_id": "a", "agent_type": "fv", "agent_cost": 3.5e5, "request_cost": 120.0,
-                                    "agent_done": True}
+    assert meta.to_extra_args() == {
+        "agent_id": "a",
+        "agent_type": "fv",
+        "agent_cost": 3.5e5,
+        "request_cost": 120.0,
+        "agent_done": True,
+    }
     assert RequestMeta.parse(meta.to_extra_args()) == meta
     assert RequestMeta.parse(None) == RequestMeta() and RequestMeta().to_extra_args() == {}
     with caplog.at_level("WARNING"):
@@ -337,20 +372,29 @@ def _step_requests(draw_rows):
     from types import SimpleNamespace
 
     requests, scheduled, infos = {}, {}, {}
-    for i, (prompt, out, computed_before, n, agent) in enumerate(draw_rows):
+    for i, (prompt, out, computed_before, n, owner) in enumerate(draw_rows):
         seq = prompt + out
         computed_before, n = min(computed_before, seq - 1), max(1, min(n, seq - min(computed_before, seq - 1)))
         rid = f"r{i}"
-        requests[rid] = SimpleNamespace(num_computed_tokens=computed_before + n, num_tokens=seq,
-                                        num_output_tokens=out, num_prompt_tokens=prompt)
+        requests[rid] = SimpleNamespace(
+            num_computed_tokens=computed_before + n, num_tokens=seq, num_output_tokens=out, num_prompt_tokens=prompt
+        )
         scheduled[rid] = n
-        if agent is not None:
-            infos[rid] = SimpleNamespace(agent_id=f"a{agent}")
+        if owner is not None:
+            infos[rid] = SimpleNamespace(agent_id=f"a{owner}")
     return requests, scheduled, infos
 
 
-_rows = st.lists(st.tuples(st.integers(1, 300), st.integers(0, 40), st.integers(0, 340), st.integers(1, 300),
-                           st.one_of(st.none(), st.integers(0, 3))), max_size=40)
+_rows = st.lists(
+    st.tuples(
+        st.integers(1, 300),
+        st.integers(0, 40),
+        st.integers(0, 340),
+        st.integers(1, 300),
+        st.one_of(st.none(), st.integers(0, 3)),
+    ),
+    max_size=40,
+)
 
 
 @settings(max_examples=300, deadline=None)
@@ -375,9 +419,11 @@ def test_a_steps_sums_are_charge_step_tokens_added_up(rows):
             total[0], total[1], total[2] = total[0] + tp, total[1] + td, total[2] + tkv
     assert step_delivered(requests, scheduled) == StepDelivered(p, d, kv, prefills, ctx)
     # a step log's attention pairs: each prefill token attends to the tokens before it and itself
-    pairs = sum(sum(range(r.num_computed_tokens - n + 1, r.num_computed_tokens + 1))
-                for rid, n in scheduled.items() if Charge.step_tokens(
-                    (r := requests[rid]).num_computed_tokens - n, n, r.num_tokens, r.num_output_tokens)[0])
+    pairs = sum(
+        sum(range(r.num_computed_tokens - n + 1, r.num_computed_tokens + 1))
+        for rid, n in scheduled.items()
+        if Charge.step_tokens((r := requests[rid]).num_computed_tokens - n, n, r.num_tokens, r.num_output_tokens)[0]
+    )
     assert prefill_attention(requests, scheduled) == pairs
     charged = step_charges(requests, scheduled, infos.get)
     assert {a: row[1:] for a, row in charged.items()} == per_agent

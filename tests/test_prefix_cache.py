@@ -5,12 +5,12 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
+from helpers import engine, random_agents
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import justitia.sim.simulator as simulator
 from justitia.agent import AgentProcess
-from helpers import engine, random_agents
 from justitia.core import AgentScheduler
 from justitia.core.policies import POLICY_NAMES, make_policy
 from justitia.predictors import make_predictor
@@ -73,7 +73,9 @@ def test_freed_blocks_stay_cached_and_the_least_recent_go_first_tail_first():
     assert cache.release(a) == 3 and cache.release(b) == 2
     # freed in reverse: a's last block first, then b's
     assert [blk.key for blk in cache.lru] == [c for k in (2, 1, 0) for c in [cache.key(cache.content(a), k)]] + [
-        cache.key(cache.content(b), 1), cache.key(cache.content(b), 0)]
+        cache.key(cache.content(b), 1),
+        cache.key(cache.content(b), 0),
+    ]
     assert len(cache.lookup(req("a2", (("A", 48), ("z", 1)), 1))) == 3
     cache.evict_for(2, free=5 + 3)  # three unkeyed free blocks are taken first: nothing evicted
     assert len(cache.lru) == 5
@@ -243,8 +245,13 @@ def counters(engines):
 
 
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(seed=st.integers(0, 10_000), policy=st.sampled_from(POLICY_NAMES), blocks=st.integers(30, 120),
-       budget=st.sampled_from([32, 64, 256, 1024]), seqs=st.sampled_from([4, 16, 256]))
+@given(
+    seed=st.integers(0, 10_000),
+    policy=st.sampled_from(POLICY_NAMES),
+    blocks=st.integers(30, 120),
+    budget=st.sampled_from([32, 64, 256, 1024]),
+    seqs=st.sampled_from([4, 16, 256]),
+)
 def test_event_skipping_matches_per_iteration_stepping_with_the_prefix_cache(seed, policy, blocks, budget, seqs):
     agents = sessions(np.random.default_rng(seed), 20)
     cfg = replace(engine(blocks=blocks, budget=budget, seqs=seqs, profile=LINEAR), prefix_caching=True)

@@ -19,8 +19,13 @@ BS = 16
 def _request(held: int, prompt: int, n: int) -> SimpleNamespace:
     """A running request as vLLM holds it after a step scheduled ``n`` tokens: ``held`` tokens
     computed (this step's included), ``prompt`` of them the prompt."""
-    return SimpleNamespace(num_computed_tokens=held, num_tokens=max(held, prompt), num_prompt_tokens=prompt,
-                           num_output_placeholders=0, is_prefill_chunk=held < prompt)
+    return SimpleNamespace(
+        num_computed_tokens=held,
+        num_tokens=max(held, prompt),
+        num_prompt_tokens=prompt,
+        num_output_placeholders=0,
+        is_prefill_chunk=held < prompt,
+    )
 
 
 def _step(rows):
@@ -127,7 +132,7 @@ def test_the_charges_add_up_to_the_tokens_held_counted_once():
         lists, held, next_id = {}, {}, 1000
         trunk = list(range(rng.randint(0, 12)))
         for i in range(rng.randint(1, 8)):
-            ids = trunk[:rng.randint(0, len(trunk))]
+            ids = trunk[: rng.randint(0, len(trunk))]
             ids += list(range(next_id, next_id + rng.randint(0, 6)))
             next_id += 10
             full = len(ids)
@@ -137,7 +142,7 @@ def test_the_charges_add_up_to_the_tokens_held_counted_once():
             lists[f"r{i}"] = ids
             held[f"r{i}"] = full * BS + rng.randint(0, BS - 1)
         charge = shared_kv_charge(lists, held, BS)
-        distinct = {b for r, ids in lists.items() for b in ids[:held[r] // BS]}
+        distinct = {b for r, ids in lists.items() for b in ids[: held[r] // BS]}
         once = BS * len(distinct) + sum(t % BS for t in held.values())
         assert sum(charge.values()) == pytest.approx(once, rel=1e-12)
         for r, c in charge.items():

@@ -12,10 +12,10 @@ import pytest
 
 from justitia.core.cost import cost_model
 from justitia.lab.evaluate import evaluate
-from justitia.predictors.files import PredictorFileError
 from justitia.predictors.committed import DEFAULT_PROFILE
-from justitia.workload.workflows import WORKFLOW_TYPES, generate_agents
+from justitia.predictors.files import PredictorFileError
 from justitia.workload import Agent, Task, load_workload
+from justitia.workload.workflows import WORKFLOW_TYPES, generate_agents
 
 KV = cost_model("kv")
 
@@ -59,10 +59,14 @@ def _text_priced(n: int, rng: np.random.Generator, prefix: str) -> list[Agent]:
     agents = []
     for i in range(n):
         essay = i % 2 == 1
-        tasks = tuple(Task(("Write a detailed essay on: " if essay else "Answer in one word: ")
-                           + " ".join(rng.choice(FILLER, 30)), int(rng.integers(100, 400)),
-                           int(rng.integers(200, 300) if essay else rng.integers(5, 15)))
-                      for _ in range(int(rng.integers(1, 5))))
+        tasks = tuple(
+            Task(
+                ("Write a detailed essay on: " if essay else "Answer in one word: ") + " ".join(rng.choice(FILLER, 30)),
+                int(rng.integers(100, 400)),
+                int(rng.integers(200, 300) if essay else rng.integers(5, 15)),
+            )
+            for _ in range(int(rng.integers(1, 5)))
+        )
         agents.append(Agent(f"{prefix}-{i}", "qa", 0.0, (tasks,)))
     return agents
 
@@ -128,8 +132,25 @@ def test_lm_predictions_are_finite_and_positive_on_any_prompt(lm, prompt):
 # ----------------------------------------------------------------------------- justitia profile
 def test_profile_runs_agents_through_vllm_and_resumes(tmp_path):
     out = tmp_path / "p.jsonl.gz"
-    cmd = [sys.executable, "-m", "justitia", "profile", "--model", "tiny", "--types", "mrs,kqa",
-           "--agents-per-type", "1", "--scale", "16", "--max-tokens", "12", "--out", str(out), "--no-progress"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "justitia",
+        "profile",
+        "--model",
+        "tiny",
+        "--types",
+        "mrs,kqa",
+        "--agents-per-type",
+        "1",
+        "--scale",
+        "16",
+        "--max-tokens",
+        "12",
+        "--out",
+        str(out),
+        "--no-progress",
+    ]
     env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE="1")  # the tiny model needs little KV cache
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
     assert done.returncode == 0, "\n".join(line for line in done.stderr.splitlines() if "Error" in line)[-3000:]
@@ -157,12 +178,21 @@ def test_ablation_preset_replays_held_out_profile_agents_with_trained_predictors
     labels = [s.label for s in preset.specs]
     # a run per trained predictor (lm left out here), the cost models, and what retagging costs
     assert {"vtc", "justitia", "justitia/C", "justitia@mlp/no-retag"} <= set(labels) and len(set(labels)) == len(labels)
-    assert {label.split("@")[1] for label in labels if "@" in label and "/" not in label} == {"mlp", "mean", "linear",
-                                                                                             "online", "online:mlp"}
+    assert {label.split("@")[1] for label in labels if "@" in label and "/" not in label} == {
+        "mlp",
+        "mean",
+        "linear",
+        "online",
+        "online:mlp",
+    }
     assert preset.notes and "lm predictor skipped" in preset.notes[0]
     held_out = {a.agent_id.split("#")[0] for a in preset.agents}
-    trained_on = {a.agent_id for a in load_workload(tmp_path / "cache" / "predictors" /
-                                                    next((tmp_path / "cache" / "predictors").iterdir()) / "train.jsonl")}
+    trained_on = {
+        a.agent_id
+        for a in load_workload(
+            tmp_path / "cache" / "predictors" / next((tmp_path / "cache" / "predictors").iterdir()) / "train.jsonl"
+        )
+    }
     assert held_out and not held_out & trained_on, "predictors never see the agents they are scored on"
     assert len(preset.agents) == 3 * len(held_out)
     assert preset.sim_options["kv_blocks"] == round(2700 / 8)
@@ -182,8 +212,24 @@ def test_bench_accepts_plain_predictor_names_trained_on_the_committed_profile(mo
 
     monkeypatch.setenv("JUSTITIA_CACHE", str(tmp_path / "cache"))
     out = tmp_path / "b"
-    assert main(["bench", "--agents", "12", "--policies", "justitia,sjf", "--predictor", "mean", "--out", str(out),
-                 "--no-plots", "--no-progress"]) == 0
+    assert (
+        main(
+            [
+                "bench",
+                "--agents",
+                "12",
+                "--policies",
+                "justitia,sjf",
+                "--predictor",
+                "mean",
+                "--out",
+                str(out),
+                "--no-plots",
+                "--no-progress",
+            ]
+        )
+        == 0
+    )
     doc = json.loads((out / "results.json").read_text())
     assert doc["policies"]["sjf"]["predictor"] == "mean"
     assert len({a["predicted_cost"] for a in doc["policies"]["justitia"]["agents"]}) <= 9  # one mean per type

@@ -11,7 +11,6 @@ import time
 
 import httpx
 import pytest
-
 from servers import Server, free_port, metric, samples, sigkill, wait_agent
 
 pytest.importorskip("ray.serve")
@@ -19,8 +18,10 @@ pytest.importorskip("ray.serve")
 
 def _answers(client: httpx.Client) -> dict[int, int]:
     """Requests each replica answered, by its process id (from /metrics)."""
-    return {int(labels["replica_pid"]): int(value) for _, labels, value
-            in samples(client.get("/metrics").text, "justitia_ray_replica_answers_total")}
+    return {
+        int(labels["replica_pid"]): int(value)
+        for _, labels, value in samples(client.get("/metrics").text, "justitia_ray_replica_answers_total")
+    }
 
 
 def _wait_until(ready, timeout_s: float, failure: str) -> None:
@@ -38,20 +39,27 @@ def _wait_agents(client: httpx.Client, ids: list[str], stall_s: float = 180) -> 
     answered, last = _answers(client), time.time()
     while True:
         for a in ids:
-            if a not in docs and (doc := client.get(f"/v1/agents/{a}").json())["status"] in ("done", "failed", "cancelled"):
+            if a not in docs and (doc := client.get(f"/v1/agents/{a}").json())["status"] in (
+                "done",
+                "failed",
+                "cancelled",
+            ):
                 docs[a] = doc
         if len(docs) == len(ids):
             return [docs[a] for a in ids]
         if (now := _answers(client)) != answered:
             answered, last = now, time.time()
-        assert time.time() - last < stall_s, (f"no replica answered for {stall_s:.0f} s; unfinished: "
-                                              f"{[a for a in ids if a not in docs]}, answers: {answered}")
+        assert time.time() - last < stall_s, (
+            f"no replica answered for {stall_s:.0f} s; unfinished: "
+            f"{[a for a in ids if a not in docs]}, answers: {answered}"
+        )
         time.sleep(0.2)
 
 
 def _agent(n_tasks: int, tokens: int, tag: str) -> dict:
-    first = [{"prompt": f"{tag}: part {i} of the report.", "max_tokens": tokens, "ignore_eos": True}
-             for i in range(n_tasks)]
+    first = [
+        {"prompt": f"{tag}: part {i} of the report.", "max_tokens": tokens, "ignore_eos": True} for i in range(n_tasks)
+    ]
     return {"type": "mrs", "stages": [first, [{"prompt": "Combine:\n{{prev}}", "max_tokens": 8, "ignore_eos": True}]]}
 
 
@@ -59,9 +67,24 @@ def _agent(n_tasks: int, tokens: int, tag: str) -> dict:
 def ray_server(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("ray")
     port = free_port()
-    cmd = [sys.executable, "-m", "justitia", "serve", "--ray", "--replicas", "2", "--port", str(port),
-           "--kv-blocks", "24", "--journal", str(tmp / "journal.sqlite"),
-           "--enable-auto-tool-choice", "--tool-call-parser", "hermes"]  # vLLM's own options, for each replica
+    cmd = [
+        sys.executable,
+        "-m",
+        "justitia",
+        "serve",
+        "--ray",
+        "--replicas",
+        "2",
+        "--port",
+        str(port),
+        "--kv-blocks",
+        "24",
+        "--journal",
+        str(tmp / "journal.sqlite"),
+        "--enable-auto-tool-choice",
+        "--tool-call-parser",
+        "hermes",
+    ]  # vLLM's own options, for each replica
     server = Server(cmd, port, tmp / "server.log")
     server.wait_ready("/health", timeout_s=420)
     yield server
@@ -82,8 +105,11 @@ def test_agents_run_on_two_ray_replicas_in_the_order_of_one_clock(ray_server):
         elephant["stages"][1][0]["prompt"] = "Combine, starting from:\n{{prev[0]}}"  # all 24 answers would not fit
         ids = [client.post("/v1/agents", json=elephant).json()["agent_id"]]
         # the mice come once all 24 of the elephant's first-stage requests are with the replicas
-        _wait_until(lambda: metric(client, "justitia_engine_requests_unfinished") >= 24, 120,
-                   "the elephant's 24 requests never were all in flight")
+        _wait_until(
+            lambda: metric(client, "justitia_engine_requests_unfinished") >= 24,
+            120,
+            "the elephant's 24 requests never were all in flight",
+        )
         ids += [client.post("/v1/agents", json=_agent(1, 8, f"mouse{i}")).json()["agent_id"] for i in range(4)]
         docs = _wait_agents(client, ids)
         assert [d["status"] for d in docs] == ["done"] * 5, [d.get("error") for d in docs]
@@ -99,7 +125,9 @@ def test_agents_run_on_two_ray_replicas_in_the_order_of_one_clock(ray_server):
         # the one clock runs at the replicas' measured M together
         assert metric(client, "justitia_clock_capacity") > 0
         assert metric(client, "justitia_ray_replicas") == 2
-        r = client.post("/v1/completions", json={"model": "tiny", "prompt": "Hello", "max_tokens": 5, "ignore_eos": True})
+        r = client.post(
+            "/v1/completions", json={"model": "tiny", "prompt": "Hello", "max_tokens": 5, "ignore_eos": True}
+        )
         assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 5
 
 
@@ -116,8 +144,9 @@ def test_every_body_vllm_takes_is_served_by_a_replicas_own_vllm_app(ray_server):
         assert r.status_code == 200 and r.json()["type"] == "message"
         r = client.post("/v1/responses", json={"model": "tiny", "input": "hi", "max_output_tokens": 3})
         assert r.status_code == 200 and r.json()["object"] == "response"
-        with client.stream("POST", "/v1/chat/completions", json={"model": "tiny", "messages": hi, "max_tokens": 3,
-                                                                 "stream": True}) as r:
+        with client.stream(
+            "POST", "/v1/chat/completions", json={"model": "tiny", "messages": hi, "max_tokens": 3, "stream": True}
+        ) as r:
             lines = [line for line in r.iter_lines() if line.startswith("data: ")]
         assert lines[-1] == "data: [DONE]"
         assert sum(_answers(client).values()) - before == len(TWELVE) + 3  # each answered by a replica
@@ -129,8 +158,11 @@ def test_a_replica_killed_mid_run_is_restarted_and_no_agent_is_lost(ray_server):
         victim = max(before, key=before.get)
         ids = [client.post("/v1/agents", json=_agent(4, 384, f"k{i}")).json()["agent_id"] for i in range(8)]
         # kill once the replicas are answering this batch: requests are in flight
-        _wait_until(lambda: sum(_answers(client).values()) > sum(before.values()), 120,
-                   "the replicas answered none of the batch")
+        _wait_until(
+            lambda: sum(_answers(client).values()) > sum(before.values()),
+            120,
+            "the replicas answered none of the batch",
+        )
         os.kill(victim, signal.SIGKILL)
         docs = _wait_agents(client, ids)
         assert [d["status"] for d in docs] == ["done"] * 8, [d.get("error") for d in docs]

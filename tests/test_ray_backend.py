@@ -12,9 +12,9 @@ import pytest
 pytest.importorskip("ray")
 from ray.exceptions import ActorDiedError, RayTaskError  # noqa: E402
 
-from justitia.backends.ray.replica import EngineDead, ReplicaOutput  # noqa: E402
 from justitia.backends.base import DEADLINE, BackendError, BackendInterrupted, Completion, Sampling  # noqa: E402
 from justitia.backends.ray.backend import RayBackend  # noqa: E402
+from justitia.backends.ray.replica import EngineDead, ReplicaOutput  # noqa: E402
 
 
 class FakeHandle:
@@ -33,8 +33,15 @@ class FakeHandle:
         return self
 
     def remote(self, ids, params, request_id, route):
-        self.calls.append({"ids": ids, "xargs": dict(params.extra_args), "request_id": request_id, "route": route,
-                           "at": time.monotonic()})
+        self.calls.append(
+            {
+                "ids": ids,
+                "xargs": dict(params.extra_args),
+                "request_id": request_id,
+                "route": route,
+                "at": time.monotonic(),
+            }
+        )
         return FakeStream(self.script.pop(0), request_id, params.max_tokens)
 
 
@@ -55,16 +62,23 @@ class FakeStream:
             exc.actor_id = self.behaviour.partition(":")[2] or None
             raise exc
         if self.behaviour.startswith("engine-dead:"):  # the replica's engine core died (its pid)
-            raise RayTaskError("generate", "traceback", EngineDead("its vLLM engine core has died.",
-                                                                   int(self.behaviour.partition(":")[2])))
+            raise RayTaskError(
+                "generate",
+                "traceback",
+                EngineDead("its vLLM engine core has died.", int(self.behaviour.partition(":")[2])),
+            )
         if self.behaviour == "refuses":
             raise RayTaskError("generate", "traceback", ValueError("the prompt is longer than the context"))
         yield ReplicaOutput(self.request_id, [Completion("a", [1], None)], False)
         if self.behaviour == "dies-midway":
             raise ActorDiedError()
         pid = int(self.behaviour.partition(":")[2] or (11 if self.behaviour == "ok" else 12))  # "ok:<pid>"
-        yield ReplicaOutput(self.request_id, [Completion("b", [2] * (self.n - 1), "length")], True,
-                     {"pid": pid, "actor": f"actor-{pid}", "capacity_per_s": 400.0 if pid != 13 else 600.0})
+        yield ReplicaOutput(
+            self.request_id,
+            [Completion("b", [2] * (self.n - 1), "length")],
+            True,
+            {"pid": pid, "actor": f"actor-{pid}", "capacity_per_s": 400.0 if pid != 13 else 600.0},
+        )
 
 
 def _backend(script, replicas=2):

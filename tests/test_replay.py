@@ -13,9 +13,22 @@ POLICIES = ("fcfs", "srjf", "justitia")  # static keys: the simulator follows vL
 
 def test_the_simulator_schedules_as_vllm_does_on_its_clock(tmp_path):
     out = tmp_path / "replay.json"
-    proc = subprocess.run([sys.executable, "-m", "justitia.lab.replay", "--agents", str(AGENTS),
-                           "--policies", ",".join(POLICIES), "--out", str(out)],
-                          capture_output=True, text=True, timeout=900)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "justitia.lab.replay",
+            "--agents",
+            str(AGENTS),
+            "--policies",
+            ",".join(POLICIES),
+            "--out",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     report = json.loads(out.read_text())
     for policy in POLICIES:

@@ -4,11 +4,10 @@ has; srjf: its predicted total grows), and a leaving agent counts in the clock's
 real work would have kept it."""
 
 import pytest
-
 from helpers import agent, engine
-from justitia.core import AgentScheduler, Charge, make_policy
+
 from justitia.agent import AgentProcess
-from justitia.core import KV
+from justitia.core import KV, AgentScheduler, Charge, make_policy
 from justitia.predictors import OraclePredictor
 from justitia.sim import Simulator
 
@@ -136,6 +135,7 @@ def test_an_agent_charged_beyond_its_price_moves_back_whatever_its_requests_said
         c.charge(running, Charge(0, 1, 10), 0.2)
     v = c.clock(0.2).virtual_time
     from justitia.core.scheduler import RETAG_STEP
+
     # V(now) + attained - price, as of the last retag (one per RETAG_STEP of growth)
     assert c.agent("T").virtual_finish >= v + 300.0 / RETAG_STEP - 10.0
     assert c.peek() is honest and c.priority(honest) < c.priority(waiting)

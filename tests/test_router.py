@@ -14,8 +14,8 @@ pytest.importorskip("ray.serve")
 from ray.serve._private.common import DeploymentHandleSource, DeploymentID, RequestMetadata  # noqa: E402
 from ray.serve.request_router import PendingRequest, ReplicaID  # noqa: E402
 
-from justitia.core.routing import AFFINITY_SLACK_ITERS  # noqa: E402
 from justitia.backends.ray.router import JustitiaRouter  # noqa: E402
+from justitia.core.routing import AFFINITY_SLACK_ITERS  # noqa: E402
 
 DEPLOYMENT = DeploymentID(name="EngineReplica", app_name="justitia")
 KV_TOKENS = 1000  # the deployment's kv_tokens (request_router_kwargs), until a replica reports its own
@@ -30,8 +30,9 @@ def make_router(router: str = "least-load") -> JustitiaRouter:
 
 def replica(name: str, kv_tokens: int | None = None) -> SimpleNamespace:
     """What choose_replicas reads of a RunningReplica (a real one needs a live actor)."""
-    return SimpleNamespace(replica_id=ReplicaID(name, DEPLOYMENT),
-                           routing_stats={} if kv_tokens is None else {"kv_tokens": kv_tokens})
+    return SimpleNamespace(
+        replica_id=ReplicaID(name, DEPLOYMENT), routing_stats={} if kv_tokens is None else {"kv_tokens": kv_tokens}
+    )
 
 
 def request(request_id: str, cost: float | None = None, prefix: str | None = None) -> PendingRequest:
@@ -141,8 +142,10 @@ def test_affinity_keeps_a_shared_prefix_on_its_replica_until_it_is_too_far_ahead
     cost = 20.0 * KV_TOKENS  # 20 iterations of a full cache
     sticky, spread = make_router("affinity"), make_router("least-load")
     a, b = replica("a"), replica("b")
-    got = {name: [choose(r, [a, b], request(f"t{i}", cost, prefix="stage-0"))[0] for i in range(6)]
-           for name, r in (("affinity", sticky), ("least-load", spread))}
+    got = {
+        name: [choose(r, [a, b], request(f"t{i}", cost, prefix="stage-0"))[0] for i in range(6)]
+        for name, r in (("affinity", sticky), ("least-load", spread))
+    }
     assert got["least-load"] == ["a", "b"] * 3
     # before each choice a holds 0, 20, 40, 60 iterations (within 64 of b's 0), then 80: too far ahead,
     # so the prefix goes to b, which then also holds it and is the lighter

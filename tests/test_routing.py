@@ -41,7 +41,9 @@ def test_affinity_keeps_a_prefix_on_its_replica_until_that_replica_is_too_loaded
     book = _book("affinity", 2)  # KV caches of 1,000 tokens: a request of 20,000 token-iterations is 20 steps' work
     first = book.route(RouteRequest("a0", 20_000.0, prefix="stage-0")).replica_id
     # least-load alone would alternate; affinity keeps the stage's prefix where it was served
-    assert [book.route(RouteRequest(f"a{i}", 20_000.0, prefix="stage-0")).replica_id for i in range(1, 4)] == [first] * 3
+    assert [book.route(RouteRequest(f"a{i}", 20_000.0, prefix="stage-0")).replica_id for i in range(1, 4)] == [
+        first
+    ] * 3
     other = next(r for r in book.replicas if r.replica_id != first)
     assert book.route(RouteRequest("b0", 20_000.0)).replica_id == other.replica_id  # no prefix: least load
     assert book.route(RouteRequest("a4", 20_000.0, prefix="stage-0")).replica_id == first  # 80 <= 20 + 64

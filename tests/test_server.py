@@ -10,14 +10,14 @@ import time
 
 import httpx
 import pytest
+from inprocess import RecordingBackend, WordTokenizer
+from servers import Server, free_port, metric, metric_sum, samples, sigkill, wait_agent
 
 from justitia.lab import abuse
 from justitia.predictors import make_predictor
 from justitia.server.agents import AgentManager, Settings
 from justitia.server.metrics import prometheus_text
 from justitia.server.schema import AgentSpec, SpecError, check_agent, render
-from inprocess import RecordingBackend, WordTokenizer
-from servers import Server, free_port, metric, metric_sum, samples, sigkill, wait_agent
 
 
 # ------------------------------------------------------------------------- placeholders (no server)
@@ -87,17 +87,38 @@ def test_a_server_killed_mid_run_loses_no_accepted_agent_and_leaves_no_engine_be
 
     def start(name):
         port = free_port()
-        srv = Server([sys.executable, "-m", "justitia", "serve", "--port", str(port), "--predictor", "mean",
-                      "--kv-blocks", "16", "--max-model-len", "1024", "--journal", str(journal)], port,
-                     tmp_path / f"{name}.log")
+        srv = Server(
+            [
+                sys.executable,
+                "-m",
+                "justitia",
+                "serve",
+                "--port",
+                str(port),
+                "--predictor",
+                "mean",
+                "--kv-blocks",
+                "16",
+                "--max-model-len",
+                "1024",
+                "--journal",
+                str(journal),
+            ],
+            port,
+            tmp_path / f"{name}.log",
+        )
         srv.wait_ready("/health")
         return srv
 
     def agent(k):
-        return {"type": "mrs", "stages": [
-            [{"prompt": f"Part {k}.{i}.", "max_tokens": 64, "ignore_eos": True} for i in range(2)],
-            [{"prompt": "Combine: {{prev}}", "max_tokens": 64, "ignore_eos": True}],
-            [{"prompt": "Shorter: {{prev[0]}}", "max_tokens": 16, "ignore_eos": True}]]}
+        return {
+            "type": "mrs",
+            "stages": [
+                [{"prompt": f"Part {k}.{i}.", "max_tokens": 64, "ignore_eos": True} for i in range(2)],
+                [{"prompt": "Combine: {{prev}}", "max_tokens": 64, "ignore_eos": True}],
+                [{"prompt": "Shorter: {{prev[0]}}", "max_tokens": 16, "ignore_eos": True}],
+            ],
+        }
 
     first = start("first")
     with httpx.Client(base_url=first.url, timeout=30) as client:
@@ -134,9 +155,24 @@ def server(tmp_path_factory):
     keys = where / "keys.txt"
     keys.write_text(f"{KEY} team-a 1\n{OTHER_KEY} team-b 2\n{ADMIN_KEY} ops 1 admin\n")
     # the abuse list's server (scripts/abuse.py: its limits are what its cases test)
-    srv = Server([sys.executable, "-m", "justitia", "serve", "--port", str(port), *abuse.FLAGS,
-                  "--api-keys", str(keys), "--journal", str(where / "journal.sqlite")], port,
-                 where / "serve.log", env=abuse.ENV | {"JUSTITIA_LOG_AGENTS": "1"})
+    srv = Server(
+        [
+            sys.executable,
+            "-m",
+            "justitia",
+            "serve",
+            "--port",
+            str(port),
+            *abuse.FLAGS,
+            "--api-keys",
+            str(keys),
+            "--journal",
+            str(where / "journal.sqlite"),
+        ],
+        port,
+        where / "serve.log",
+        env=abuse.ENV | {"JUSTITIA_LOG_AGENTS": "1"},
+    )
     srv.wait_ready("/health")
     with httpx.Client(base_url=srv.url, timeout=30, headers={"Authorization": f"Bearer {KEY}"}) as client:
         client.server = srv
@@ -145,10 +181,13 @@ def server(tmp_path_factory):
 
 
 def test_a_map_reduce_agent_runs_its_stages_in_order_and_quotes_earlier_outputs(server):
-    body = {"type": "mrs", "stages": [
-        [{"prompt": f"Summarize part {i} of the report.", "max_tokens": 12} for i in range(3)],
-        [{"prompt": "Combine these summaries:\n{{prev}}", "max_tokens": 8}],
-    ]}
+    body = {
+        "type": "mrs",
+        "stages": [
+            [{"prompt": f"Summarize part {i} of the report.", "max_tokens": 12} for i in range(3)],
+            [{"prompt": "Combine these summaries:\n{{prev}}", "max_tokens": 8}],
+        ],
+    }
     r = server.post("/v1/agents", json=body)
     assert r.status_code == 202, r.text
     agent_id = r.json()["agent_id"]
@@ -156,14 +195,18 @@ def test_a_map_reduce_agent_runs_its_stages_in_order_and_quotes_earlier_outputs(
     assert doc["status"] == "done", doc
     assert doc["predicted_cost"] > 0 and doc["virtual_finish"] > 0 and doc["jct_s"] > 0
     # the tag the server reports is the one the plug-in's clock stamped inside the engine
-    stamped = re.search(rf"justitia: agent {agent_id} arrived: type='mrs' predicted_cost=\S+ virtual_finish=(\S+)",
-                        server.server.output())
+    stamped = re.search(
+        rf"justitia: agent {agent_id} arrived: type='mrs' predicted_cost=\S+ virtual_finish=(\S+)",
+        server.server.output(),
+    )
     assert stamped and float(stamped.group(1)) == doc["virtual_finish"]
     first, second = doc["stages"]
     assert all(1 <= t["output_tokens"] <= 12 and t["output"] for t in first)
     # the reduce prompt holds the three summaries: longer than its template by their tokens
     assert second[0]["prompt_tokens"] > sum(t["output_tokens"] for t in first)
-    events = [line for line in server.get(f"/v1/agents/{agent_id}/events").text.splitlines() if line.startswith("event:")]
+    events = [
+        line for line in server.get(f"/v1/agents/{agent_id}/events").text.splitlines() if line.startswith("event:")
+    ]
     assert events[0] == "event: queued" and events[-1] == "event: done"
     assert events.count("event: task_done") == 4
 
@@ -172,8 +215,9 @@ def test_a_session_over_the_agent_api_is_registered_turn_by_turn_in_the_engine(s
     """Its first turn arrives in the plug-in's book as a session; paused while it waits, its next
     turn, registered ahead, returns it there at its own price: the tags the server reports are the
     ones the plug-in's clock stamped, and its requests did not open a turn again."""
-    r = server.post("/v1/agents", json={"type": "chat", "session": True,
-                                        "stages": [[{"prompt": "Plan the fix.", "max_tokens": 6}]]})
+    r = server.post(
+        "/v1/agents", json={"type": "chat", "session": True, "stages": [[{"prompt": "Plan the fix.", "max_tokens": 6}]]}
+    )
     assert r.status_code == 202, r.text
     agent_id = r.json()["agent_id"]
     deadline = time.time() + 60
@@ -181,39 +225,50 @@ def test_a_session_over_the_agent_api_is_registered_turn_by_turn_in_the_engine(s
         assert time.time() < deadline and doc["status"] in ("queued", "running"), doc
         time.sleep(0.05)
     first = doc["virtual_finish"]
-    r = server.post(f"/v1/agents/{agent_id}/turns", json={"last": True, "stages": [
-        [{"prompt": "The tool said: {{stage[0]}}", "max_tokens": 6}]]})
+    r = server.post(
+        f"/v1/agents/{agent_id}/turns",
+        json={"last": True, "stages": [[{"prompt": "The tool said: {{stage[0]}}", "max_tokens": 6}]]},
+    )
     assert r.status_code == 202, r.text
     doc = wait_agent(server, agent_id)
     assert doc["status"] == "done" and [t["stages"] for t in doc["turns"]] == [1, 1]
     out = server.server.output()
-    arrived = re.findall(rf"justitia: agent {agent_id} arrived: type='chat' predicted_cost=\S+ virtual_finish=(\S+)", out)
-    returned = re.findall(rf"justitia: agent {agent_id} returned after a pause: predicted_cost=(\S+) "
-                          rf"virtual_finish=(\S+) \(was", out)
+    arrived = re.findall(
+        rf"justitia: agent {agent_id} arrived: type='chat' predicted_cost=\S+ virtual_finish=(\S+)", out
+    )
+    returned = re.findall(
+        rf"justitia: agent {agent_id} returned after a pause: predicted_cost=(\S+) "
+        rf"virtual_finish=(\S+) \(was",
+        out,
+    )
     assert [float(f) for f in arrived] == [first]
-    assert [(float(c), float(f)) for c, f in returned] == [(pytest.approx(doc["turns"][1]["predicted_cost"], rel=1e-5),
-                                                           doc["virtual_finish"])]
+    assert [(float(c), float(f)) for c, f in returned] == [
+        (pytest.approx(doc["turns"][1]["predicted_cost"], rel=1e-5), doc["virtual_finish"])
+    ]
 
 
-@pytest.mark.parametrize("body, status, words", [
-    ({"type": "x"}, 422, "field 'stages' is missing"),
-    ({"stages": []}, 422, "field 'stages'"),
-    ({"stages": [[]]}, 422, "field 'stages[0]'"),
-    ({"stages": [[{"prompt": 7}]]}, 422, "field 'stages[0][0].prompt'"),
-    ({"stages": [[{"prompt": "a", "max_tokens": -1}]]}, 422, "field 'stages[0][0].max_tokens'"),
-    ({"stages": [[{"prompt": "a", "max_tokens": "many"}]]}, 422, "field 'stages[0][0].max_tokens'"),
-    ({"stages": [[{"prompt": "a", "max_tokens": 10**9}]]}, 400, "max_tokens"),
-    ({"stages": [[{"prompt": "a", "colour": "red"}]]}, 422, "field 'stages[0][0].colour' is not a known field"),
-    ({"stages": [[{"prompt": "a"}]], "priority": 1}, 422, "field 'priority' is not a known field"),
-    ({"stages": [[{"prompt": "word " * 1500, "max_tokens": 8}]]}, 400, "exceed the model's context"),
-    ({"stages": [[{"prompt": "{{prev}}"}]]}, 400, "earlier stage"),
-    ({"stages": [[{"prompt": "a"}] * 17]}, 400, "limit of 16"),
-    ({"stages": [[{"prompt": "x" * 30000}]]}, 413, "limit of 20000"),
-    ({"stages": [[{"prompt": "a", "temperature": 5}]]}, 422, "field 'stages[0][0].temperature'"),
-    ({"stages": [[{"prompt": "a", "stop": [""]}]]}, 422, "field 'stages[0][0].stop[0]'"),
-    ({"stages": [[{"prompt": "a", "seed": 2**64}]]}, 422, "field 'stages[0][0].seed'"),
-    ({"stages": [[{"prompt": ""}]]}, 422, "field 'stages[0][0].prompt'"),
-])
+@pytest.mark.parametrize(
+    "body, status, words",
+    [
+        ({"type": "x"}, 422, "field 'stages' is missing"),
+        ({"stages": []}, 422, "field 'stages'"),
+        ({"stages": [[]]}, 422, "field 'stages[0]'"),
+        ({"stages": [[{"prompt": 7}]]}, 422, "field 'stages[0][0].prompt'"),
+        ({"stages": [[{"prompt": "a", "max_tokens": -1}]]}, 422, "field 'stages[0][0].max_tokens'"),
+        ({"stages": [[{"prompt": "a", "max_tokens": "many"}]]}, 422, "field 'stages[0][0].max_tokens'"),
+        ({"stages": [[{"prompt": "a", "max_tokens": 10**9}]]}, 400, "max_tokens"),
+        ({"stages": [[{"prompt": "a", "colour": "red"}]]}, 422, "field 'stages[0][0].colour' is not a known field"),
+        ({"stages": [[{"prompt": "a"}]], "priority": 1}, 422, "field 'priority' is not a known field"),
+        ({"stages": [[{"prompt": "word " * 1500, "max_tokens": 8}]]}, 400, "exceed the model's context"),
+        ({"stages": [[{"prompt": "{{prev}}"}]]}, 400, "earlier stage"),
+        ({"stages": [[{"prompt": "a"}] * 17]}, 400, "limit of 16"),
+        ({"stages": [[{"prompt": "x" * 30000}]]}, 413, "limit of 20000"),
+        ({"stages": [[{"prompt": "a", "temperature": 5}]]}, 422, "field 'stages[0][0].temperature'"),
+        ({"stages": [[{"prompt": "a", "stop": [""]}]]}, 422, "field 'stages[0][0].stop[0]'"),
+        ({"stages": [[{"prompt": "a", "seed": 2**64}]]}, 422, "field 'stages[0][0].seed'"),
+        ({"stages": [[{"prompt": ""}]]}, 422, "field 'stages[0][0].prompt'"),
+    ],
+)
 def test_bad_input_gets_a_4xx_naming_the_field_and_the_server_keeps_serving(server, body, status, words):
     r = server.post("/v1/agents", json=body)
     assert r.status_code == status, r.text
@@ -229,8 +284,12 @@ def test_invalid_json_and_unknown_agents(server):
 
 
 def test_cancel_aborts_the_agent_and_the_server_goes_on(server):
-    body = {"stages": [[{"prompt": f"Write a long story {i}.", "max_tokens": 900} for i in range(4)],
-                       [{"prompt": "{{prev}}", "max_tokens": 8}]]}
+    body = {
+        "stages": [
+            [{"prompt": f"Write a long story {i}.", "max_tokens": 900} for i in range(4)],
+            [{"prompt": "{{prev}}", "max_tokens": 8}],
+        ]
+    }
     agent_id = server.post("/v1/agents", json=body).json()["agent_id"]
     deadline = time.time() + 120
     while metric_sum(server, "vllm:num_requests_running") < 1:  # the engine reports its queues
@@ -296,11 +355,19 @@ def test_openapi_document_describes_the_agent_api(server):
 def test_openai_endpoints_join_agents_by_vllm_xargs_or_header(server):
     openai = pytest.importorskip("openai")
     client = openai.OpenAI(base_url=str(server.base_url) + "/v1", api_key=KEY)
-    done = client.completions.create(model="tiny", prompt="Once upon a time", max_tokens=5,
-                                     extra_body={"vllm_xargs": {"agent_id": "story-1", "agent_type": "mrs"}})
+    done = client.completions.create(
+        model="tiny",
+        prompt="Once upon a time",
+        max_tokens=5,
+        extra_body={"vllm_xargs": {"agent_id": "story-1", "agent_type": "mrs"}},
+    )
     assert done.choices[0].text and done.usage.completion_tokens <= 5 and done.usage.prompt_tokens > 0
-    chat = client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hi"}], max_tokens=4,
-                                          extra_headers={"X-Agent-Id": "story-1"})
+    chat = client.chat.completions.create(
+        model="tiny",
+        messages=[{"role": "user", "content": "hi"}],
+        max_tokens=4,
+        extra_headers={"X-Agent-Id": "story-1"},
+    )
     assert chat.choices[0].message.role == "assistant" and chat.usage.completion_tokens <= 4
     alone = client.completions.create(model="tiny", prompt="x", max_tokens=3)
     assert alone.usage.completion_tokens <= 3
@@ -351,14 +418,18 @@ def test_a_client_that_leaves_a_stream_has_its_request_aborted(server):
 
 
 def test_a_client_that_leaves_a_plain_completion_has_its_request_aborted(server):
-    body = json.dumps({"prompt": "Tell me everything.", "max_tokens": 1000, "temperature": 0,
-                       "ignore_eos": True}).encode()
+    body = json.dumps(
+        {"prompt": "Tell me everything.", "max_tokens": 1000, "temperature": 0, "ignore_eos": True}
+    ).encode()
     wait_engine_idle(server, "earlier tests' requests are still in the engine")
     before = generated_tokens(server)
     host, port = server.server.url.removeprefix("http://").split(":")
     with socket.create_connection((host, int(port))) as sock:  # a client that leaves once its request runs
-        sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                     + f"Authorization: Bearer {KEY}\r\nContent-Length: {len(body)}\r\n\r\n".encode() + body)
+        sock.sendall(
+            b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            + f"Authorization: Bearer {KEY}\r\nContent-Length: {len(body)}\r\n\r\n".encode()
+            + body
+        )
         deadline = time.time() + 120
         while generated_tokens(server) - before < 20:
             assert time.time() < deadline, "the engine generated no tokens for the completion in 120 s"
@@ -370,8 +441,13 @@ def test_a_client_that_leaves_a_plain_completion_has_its_request_aborted(server)
 
 def test_metrics_in_prometheus_format(server):
     text = server.get("/metrics").text
-    for name in ("justitia_agents_in_flight", "justitia_virtual_time", "justitia_predictor_latency_seconds_count",
-                 "justitia_engine_requests_unfinished", 'justitia_requests_total{endpoint="agents"}'):
+    for name in (
+        "justitia_agents_in_flight",
+        "justitia_virtual_time",
+        "justitia_predictor_latency_seconds_count",
+        "justitia_engine_requests_unfinished",
+        'justitia_requests_total{endpoint="agents"}',
+    ):
         metric(server, name)
     # the clock that orders the engine: V has moved on with the agents above, at the engine's M
     assert metric(server, "justitia_virtual_time") > 0 and metric(server, "justitia_clock_capacity") > 0
@@ -393,23 +469,42 @@ def test_every_query_of_the_grafana_dashboard_names_a_metric_the_server_exports(
     per-tenant series are there once an agent has run."""
     from pathlib import Path
 
-    agent_id = server.post("/v1/agents", json={"type": "dash", "stages": [[{"prompt": "Hi.", "max_tokens": 8}]]}).json()["agent_id"]
+    agent_id = server.post(
+        "/v1/agents", json={"type": "dash", "stages": [[{"prompt": "Hi.", "max_tokens": 8}]]}
+    ).json()["agent_id"]
     assert wait_agent(server, agent_id)["status"] == "done"
     text = server.get("/metrics").text
     families = {line.split()[2] for line in text.splitlines() if line.startswith("# TYPE ")}
-    samples = {re.split(r"[{ ]", line, maxsplit=1)[0] for line in text.splitlines() if line and not line.startswith("#")}
+    samples = {
+        re.split(r"[{ ]", line, maxsplit=1)[0] for line in text.splitlines() if line and not line.startswith("#")
+    }
     dashboard = json.loads((Path(__file__).parents[1] / "deploy" / "grafana-dashboard.json").read_text())
     queries = [t["expr"] for p in dashboard["panels"] for t in p["targets"]]
     named = {n for q in queries for n in re.findall(r"\b(?:justitia_|vllm:)[a-zA-Z0-9_:]+", q)}
     assert len(queries) >= 12 and len(named) >= 15
-    missing = [n for n in named if n not in samples and n not in families
-               and not any(n.endswith(s) and n.removesuffix(s) in families for s in ("_bucket", "_sum", "_count", "_total"))]
+    missing = [
+        n
+        for n in named
+        if n not in samples
+        and n not in families
+        and not any(n.endswith(s) and n.removesuffix(s) in families for s in ("_bucket", "_sum", "_count", "_total"))
+    ]
     assert not missing, missing
-    assert 'justitia_tenant_agent_seconds_count{model_name="tiny",tenant="team-a"}' in text  # the agent above: its key's tenant
+    assert (
+        'justitia_tenant_agent_seconds_count{model_name="tiny",tenant="team-a"}' in text
+    )  # the agent above: its key's tenant
 
 
-BROWSER_FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                 "--disable-background-networking", "--disable-component-update", "--disable-sync")
+BROWSER_FLAGS = (
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+)
 
 
 def test_the_live_page_and_justitia_top_show_both_tenants_shares_in_a_real_browser(server, tmp_path):
@@ -428,8 +523,10 @@ def test_the_live_page_and_justitia_top_show_both_tenants_shares_in_a_real_brows
     other = httpx.Client(base_url=server.server.url, timeout=30, headers={"Authorization": f"Bearer {OTHER_KEY}"})
 
     def run(client: httpx.Client) -> str:
-        body = {"type": "live", "stages": [[{"prompt": f"Part {i}.", "max_tokens": 24, "ignore_eos": True}
-                                            for i in range(3)]]}
+        body = {
+            "type": "live",
+            "stages": [[{"prompt": f"Part {i}.", "max_tokens": 24, "ignore_eos": True} for i in range(3)]],
+        }
         return wait_agent(client, client.post("/v1/agents", json=body).json()["agent_id"])["status"]
 
     with other, ThreadPoolExecutor(2) as pool:  # one agent of each tenant at a time (the server's limit: 3 in flight)
@@ -441,8 +538,12 @@ def test_the_live_page_and_justitia_top_show_both_tenants_shares_in_a_real_brows
     assert server.get("/justitia/state").json()["tenants"][0]["tenant"] == "team-a"  # KEY's own tenant alone
     url = f"{server.server.url}/justitia#key={ADMIN_KEY}"
     profile = tmp_path / "chromium"
-    dom = subprocess.run([chromium, *BROWSER_FLAGS, f"--user-data-dir={profile}", "--virtual-time-budget=15000",
-                          "--dump-dom", url], capture_output=True, text=True, timeout=120).stdout
+    dom = subprocess.run(
+        [chromium, *BROWSER_FLAGS, f"--user-data-dir={profile}", "--virtual-time-budget=15000", "--dump-dom", url],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    ).stdout
     assert 'data-ready="1"' in dom, dom[-2000:]
     for tenant, share in shares.items():
         row = re.search(rf'<tr data-tenant="{re.escape(tenant)}">(.*?)</tr>', dom)
@@ -453,12 +554,27 @@ def test_the_live_page_and_justitia_top_show_both_tenants_shares_in_a_real_brows
     artifacts.mkdir(exist_ok=True)
     shot = artifacts / "live-page.png"
     shot.unlink(missing_ok=True)
-    subprocess.run([chromium, *BROWSER_FLAGS, f"--user-data-dir={profile}", "--virtual-time-budget=15000",
-                    "--window-size=1280,900", f"--screenshot={shot}", url], capture_output=True, timeout=120)
+    subprocess.run(
+        [
+            chromium,
+            *BROWSER_FLAGS,
+            f"--user-data-dir={profile}",
+            "--virtual-time-budget=15000",
+            "--window-size=1280,900",
+            f"--screenshot={shot}",
+            url,
+        ],
+        capture_output=True,
+        timeout=120,
+    )
     assert shot.exists() and shot.stat().st_size > 10_000
-    top = subprocess.run([sys.executable, "-m", "justitia", "top", "--once", "--url", server.server.url,
-                          "--api-key", ADMIN_KEY], capture_output=True, text=True, timeout=60,
-                         env={**__import__("os").environ, "COLUMNS": "200"})
+    top = subprocess.run(
+        [sys.executable, "-m", "justitia", "top", "--once", "--url", server.server.url, "--api-key", ADMIN_KEY],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**__import__("os").environ, "COLUMNS": "200"},
+    )
     assert top.returncode == 0, top.stderr
     for tenant, share in shares.items():
         line = next(line for line in top.stdout.splitlines() if f" {tenant} " in line)
@@ -467,10 +583,13 @@ def test_the_live_page_and_justitia_top_show_both_tenants_shares_in_a_real_brows
 
 def test_a_failing_task_fails_its_agent_with_the_reason_and_nothing_leaks(server):
     # stage 1 quotes two 400-token answers: with its own 600 tokens it no longer fits 1,024
-    body = {"type": "mrs", "stages": [
-        [{"prompt": f"Part {i}.", "max_tokens": 400, "ignore_eos": True} for i in range(2)],
-        [{"prompt": "Combine: {{prev}}", "max_tokens": 600}, {"prompt": "Also: {{prev[0]}}", "max_tokens": 8}],
-    ]}
+    body = {
+        "type": "mrs",
+        "stages": [
+            [{"prompt": f"Part {i}.", "max_tokens": 400, "ignore_eos": True} for i in range(2)],
+            [{"prompt": "Combine: {{prev}}", "max_tokens": 600}, {"prompt": "Also: {{prev[0]}}", "max_tokens": 8}],
+        ],
+    }
     agent_id = server.post("/v1/agents", json=body).json()["agent_id"]
     doc = wait_agent(server, agent_id)
     assert doc["status"] == "failed"

@@ -9,8 +9,8 @@ import sqlite3
 import time
 
 import pytest
-
 from inprocess import RecordingBackend, app_opener, auth, settle
+
 from justitia.backends import BackendError
 from justitia.core.book import SESSION_KEEP_S
 from justitia.server.app import Settings
@@ -51,9 +51,13 @@ class SessionBackend(RecordingBackend):
 @pytest.fixture
 def start(tmp_path):
     with app_opener(tmp_path, f"{A} team-a 1\n{B} team-b 1\n") as opener:
+
         def build(journal=True, **settings):
-            return opener(SessionBackend(), Settings(**{"max_model_len": 64} | settings),
-                          Journal(tmp_path / "journal.sqlite") if journal else None)
+            return opener(
+                SessionBackend(),
+                Settings(**{"max_model_len": 64} | settings),
+                Journal(tmp_path / "journal.sqlite") if journal else None,
+            )
 
         yield build
 
@@ -84,6 +88,7 @@ def stop(client, agent_id):
     async def cancel():
         run.task.cancel()
         await asyncio.gather(run.task, return_exceptions=True)
+
     client.portal.call(cancel)
 
 
@@ -99,8 +104,9 @@ def test_a_sessions_turns_are_registered_ahead_as_one_flow_paused_between_them(s
     assert app.backend.retired == [(agent_id, True)] and app.backend.book.agent(agent_id).paused
     assert app.backend.book.state(0.0).agents == 1  # kept while it waits
 
-    r = turn(app, agent_id, {"stages": [[{"prompt": "tool said: {{stage[0]}}", "max_tokens": 2}],
-                                        [TASK]], "last": True})
+    r = turn(
+        app, agent_id, {"stages": [[{"prompt": "tool said: {{stage[0]}}", "max_tokens": 2}], [TASK]], "last": True}
+    )
     assert r.status_code == 202 and r.json()["turn"] == 1 and r.json()["first_stage"] == 1
     doc = settle(app, agent_id, A)
     assert doc["status"] == "done" and [len(s) for s in doc["stages"]] == [2, 1, 1]
@@ -174,24 +180,31 @@ def test_a_stopping_server_waits_for_working_agents_not_for_sessions_waiting_for
 
 
 # ------------------------------------------------------------------------------ bad input
-@pytest.mark.parametrize("stage, status, words", [
-    ({"tasks": [TASK], "pause_s": -1}, 422, "field 'stages[1].pause_s'"),
-    ({"tasks": [TASK], "pause_s": "soon"}, 422, "field 'stages[1].pause_s'"),
-    ({"tasks": [TASK], "pause_s": True}, 422, "field 'stages[1].pause_s'"),
-    ({"tasks": [TASK], "pause_s": 61}, 400, "field 'stages[1].pause_s': 61 is more than this server's limit of 60"),
-    ({"tasks": [], "pause_s": 1}, 422, "field 'stages[1].tasks'"),
-    ({"tasks": [{"prompt": 7}]}, 422, "field 'stages[1].tasks[0].prompt'"),
-    ({"tasks": [{"prompt": "{{stage[2]}}", "max_tokens": 2}]}, 400, "field 'stages[1].tasks[0].prompt'"),
-    ({"pause_s": 1}, 422, "field 'stages[1].tasks' is missing"),
-    ({"tasks": [TASK], "wait": 1}, 422, "field 'stages[1].wait' is not a known field"),
-    ("soon", 422, "field 'stages[1]': a stage is a list of tasks or an object"),
-])
+@pytest.mark.parametrize(
+    "stage, status, words",
+    [
+        ({"tasks": [TASK], "pause_s": -1}, 422, "field 'stages[1].pause_s'"),
+        ({"tasks": [TASK], "pause_s": "soon"}, 422, "field 'stages[1].pause_s'"),
+        ({"tasks": [TASK], "pause_s": True}, 422, "field 'stages[1].pause_s'"),
+        ({"tasks": [TASK], "pause_s": 61}, 400, "field 'stages[1].pause_s': 61 is more than this server's limit of 60"),
+        ({"tasks": [], "pause_s": 1}, 422, "field 'stages[1].tasks'"),
+        ({"tasks": [{"prompt": 7}]}, 422, "field 'stages[1].tasks[0].prompt'"),
+        ({"tasks": [{"prompt": "{{stage[2]}}", "max_tokens": 2}]}, 400, "field 'stages[1].tasks[0].prompt'"),
+        ({"pause_s": 1}, 422, "field 'stages[1].tasks' is missing"),
+        ({"tasks": [TASK], "wait": 1}, 422, "field 'stages[1].wait' is not a known field"),
+        ("soon", 422, "field 'stages[1]': a stage is a list of tasks or an object"),
+    ],
+)
 def test_a_bad_stage_gets_a_4xx_naming_its_field(start, stage, status, words):
     app = start(journal=False)
     r = app.post("/v1/agents", json={"stages": [[TASK], stage]}, headers=auth(A))
     assert r.status_code == status and words in r.json()["error"], r.text
-    r = app.post("/v1/agents", content=b'{"stages": [[{"prompt": "a", "max_tokens": 2}], {"tasks": '
-                                       b'[{"prompt": "b", "max_tokens": 2}], "pause_s": Infinity}]}', headers=auth(A) | {"content-type": "application/json"})
+    r = app.post(
+        "/v1/agents",
+        content=b'{"stages": [[{"prompt": "a", "max_tokens": 2}], {"tasks": '
+        b'[{"prompt": "b", "max_tokens": 2}], "pause_s": Infinity}]}',
+        headers=auth(A) | {"content-type": "application/json"},
+    )
     assert r.status_code == 400 and "stages[1].pause_s" in r.json()["error"]
 
 
@@ -206,14 +219,16 @@ def test_turns_are_refused_to_non_sessions_running_or_ended_ones_and_other_keys(
     until(app, agent_id, "waiting")
     assert turn(app, agent_id, {"stages": [[TASK]]}, key=B).status_code == 404  # another key's: unknown
     assert turn(app, "agent-nobody", {"stages": [[TASK]]}).status_code == 404
-    for body, status, words in [({"stages": [[{"prompt": 7}]]}, 422, "field 'stages[0][0].prompt'"),
-                                ({"stages": [{"tasks": [TASK], "pause_s": -2}]}, 422, "field 'stages[0].pause_s'"),
-                                ({"stages": [{"tasks": [TASK], "pause_s": 1e9}]}, 400, "field 'stages[0].pause_s'"),
-                                ({"stages": [[TASK]], "last": "yes"}, 422, "field 'last'"),
-                                ({"stages": []}, 400, "field 'stages'"),
-                                ({"stages": [[{"prompt": "{{stage[1]}}", "max_tokens": 2}]]}, 400, "must name an earlier stage"),
-                                ({"stages": [[{"prompt": "{{prev[3]}}", "max_tokens": 2}]]}, 400, "stage 0 has 1 tasks"),
-                                ({"stages": [[TASK]] * 300}, 400, "the session has 301 tasks")]:
+    for body, status, words in [
+        ({"stages": [[{"prompt": 7}]]}, 422, "field 'stages[0][0].prompt'"),
+        ({"stages": [{"tasks": [TASK], "pause_s": -2}]}, 422, "field 'stages[0].pause_s'"),
+        ({"stages": [{"tasks": [TASK], "pause_s": 1e9}]}, 400, "field 'stages[0].pause_s'"),
+        ({"stages": [[TASK]], "last": "yes"}, 422, "field 'last'"),
+        ({"stages": []}, 400, "field 'stages'"),
+        ({"stages": [[{"prompt": "{{stage[1]}}", "max_tokens": 2}]]}, 400, "must name an earlier stage"),
+        ({"stages": [[{"prompt": "{{prev[3]}}", "max_tokens": 2}]]}, 400, "stage 0 has 1 tasks"),
+        ({"stages": [[TASK]] * 300}, 400, "the session has 301 tasks"),
+    ]:
         r = turn(app, agent_id, body)
         assert r.status_code == status and words in r.json()["error"], (body, r.text)
     assert until(app, agent_id, "waiting")  # none of them took a turn
@@ -263,8 +278,11 @@ def test_a_running_turn_resumes_after_a_restart_from_its_first_stage_not_fully_a
     agent_id = session(first, [[TASK]])
     until(first, agent_id, "waiting")
     first.backend.hold = 2  # the engine never answers the turn's second stage
-    r = turn(first, agent_id, {"stages": [[TASK], {"tasks": [{"prompt": "then {{prev}}", "max_tokens": 2}],
-                                                   "pause_s": 0.05}], "last": True})
+    r = turn(
+        first,
+        agent_id,
+        {"stages": [[TASK], {"tasks": [{"prompt": "then {{prev}}", "max_tokens": 2}], "pause_s": 0.05}], "last": True},
+    )
     assert r.status_code == 202
     deadline = time.time() + 30
     while first.get(f"/v1/agents/{agent_id}", headers=auth(A)).json()["stages"][1][0] is None:
@@ -279,7 +297,7 @@ def test_a_running_turn_resumes_after_a_restart_from_its_first_stage_not_fully_a
     assert doc["status"] == "done" and [len(s) for s in doc["stages"]] == [1, 1, 1]
     assert doc["stages"][2][0]["prompt_tokens"] == 2  # "then ok": its turn's earlier stage, kept, quoted
     assert [rid for rid, _, _ in second.backend.arrivals] == [f"{agent_id}/2/0"]  # only what was not answered
-    meta, = second.backend.metas
+    (meta,) = second.backend.metas
     assert meta.session and meta.agent_done and not meta.turn_start  # its turn was registered at the start
     assert second.backend.registered == [(agent_id, 1.0, "team-a")] and second.backend.book.agent(agent_id) is None
     # what GPS still owed it, priced at its running turn's cost (not its first turn's): all of it

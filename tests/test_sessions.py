@@ -5,8 +5,8 @@ import asyncio
 import json
 
 import pytest
-
 from helpers import engine
+
 from justitia.agent import AgentProcess, Answer, drive
 from justitia.predictors import OraclePredictor
 from justitia.sim import Simulator
@@ -20,13 +20,21 @@ def session(agent_id: str = "s", arrival_s: float = 0.0) -> Agent:
     sys = Segment.shared("system", 40)
     t0 = Task("hi", 50, 10, "t0", (sys,))
     t1 = Task("tool said", 50 + 10 + 7, 8, "t1", (Segment.prompt_of("t0"), Segment.output_of("t0")))
-    b0 = (Stage([Task("sub a", 45, 6, "a0", (sys,))]),
-          Stage([Task("sub a again", 45 + 6 + 3, 4, "a1", (Segment.prompt_of("a0"), Segment.output_of("a0")))],
-                pause_s=1.0))
+    b0 = (
+        Stage([Task("sub a", 45, 6, "a0", (sys,))]),
+        Stage(
+            [Task("sub a again", 45 + 6 + 3, 4, "a1", (Segment.prompt_of("a0"), Segment.output_of("a0")))], pause_s=1.0
+        ),
+    )
     b1 = (Stage([Task("sub b", 44, 5, "b0", (sys,))]),)
     fork = Stage([], pause_s=0.5, branches=[b0, b1])
-    t2 = Task("merge", 67 + 8 + 4 + 5 + 2, 9, "t2",
-              (Segment.prompt_of("t1"), Segment.output_of("t1"), Segment.output_of("a1"), Segment.output_of("b0")))
+    t2 = Task(
+        "merge",
+        67 + 8 + 4 + 5 + 2,
+        9,
+        "t2",
+        (Segment.prompt_of("t1"), Segment.output_of("t1"), Segment.output_of("a1"), Segment.output_of("b0")),
+    )
     t3 = Task("next question", 86 + 9 + 5, 6, "t3", (Segment.prompt_of("t2"), Segment.output_of("t2")))
     stages = (Stage([t0], turn=0), Stage([t1], pause_s=2.0), fork, Stage([t2]), Stage([t3], pause_s=5.0, turn=1))
     return Agent(agent_id, "coding", arrival_s, stages)
@@ -42,7 +50,11 @@ def test_a_session_round_trips_and_old_files_read_the_same(tmp_path):
     plain = Agent("p", "t", 0.0, ((Task("x", 3, 2),), (Task("y", 4, 1), Task("z", 5, 1))))
     assert json.loads(save_workload([plain], tmp_path / "p.jsonl").read_text())["stages"] == [
         [{"prompt": "x", "prompt_tokens": 3, "output_tokens": 2}],
-        [{"prompt": "y", "prompt_tokens": 4, "output_tokens": 1}, {"prompt": "z", "prompt_tokens": 5, "output_tokens": 1}]]
+        [
+            {"prompt": "y", "prompt_tokens": 4, "output_tokens": 1},
+            {"prompt": "z", "prompt_tokens": 5, "output_tokens": 1},
+        ],
+    ]
     assert not plain.is_session and s.is_session
     assert len(s.tasks) == 7 and s.task(2, 1).id == "a1" and s.task(2, 2).id == "b0"
 
@@ -53,26 +65,64 @@ def _with_stage(stage_doc):
     return doc
 
 
-@pytest.mark.parametrize("stage, message", [
-    ({"tasks": [], "branches": []}, "'stages[5]' must hold at least one task or one branch"),
-    ({"tasks": [{"prompt": "p", "prompt_tokens": 9, "output_tokens": 1}], "pause_s": -1}, "'stages[5].pause_s' must be"),
-    ({"tasks": [{"prompt": "p", "prompt_tokens": 9, "output_tokens": 1}], "turn": 0}, "'stages[5].turn' must be an integer >= 1"),
-    ({"tasks": [{"prompt": "p", "prompt_tokens": 9, "output_tokens": 1}], "wait": 1}, "unknown field 'stages[5].wait'"),
-    ({"tasks": [{"prompt": "p", "prompt_tokens": 9, "output_tokens": 1, "id": "t0"}]}, "task id 't0' appears twice"),
-    ({"tasks": [{"prompt": "p", "prompt_tokens": 9, "output_tokens": 1, "context": [{"output_of": "zz"}]}]},
-     "names 'zz', no task"),
-    ({"tasks": [{"prompt": "p", "prompt_tokens": 99, "output_tokens": 1, "context": [{"prompt_of": "x0"}]}],
-      "branches": [[[{"prompt": "p", "prompt_tokens": 9, "output_tokens": 1, "id": "x0"}]]]},
-     "names 'x0', a task not finished before it starts"),
-    ({"tasks": [{"prompt": "p", "prompt_tokens": 40, "output_tokens": 1, "context": [{"shared": "system", "tokens": 40}]}]},
-     "leave none of its 40 prompt tokens"),
-    ({"tasks": [{"prompt": "p", "prompt_tokens": 9, "output_tokens": 1, "context": [{"shared": "s"}]}]},
-     "'stages[5].tasks[0].context[0].tokens' must be an integer >= 1"),
-    ({"tasks": [{"prompt": "p", "prompt_tokens": 9, "output_tokens": 1, "context": [{"nope": "s"}]}]},
-     "'stages[5].tasks[0].context[0]' must be one of"),
-    ({"branches": [[{"tasks": [{"prompt": "p", "prompt_tokens": 9, "output_tokens": 1}], "turn": 3}]]},
-     "a branch's stages belong to their stage's turn"),
-])
+@pytest.mark.parametrize(
+    "stage, message",
+    [
+        ({"tasks": [], "branches": []}, "'stages[5]' must hold at least one task or one branch"),
+        (
+            {"tasks": [{"prompt": "p", "prompt_tokens": 9, "output_tokens": 1}], "pause_s": -1},
+            "'stages[5].pause_s' must be",
+        ),
+        (
+            {"tasks": [{"prompt": "p", "prompt_tokens": 9, "output_tokens": 1}], "turn": 0},
+            "'stages[5].turn' must be an integer >= 1",
+        ),
+        (
+            {"tasks": [{"prompt": "p", "prompt_tokens": 9, "output_tokens": 1}], "wait": 1},
+            "unknown field 'stages[5].wait'",
+        ),
+        (
+            {"tasks": [{"prompt": "p", "prompt_tokens": 9, "output_tokens": 1, "id": "t0"}]},
+            "task id 't0' appears twice",
+        ),
+        (
+            {"tasks": [{"prompt": "p", "prompt_tokens": 9, "output_tokens": 1, "context": [{"output_of": "zz"}]}]},
+            "names 'zz', no task",
+        ),
+        (
+            {
+                "tasks": [{"prompt": "p", "prompt_tokens": 99, "output_tokens": 1, "context": [{"prompt_of": "x0"}]}],
+                "branches": [[[{"prompt": "p", "prompt_tokens": 9, "output_tokens": 1, "id": "x0"}]]],
+            },
+            "names 'x0', a task not finished before it starts",
+        ),
+        (
+            {
+                "tasks": [
+                    {
+                        "prompt": "p",
+                        "prompt_tokens": 40,
+                        "output_tokens": 1,
+                        "context": [{"shared": "system", "tokens": 40}],
+                    }
+                ]
+            },
+            "leave none of its 40 prompt tokens",
+        ),
+        (
+            {"tasks": [{"prompt": "p", "prompt_tokens": 9, "output_tokens": 1, "context": [{"shared": "s"}]}]},
+            "'stages[5].tasks[0].context[0].tokens' must be an integer >= 1",
+        ),
+        (
+            {"tasks": [{"prompt": "p", "prompt_tokens": 9, "output_tokens": 1, "context": [{"nope": "s"}]}]},
+            "'stages[5].tasks[0].context[0]' must be one of",
+        ),
+        (
+            {"branches": [[{"tasks": [{"prompt": "p", "prompt_tokens": 9, "output_tokens": 1}], "turn": 3}]]},
+            "a branch's stages belong to their stage's turn",
+        ),
+    ],
+)
 def test_bad_session_fields_are_named(tmp_path, stage, message):
     path = tmp_path / "w.jsonl"
     path.write_text(json.dumps(_with_stage(stage)) + "\n")
@@ -85,8 +135,12 @@ def test_scaling_keeps_each_prompt_its_context_plus_its_own_text():
     by = {t.id: t for t in s.tasks}
     assert by["t0"].prompt_tokens == 13 + 3  # the system prompt 40/3 -> 13, its own text 10/3 -> 3
     for t in s.tasks:
-        ctx = sum(c.tokens if c.kind == "shared" else
-                  (by[c.ref].prompt_tokens if c.kind == "prompt_of" else by[c.ref].output_tokens) for c in t.context)
+        ctx = sum(
+            c.tokens
+            if c.kind == "shared"
+            else (by[c.ref].prompt_tokens if c.kind == "prompt_of" else by[c.ref].output_tokens)
+            for c in t.context
+        )
         assert t.prompt_tokens > ctx
     assert by["t3"].prompt_tokens == by["t2"].prompt_tokens + by["t2"].output_tokens + 2  # own 5/3 -> 2
     assert s.stages[1].pause_s == 2.0 and s.stages[2].branches[0][1].pause_s == 1.0 and s.stages[4].turn == 1
@@ -140,9 +194,17 @@ def test_drive_waits_each_pause_and_times_turns():
 
     scale = 0.02  # the session's pauses, shrunk to keep the test short
     s = session()
-    fast = Agent(s.agent_id, s.type, 0.0, tuple(Stage(st, st.pause_s * scale, [tuple(Stage(b, b.pause_s * scale)
-                                                                                      for b in ch) for ch in st.branches],
-                                                      st.turn) for st in s.stages))
+    fast = Agent(
+        s.agent_id,
+        s.type,
+        0.0,
+        tuple(
+            Stage(
+                st, st.pause_s * scale, [tuple(Stage(b, b.pause_s * scale) for b in ch) for ch in st.branches], st.turn
+            )
+            for st in s.stages
+        ),
+    )
     proc = AgentProcess(fast, OraclePredictor())
     asyncio.run(main())
     at = dict(sent)
@@ -157,8 +219,14 @@ def test_the_simulator_holds_a_paused_session_out_of_the_engine_and_times_its_tu
     [r] = result.agents
     # every call: prefill 1 step, then one step per output token (10 ms each); pauses on top
     steps = {t.id: t.output_tokens for t in s.tasks}
-    turn0 = (steps["t0"] + 2.0 / 0.01 + steps["t1"] + 0.5 / 0.01 + max(steps["a0"] + 1.0 / 0.01 + steps["a1"], steps["b0"])
-             + steps["t2"]) * 0.01
+    turn0 = (
+        steps["t0"]
+        + 2.0 / 0.01
+        + steps["t1"]
+        + 0.5 / 0.01
+        + max(steps["a0"] + 1.0 / 0.01 + steps["a1"], steps["b0"])
+        + steps["t2"]
+    ) * 0.01
     assert r.turns_s == pytest.approx([turn0, steps["t3"] * 0.01], abs=0.011)
     assert r.jct_s == pytest.approx(turn0 + 5.0 + steps["t3"] * 0.01, abs=0.011)
     assert result.prefix_cache is None  # the cache is off unless the engine's config turns it on
@@ -169,6 +237,7 @@ def test_the_simulator_holds_a_paused_session_out_of_the_engine_and_times_its_tu
 # ------------------------------------------------------------------ sessions in the core's clock
 def _core(name: str, capacity: float = 100.0):
     from justitia.core import AgentScheduler, make_policy
+
     return AgentScheduler(make_policy(name, capacity))
 
 
@@ -219,6 +288,7 @@ def test_las_counts_a_sessions_service_across_its_pauses():
     r = core.peek()
     core.dequeue(r)
     from justitia.core import Charge
+
     core.charge(r, Charge(0, 10, 500))
     core.request_finished(r)
     core.agent_finished("s", 1.0, pause=True)
@@ -240,10 +310,12 @@ def test_only_a_session_with_nothing_open_pauses():
 
 def test_the_gps_reference_serves_a_sessions_bursts_as_one_flow():
     from justitia.lab.metrics import gps_finish_times
+
     s = Agent("s", "t", 0.0, ((Task("x", 10, 10),), Stage([Task("y", 10, 10)], pause_s=1.0)))
     x = Agent("x", "t", 0.0, ((Task("x", 100, 100),),))
     cost = Task("x", 10, 10)
     from justitia.core import KV
+
     c = KV.request_cost(cost.prompt_tokens, cost.output_tokens)  # 150
     big = x.cost(KV)
     # s sends its first burst at 0 and its second at 10 s; at M = 100/s, x's work takes long
@@ -259,8 +331,11 @@ def test_a_turn_is_priced_whole_and_a_tool_pause_inside_it_keeps_the_session_in_
     s = session()
     oracle = OraclePredictor()
     from justitia.core import KV
+
     turn0 = sum(KV.request_cost(t.prompt_tokens, t.output_tokens) for t in s.tasks if t.id != "t3")
-    assert [c for c in s.turn_calls(0)] == [(0, 0), (1, 0), (2, 0), (2, 1), (2, 2), (3, 0)] and s.turn_calls(1) == [(4, 0)]
+    assert [c for c in s.turn_calls(0)] == [(0, 0), (1, 0), (2, 0), (2, 1), (2, 2), (3, 0)] and s.turn_calls(1) == [
+        (4, 0)
+    ]
     proc = AgentProcess(s, oracle)
     [t0] = proc.start()
     assert proc.opens_burst([t0]) and proc.burst_cost([t0]) == pytest.approx(turn0)
@@ -276,7 +351,9 @@ def test_a_turn_is_priced_whole_and_a_tool_pause_inside_it_keeps_the_session_in_
     calls = proc.answered(t1, Answer("", 67, 8), 2.2)
     while calls:
         proc.sent(calls, 3.0)
-        calls = [n for c in calls for n in proc.answered(c, Answer("", c.task.prompt_tokens, c.task.output_tokens), 4.0)]
+        calls = [
+            n for c in calls for n in proc.answered(c, Answer("", c.task.prompt_tokens, c.task.output_tokens), 4.0)
+        ]
         if proc.paused:
             break
     assert proc.paused and calls and calls[0].turn == 1  # between turns: it leaves the engine
@@ -286,6 +363,7 @@ def test_a_turn_is_priced_whole_and_a_tool_pause_inside_it_keeps_the_session_in_
 def test_the_session_predictor_learns_turns_online():
     from justitia.core import KV
     from justitia.predictors import make_predictor
+
     p = make_predictor("session")
     a = session()
     first_guess = p.turn_cost(a, 0, [], KV)
@@ -302,6 +380,7 @@ def test_the_session_predictor_learns_turns_online():
 def test_turn_prediction_errors_are_reported_turn_by_turn():
     from justitia.agent import AgentResult
     from justitia.lab.metrics import turn_prediction
+
     r = AgentResult("s", "coding", 0.0, 1.0, 1.0, 1.0, 1.0, [1.0, 1.0], [[0.0, 1.0]], [[100.0, 100.0], [100.0, 800.0]])
     doc = turn_prediction([r])
     assert doc["0"] == {"turns": 1, "within_2x": 1.0, "median_abs_log2_error": 0.0}
@@ -310,14 +389,17 @@ def test_turn_prediction_errors_are_reported_turn_by_turn():
 
 def test_a_sessions_bench_reports_turns_the_cache_and_the_bound(tmp_path):
     from justitia.lab.bench import run_bench
+    from justitia.lab.presets import SIM_DEFAULT_PROFILE
     from justitia.lab.sessions import sessions_specs, sessions_summary
     from justitia.sim import EngineConfig
     from justitia.sim.config import load_profile
-    from justitia.lab.presets import SIM_DEFAULT_PROFILE
     from justitia.workload import generate_sessions
+
     agents = generate_sessions(12, 5, rate_per_s=0.5)
     config = EngineConfig(profile=load_profile(SIM_DEFAULT_PROFILE), kv_blocks=800, prefix_caching=True)
-    specs = sessions_specs()[:1] + [s for s in sessions_specs(choices=True) if s.label in ("justitia", "justitia@session-predictor")]
+    specs = sessions_specs()[:1] + [
+        s for s in sessions_specs(choices=True) if s.label in ("justitia", "justitia@session-predictor")
+    ]
     doc = run_bench(agents, specs, config, {"kind": "sessions"}, progress=False)
     j = doc["policies"]["justitia"]
     assert j["turns"] >= len(agents) and j["p90_turn_s"] >= j["p50_turn_s"] > 0
@@ -327,6 +409,7 @@ def test_a_sessions_bench_reports_turns_the_cache_and_the_bound(tmp_path):
     lines = sessions_summary(doc)
     assert any(line.startswith("justitia's mean turn time against fcfs") for line in lines)
     from justitia.lab.plots import plot_results
+
     assert "turn_cdf.png" in [p.name for p in plot_results(doc, tmp_path)]
 
 
@@ -337,10 +420,13 @@ def test_both_stepping_modes_agree_on_sessions_with_the_cache_on(policy, burst):
     from justitia.sim import EngineConfig
     from justitia.sim.config import load_profile
     from justitia.workload import generate_sessions
+
     agents = generate_sessions(16, 7, rate_per_s=1.0)
     cfg = EngineConfig(profile=load_profile(SIM_DEFAULT_PROFILE), kv_blocks=900, prefix_caching=True)
-    runs = [Simulator(cfg, policy, OraclePredictor(), event_skipping=skip, measure_capacity=True, burst=burst).run(agents)
-            for skip in (True, False)]
+    runs = [
+        Simulator(cfg, policy, OraclePredictor(), event_skipping=skip, measure_capacity=True, burst=burst).run(agents)
+        for skip in (True, False)
+    ]
     a, b = ([(r.agent_id, r.finish_s, r.turns_s) for r in run.agents] for run in runs)
     assert a == b and runs[0].prefix_cache == runs[1].prefix_cache and runs[0].prefix_cache["hit_tokens"] > 0
     if policy != "justitia-eligible":  # a timed policy always steps one iteration at a time
@@ -366,6 +452,7 @@ def test_a_session_burst_that_reveals_more_moves_back_from_its_start():
 
 def test_a_cluster_runs_sessions_with_a_clock_per_engine_and_says_why_not_with_one_in_front():
     from justitia.sim import Cluster
+
     agents = [session("a"), session("b", 0.5)]
     with pytest.raises(ValueError, match="clock per engine"):
         Cluster(engine(), "justitia", OraclePredictor(), replicas=2, clock="global").run(agents)
@@ -381,22 +468,29 @@ def test_subagents_as_flows_of_their_own_are_priced_apart_and_retired_when_their
     calls = proc.answered(t1, Answer("", 67, 8))
     assert sorted(c.flow for c in calls) == ["s/2.0", "s/2.1"] and t1.flow is None
     from justitia.core import KV
+
     a0, b0 = sorted(calls, key=lambda c: c.task.id)
     assert proc.flow_cost(a0) == pytest.approx(KV.request_cost(45, 6) + KV.request_cost(54, 4))  # its chain's two calls
     proc.answered(b0, Answer("", 44, 5))
     assert proc.ended_flows == ["s/2.1"]
     shared = AgentProcess(session(), OraclePredictor())
     assert shared.burst_cost(shared.start()) - turn0 == pytest.approx(
-        KV.request_cost(45, 6) + KV.request_cost(54, 4) + KV.request_cost(44, 5))  # shared: the turn pays for them
+        KV.request_cost(45, 6) + KV.request_cost(54, 4) + KV.request_cost(44, 5)
+    )  # shared: the turn pays for them
     result = Simulator(engine(), "justitia", OraclePredictor(), subagents="flows").run([session(), session("t", 0.2)])
     assert [len(r.turns_s) for r in result.agents] == [2, 2]
 
 
 def test_a_turn_sent_with_no_pause_before_it_is_still_priced_as_a_turn_of_its_own():
     from justitia.core import KV
-    first, second = Task("a", 40, 5, "a"), Task("b", 40 + 5 + 3, 4, "b", (Segment.prompt_of("a"), Segment.output_of("a")))
+
+    first, second = (
+        Task("a", 40, 5, "a"),
+        Task("b", 40 + 5 + 3, 4, "b", (Segment.prompt_of("a"), Segment.output_of("a"))),
+    )
     s = Agent("s", "coding", 0.0, (Stage([first], turn=0), Stage([second], turn=1)))
     from justitia.core.policies import make_policy
+
     policy = make_policy("justitia", engine().capacity_per_s("kv"))
     returned = []
     policy.agent_returned = lambda agent, now_s: returned.append(agent.predicted_cost)
@@ -410,6 +504,7 @@ def test_a_turn_sent_with_no_pause_before_it_is_still_priced_as_a_turn_of_its_ow
 # ------------------------------------------------------------------ a cost that sees the prefix cache
 def test_kv_prefix_holds_a_prefix_requests_sent_together_share_once():
     from justitia.core import KV, KV_PREFIX, kv_token_iters
+
     system, a, b = (("shared", "sys"), 100), (("a", "in"), 20), (("b", "in"), 30)
     holders = [((system, a), 10), ((system, b), 4)]
     assert KV.group_cost(holders) == kv_token_iters(120, 10) + kv_token_iters(130, 4)
@@ -420,13 +515,16 @@ def test_kv_prefix_holds_a_prefix_requests_sent_together_share_once():
 
 def test_the_oracle_prices_a_turn_in_the_groups_it_is_sent_in():
     from justitia.core import KV, KV_PREFIX
+
     s = session()
     # a0 and b0 (the fork's branches' first calls) go together; a1 waits its pause; t3 is turn 1
     assert s.turn_groups(0) == [[(0, 0)], [(1, 0)], [(2, 0), (2, 2)], [(2, 1)], [(3, 0)]]
     assert s.turn_groups(1) == [[(4, 0)]]
     o = OraclePredictor()
     blind, aware = o.turn_cost(s, 0, [], KV), o.turn_cost(s, 0, [], KV_PREFIX)
-    assert blind == pytest.approx(sum(KV.request_cost(t.prompt_tokens, t.output_tokens) for t in s.tasks if t.id != "t3"))
+    assert blind == pytest.approx(
+        sum(KV.request_cost(t.prompt_tokens, t.output_tokens) for t in s.tasks if t.id != "t3")
+    )
     # a0 and b0 start together on the same 40-token system prompt: b0 (5 outputs) rides on a0's (6)
     assert blind - aware == pytest.approx(40 * 5)
 
@@ -434,26 +532,37 @@ def test_the_oracle_prices_a_turn_in_the_groups_it_is_sent_in():
 def test_kv_prefix_is_kv_to_the_bit_where_nothing_is_shared():
     import numpy as np
     from helpers import random_agents
+
     agents = random_agents(np.random.default_rng(3), 40)
-    runs = [Simulator(engine(), "justitia", OraclePredictor(), cost, measure_capacity=True).run(agents)
-            for cost in ("kv", "kv-prefix")]
-    assert [(a.agent_id, a.finish_s, a.predicted_cost) for a in runs[0].agents] == \
-        [(a.agent_id, a.finish_s, a.predicted_cost) for a in runs[1].agents]
+    runs = [
+        Simulator(engine(), "justitia", OraclePredictor(), cost, measure_capacity=True).run(agents)
+        for cost in ("kv", "kv-prefix")
+    ]
+    assert [(a.agent_id, a.finish_s, a.predicted_cost) for a in runs[0].agents] == [
+        (a.agent_id, a.finish_s, a.predicted_cost) for a in runs[1].agents
+    ]
 
 
 def test_a_preset_that_turns_the_cache_on_keeps_it_on_without_the_flag():
     import argparse
+
     from justitia.cli.bench import _sim_config
-    args = argparse.Namespace(latency=None, kv_blocks=None, max_num_batched_tokens=None, max_num_seqs=None,
-                              prefix_caching=False)
+
+    args = argparse.Namespace(
+        latency=None, kv_blocks=None, max_num_batched_tokens=None, max_num_seqs=None, prefix_caching=False
+    )
     assert _sim_config(args, {"prefix_caching": True}).prefix_caching
     assert not _sim_config(args, {}).prefix_caching
     assert _sim_config(argparse.Namespace(**{**vars(args), "prefix_caching": True}), {}).prefix_caching
 
 
 def test_priced_by_pause_a_stage_sent_at_once_stays_in_its_burst():
-    s = Agent("s", "coding", 0.0, (Stage([Task("a", 10, 2)]), Stage([Task("b", 10, 2)]),
-                                   Stage([Task("c", 10, 2)], pause_s=1.0)))
+    s = Agent(
+        "s",
+        "coding",
+        0.0,
+        (Stage([Task("a", 10, 2)]), Stage([Task("b", 10, 2)]), Stage([Task("c", 10, 2)], pause_s=1.0)),
+    )
     proc = AgentProcess(s, OraclePredictor(), burst="pause")
     [a] = proc.start()
     assert proc.opens_burst([a])
@@ -467,6 +576,7 @@ def test_priced_by_pause_a_stage_sent_at_once_stays_in_its_burst():
 
 def test_a_session_call_s_prompt_is_its_context_as_text_then_its_own():
     from justitia.workload import shared_text
+
     proc = AgentProcess(session(), OraclePredictor())
     [t0] = proc.start()
     system = shared_text("system", 40)
@@ -489,12 +599,22 @@ def test_the_engine_presets_rate_sweep_shows_ordering_pays_only_once_sessions_qu
     from justitia.vllm.engine import EngineSpec
 
     # the tiny model's steps on this machine as the recorded bench calibrated them (rounded)
-    profile = LatencyProfile(name="tiny-cpu", floor_ms=0.0, base_ms=1.85, per_batched_token_ms=0.015,
-                             per_context_token_ms=3e-5, scale=1.0, kv_blocks=23,
-                             source="rounded from a sessions-engine calibration", block_size=CPU_BLOCK_SIZE)
+    profile = LatencyProfile(
+        name="tiny-cpu",
+        floor_ms=0.0,
+        base_ms=1.85,
+        per_batched_token_ms=0.015,
+        per_context_token_ms=3e-5,
+        scale=1.0,
+        kv_blocks=23,
+        source="rounded from a sessions-engine calibration",
+        block_size=CPU_BLOCK_SIZE,
+    )
     config = engine_config(profile, EngineSpec(**ENGINE_OPTIONS), CPU_BLOCK_SIZE)
     light, dense = rate_table(config, [1.0, SESSIONS_ENGINE_RATE_PER_S], seeds=1)
     assert set(light["mean_turn_s"]) == set(POLICIES) and all(len(v) == 1 for v in light["mean_turn_s"].values())
-    ratio = {row["rate_per_s"]: row["mean_turn_s"]["justitia"][0] / row["mean_turn_s"]["vtc"][0] for row in (light, dense)}
+    ratio = {
+        row["rate_per_s"]: row["mean_turn_s"]["justitia"][0] / row["mean_turn_s"]["vtc"][0] for row in (light, dense)
+    }
     assert ratio[1.0] > 0.9 and ratio[SESSIONS_ENGINE_RATE_PER_S] < 0.7, ratio
     assert dense["mean_turn_s"]["vtc"][0] > 2 * light["mean_turn_s"]["vtc"][0]  # queueing dominates there

@@ -56,15 +56,29 @@ def _chains(agent):
 
 
 def test_data_file_documents_every_parameter():
-    for name in ("type", "scale", "kv", "arrivals", "turns_per_session", "calls_per_turn", "tool_pause_s",
-                 "think_time_s", "output_tokens", "system_prompt", "user_message_tokens", "tool_result_tokens",
-                 "subagents", "text"):
+    for name in (
+        "type",
+        "scale",
+        "kv",
+        "arrivals",
+        "turns_per_session",
+        "calls_per_turn",
+        "tool_pause_s",
+        "think_time_s",
+        "output_tokens",
+        "system_prompt",
+        "user_message_tokens",
+        "tool_result_tokens",
+        "subagents",
+        "text",
+    ):
         assert P[name]["source"], name
     for name, stat in P["published"].items():
         assert stat["source"].startswith("ghcp2026"), name
     kv = P["kv"]
     assert (kv["kv_tokens"], kv["block_size"]) == (2700 * 16, 16)  # the llama7b-a100-40gb profile
     from justitia.sim.config import PROFILES
+
     prof = PROFILES[kv["profile"]]
     assert kv["kv_tokens"] == prof.kv_blocks * prof.block_size
     # the drawn means are the published ones: turns 3.95; main calls + subagent calls ~ 7.83; output ~528
@@ -94,7 +108,7 @@ def test_realized_structure_is_the_drawn_one_unless_truncated(sessions):
         if a.meta["truncated"]:
             truncated += 1
             assert len(per_turn) <= len(drawn)
-            assert per_turn[:-1] == drawn[:len(per_turn) - 1] and per_turn[-1] <= drawn[len(per_turn) - 1]
+            assert per_turn[:-1] == drawn[: len(per_turn) - 1] and per_turn[-1] <= drawn[len(per_turn) - 1]
         else:
             assert per_turn == drawn and len(per_turn) == a.meta["turns_drawn"]
     assert truncated / len(sessions) < 0.15  # the cap cuts only the longest sessions

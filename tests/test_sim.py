@@ -4,10 +4,10 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
+from helpers import agent, engine, random_agents
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from helpers import agent, engine, random_agents
 from justitia.core.policies import POLICY_NAMES, make_policy
 from justitia.predictors import make_predictor
 from justitia.sim import LatencyProfile, Simulator
@@ -41,9 +41,9 @@ def test_running_requests_are_served_before_waiting_ones():
 def test_head_of_line_request_that_does_not_fit_blocks_the_queue():
     cfg = engine(blocks=20, budget=512)  # 320 tokens
     agents = [
-        agent("x", 0.0, [(200, 50)]),      # holds 13..16 blocks while it decodes
-        agent("y", 0.001, [(150, 5)]),     # needs 10 blocks: does not fit beside x
-        agent("z", 0.002, [(10, 5)]),      # needs 1 block: would fit, but y is ahead of it
+        agent("x", 0.0, [(200, 50)]),  # holds 13..16 blocks while it decodes
+        agent("y", 0.001, [(150, 5)]),  # needs 10 blocks: does not fit beside x
+        agent("z", 0.002, [(10, 5)]),  # needs 1 block: would fit, but y is ahead of it
     ]
     f = finish(run(agents, "fcfs", cfg))
     assert f["z"] > f["x"]  # z waited for x to free memory even though it fit
@@ -89,14 +89,31 @@ def test_the_front_end_and_each_arrival_add_to_an_agents_time_as_the_profile_say
     request latency (20 ms); its first step pays for its arrival (2 ms, scaled 1.0); its agent
     learns of its end 5 ms after the last step. A second request in the stage waits for the first
     to leave the front end, and joins the engine's next step."""
-    profile = LatencyProfile("c", 0.0, 10.0, 0.0, 0.0, 1.0, 64, "test", request_latency_ms=20.0, answer_latency_ms=5.0,
-                             frontend_ms_per_request=1.0, per_arrival_ms=2.0)
+    profile = LatencyProfile(
+        "c",
+        0.0,
+        10.0,
+        0.0,
+        0.0,
+        1.0,
+        64,
+        "test",
+        request_latency_ms=20.0,
+        answer_latency_ms=5.0,
+        frontend_ms_per_request=1.0,
+        per_arrival_ms=2.0,
+    )
     one = run([agent("a", 0.0, [(10, 3)])], "fcfs", engine(profile=profile))
     assert one.agents[0].jct_s == pytest.approx(0.001 + 0.020 + 0.032 + 0.005)
-    plain = run([agent("a", 0.0, [(10, 3)])], "fcfs", engine(profile=replace(profile, request_latency_ms=0.0,
-                                                                                answer_latency_ms=0.0,
-                                                                                frontend_ms_per_request=0.0,
-                                                                                per_arrival_ms=0.0)))
+    plain = run(
+        [agent("a", 0.0, [(10, 3)])],
+        "fcfs",
+        engine(
+            profile=replace(
+                profile, request_latency_ms=0.0, answer_latency_ms=0.0, frontend_ms_per_request=0.0, per_arrival_ms=0.0
+            )
+        ),
+    )
     assert plain.agents[0].jct_s == pytest.approx(0.030)
     two = run([agent("a", 0.0, [(10, 3), (10, 3)])], "fcfs", engine(profile=profile))
     # the second reaches the engine at 22 ms, during the first's first step (21-33 ms): it joins at 33 ms,
@@ -117,14 +134,21 @@ def test_the_front_end_and_each_arrival_add_to_an_agents_time_as_the_profile_say
     frontend=st.sampled_from([(0.0, 0.0, 0.0), (7.5, 1.5, 0.4), (0.0, 3.0, 2.0)]),
     per_request=st.sampled_from([(0.0, 0.0), (0.12, 0.25)]),
 )
-def test_event_skipping_matches_per_iteration_stepping(seed, policy, blocks, budget, seqs, measure, slowdown,
-                                                       weighted, frontend, per_request):
+def test_event_skipping_matches_per_iteration_stepping(
+    seed, policy, blocks, budget, seqs, measure, slowdown, weighted, frontend, per_request
+):
     rng = np.random.default_rng(seed)
     agents = random_agents(rng, 24, max_prompt=400, max_output=200, mean_gap_s=0.2)
     if weighted:  # tenants' weights: weighted VTC keeps exact fractions, so charging groups do not matter
         agents = [replace(a, weight=float(rng.choice([0.5, 1.0, 2.0, 3.0]))) for a in agents]
-    profile = replace(LINEAR, request_latency_ms=frontend[0], answer_latency_ms=frontend[1],
-                      frontend_ms_per_request=frontend[2], per_request_ms=per_request[0], per_arrival_ms=per_request[1])
+    profile = replace(
+        LINEAR,
+        request_latency_ms=frontend[0],
+        answer_latency_ms=frontend[1],
+        frontend_ms_per_request=frontend[2],
+        per_request_ms=per_request[0],
+        per_arrival_ms=per_request[1],
+    )
     cfg = engine(blocks=max(blocks, 38), budget=budget, seqs=seqs, profile=profile)
     if slowdown is not None:  # the engine runs some times slower for a while
         cfg = replace(cfg, slowdown=(slowdown[0], slowdown[0] + slowdown[1], slowdown[2]))
@@ -137,8 +161,12 @@ def test_event_skipping_matches_per_iteration_stepping(seed, policy, blocks, bud
 
 
 @settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(seed=st.integers(0, 10_000), policy=st.sampled_from(["vtc", "las", "srjf"]), blocks=st.integers(38, 90),
-       weighted=st.booleans())
+@given(
+    seed=st.integers(0, 10_000),
+    policy=st.sampled_from(["vtc", "las", "srjf"]),
+    blocks=st.integers(38, 90),
+    weighted=st.booleans(),
+)
 def test_lazy_charging_at_the_front_matches_per_iteration_stepping_under_deep_backlog(seed, policy, blocks, weighted):
     """Under keys that rise (vtc, las), event skipping charges decode service only to the agents at
     the front of the queue and looks ahead only at the decoding agents before the first one that

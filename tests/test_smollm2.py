@@ -42,7 +42,9 @@ def test_smollm2_builds_a_llama_checkpoint_of_135m_parameters(smollm2_dir):
     assert config["architectures"] == ["LlamaForCausalLM"]
     assert "quantization_config" not in config  # dense bfloat16, not GGUF blocks
     assert config["dtype"] == "bfloat16" and config["tie_word_embeddings"]
-    h, n_layers, inter, vocab = (config[k] for k in ("hidden_size", "num_hidden_layers", "intermediate_size", "vocab_size"))
+    h, n_layers, inter, vocab = (
+        config[k] for k in ("hidden_size", "num_hidden_layers", "intermediate_size", "vocab_size")
+    )
     kv = config["num_key_value_heads"] * config["head_dim"]
     per_layer = 2 * h * h + 2 * h * kv + 3 * h * inter + 2 * h  # q,o + k,v + gate,up,down + 2 norms
     from_config = vocab * h + n_layers * per_layer + h  # tied embeddings + layers + final norm

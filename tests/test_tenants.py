@@ -8,10 +8,10 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
+from helpers import agent, engine, retained
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from helpers import agent, engine, retained
 from justitia.core import KV, AgentScheduler, Charge
 from justitia.core.policies import make_policy
 from justitia.lab.metrics import delay_bound_s, gps_finish_times
@@ -22,8 +22,9 @@ from justitia.sim import Simulator
 
 def run(agents, cfg, policy="justitia"):
     """The simulator, the clock's M measured from what the engine delivers (as the bench runs it)."""
-    return Simulator(cfg, make_policy(policy, cfg.capacity_per_s("kv")), make_predictor("oracle"),
-                     measure_capacity=True).run(agents)
+    return Simulator(
+        cfg, make_policy(policy, cfg.capacity_per_s("kv")), make_predictor("oracle"), measure_capacity=True
+    ).run(agents)
 
 
 def both_levels(agents, cfg, policy="justitia"):
@@ -59,9 +60,13 @@ def tenanted_agents(rng, n, tenants, late_tenant_s):
 
 
 @settings(max_examples=30, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
-@given(seed=st.integers(0, 100_000), blocks=st.integers(90, 200), n=st.integers(4, 40),
-       weights=st.lists(st.sampled_from([1.0, 2.0, 3.0]), min_size=2, max_size=3),
-       late_s=st.floats(0.0, 2.0))
+@given(
+    seed=st.integers(0, 100_000),
+    blocks=st.integers(90, 200),
+    n=st.integers(4, 40),
+    weights=st.lists(st.sampled_from([1.0, 2.0, 3.0]), min_size=2, max_size=3),
+    late_s=st.floats(0.0, 2.0),
+)
 def test_hierarchical_justitia_keeps_every_agent_and_every_tenant_within_the_bound(seed, blocks, n, weights, late_s):
     # Requests small next to M, as in test_bound (the theorem's assumption, one level down).
     tenants = {f"T{i}": w for i, w in enumerate(weights)}
@@ -159,8 +164,10 @@ def test_the_tenants_report_reads_service_shares_and_lags():
 
 # ----------------------------------------------------------------------------- the waiting queue
 @settings(max_examples=60, deadline=None, derandomize=True)
-@given(ops=st.lists(st.tuples(st.integers(0, 9), st.integers(0, 2), st.floats(1.0, 500.0)), min_size=1, max_size=80),
-       policy=st.sampled_from(["justitia", "vtc", "justitia-chained"]))
+@given(
+    ops=st.lists(st.tuples(st.integers(0, 9), st.integers(0, 2), st.floats(1.0, 500.0)), min_size=1, max_size=80),
+    policy=st.sampled_from(["justitia", "vtc", "justitia-chained"]),
+)
 def test_the_grouped_queue_always_offers_the_request_with_the_smallest_key(ops, policy):
     # Agents 0-9, some in tenants "x" and "y", some not; each op adds a request, admits the head
     # (charging it), or finishes an agent. After each, peek is the waiting request with the smallest

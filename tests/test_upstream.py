@@ -9,11 +9,11 @@ from pathlib import Path
 
 import httpx
 import pytest
+from servers import Server, free_port, metric, wait_agent
 from vllm.inputs import TokensPrompt
 
 from justitia.backends.base import Sampling
 from justitia.backends.upstream import Replica, UpstreamBackend, UpstreamError
-from servers import Server, free_port, metric, wait_agent
 
 
 def UpstreamEngine(replicas, policy, capacity_per_s):
@@ -33,8 +33,14 @@ class FakeReplica:
         self.gate = asyncio.Event()
         self.gate.set()
         transport = httpx.MockTransport(self.handle)
-        self.replica = Replica(f"http://{name}", "m", "m", 1024, kv_tokens,
-                               httpx.AsyncClient(base_url=f"http://{name}", transport=transport))
+        self.replica = Replica(
+            f"http://{name}",
+            "m",
+            "m",
+            1024,
+            kv_tokens,
+            httpx.AsyncClient(base_url=f"http://{name}", transport=transport),
+        )
 
     async def handle(self, request: httpx.Request) -> httpx.Response:
         if self.refuse:
@@ -50,17 +56,24 @@ class FakeReplica:
             return httpx.Response(self.status, json={"error": {"message": "the prompt is too long"}})
         n = body["max_tokens"]
         if not body["stream"]:
-            choice = {"text": "".join(f"t{k}" for k in range(n)), "token_ids": list(range(n)), "finish_reason": "length"}
+            choice = {
+                "text": "".join(f"t{k}" for k in range(n)),
+                "token_ids": list(range(n)),
+                "finish_reason": "length",
+            }
             return httpx.Response(200, json={"choices": [choice]})
-        chunks = [{"choices": [{"text": f"t{k}", "token_ids": [k], "finish_reason": "length" if k == n - 1 else None}]}
-                  for k in range(n)]
+        chunks = [
+            {"choices": [{"text": f"t{k}", "token_ids": [k], "finish_reason": "length" if k == n - 1 else None}]}
+            for k in range(n)
+        ]
         text = "".join(f"data: {json.dumps(c)}\n\n" for c in chunks) + "data: [DONE]\n\n"
         if self.cut_after is not None:  # the replica dies midway through the stream
-            head = "".join(f"data: {json.dumps(c)}\n\n" for c in chunks[:self.cut_after])
+            head = "".join(f"data: {json.dumps(c)}\n\n" for c in chunks[: self.cut_after])
 
             async def broken():
                 yield head.encode()
                 raise httpx.ReadError("connection reset", request=request)
+
             return httpx.Response(200, content=broken(), headers={"content-type": "text/event-stream"})
         return httpx.Response(200, text=text, headers={"content-type": "text/event-stream"})
 
@@ -87,7 +100,9 @@ def test_each_request_carries_its_agents_tag_as_priority_and_the_agent_is_releas
         e, m = a.bodies
         # f = V(arrival) + C: the elephant's tag is ~5e5, the mouse's (arriving just after) ~10 + V
         assert m["priority"] < e["priority"] and e["priority"] == pytest.approx(5e5, rel=1e-3)
-        assert e["prompt"] == [1, 2, 3] and e["model"] == "m" and not e["stream"] and m["stream"]  # final only: one answer
+        assert (
+            e["prompt"] == [1, 2, 3] and e["model"] == "m" and not e["stream"] and m["stream"]
+        )  # final only: one answer
         assert e["vllm_xargs"]["agent_id"] == "E"
         assert engine.book.agent("E") is None and engine.book.open_count == 0  # agent_done: released
         await a.replica.client.aclose()
@@ -167,7 +182,7 @@ def test_a_replica_that_keeps_failing_is_left_out_until_a_probe_finds_it_healthy
         for k in range(3):  # left out, although it has the most room
             await collect(engine, 1, {}, f"b{k}")
         assert len(flaky.bodies) == upstream.BREAKER_FAILURES
-        assert "justitia_replica_out{replica=\"http://flaky\"} 1" in "\n".join(engine.metrics_lines())
+        assert 'justitia_replica_out{replica="http://flaky"} 1' in "\n".join(engine.metrics_lines())
         flaky.status, flaky.healthy = 200, True
         deadline = time.time() + 10
         while flaky.replica.out:
@@ -214,21 +229,60 @@ def upstream(tmp_path_factory):
     replicas = []
     for k in range(2):
         port = free_port()
-        replicas.append(Server([sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model,
-                                "--port", str(port), "--scheduling-policy", "priority", "--num-gpu-blocks-override",
-                                "16", "--max-model-len", "1024", "--enforce-eager", "--dtype", "float32",
-                                "--served-model-name", "tiny", "--enable-auto-tool-choice", "--tool-call-parser",
-                                "hermes"],
-                               port, logs / f"replica{k}.log", env={"VLLM_CPU_KVCACHE_SPACE": "1"}))
+        replicas.append(
+            Server(
+                [
+                    sys.executable,
+                    "-m",
+                    "vllm.entrypoints.openai.api_server",
+                    "--model",
+                    model,
+                    "--port",
+                    str(port),
+                    "--scheduling-policy",
+                    "priority",
+                    "--num-gpu-blocks-override",
+                    "16",
+                    "--max-model-len",
+                    "1024",
+                    "--enforce-eager",
+                    "--dtype",
+                    "float32",
+                    "--served-model-name",
+                    "tiny",
+                    "--enable-auto-tool-choice",
+                    "--tool-call-parser",
+                    "hermes",
+                ],
+                port,
+                logs / f"replica{k}.log",
+                env={"VLLM_CPU_KVCACHE_SPACE": "1"},
+            )
+        )
     front = None
     try:
         for r in replicas:
             r.wait_ready("/v1/models", timeout_s=400)
         port = free_port()
-        front = Server([sys.executable, "-m", "justitia", "serve", "--port", str(port), "--predictor", "mean",
-                        "--journal", str(logs / "journal.sqlite"), "--upstream", *(r.url for r in replicas)], port,
-                       logs / "front.log",
-                       env={"JUSTITIA_AGENT_IDLE_S": "600"})  # agents without agent_done stay put
+        front = Server(
+            [
+                sys.executable,
+                "-m",
+                "justitia",
+                "serve",
+                "--port",
+                str(port),
+                "--predictor",
+                "mean",
+                "--journal",
+                str(logs / "journal.sqlite"),
+                "--upstream",
+                *(r.url for r in replicas),
+            ],
+            port,
+            logs / "front.log",
+            env={"JUSTITIA_AGENT_IDLE_S": "600"},
+        )  # agents without agent_done stay put
         front.wait_ready("/health")
         with httpx.Client(base_url=front.url, timeout=60) as client:
             client.replicas = replicas
@@ -257,10 +311,13 @@ def test_agents_run_across_two_stock_vllm_servers_under_one_clock(upstream):
     a, b = upstream.replicas
     before = [_replica_finished(r.url, "length") for r in (a, b)]
     assert metric(upstream, "justitia_upstream_kv_tokens") == 2 * 16 * 128  # M: the sum of both KV caches
-    body = {"type": "mrs", "stages": [
-        [{"prompt": f"Summarize part {i} of the report.", "max_tokens": 16, "ignore_eos": True} for i in range(6)],
-        [{"prompt": "Combine these summaries:\n{{prev}}", "max_tokens": 8, "ignore_eos": True}],
-    ]}
+    body = {
+        "type": "mrs",
+        "stages": [
+            [{"prompt": f"Summarize part {i} of the report.", "max_tokens": 16, "ignore_eos": True} for i in range(6)],
+            [{"prompt": "Combine these summaries:\n{{prev}}", "max_tokens": 8, "ignore_eos": True}],
+        ],
+    }
     agent_id = upstream.post("/v1/agents", json=body).json()["agent_id"]
     doc = wait_agent(upstream, agent_id)
     assert doc["status"] == "done", doc
@@ -275,8 +332,12 @@ def test_agents_run_across_two_stock_vllm_servers_under_one_clock(upstream):
     served = client.models.list().data[0].id  # the replicas' model, as /v1/models names it
     with pytest.raises(openai.NotFoundError):
         client.completions.create(model="no-such-model", prompt="x", max_tokens=2)
-    done = client.completions.create(model=served, prompt="Once upon a time", max_tokens=5,
-                                     extra_body={"vllm_xargs": {"agent_id": "story-1", "agent_type": "mrs"}})
+    done = client.completions.create(
+        model=served,
+        prompt="Once upon a time",
+        max_tokens=5,
+        extra_body={"vllm_xargs": {"agent_id": "story-1", "agent_type": "mrs"}},
+    )
     assert done.usage.completion_tokens <= 5 and done.usage.prompt_tokens > 0
 
 
@@ -289,14 +350,21 @@ def test_the_front_end_forwards_every_body_vllm_takes_with_its_tag_as_vllms_prio
     tool = upstream.post("/v1/chat/completions", json=TWELVE["tools, a named tool"]).json()
     assert tool["choices"][0]["message"]["tool_calls"][0]["function"]["name"] == "get_weather"
     hi = [{"role": "user", "content": "hi"}]
-    r = upstream.post("/v1/messages", json={"model": "tiny", "max_tokens": 3, "messages": hi},
-                      headers={"X-Claude-Code-Session-Id": "cc-up"})
+    r = upstream.post(
+        "/v1/messages",
+        json={"model": "tiny", "max_tokens": 3, "messages": hi},
+        headers={"X-Claude-Code-Session-Id": "cc-up"},
+    )
     assert r.status_code == 200 and r.json()["type"] == "message"
-    r = upstream.post("/v1/responses", json={"model": "tiny", "input": "hi", "max_output_tokens": 3},
-                      headers={"X-Claude-Code-Session-Id": "cc-up"})
+    r = upstream.post(
+        "/v1/responses",
+        json={"model": "tiny", "input": "hi", "max_output_tokens": 3},
+        headers={"X-Claude-Code-Session-Id": "cc-up"},
+    )
     assert r.status_code == 200 and r.json()["object"] == "response"
-    with upstream.stream("POST", "/v1/chat/completions", json={"model": "tiny", "messages": hi, "max_tokens": 3,
-                                                               "stream": True}) as r:
+    with upstream.stream(
+        "POST", "/v1/chat/completions", json={"model": "tiny", "messages": hi, "max_tokens": 3, "stream": True}
+    ) as r:
         lines = [line for line in r.iter_lines() if line.startswith("data: ")]
     assert lines[-1] == "data: [DONE]" and json.loads(lines[0][6:])["object"] == "chat.completion.chunk"
     bad = upstream.post("/v1/chat/completions", json={"model": "tiny", "messages": "hi"})
@@ -309,8 +377,12 @@ def test_cancelling_an_upstream_agent_aborts_its_requests_on_the_replicas(upstre
     replicas = [r.url for r in upstream.replicas]
     tokens = sum(_replica(url, "generation_tokens_total") for url in replicas)
     held = metric(upstream, "justitia_policy_agents")  # e.g. an OpenAI client's agent without agent_done
-    body = {"stages": [[{"prompt": f"Write a long story {i}.", "max_tokens": 1000, "ignore_eos": True}
-                        for i in range(4)], [{"prompt": "{{prev}}", "max_tokens": 8}]]}
+    body = {
+        "stages": [
+            [{"prompt": f"Write a long story {i}.", "max_tokens": 1000, "ignore_eos": True} for i in range(4)],
+            [{"prompt": "{{prev}}", "max_tokens": 8}],
+        ]
+    }
     agent_id = upstream.post("/v1/agents", json=body).json()["agent_id"]
     deadline = time.time() + 120
     while sum(_replica(url, "num_requests_running") for url in replicas) < 4:

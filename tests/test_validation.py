@@ -8,21 +8,20 @@ import time
 
 import pytest
 from fastapi.testclient import TestClient
+from inprocess import RecordingBackend, WordTokenizer
 from pydantic import ValidationError
 
-from inprocess import RecordingBackend, WordTokenizer
+from justitia.backends.base import Backend
+from justitia.frontend.app import Settings, create_app
 from justitia.predictors import make_predictor
 from justitia.server.metrics import MAX_METRIC_TYPES
-from justitia.frontend.app import Settings, create_app
-from justitia.backends.base import Backend
 from justitia.server.schema import AgentSpec
 
 
 @pytest.fixture
 def app():
     backend = RecordingBackend()
-    application = create_app(backend, WordTokenizer(chat=True), Settings(max_model_len=64),
-                             make_predictor("oracle"))
+    application = create_app(backend, WordTokenizer(chat=True), Settings(max_model_len=64), make_predictor("oracle"))
     with TestClient(application) as client:
         client.backend = backend
         yield client
@@ -32,17 +31,20 @@ def agent(**task):
     return {"stages": [[{"prompt": "hello there", "max_tokens": 4} | task]]}
 
 
-@pytest.mark.parametrize("body, field", [
-    (agent(temperature=5), "stages[0][0].temperature"),  # vLLM takes [0, 2]
-    (agent(top_p=0), "stages[0][0].top_p"),
-    (agent(stop=[""]), "stages[0][0].stop[0]"),  # vLLM refuses an empty stop string
-    (agent(stop=["x"] * 17), "stages[0][0].stop"),
-    (agent(prompt=""), "stages[0][0].prompt"),
-    (agent(seed=2**64), "stages[0][0].seed"),  # would overflow vLLM's seed (and leak a request)
-    (agent(seed=-5), "stages[0][0].seed"),
-    (agent(max_tokens=64), "stages[0][0].max_tokens"),  # the whole context
-    ({"type": 'bad"type\nx', "stages": [[{"prompt": "hi"}]]}, "type"),  # it labels metrics
-])
+@pytest.mark.parametrize(
+    "body, field",
+    [
+        (agent(temperature=5), "stages[0][0].temperature"),  # vLLM takes [0, 2]
+        (agent(top_p=0), "stages[0][0].top_p"),
+        (agent(stop=[""]), "stages[0][0].stop[0]"),  # vLLM refuses an empty stop string
+        (agent(stop=["x"] * 17), "stages[0][0].stop"),
+        (agent(prompt=""), "stages[0][0].prompt"),
+        (agent(seed=2**64), "stages[0][0].seed"),  # would overflow vLLM's seed (and leak a request)
+        (agent(seed=-5), "stages[0][0].seed"),
+        (agent(max_tokens=64), "stages[0][0].max_tokens"),  # the whole context
+        ({"type": 'bad"type\nx', "stages": [[{"prompt": "hi"}]]}, "type"),  # it labels metrics
+    ],
+)
 def test_a_bad_agent_field_is_refused_naming_it(app, body, field):
     r = app.post("/v1/agents", json=body)
     assert 400 <= r.status_code < 500 and f"'{field}'" in r.json()["error"], r.text
@@ -65,10 +67,16 @@ def test_a_lone_surrogate_is_refused_not_tokenized(app):
     assert app.backend.metas == []
 
 
-@pytest.mark.parametrize("extra, field", [
-    ({"temperature": "hot"}, "temperature"), ({"stop": 5}, "stop"), ({"seed": 2**64}, "seed"),
-    ({"max_tokens": "many"}, "max_tokens"), ({"prompt": {"a": 1}}, "prompt"),
-])
+@pytest.mark.parametrize(
+    "extra, field",
+    [
+        ({"temperature": "hot"}, "temperature"),
+        ({"stop": 5}, "stop"),
+        ({"seed": 2**64}, "seed"),
+        ({"max_tokens": "many"}, "max_tokens"),
+        ({"prompt": {"a": 1}}, "prompt"),
+    ],
+)
 def test_a_front_end_refuses_a_bad_body_with_vllms_own_model_and_message(app, extra, field):
     """--upstream and --ray validate a body with vLLM's own request model (its 400, its words), before
     any replica sees it."""
@@ -81,14 +89,16 @@ def test_a_front_end_forwards_what_vllm_takes_and_answers_501_where_its_backend_
     from twelve import TWELVE
 
     backend = RecordingBackend()
-    with TestClient(create_app(backend, WordTokenizer(chat=True), Settings(max_model_len=64),
-                               make_predictor("oracle"))) as client:
+    with TestClient(
+        create_app(backend, WordTokenizer(chat=True), Settings(max_model_len=64), make_predictor("oracle"))
+    ) as client:
         for name, body in TWELVE.items():
             assert client.post("/v1/chat/completions", json=body).status_code == 200, name
         assert len(backend.metas) == len(TWELVE)
         backend.forward = lambda *a: Backend.forward(backend, *a)  # a backend that serves no endpoint by itself
-        r = client.post("/v1/messages", json={"model": "tiny", "max_tokens": 2, "messages": [{"role": "user",
-                                                                                             "content": "hi"}]})
+        r = client.post(
+            "/v1/messages", json={"model": "tiny", "max_tokens": 2, "messages": [{"role": "user", "content": "hi"}]}
+        )
         assert r.status_code == 501 and r.json()["error"]["type"] == "api_error"
 
 
@@ -96,8 +106,10 @@ def test_agent_types_are_safe_metric_labels_and_their_number_is_capped(app):
     r = app.post("/v1/completions", json={"prompt": "hi", "max_tokens": 2, "vllm_xargs": {"agent_type": 'a"}\n'}})
     assert r.status_code == 400 and "vllm_xargs.agent_type" in r.json()["error"]["message"]
     for k in range(MAX_METRIC_TYPES + 5):
-        assert app.post("/v1/agents", json={"type": f"t{k}", "stages": [[{"prompt": "hi", "max_tokens": 2}]]}
-                        ).status_code == 202
+        assert (
+            app.post("/v1/agents", json={"type": f"t{k}", "stages": [[{"prompt": "hi", "max_tokens": 2}]]}).status_code
+            == 202
+        )
     deadline = time.time() + 60
     while app.get("/health").json()["agents_in_flight"]:
         assert time.time() < deadline
@@ -110,13 +122,14 @@ def test_agent_types_are_safe_metric_labels_and_their_number_is_capped(app):
 
 def test_the_body_limit_counts_the_bytes_received_chunked_bodies_included():
     backend = RecordingBackend()
-    application = create_app(backend, WordTokenizer(), Settings(max_model_len=64, max_body_bytes=1000),
-                             make_predictor("oracle"))
+    application = create_app(
+        backend, WordTokenizer(), Settings(max_model_len=64, max_body_bytes=1000), make_predictor("oracle")
+    )
     body = json.dumps({"stages": [[{"prompt": "x " * 2000, "max_tokens": 2}]]}).encode()
 
     def chunks():  # no Content-Length: the body arrives in pieces
         for k in range(0, len(body), 256):
-            yield body[k:k + 256]
+            yield body[k : k + 256]
 
     with TestClient(application) as client:
         r = client.post("/v1/agents", content=chunks(), headers={"content-type": "application/json"})
@@ -124,8 +137,12 @@ def test_the_body_limit_counts_the_bytes_received_chunked_bodies_included():
         r = client.post("/v1/agents", content=body, headers={"content-type": "application/json"})
         assert r.status_code == 413 and f"has {len(body)} bytes" in r.json()["error"]
         small = json.dumps({"stages": [[{"prompt": "hi", "max_tokens": 2}]]}).encode()
-        assert client.post("/v1/agents", content=iter([small[:10], small[10:]]),
-                           headers={"content-type": "application/json"}).status_code == 202
+        assert (
+            client.post(
+                "/v1/agents", content=iter([small[:10], small[10:]]), headers={"content-type": "application/json"}
+            ).status_code
+            == 202
+        )
     assert backend.registered and all(len(r) == 3 for r in backend.registered)
 
 
@@ -159,13 +176,15 @@ def test_a_body_over_the_limit_gets_a_413_that_urllib_can_read():
 
     from justitia.server.limits import http_with_header_timeout
 
-    app = create_app(RecordingBackend(), WordTokenizer(), Settings(max_model_len=64, max_body_bytes=1000),
-                     make_predictor("oracle"))
+    app = create_app(
+        RecordingBackend(), WordTokenizer(), Settings(max_model_len=64, max_body_bytes=1000), make_predictor("oracle")
+    )
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning",
-                                           http=http_with_header_timeout(10.0)))
+    server = uvicorn.Server(
+        uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", http=http_with_header_timeout(10.0))
+    )
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     try:
@@ -175,8 +194,9 @@ def test_a_body_over_the_limit_gets_a_413_that_urllib_can_read():
             time.sleep(0.05)
         body = json.dumps({"stages": [[{"prompt": "x" * (4 << 20)}]]}).encode()
         for path in ("/v1/agents", "/v1/chat/completions"):
-            request = urllib.request.Request(f"http://127.0.0.1:{port}{path}", data=body,
-                                             headers={"Content-Type": "application/json"})
+            request = urllib.request.Request(
+                f"http://127.0.0.1:{port}{path}", data=body, headers={"Content-Type": "application/json"}
+            )
             with pytest.raises(urllib.error.HTTPError) as refused:
                 urllib.request.urlopen(request, timeout=30)
             assert refused.value.code == 413 and b"limit of 1000" in refused.value.read()
@@ -197,16 +217,19 @@ def test_max_tokens_with_ignore_eos_buys_no_early_tag_and_a_later_stage_that_can
     backend = RecordingBackend()
     app = create_app(backend, WordTokenizer(), Settings(max_model_len=2048), make_predictor(default))
     tiny = {"type": "mrs", "stages": [[{"prompt": "Summarize: the river rose.", "max_tokens": 16}]]}
-    trojan = {"type": "mrs", "stages": [tiny["stages"][0], [
-        {"prompt": "Expand {{prev}}", "max_tokens": 1024, "ignore_eos": True}] * 8]}
+    trojan = {
+        "type": "mrs",
+        "stages": [tiny["stages"][0], [{"prompt": "Expand {{prev}}", "max_tokens": 1024, "ignore_eos": True}] * 8],
+    }
     with TestClient(app) as client:
         prices = []
         for body in (tiny, trojan):
             agent_id = client.post("/v1/agents", json=body).json()["agent_id"]
             prices.append(client.get(f"/v1/agents/{agent_id}").json()["predicted_cost"])
-        assert prices[1] >= 2 * prices[0] and prices[1] >= 8 * 1024 ** 2 / 2, prices
-        huge = {"stages": [[{"prompt": "hi", "max_tokens": 2}],
-                           [{"prompt": "word " * 2100 + "{{prev}}", "max_tokens": 2}]]}
+        assert prices[1] >= 2 * prices[0] and prices[1] >= 8 * 1024**2 / 2, prices
+        huge = {
+            "stages": [[{"prompt": "hi", "max_tokens": 2}], [{"prompt": "word " * 2100 + "{{prev}}", "max_tokens": 2}]]
+        }
         r = client.post("/v1/agents", json=huge)
         assert r.status_code == 400 and "'stages[1][0].prompt'" in r.json()["error"], r.text
         assert "before any placeholder" in r.json()["error"]
@@ -235,18 +258,24 @@ def test_no_agent_is_priced_above_what_its_max_tokens_allow():
     assert prices[0] <= 4 * KV.request_cost(p + 2, 1) < prices[1], prices  # (+2: a margin for the tokenizer's extras)
 
 
-@pytest.mark.parametrize("path", ["/v1/agents", "turns", "/v1/chat/completions", "/v1/completions", "/v1/responses",
-                                  "/v1/messages"])
+@pytest.mark.parametrize(
+    "path", ["/v1/agents", "turns", "/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/messages"]
+)
 def test_a_body_nested_past_the_depth_limit_is_a_400_naming_it_on_every_endpoint_justitia_owns(app, path):
     """A 100,000-deep array once made Python's parser recurse past its stack: a 500."""
     from justitia.server.limits import MAX_JSON_DEPTH
 
     if path == "turns":  # a session's next turn: the session must exist
-        r = app.post("/v1/agents", json={"type": "chat", "session": True, "stages": [[{"prompt": "hi", "max_tokens": 2}]]})
+        r = app.post(
+            "/v1/agents", json={"type": "chat", "session": True, "stages": [[{"prompt": "hi", "max_tokens": 2}]]}
+        )
         assert r.status_code == 202, r.text
         path = f"/v1/agents/{r.json()['agent_id']}/turns"
         app.backend.metas.clear()
-    for body in ("[" * 100_000 + "]" * 100_000, '{"stages": ' + "[" * (MAX_JSON_DEPTH + 1) + "]" * (MAX_JSON_DEPTH + 1) + "}"):
+    for body in (
+        "[" * 100_000 + "]" * 100_000,
+        '{"stages": ' + "[" * (MAX_JSON_DEPTH + 1) + "]" * (MAX_JSON_DEPTH + 1) + "}",
+    ):
         r = app.post(path, content=body, headers={"content-type": "application/json"})
         assert r.status_code == 400, (path, r.status_code, r.text[:200])
         assert f"nested deeper than {MAX_JSON_DEPTH} levels" in r.text

@@ -15,7 +15,6 @@ from typing import Literal
 import httpx
 import jsonschema
 import pytest
-
 from servers import Server, free_port, metric
 from twelve import SCHEMA, TWELVE
 
@@ -31,16 +30,47 @@ def server(tmp_path_factory):
     keys = where / "keys.txt"
     keys.write_text(f"{KEY} team-a 1\n{OTHER_KEY} team-b 2\n")
     port = free_port()
-    serve = {"predictor": "mean", "api_keys_file": str(keys), "journal": str(where / "journal.sqlite"),
-             "limits": {"key_requests_in_flight": PER_KEY}}
-    srv = Server([sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(resolve_model("tiny")),
-                  "--served-model-name", "tiny", "--port", str(port), "--max-model-len", "2048", "--enforce-eager",
-                  "--dtype", "float32", "--scheduler-cls", "justitia.vllm.plugin.JustitiaScheduler",
-                  "--scheduling-policy", "priority",
-                  "--enable-auto-tool-choice", "--tool-call-parser", "hermes"], port, where / "vllm.log",
-                 env={"VLLM_PLUGINS": "justitia", "JUSTITIA_SERVE": json.dumps(serve), "HF_HUB_OFFLINE": "1",
-                      "VLLM_CPU_KVCACHE_SPACE": "1", "JUSTITIA_LOG_AGENTS": "1",
-                      "JUSTITIA_SESSION_KEEP_S": "3600"})  # no session is released while the module runs
+    serve = {
+        "predictor": "mean",
+        "api_keys_file": str(keys),
+        "journal": str(where / "journal.sqlite"),
+        "limits": {"key_requests_in_flight": PER_KEY},
+    }
+    srv = Server(
+        [
+            sys.executable,
+            "-m",
+            "vllm.entrypoints.openai.api_server",
+            "--model",
+            str(resolve_model("tiny")),
+            "--served-model-name",
+            "tiny",
+            "--port",
+            str(port),
+            "--max-model-len",
+            "2048",
+            "--enforce-eager",
+            "--dtype",
+            "float32",
+            "--scheduler-cls",
+            "justitia.vllm.plugin.JustitiaScheduler",
+            "--scheduling-policy",
+            "priority",
+            "--enable-auto-tool-choice",
+            "--tool-call-parser",
+            "hermes",
+        ],
+        port,
+        where / "vllm.log",
+        env={
+            "VLLM_PLUGINS": "justitia",
+            "JUSTITIA_SERVE": json.dumps(serve),
+            "HF_HUB_OFFLINE": "1",
+            "VLLM_CPU_KVCACHE_SPACE": "1",
+            "JUSTITIA_LOG_AGENTS": "1",
+            "JUSTITIA_SESSION_KEEP_S": "3600",
+        },
+    )  # no session is released while the module runs
     srv.wait_ready("/health")
     with httpx.Client(base_url=srv.url, timeout=120, headers={"Authorization": f"Bearer {KEY}"}) as client:
         client.server = srv
@@ -76,8 +106,10 @@ def test_the_door_runs_first_and_names_what_it_refuses(server):
     assert r.status_code == 400 and "X-Claude-Code-Session-Id" in r.json()["error"]["message"]
     r = server.post("/v1/chat/completions", json=hi | {"prompt_cache_key": 7.5})
     assert r.status_code == 400 and "prompt_cache_key" in r.json()["error"]["message"]
-    r = server.post("/inference/v1/generate", json={"token_ids": [1, 2], "sampling_params": {
-        "max_tokens": 2, "extra_args": {"agent_cost": 0}}})
+    r = server.post(
+        "/inference/v1/generate",
+        json={"token_ids": [1, 2], "sampling_params": {"max_tokens": 2, "extra_args": {"agent_cost": 0}}},
+    )
     assert r.status_code == 400 and "sampling_params.extra_args.agent_cost" in r.json()["error"]["message"]
     r = server.post("/v1/chat/completions", content=b"x" * 2_000_000, headers={"content-type": "application/json"})
     assert r.status_code == 413
@@ -85,8 +117,9 @@ def test_the_door_runs_first_and_names_what_it_refuses(server):
 
 def test_requests_past_the_keys_limit_get_429_with_retry_after_and_no_more_pass(server):
     async def burst():
-        async with httpx.AsyncClient(base_url=server.server.url, timeout=120,
-                                     headers={"Authorization": f"Bearer {OTHER_KEY}"}) as client:
+        async with httpx.AsyncClient(
+            base_url=server.server.url, timeout=120, headers={"Authorization": f"Bearer {OTHER_KEY}"}
+        ) as client:
             body = {"model": "tiny", "prompt": "Once", "max_tokens": 64, "ignore_eos": True}
             return await asyncio.gather(*(client.post("/v1/completions", json=body) for _ in range(12)))
 
@@ -99,14 +132,17 @@ def test_requests_past_the_keys_limit_get_429_with_retry_after_and_no_more_pass(
 def test_harness_sessions_are_one_agent_on_every_endpoint_in_each_keys_namespace(server):
     """Six concurrent requests of two Claude Code sessions are two agents, not six, on chat,
     completions, responses and messages alike; another key's same id is another agent."""
-    urls = {"chat": ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 3}),
-            "completions": ("/v1/completions", {"prompt": "hi", "max_tokens": 3}),
-            "responses": ("/v1/responses", {"input": "hi", "max_output_tokens": 3}),
-            "messages": ("/v1/messages", {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 3})}
+    urls = {
+        "chat": ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 3}),
+        "completions": ("/v1/completions", {"prompt": "hi", "max_tokens": 3}),
+        "responses": ("/v1/responses", {"input": "hi", "max_output_tokens": 3}),
+        "messages": ("/v1/messages", {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 3}),
+    }
 
     async def run(kinds):  # concurrent, within the key's limit of PER_KEY in flight
-        async with httpx.AsyncClient(base_url=server.server.url, timeout=120,
-                                     headers={"Authorization": f"Bearer {KEY}"}) as client:
+        async with httpx.AsyncClient(
+            base_url=server.server.url, timeout=120, headers={"Authorization": f"Bearer {KEY}"}
+        ) as client:
             sends = []
             for k, kind in enumerate(kinds):
                 path, body = urls[kind]
@@ -130,8 +166,16 @@ def test_harness_sessions_are_one_agent_on_every_endpoint_in_each_keys_namespace
 
 
 def test_the_agent_api_and_justitias_metrics_live_beside_vllms(server):
-    r = server.post("/v1/agents", json={"type": "mrs", "stages": [[{"prompt": "Summarize: rain.", "max_tokens": 4}] * 2,
-                                                                   [{"prompt": "Combine: {{prev}}", "max_tokens": 4}]]})
+    r = server.post(
+        "/v1/agents",
+        json={
+            "type": "mrs",
+            "stages": [
+                [{"prompt": "Summarize: rain.", "max_tokens": 4}] * 2,
+                [{"prompt": "Combine: {{prev}}", "max_tokens": 4}],
+            ],
+        },
+    )
     assert r.status_code == 202
     agent_id = r.json()["agent_id"]
     deadline = time.time() + 120
@@ -141,7 +185,10 @@ def test_the_agent_api_and_justitias_metrics_live_beside_vllms(server):
     assert doc["status"] == "done" and doc["virtual_finish"] is not None
     assert "vllm:num_requests_waiting" in server.get("/metrics").text
     assert metric(server, 'justitia_agents_finished_total{status="done"}') >= 1
-    assert metric(server, "justitia_virtual_time") > 0 and metric(server, 'justitia_requests_total{endpoint="messages"}') >= 1
+    assert (
+        metric(server, "justitia_virtual_time") > 0
+        and metric(server, 'justitia_requests_total{endpoint="messages"}') >= 1
+    )
 
 
 # --------------------------------------------------------------------------------- frameworks
@@ -172,21 +219,28 @@ def test_an_openai_agents_sdk_agent_with_a_forced_tool_and_two_parallel_subagent
         return f"sunny in {city}"
 
     async def run():
-        client = AsyncOpenAI(base_url=f"{server.server.url}/v1", api_key=KEY, max_retries=0,
-                             default_headers={"X-Session-ID": "sdk-trip"})  # the one header
+        client = AsyncOpenAI(
+            base_url=f"{server.server.url}/v1", api_key=KEY, max_retries=0, default_headers={"X-Session-ID": "sdk-trip"}
+        )  # the one header
         model = OpenAIChatCompletionsModel(model="tiny", openai_client=client)
 
         def forecaster(subagent: str | None = None) -> Agent:
             headers = {"X-Claude-Code-Agent-Id": subagent} if subagent else None  # a subagent of the session
-            return Agent(name=subagent or "forecaster", instructions="Answer with the weather.", tools=[get_weather],
-                         model=model, model_settings=ModelSettings(tool_choice="required", max_tokens=400,
-                                                                   extra_headers=headers))
+            return Agent(
+                name=subagent or "forecaster",
+                instructions="Answer with the weather.",
+                tools=[get_weather],
+                model=model,
+                model_settings=ModelSettings(tool_choice="required", max_tokens=400, extra_headers=headers),
+            )
 
         first = await Runner.run(forecaster(), "Weather in Paris?", max_turns=6)  # turn 1: a user message
-        subagents = await asyncio.gather(*(Runner.run(forecaster(c.lower()), f"Weather in {c}?", max_turns=6)
-                                           for c in ("Paris", "Rome")))  # inside turn 1: they never open one
-        second = await Runner.run(forecaster(), first.to_input_list() + [{"role": "user", "content": "And Rome?"}],
-                                  max_turns=6)  # turn 2: the conversation so far, then the user's new message
+        subagents = await asyncio.gather(
+            *(Runner.run(forecaster(c.lower()), f"Weather in {c}?", max_turns=6) for c in ("Paris", "Rome"))
+        )  # inside turn 1: they never open one
+        second = await Runner.run(
+            forecaster(), first.to_input_list() + [{"role": "user", "content": "And Rome?"}], max_turns=6
+        )  # turn 2: the conversation so far, then the user's new message
         return [first, *subagents, second]
 
     results = asyncio.run(asyncio.wait_for(run(), 600))
@@ -207,8 +261,14 @@ def test_an_openai_agents_sdk_agent_with_a_forced_tool_and_two_parallel_subagent
 def test_langchain_bind_tools_strict_and_a_json_schema_answer(server):
     from langchain_openai import ChatOpenAI
 
-    llm = ChatOpenAI(model="tiny", base_url=f"{server.server.url}/v1", api_key=KEY, max_tokens=400, max_retries=0,
-                     default_headers={"X-Session-ID": "lc-run"})
+    llm = ChatOpenAI(
+        model="tiny",
+        base_url=f"{server.server.url}/v1",
+        api_key=KEY,
+        max_tokens=400,
+        max_retries=0,
+        default_headers={"X-Session-ID": "lc-run"},
+    )
 
     def get_weather(city: Literal["Paris", "Rome"]) -> str:
         """The weather in a city."""
@@ -217,8 +277,9 @@ def test_langchain_bind_tools_strict_and_a_json_schema_answer(server):
     reply = llm.bind_tools([get_weather], strict=True, tool_choice="get_weather").invoke("Weather in Rome?")
     assert reply.tool_calls and reply.tool_calls[0]["name"] == "get_weather"
     assert reply.tool_calls[0]["args"]["city"] in ("Paris", "Rome")
-    answer = llm.with_structured_output({"title": "verdict", **SCHEMA}, method="json_schema", strict=True,
-                                        include_raw=True).invoke("Is it raining? yes or no")
+    answer = llm.with_structured_output(
+        {"title": "verdict", **SCHEMA}, method="json_schema", strict=True, include_raw=True
+    ).invoke("Is it raining? yes or no")
     jsonschema.validate(json.loads(answer["raw"].content), SCHEMA)
     assert sessions(server)["lc-run"]["requests"] == 2
 
@@ -226,11 +287,16 @@ def test_langchain_bind_tools_strict_and_a_json_schema_answer(server):
 def test_the_anthropic_sdk_with_a_claude_code_session_header_is_grouped_the_same_way(server):
     import anthropic
 
-    client = anthropic.Anthropic(base_url=server.server.url, api_key=KEY, max_retries=0,
-                                 default_headers={"X-Claude-Code-Session-Id": "claude-7"})
+    client = anthropic.Anthropic(
+        base_url=server.server.url, api_key=KEY, max_retries=0, default_headers={"X-Claude-Code-Session-Id": "claude-7"}
+    )
     first = client.messages.create(model="tiny", max_tokens=8, messages=[{"role": "user", "content": "Plan the task."}])
-    second = client.messages.create(model="tiny", max_tokens=8, messages=[{"role": "user", "content": "Do step one."}],
-                                    extra_headers={"X-Claude-Code-Agent-Id": "explorer"})
+    second = client.messages.create(
+        model="tiny",
+        max_tokens=8,
+        messages=[{"role": "user", "content": "Do step one."}],
+        extra_headers={"X-Claude-Code-Agent-Id": "explorer"},
+    )
     assert first.content and second.content and first.usage.input_tokens > 0
     session = sessions(server)["claude-7"]
     assert session["by_endpoint"] == {"messages": 2} and session["subagents"] == ["explorer"]

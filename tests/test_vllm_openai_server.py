@@ -27,15 +27,41 @@ def server(tmp_path_factory):
     model = str(tiny_model())
     port = free_port()
     log = tmp_path_factory.mktemp("server") / "server.log"
-    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1]), JUSTITIA_POLICY="justitia",
-               JUSTITIA_LOG_AGENTS="1", VLLM_CPU_KVCACHE_SPACE="1", VLLM_CPU_OMP_THREADS_BIND="0-1")
+    env = dict(
+        os.environ,
+        PYTHONPATH=str(Path(__file__).resolve().parents[1]),
+        JUSTITIA_POLICY="justitia",
+        JUSTITIA_LOG_AGENTS="1",
+        VLLM_CPU_KVCACHE_SPACE="1",
+        VLLM_CPU_OMP_THREADS_BIND="0-1",
+    )
     with open(log, "w") as out:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model, "--port", str(port),
-             "--host", "127.0.0.1", "--scheduling-policy", "priority",
-             "--scheduler-cls", "justitia.vllm.plugin.JustitiaScheduler", "--num-gpu-blocks-override", "16",
-             "--max-model-len", "1024", "--enforce-eager", "--dtype", "float32"],
-            stdout=out, stderr=subprocess.STDOUT, env=env,
+            [
+                sys.executable,
+                "-m",
+                "vllm.entrypoints.openai.api_server",
+                "--model",
+                model,
+                "--port",
+                str(port),
+                "--host",
+                "127.0.0.1",
+                "--scheduling-policy",
+                "priority",
+                "--scheduler-cls",
+                "justitia.vllm.plugin.JustitiaScheduler",
+                "--num-gpu-blocks-override",
+                "16",
+                "--max-model-len",
+                "1024",
+                "--enforce-eager",
+                "--dtype",
+                "float32",
+            ],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=env,
         )
     client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none", timeout=120)
     deadline = time.monotonic() + 300
@@ -59,10 +85,19 @@ def test_requests_with_vllm_xargs_join_their_agent_and_the_agent_is_released(ser
     client, model, log = server
     for i in range(3):
         out = client.completions.create(
-            model=model, prompt=f"Verify claim {i} about the transit plan.", max_tokens=8,
-            extra_body={"ignore_eos": True, "vllm_xargs": {
-                "agent_id": "fv-agent-7", "agent_type": "fv", "agent_cost": 12345.0, "request_cost": 4000.0,
-                "agent_done": int(i == 2)}},
+            model=model,
+            prompt=f"Verify claim {i} about the transit plan.",
+            max_tokens=8,
+            extra_body={
+                "ignore_eos": True,
+                "vllm_xargs": {
+                    "agent_id": "fv-agent-7",
+                    "agent_type": "fv",
+                    "agent_cost": 12345.0,
+                    "request_cost": 4000.0,
+                    "agent_done": int(i == 2),
+                },
+            },
         )
         assert out.choices[0].finish_reason == "length" and out.usage.completion_tokens == 8
     text = log.read_text()
@@ -77,8 +112,9 @@ def test_requests_with_vllm_xargs_join_their_agent_and_the_agent_is_released(ser
 
 def test_a_request_without_metadata_is_served_as_its_own_agent(server):
     client, model, log = server
-    out = client.chat.completions.create(model=model, messages=[{"role": "user", "content": "hello"}],
-                                         max_tokens=4, extra_body={"ignore_eos": True})
+    out = client.chat.completions.create(
+        model=model, messages=[{"role": "user", "content": "hello"}], max_tokens=4, extra_body={"ignore_eos": True}
+    )
     assert out.usage.completion_tokens == 4
     text = log.read_text()
     assert re.search(r"justitia: agent \S+ arrived: type=''", text)
@@ -88,8 +124,12 @@ def test_a_request_without_metadata_is_served_as_its_own_agent(server):
 def test_bad_costs_in_vllm_xargs_are_logged_and_replaced_and_the_server_keeps_serving(server):
     client, model, log = server
     for i, bad in enumerate(["lots", -5, "1e999"]):
-        out = client.completions.create(model=model, prompt="Check this.", max_tokens=4, extra_body={
-            "ignore_eos": True, "vllm_xargs": {"agent_id": f"bad-{i}", "agent_cost": bad, "agent_done": 1}})
+        out = client.completions.create(
+            model=model,
+            prompt="Check this.",
+            max_tokens=4,
+            extra_body={"ignore_eos": True, "vllm_xargs": {"agent_id": f"bad-{i}", "agent_cost": bad, "agent_done": 1}},
+        )
         assert out.usage.completion_tokens == 4
     text = log.read_text()
     assert text.count("is not a finite number >= 0") == 3

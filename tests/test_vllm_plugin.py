@@ -19,7 +19,7 @@ def run_script(name: str) -> tuple[dict, str]:
     proc = subprocess.run([sys.executable, str(HERE / name)], capture_output=True, text=True, timeout=900, env=env)
     lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
     assert proc.returncode == 0 and lines, (proc.stdout + proc.stderr)[-4000:]
-    return json.loads(lines[-1][len("RESULT "):]), proc.stdout + proc.stderr
+    return json.loads(lines[-1][len("RESULT ") :]), proc.stdout + proc.stderr
 
 
 @pytest.fixture(scope="module")
@@ -68,8 +68,9 @@ def test_first_come_first_served_makes_mice_wait_behind_the_elephant(policies, p
     assert all(before >= outstanding - HELD for outstanding, before in waits.values()), waits
 
 
-@pytest.mark.parametrize("policy", PAMPER_MICE + ["justitia@mlp", "justitia@tagging", "justitia@one-tenant",
-                                                  "justitia@tagging-one-tenant"])
+@pytest.mark.parametrize(
+    "policy", PAMPER_MICE + ["justitia@mlp", "justitia@tagging", "justitia@one-tenant", "justitia@tagging-one-tenant"]
+)
 def test_a_mouse_arriving_after_the_elephant_finishes_first(policies, policy):
     run = policies[policy]
     assert run["mouse-00"]["finish_s"] < run["elephant"]["finish_s"]
@@ -124,7 +125,6 @@ def test_the_plugins_clock_follows_what_the_engine_delivers():
     assert state["capacity_per_s"] == schedule[-1][1] and state["capacity_schedule"][-1] == list(schedule[-1])
 
 
-
 def test_the_step_log_base_schedules_step_for_step_as_stock_vllm_and_logs_every_step():
     doc, _ = run_script("vllm_steplog_run.py")
     stock, logged, rows = doc["stock"], doc["logged"], doc["step_log"]
@@ -164,9 +164,25 @@ def test_make_overheads_bench_runs_and_counts_the_plugins_own_code(tmp_path):
     are the bench's, quoted in docs/results.md."""
     out = tmp_path / "overhead.json"
     env = dict(os.environ, PYTHONPATH=str(HERE.parent))
-    proc = subprocess.run([sys.executable, "-m", "justitia.lab.bench_overhead", "--requests", "16",
-                           "--repeats", "1", "--policies", "justitia,vtc", "--out", str(out)],
-                          capture_output=True, text=True, timeout=600, env=env)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "justitia.lab.bench_overhead",
+            "--requests",
+            "16",
+            "--repeats",
+            "1",
+            "--policies",
+            "justitia,vtc",
+            "--out",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=env,
+    )
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
     rows = {row["run"]: row for row in json.loads(out.read_text())["runs"]}
     assert set(rows) == {"stock vLLM (priority)", "pass-through (floor)", "plug-in justitia", "plug-in vtc"}

@@ -5,8 +5,8 @@ import json
 from dataclasses import replace
 
 import pytest
-
 from helpers import agent, engine
+
 from justitia.core import AgentBook, RequestMeta, VirtualClock, make_policy
 from justitia.lab.metrics import gps_finish_times
 from justitia.predictors import make_predictor
@@ -63,8 +63,9 @@ def estimate(prompt_tokens: int, max_tokens: int) -> float:
 
 
 def test_weights_travel_in_workload_files_and_request_metadata(tmp_path, caplog):
-    path = save_workload([replace(agent("A", 0.0, [(10, 5)]), weight=2.5), agent("B", 0.0, [(10, 5)])],
-                         tmp_path / "w.jsonl")
+    path = save_workload(
+        [replace(agent("A", 0.0, [(10, 5)]), weight=2.5), agent("B", 0.0, [(10, 5)])], tmp_path / "w.jsonl"
+    )
     docs = [json.loads(line) for line in path.read_text().splitlines()]
     assert docs[0]["weight"] == 2.5 and "weight" not in docs[1]  # 1 is the default, left out
     assert [a.weight for a in load_workload(path)] == [2.5, 1.0]
@@ -111,8 +112,12 @@ def test_inside_a_tenant_agents_are_ordered_by_their_gps_finish_not_their_arriva
     assert clock.root_key("small") == 10.0 and clock.root_key("big") == 110.0 and clock.root_key("y") == 100.0
     clock.arrive("tiny", 1.0, 0.0, tenant="T")  # cuts in ahead of both: their root keys move back by 1
     assert (clock.root_key("tiny"), clock.root_key("small"), clock.root_key("big")) == (1.0, 11.0, 111.0)
-    assert clock.drain() == {"tiny": pytest.approx(6.0), "small": pytest.approx(42.0), "y": pytest.approx(200.0),
-                            "big": pytest.approx(211.0)}
+    assert clock.drain() == {
+        "tiny": pytest.approx(6.0),
+        "small": pytest.approx(42.0),
+        "y": pytest.approx(200.0),
+        "big": pytest.approx(211.0),
+    }
 
 
 def test_a_tenant_that_goes_idle_starts_again_at_v_and_a_settle_moves_its_root_keys():
@@ -144,8 +149,11 @@ def saturating_tenants(seconds=40.0, load=0.75):
     rate = load * m / (100 * 60 + 60 * 60 / 2)
     times = np.cumsum(np.random.default_rng(0).exponential(1 / rate, size=int(rate * seconds * 1.5)))
     times = [round(float(t), 4) for t in times[times < seconds]]
-    agents = [replace(agent(f"{t}{i:05d}", at, [(100, 60)], type=t), weight=w, tenant=t)
-              for t, w in (("A", 2.0), ("B", 1.0)) for i, at in enumerate(times)]
+    agents = [
+        replace(agent(f"{t}{i:05d}", at, [(100, 60)], type=t), weight=w, tenant=t)
+        for t, w in (("A", 2.0), ("B", 1.0))
+        for i, at in enumerate(times)
+    ]
     return cfg, sorted(agents, key=lambda a: a.arrival_s)
 
 
@@ -176,8 +184,9 @@ def test_two_saturating_tenants_weighted_two_to_one_are_served_two_to_one():
 
 
 def test_tenants_travel_in_workload_files_and_request_metadata(tmp_path, caplog):
-    path = save_workload([replace(agent("A", 0.0, [(10, 5)]), tenant="acme"), agent("B", 0.0, [(10, 5)])],
-                         tmp_path / "w.jsonl")
+    path = save_workload(
+        [replace(agent("A", 0.0, [(10, 5)]), tenant="acme"), agent("B", 0.0, [(10, 5)])], tmp_path / "w.jsonl"
+    )
     docs = [json.loads(line) for line in path.read_text().splitlines()]
     assert docs[0]["tenant"] == "acme" and "tenant" not in docs[1]
     assert [a.tenant for a in load_workload(path)] == ["acme", None]

@@ -8,8 +8,8 @@ import re
 import numpy as np
 import pytest
 
-from justitia.workload import parameters, workflows
 from justitia.core.cost import kv_token_iters
+from justitia.workload import WorkloadError, load_workload, parameters, save_workload, workflows
 from justitia.workload.workflows import (
     SIZE_CLASSES,
     WORKFLOW_TYPES,
@@ -17,7 +17,6 @@ from justitia.workload.workflows import (
     generate_agents,
     load_workflow_params,
 )
-from justitia.workload import WorkloadError, load_workload, save_workload
 
 PARAMS = load_workflow_params()
 MAX_CTX = PARAMS["max_context_tokens"]
@@ -91,8 +90,9 @@ def test_size_mix_follows_the_parameter_file():
     for size in SIZE_CLASSES:
         assert abs(share[size] - mix[size]) < 0.03
     # given explicitly, the same mix draws the same agents
-    again = generate_agents([0.0] * 3000, np.random.default_rng(2), types=["kqa", "fv"],
-                            size_probs=[mix[s] for s in SIZE_CLASSES])
+    again = generate_agents(
+        [0.0] * 3000, np.random.default_rng(2), types=["kqa", "fv"], size_probs=[mix[s] for s in SIZE_CLASSES]
+    )
     assert [a.meta["size"] for a in again] == sizes
 
 
@@ -161,8 +161,9 @@ def test_fanout_follows_the_size_class():
         spec = PARAMS["workflows"][workflow]["fanout"]
         for size in SIZE_CLASSES:
             agents = _agents(workflow, size, 5 if size == "large" else 15, seed=4)
-            widest = [max(len(stage) for stage in a.stages) if workflow != "alfworld" else len(a.stages)
-                      for a in agents]
+            widest = [
+                max(len(stage) for stage in a.stages) if workflow != "alfworld" else len(a.stages) for a in agents
+            ]
             assert all(spec[size]["min"] <= w <= spec[size]["max"] for w in widest), (workflow, size)
 
 
@@ -218,8 +219,9 @@ def test_mrs_large_is_an_elephant():
 
 
 def test_round_trip_through_workload_file(tmp_path):
-    agents = generate_agents([0.0, 1.0, 2.5, 3.0, 7.0, 8.0, 9.5, 11.0, 12.0], np.random.default_rng(9),
-                             types=list(WORKFLOW_TYPES))
+    agents = generate_agents(
+        [0.0, 1.0, 2.5, 3.0, 7.0, 8.0, 9.5, 11.0, 12.0], np.random.default_rng(9), types=list(WORKFLOW_TYPES)
+    )
     path = save_workload(agents, tmp_path / "w.jsonl")
     loaded = load_workload(path)
     assert [a.to_json() for a in loaded] == [a.to_json() for a in agents]
@@ -276,8 +278,10 @@ def test_staged_agent_quotes_the_real_answers(workflow):
 
 def test_scale_divides_drawn_lengths_and_leaves_the_default_unchanged():
     def draw(scale):  # one generator per agent: text lengths change how many draws each agent uses
-        return [generate_agent("mrs", "small", f"mrs-{i}", 0.0, np.random.default_rng([8, i]), scale=scale)
-                for i in range(20)]
+        return [
+            generate_agent("mrs", "small", f"mrs-{i}", 0.0, np.random.default_rng([8, i]), scale=scale)
+            for i in range(20)
+        ]
 
     full, small = draw(1), draw(8)
     assert [a.to_json() for a in full] == [a.to_json() for a in draw(1.0)]

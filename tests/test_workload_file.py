@@ -6,8 +6,12 @@ import pytest
 
 from justitia.workload import WorkloadError, load_workload
 
-GOOD = {"agent_id": "a", "type": "mrs", "arrival_s": 0.5,
-        "stages": [[{"prompt": "p", "prompt_tokens": 10, "output_tokens": 5}]]}
+GOOD = {
+    "agent_id": "a",
+    "type": "mrs",
+    "arrival_s": 0.5,
+    "stages": [[{"prompt": "p", "prompt_tokens": 10, "output_tokens": 5}]],
+}
 
 
 def write(tmp_path, *docs, raw=None):
@@ -38,9 +42,18 @@ def test_good_file_loads_sorted_by_arrival(tmp_path):
         (with_(stages=[]), "field 'stages' must hold at least one stage"),
         (with_(stages=[[]]), "field 'stages[0]' must be a non-empty list"),
         (with_(stages=[[{"prompt": "p", "prompt_tokens": 10}]]), "field 'stages[0][0].output_tokens' is missing"),
-        (with_(stages=[[{"prompt": 3, "prompt_tokens": 10, "output_tokens": 5}]]), "field 'stages[0][0].prompt' must be a string"),
-        (with_(stages=[[{"prompt": "p", "prompt_tokens": 1.5, "output_tokens": 5}]]), "'stages[0][0].prompt_tokens' must be an integer"),
-        (with_(stages=[[{"prompt": "p", "prompt_tokens": 10, "output_tokens": 0}]]), "'stages[0][0].output_tokens' must be >= 1"),
+        (
+            with_(stages=[[{"prompt": 3, "prompt_tokens": 10, "output_tokens": 5}]]),
+            "field 'stages[0][0].prompt' must be a string",
+        ),
+        (
+            with_(stages=[[{"prompt": "p", "prompt_tokens": 1.5, "output_tokens": 5}]]),
+            "'stages[0][0].prompt_tokens' must be an integer",
+        ),
+        (
+            with_(stages=[[{"prompt": "p", "prompt_tokens": 10, "output_tokens": 0}]]),
+            "'stages[0][0].output_tokens' must be >= 1",
+        ),
         (with_(priority=3), "unknown field 'priority'"),
         (with_(agent_id="a"), "field 'agent_id' repeats 'a' from line 1"),
     ],

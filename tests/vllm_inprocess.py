@@ -21,8 +21,15 @@ def inprocess_engine(policy: str, max_num_seqs: int, **env: str):
     from justitia.vllm.models import tiny_model
     from justitia.vllm.plugin import JustitiaScheduler
 
-    llm = LLM(model=str(tiny_model()), scheduler_cls=JustitiaScheduler, scheduling_policy="priority",
-              num_gpu_blocks_override=16, max_model_len=1024, max_num_seqs=max_num_seqs, enforce_eager=True,
-              dtype="float32")
+    llm = LLM(
+        model=str(tiny_model()),
+        scheduler_cls=JustitiaScheduler,
+        scheduling_policy="priority",
+        num_gpu_blocks_override=16,
+        max_model_len=1024,
+        max_num_seqs=max_num_seqs,
+        enforce_eager=True,
+        dtype="float32",
+    )
     engine = llm.llm_engine
     return llm, engine, engine.engine_core.engine_core.scheduler

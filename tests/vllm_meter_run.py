@@ -14,13 +14,16 @@ if __name__ == "__main__":
     from vllm_inprocess import inprocess_engine  # tests/ is this script's directory
 
     llm, engine, sched = inprocess_engine(
-        "justitia", max_num_seqs=16,
+        "justitia",
+        max_num_seqs=16,
         JUSTITIA_ITERATION_S="0.004",  # a window is 100 steps of 4 ms (0.4 s of busy time)
-        JUSTITIA_CAPACITY="5e6")  # a guess far above what a CPU engine delivers (~0.05-0.7e6 here)
+        JUSTITIA_CAPACITY="5e6",
+    )  # a guess far above what a CPU engine delivers (~0.05-0.7e6 here)
     from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
 
     from justitia.core import RequestMeta
+
     sampled: dict[str, int] = {}  # request id -> tokens sampled so far
     started, k, first, last = time.monotonic(), 0, None, None
     while time.monotonic() - started < 20:  # a new agent of four requests every 80 ms: more than the engine serves
@@ -29,8 +32,11 @@ if __name__ == "__main__":
             for i in range(4):
                 # prompts of their own: no prefix cache hit lets more requests in than the KV cache holds
                 prompt = [(k * 131 + i * 17 + j) % 2000 + 3 for j in range(200)]
-                engine.add_request(f"a{k}-{i}", TokensPrompt(prompt_token_ids=prompt),
-                                   SamplingParams(max_tokens=60, ignore_eos=True, extra_args=meta))
+                engine.add_request(
+                    f"a{k}-{i}",
+                    TokensPrompt(prompt_token_ids=prompt),
+                    SamplingParams(max_tokens=60, ignore_eos=True, extra_args=meta),
+                )
             k += 1
         if engine.has_unfinished_requests():
             first = first or time.monotonic()
@@ -38,7 +44,15 @@ if __name__ == "__main__":
                 sampled[out.request_id] = len(out.outputs[0].token_ids)
             last = time.monotonic()
     delivered = sum(sum(200 + j for j in range(n)) for n in sampled.values())
-    print("RESULT " + json.dumps({"agents": k, "schedule": sched.core.clock().schedule,
-                                  "delivered_per_s": delivered / (last - first),
-                                  "finished": sum(n == 60 for n in sampled.values()),
-                                  "state": sched.book.state(time.monotonic() - sched.t0).to_json()}))
+    print(
+        "RESULT "
+        + json.dumps(
+            {
+                "agents": k,
+                "schedule": sched.core.clock().schedule,
+                "delivered_per_s": delivered / (last - first),
+                "finished": sum(n == 60 for n in sampled.values()),
+                "state": sched.book.state(time.monotonic() - sched.t0).to_json(),
+            }
+        )
+    )

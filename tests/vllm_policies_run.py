@@ -23,10 +23,10 @@ if __name__ == "__main__":
     from justitia.vllm.engine import EngineSpec
     from justitia.workload import Agent, Task
 
-    elephant = Agent("elephant", "mrs", 0.0, (tuple(Task(f"Summarize part {i} of the annual report.", 256, 96)
-                                                    for i in range(16)),))
-    mice = [Agent(f"mouse-{k:02d}", "fv", 0.3 + 0.4 * k, ((Task(f"Verify claim {k}.", 32, 16),),))
-            for k in range(11)]
+    elephant = Agent(
+        "elephant", "mrs", 0.0, (tuple(Task(f"Summarize part {i} of the annual report.", 256, 96) for i in range(16)),)
+    )
+    mice = [Agent(f"mouse-{k:02d}", "fv", 0.3 + 0.4 * k, ((Task(f"Verify claim {k}.", 32, 16),),)) for k in range(11)]
     agents = [elephant, *mice]
     one_tenant = [replace(a, tenant="T") for a in agents]  # one API key's traffic
 
@@ -34,29 +34,41 @@ if __name__ == "__main__":
         out = {}
         async with VllmEngine(EngineSpec(kv_blocks=8, max_num_seqs=16, max_model_len=512)) as engine:
             # every policy with true costs, then justitia with the MLP trained on the committed profile
-            for label, policy, predictor in [(p, p, "oracle") for p in POLICY_NAMES] + [("justitia@mlp", "justitia", "mlp")]:
+            for label, policy, predictor in [(p, p, "oracle") for p in POLICY_NAMES] + [
+                ("justitia@mlp", "justitia", "mlp")
+            ]:
                 run = await engine.run(agents, policy, predictor, capacity_per_s=engine.kv_tokens / 0.015)
-                out[label] = {r.agent_id: {"finish_s": r.finish_s, "jct_s": r.jct_s, "predicted_cost": r.predicted_cost,
-                                           "cost": r.cost_token_iters} for r in run.result.agents}
+                out[label] = {
+                    r.agent_id: {
+                        "finish_s": r.finish_s,
+                        "jct_s": r.jct_s,
+                        "predicted_cost": r.predicted_cost,
+                        "cost": r.cost_token_iters,
+                    }
+                    for r in run.result.agents
+                }
                 out[f"{label} requests"] = run.requests
             # every agent in one tenant: hierarchical justitia, and the rule before it (arrival order)
             for policy in ("justitia", "justitia-chained"):
                 run = await engine.run(one_tenant, policy, "oracle", capacity_per_s=engine.kv_tokens / 0.015)
-                out[f"{policy}@one-tenant"] = {r.agent_id: {"finish_s": r.finish_s, "jct_s": r.jct_s}
-                                               for r in run.result.agents}
+                out[f"{policy}@one-tenant"] = {
+                    r.agent_id: {"finish_s": r.finish_s, "jct_s": r.jct_s} for r in run.result.agents
+                }
                 out[f"{policy}@one-tenant requests"] = run.requests
         # front-end tagging: stock vLLM's priority scheduler (its steps logged), the policy in the runner
         spec = EngineSpec(kv_blocks=8, max_num_seqs=16, max_model_len=512, scheduler="priority-logged")
         async with VllmEngine(spec) as engine:
             for policy in ("fcfs", "justitia"):
                 run = await engine.run(agents, policy, "oracle", capacity_per_s=engine.kv_tokens / 0.015)
-                out[f"{policy}@tagging"] = {r.agent_id: {"finish_s": r.finish_s, "jct_s": r.jct_s}
-                                            for r in run.result.agents}
+                out[f"{policy}@tagging"] = {
+                    r.agent_id: {"finish_s": r.finish_s, "jct_s": r.jct_s} for r in run.result.agents
+                }
                 out[f"{policy}@tagging steps"] = [asdict(row) for row in run.steps]
                 out[f"{policy}@tagging requests"] = run.requests
             run = await engine.run(one_tenant, "justitia", "oracle", capacity_per_s=engine.kv_tokens / 0.015)
-            out["justitia@tagging-one-tenant"] = {r.agent_id: {"finish_s": r.finish_s, "jct_s": r.jct_s}
-                                                  for r in run.result.agents}
+            out["justitia@tagging-one-tenant"] = {
+                r.agent_id: {"finish_s": r.finish_s, "jct_s": r.jct_s} for r in run.result.agents
+            }
             out["justitia@tagging-one-tenant requests"] = run.requests
         return out
 

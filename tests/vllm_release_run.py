@@ -21,10 +21,9 @@ if __name__ == "__main__":
 
     # vtc, a dynamic policy: the most state to release
     llm, engine, sched = inprocess_engine("vtc", max_num_seqs=4, JUSTITIA_AGENT_IDLE_S="0.5")
+    from helpers import retained
     from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
-
-    from helpers import retained
 
     def add(rid, tokens, meta):
         params = SamplingParams(max_tokens=tokens, ignore_eos=True, extra_args=meta)
@@ -47,14 +46,22 @@ if __name__ == "__main__":
         steps += 1
         if steps == 5:
             engine.abort_request([f"aborted-{i}" for i in range(3)])
-    after_run = {"infos": sched.book.open_count, "waiting": len(sched.waiting),
-                 "agents": {a: sched.core.agent(a) is not None for a in ("aborted", "quiet", "plain")}}
+    after_run = {
+        "infos": sched.book.open_count,
+        "waiting": len(sched.waiting),
+        "agents": {a: sched.core.agent(a) is not None for a in ("aborted", "quiet", "plain")},
+    }
     time.sleep(0.6)
     add("later", 4, None)  # the next schedule() sweeps idle agents
     while engine.has_unfinished_requests():
         finished |= {o.request_id for o in engine.step() if o.finished}
-    after_idle = {"infos": sched.book.open_count, "waiting": len(sched.waiting),
-                  "agents": {a: sched.core.agent(a) is not None for a in ("aborted", "quiet", "plain", "later")},
-                  "held": {"core": retained(sched.core), "book": retained(sched.book)}}
-    print("RESULT " + json.dumps({"finished": sorted(finished), "after_run": after_run, "after_idle": after_idle,
-                                  "fresh": fresh}))
+    after_idle = {
+        "infos": sched.book.open_count,
+        "waiting": len(sched.waiting),
+        "agents": {a: sched.core.agent(a) is not None for a in ("aborted", "quiet", "plain", "later")},
+        "held": {"core": retained(sched.core), "book": retained(sched.book)},
+    }
+    print(
+        "RESULT "
+        + json.dumps({"finished": sorted(finished), "after_run": after_run, "after_idle": after_idle, "fresh": fresh})
+    )

@@ -24,13 +24,19 @@ init_none_hash(sha256)
 _HASHER = get_request_block_hasher(BLOCK, sha256)
 
 
-def make_scheduler(cls, async_scheduling: bool, num_blocks: int = 64, max_num_seqs: int = 8,
-                   max_num_batched_tokens: int = 128):
+def make_scheduler(
+    cls, async_scheduling: bool, num_blocks: int = 64, max_num_seqs: int = 8, max_num_batched_tokens: int = 128
+):
     """``cls`` built as vLLM's engine core builds its scheduler, ``async_scheduling`` as configured
     (set after the config is made: vLLM's CPU platform turns it off while making it)."""
-    sc = SchedulerConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
-                         max_model_len=512, enable_chunked_prefill=True, is_encoder_decoder=False,
-                         policy="priority")
+    sc = SchedulerConfig(
+        max_num_seqs=max_num_seqs,
+        max_num_batched_tokens=max_num_batched_tokens,
+        max_model_len=512,
+        enable_chunked_prefill=True,
+        is_encoder_decoder=False,
+        policy="priority",
+    )
     mc = ModelConfig(model=str(tiny_model()), dtype="float32", seed=0, skip_tokenizer_init=True)
     cc = CacheConfig(block_size=BLOCK, cache_dtype="auto", enable_prefix_caching=True)
     config = VllmConfig(scheduler_config=sc, model_config=mc, cache_config=cc)
@@ -38,8 +44,13 @@ def make_scheduler(cls, async_scheduling: bool, num_blocks: int = 64, max_num_se
     spec = FullAttentionSpec(block_size=BLOCK, num_kv_heads=1, head_size=1, dtype=torch.float32)
     kv = KVCacheConfig(num_blocks=num_blocks, kv_cache_tensors=[], kv_cache_groups=[KVCacheGroupSpec(["layer"], spec)])
     config.cache_config.num_gpu_blocks = num_blocks
-    return cls(vllm_config=config, kv_cache_config=kv, structured_output_manager=StructuredOutputManager(config),
-               block_size=BLOCK, log_stats=False)
+    return cls(
+        vllm_config=config,
+        kv_cache_config=kv,
+        structured_output_manager=StructuredOutputManager(config),
+        block_size=BLOCK,
+        log_stats=False,
+    )
 
 
 def count_charges(scheduler) -> tuple[list[tuple], dict[str, list[int]]]:
@@ -92,8 +103,9 @@ class Driver:
         out, sampling = self.in_flight.pop(0)
         ids = list(out.num_scheduled_tokens)
         tokens = [[11] if rid in sampling else [] for rid in ids]
-        result = ModelRunnerOutput(req_ids=ids, req_id_to_index={r: i for i, r in enumerate(ids)},
-                                   sampled_token_ids=tokens)
+        result = ModelRunnerOutput(
+            req_ids=ids, req_id_to_index={r: i for i, r in enumerate(ids)}, sampled_token_ids=tokens
+        )
         self.scheduler.update_from_output(out, result)
 
     def run(self, max_steps: int = 10_000) -> None:

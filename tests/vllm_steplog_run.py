@@ -11,8 +11,8 @@ base that decides nothing schedules step for step as vLLM does.
 
 import json
 import os
-from dataclasses import asdict
 import tempfile
+from dataclasses import asdict
 
 if __name__ == "__main__":
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
@@ -35,8 +35,12 @@ if __name__ == "__main__":
         def schedule(self, *args, **kwargs):
             output = cls.schedule(self, *args, **kwargs)
             # (vLLM adds a random suffix to each request id: the id given is what comes before it)
-            self.record.append({"scheduled": sorted((r.split("-")[0], n) for r, n in output.num_scheduled_tokens.items()),
-                                "preempted": sorted(r.split("-")[0] for r in output.preempted_req_ids or ())})
+            self.record.append(
+                {
+                    "scheduled": sorted((r.split("-")[0], n) for r, n in output.num_scheduled_tokens.items()),
+                    "preempted": sorted(r.split("-")[0] for r in output.preempted_req_ids or ()),
+                }
+            )
             return output
 
         return type(f"Recording{cls.__name__}", (cls,), {"schedule": schedule, "record": None})
@@ -45,17 +49,31 @@ if __name__ == "__main__":
     burst = [(120 + 37 * (k % 5), 24 + 11 * (k % 4), (7 * k) % 5) for k in range(14)]
 
     def run(cls, step_log: str | None):
-        llm = LLM(model=str(tiny_model()), scheduler_cls=recording(cls), scheduling_policy="priority",
-                  num_gpu_blocks_override=6, max_model_len=512, max_num_seqs=8, max_num_batched_tokens=256,
-                  enforce_eager=True, dtype="float32", async_scheduling=False, enable_prefix_caching=False)
+        llm = LLM(
+            model=str(tiny_model()),
+            scheduler_cls=recording(cls),
+            scheduling_policy="priority",
+            num_gpu_blocks_override=6,
+            max_model_len=512,
+            max_num_seqs=8,
+            max_num_batched_tokens=256,
+            enforce_eager=True,
+            dtype="float32",
+            async_scheduling=False,
+            enable_prefix_caching=False,
+        )
         engine = llm.llm_engine
         sched = engine.engine_core.engine_core.scheduler
         sched.record = []
         if step_log is not None:
             assert sched.control(ControlCall(RESET, {"step_log": step_log})) is True
         for k, (p, d, priority) in enumerate(burst):
-            engine.add_request(f"r{k:02d}", TokensPrompt(prompt_token_ids=[3 + (k + i) % 400 for i in range(p)]),
-                               SamplingParams(max_tokens=d, ignore_eos=True, temperature=0.0), priority=priority)
+            engine.add_request(
+                f"r{k:02d}",
+                TokensPrompt(prompt_token_ids=[3 + (k + i) % 400 for i in range(p)]),
+                SamplingParams(max_tokens=d, ignore_eos=True, temperature=0.0),
+                priority=priority,
+            )
         finished = []
         while engine.has_unfinished_requests():
             finished += [out.request_id for out in engine.step() if out.finished]
@@ -73,5 +91,16 @@ if __name__ == "__main__":
     logged, logged_finished = run(StepLogScheduler, path)
     rows = [asdict(row) for row in read_step_log(path)]
     os.unlink(path)
-    print("RESULT " + json.dumps({"stock": stock, "logged": logged, "stock_finished": stock_finished,
-                                  "logged_finished": logged_finished, "step_log": rows, "burst": burst}))
+    print(
+        "RESULT "
+        + json.dumps(
+            {
+                "stock": stock,
+                "logged": logged,
+                "stock_finished": stock_finished,
+                "logged_finished": logged_finished,
+                "step_log": rows,
+                "burst": burst,
+            }
+        )
+    )

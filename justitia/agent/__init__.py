@@ -5,5 +5,16 @@ from justitia.agent.calls import AgentResult, Answer, Call, Render, RunResult
 from justitia.agent.drive import drive
 from justitia.agent.process import BURSTS, PRICINGS, SUBAGENTS, AgentProcess, Options
 
-__all__ = ["AgentProcess", "AgentResult", "Answer", "BURSTS", "Call", "Options", "PRICINGS", "Render", "RunResult", "SUBAGENTS",
-           "drive"]
+__all__ = [
+    "AgentProcess",
+    "AgentResult",
+    "Answer",
+    "BURSTS",
+    "Call",
+    "Options",
+    "PRICINGS",
+    "Render",
+    "RunResult",
+    "SUBAGENTS",
+    "drive",
+]

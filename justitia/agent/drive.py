@@ -11,10 +11,13 @@ from justitia.agent.calls import Answer, Call
 from justitia.agent.process import AgentProcess
 
 
-async def drive(process: AgentProcess, serve: Callable[[Call], Awaitable[Answer]],
-                resume: list[list[Answer]] | None = None,
-                on_pause: Callable[[], Awaitable[None]] | None = None,
-                clock: Callable[[], float] | None = None) -> None:
+async def drive(
+    process: AgentProcess,
+    serve: Callable[[Call], Awaitable[Answer]],
+    resume: list[list[Answer]] | None = None,
+    on_pause: Callable[[], Awaitable[None]] | None = None,
+    clock: Callable[[], float] | None = None,
+) -> None:
     """Run ``process`` to its end on a real engine: each call served by ``serve`` after its pause,
     the calls a stage releases as soon as it completes (after the stages ``resume`` answered, if
     given). If one call fails (or the agent is cancelled), the others are cancelled and the error

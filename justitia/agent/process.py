@@ -26,7 +26,6 @@ from justitia.core import KV, CostDist, CostModel, RequestMeta
 from justitia.predictors import Predictor
 from justitia.workload import Agent, shared_text
 
-
 PRICINGS = ("first-stage", "all-stages")
 BURSTS = ("turn", "pause")  # what a session's flow is priced and tagged by (docs/sessions.md)
 SUBAGENTS = ("share", "flows")  # a session's subagents share its flow, or are flows of their own
@@ -44,14 +43,22 @@ class Options:
         return AgentProcess(agent, predictor, cost, pricing=self.pricing, burst=self.burst, subagents=self.subagents)
 
 
-
 class AgentProcess:
     """The life of one agent; see the module's docstring for its states."""
 
-    def __init__(self, agent: Agent, predictor: Predictor, cost: CostModel = KV, *,
-                 tasks: Sequence[Sequence[Any]] | None = None, request_prefix: str = "",
-                 render: Render | None = None, pricing: str = "first-stage", burst: str = "turn",
-                 subagents: str = "share"):
+    def __init__(
+        self,
+        agent: Agent,
+        predictor: Predictor,
+        cost: CostModel = KV,
+        *,
+        tasks: Sequence[Sequence[Any]] | None = None,
+        request_prefix: str = "",
+        render: Render | None = None,
+        pricing: str = "first-stage",
+        burst: str = "turn",
+        subagents: str = "share",
+    ):
         """``agent`` is what the predictor sees (its id, type and stages with the lengths known at
         arrival); ``tasks`` are the stages' tasks to hand the engine (default: ``agent.stages``);
         ``render`` fills a prompt's placeholders from earlier answers (default: prompts as given).
@@ -62,8 +69,11 @@ class AgentProcess:
         ``burst``, what its flow is priced and tagged by (``turn``: a user turn; ``pause``: the calls
         between two pauses); ``subagents``, whether its subagents share its flow (``share``) or are
         flows of their own (``flows``: their calls carry ``Call.flow``)."""
-        for name, value, allowed in (("pricing", pricing, PRICINGS), ("burst", burst, BURSTS),
-                                     ("subagents", subagents, SUBAGENTS)):
+        for name, value, allowed in (
+            ("pricing", pricing, PRICINGS),
+            ("burst", burst, BURSTS),
+            ("subagents", subagents, SUBAGENTS),
+        ):
             if value not in allowed:
                 raise ValueError(f"{name} must be one of {', '.join(allowed)}, got '{value}'.")
         self.burst = burst
@@ -118,7 +128,11 @@ class AgentProcess:
                 cost = float(self.predictor.agent_cost(self.agent, self.cost))
             if self.pricing == "all-stages":
                 p, a, m = self.predictor, self.agent, self.cost
-                floor = sum(float(p.request_cost(a, s, i, m)) for s, st in enumerate(a.stages) for i in range(len(st.all_tasks())))
+                floor = sum(
+                    float(p.request_cost(a, s, i, m))
+                    for s, st in enumerate(a.stages)
+                    for i in range(len(st.all_tasks()))
+                )
                 if dist is not None:  # no value below what every stage's requests will cost
                     dist = CostDist.from_weighted([(max(v, floor), q) for v, q in zip(dist.values, dist.probs)])
                 else:
@@ -168,8 +182,12 @@ class AgentProcess:
     def answered(self, call: Call, answer: Answer, now_s: float | None = None) -> list[Call]:
         """Record ``answer`` (at ``now_s``, for turn times); the calls it releases: its chain's next
         stage's if it completes its stage (and, through the chains that hold it, theirs)."""
-        if (self.state != "running" or call.stage != self.stage or call.index >= len(self.answers[call.stage])
-                or self.answers[call.stage][call.index] is not None):
+        if (
+            self.state != "running"
+            or call.stage != self.stage
+            or call.index >= len(self.answers[call.stage])
+            or self.answers[call.stage][call.index] is not None
+        ):
             raise RuntimeError(f"request '{call.request_id}' was not expected now.")
         self.answers[call.stage][call.index] = answer
         if getattr(call.task, "id", None) is not None:
@@ -179,8 +197,9 @@ class AgentProcess:
         if burst is not None:
             self.bursts[burst][1] += KV.request_cost(answer.prompt_tokens, answer.output_tokens)
         if self.agent.is_session:
-            self.turn_true[call.turn] = (self.turn_true.get(call.turn, 0.0)
-                                         + self.cost.request_cost(answer.prompt_tokens, answer.output_tokens))
+            self.turn_true[call.turn] = self.turn_true.get(call.turn, 0.0) + self.cost.request_cost(
+                answer.prompt_tokens, answer.output_tokens
+            )
             self.predictor.observe_call(self.agent.type, answer.prompt_tokens, answer.output_tokens)
             self.predictor.progress(self.agent, self.turn_true[call.turn], call.turn)
         else:
@@ -215,8 +234,13 @@ class AgentProcess:
     def _turn_over(self, turn: int) -> None:
         """A session's turn is answered whole: its predictor learns what it cost."""
         if turn in self.turn_predicted:
-            self.predictor.observe_turn(self.agent.type, turn, self.turn_predicted[turn], self.turn_true.get(turn, 0.0),
-                                        self.turn_true.get(turn - 1))
+            self.predictor.observe_turn(
+                self.agent.type,
+                turn,
+                self.turn_predicted[turn],
+                self.turn_true.get(turn, 0.0),
+                self.turn_true.get(turn - 1),
+            )
             self.predictor.learn(self.agent, self.turn_true.get(turn, 0.0), turn, self._earlier(turn))
 
     def sent(self, calls: Sequence[Call], now_s: float) -> None:
@@ -234,13 +258,19 @@ class AgentProcess:
         """Whether the session is between two bursts, with nothing in flight: it leaves the engines
         and arrives again with its next burst. A burst is a user turn (``burst="turn"``: a tool
         pause inside a turn keeps its place) or the calls between two pauses of any kind."""
-        return (self.state == "running" and self.in_flight == 0
-                and (self.burst == "pause" or self._turn_released > self._turn_sent))
+        return (
+            self.state == "running"
+            and self.in_flight == 0
+            and (self.burst == "pause" or self._turn_released > self._turn_sent)
+        )
 
     def opens_burst(self, calls: Sequence[Call]) -> bool:
         """Whether sending ``calls`` now starts a burst (the agent's first calls, or a session's next)."""
-        return not self.in_flight and (self._turn_sent < 0 or any(c.turn > self._turn_sent for c in calls)
-                                       or (self.burst == "pause" and any(c.pause_s > 0 for c in calls)))
+        return not self.in_flight and (
+            self._turn_sent < 0
+            or any(c.turn > self._turn_sent for c in calls)
+            or (self.burst == "pause" and any(c.pause_s > 0 for c in calls))
+        )
 
     def burst_cost(self, calls: Sequence[Call]) -> float:
         """A burst's predicted cost when ``calls`` open it: their request costs (``burst="pause"``),
@@ -255,8 +285,11 @@ class AgentProcess:
         its chain's calls' request costs (its own subagents' aside, which are flows of their own)."""
         a = self.agent
         chain = self._chains[(call.stage, call.index)]
-        return sum(float(self.predictor.request_cost(a, s, i, self.cost))
-                   for s, node in chain.stages for i in range(node.offset, node.offset + node.own))
+        return sum(
+            float(self.predictor.request_cost(a, s, i, self.cost))
+            for s, node in chain.stages
+            for i in range(node.offset, node.offset + node.own)
+        )
 
     def burst_dist(self, calls: Sequence[Call]) -> CostDist | None:
         """A burst's predicted cost as a distribution, when ``calls`` open it (``burst_cost``), if
@@ -279,8 +312,11 @@ class AgentProcess:
                 self.turn_predicted[turn] = dist.index(0.0)
             elif self.subagents == "flows":  # the turn's own calls: its subagents are priced in their flows
                 a = self.agent
-                self.turn_predicted[turn] = sum(float(self.predictor.request_cost(a, s, i, self.cost))
-                                                for s, i in a.turn_calls(turn) if i < len(a.stages[s]))
+                self.turn_predicted[turn] = sum(
+                    float(self.predictor.request_cost(a, s, i, self.cost))
+                    for s, i in a.turn_calls(turn)
+                    if i < len(a.stages[s])
+                )
             else:
                 self.turn_predicted[turn] = float(self.predictor.turn_cost(self.agent, turn, earlier, self.cost))
         return self.turn_predicted[turn]
@@ -307,11 +343,24 @@ class AgentProcess:
 
     def result(self, arrival_s: float, finish_s: float) -> AgentResult:
         """The outcome of a finished agent that arrived at ``arrival_s`` and finished at ``finish_s``."""
-        return AgentResult(self.agent.agent_id, self.agent.type, arrival_s, finish_s, finish_s - arrival_s,
-                           self.true_cost(KV), self.predicted_cost,
-                           *((self.turns(), self.bursts, [[self.turn_predicted[t], self.turn_true.get(t, 0.0)]
-                                                          for t in sorted(self.turn_predicted)] or None)
-                             if self.agent.is_session else (None, None, None)))
+        return AgentResult(
+            self.agent.agent_id,
+            self.agent.type,
+            arrival_s,
+            finish_s,
+            finish_s - arrival_s,
+            self.true_cost(KV),
+            self.predicted_cost,
+            *(
+                (
+                    self.turns(),
+                    self.bursts,
+                    [[self.turn_predicted[t], self.turn_true.get(t, 0.0)] for t in sorted(self.turn_predicted)] or None,
+                )
+                if self.agent.is_session
+                else (None, None, None)
+            ),
+        )
 
     def _enter(self, chain: "_Chain", pos: int, delay_s: float) -> list[Call]:
         """Start stage ``pos`` of ``chain``, ``delay_s`` from now plus its pause: its calls, and its
@@ -333,11 +382,29 @@ class AgentProcess:
                 prompt = "".join(self._segment_text(seg) for seg in context) + prompt
             if getattr(task, "id", None) is not None:
                 self._texts[(task.id, "in")] = prompt
-            meta = RequestMeta(a.agent_id, a.type, self.predicted_cost,
-                               float(self.predictor.request_cost(a, s, i, self.cost)), last,
-                               None if a.weight == 1 else a.weight, a.tenant, session=a.is_session)
-            calls.append(Call(f"{self.request_prefix}{a.agent_id}/{s}/{i}", s, i, task, prompt, meta, delay_s,
-                              self._turns[s], chain.flow))
+            meta = RequestMeta(
+                a.agent_id,
+                a.type,
+                self.predicted_cost,
+                float(self.predictor.request_cost(a, s, i, self.cost)),
+                last,
+                None if a.weight == 1 else a.weight,
+                a.tenant,
+                session=a.is_session,
+            )
+            calls.append(
+                Call(
+                    f"{self.request_prefix}{a.agent_id}/{s}/{i}",
+                    s,
+                    i,
+                    task,
+                    prompt,
+                    meta,
+                    delay_s,
+                    self._turns[s],
+                    chain.flow,
+                )
+            )
             self._chains[(s, i)] = chain
         self._turn_released = max(self._turn_released, self._turns[s])
         self._open[id(chain)] = node.own + len(node.branches)

@@ -6,7 +6,26 @@ server, with the plug-in), ``upstream`` (stock vLLM servers) and ``ray`` (replic
 ``Backend.forward`` refuses raises ``ForwardRefused``, which the front end answers in the
 endpoint's own error shape."""
 
-from justitia.backends.base import (DEADLINE, Backend, BackendError, BackendInterrupted, Completion, ForwardRefused,
-                                    Output, Sampling, metric_lines)
+from justitia.backends.base import (
+    DEADLINE,
+    Backend,
+    BackendError,
+    BackendInterrupted,
+    Completion,
+    ForwardRefused,
+    Output,
+    Sampling,
+    metric_lines,
+)
 
-__all__ = ["DEADLINE", "Backend", "BackendError", "BackendInterrupted", "Completion", "ForwardRefused", "Output", "Sampling", "metric_lines"]
+__all__ = [
+    "DEADLINE",
+    "Backend",
+    "BackendError",
+    "BackendInterrupted",
+    "Completion",
+    "ForwardRefused",
+    "Output",
+    "Sampling",
+    "metric_lines",
+]

@@ -140,9 +140,17 @@ class Backend(ABC):
         """Serve one request (``prompt``: ``{"prompt_token_ids": [...]}``); see the module's docstring."""
 
     @abstractmethod
-    async def register(self, agent_id: str, agent_type: str, predicted_cost: float, weight: float = 1.0,
-                       tenant: str | None = None, resume_cost: float | None = None,
-                       session: bool = False, dist: CostDist | None = None) -> float | None:
+    async def register(
+        self,
+        agent_id: str,
+        agent_type: str,
+        predicted_cost: float,
+        weight: float = 1.0,
+        tenant: str | None = None,
+        resume_cost: float | None = None,
+        session: bool = False,
+        dist: CostDist | None = None,
+    ) -> float | None:
         """Register an agent (of ``weight``, in ``tenant``: hierarchical GPS) with the policy that orders the
         engine, ahead of its requests; its virtual finish tag (None under a policy without a clock).
         ``resume_cost``: an agent resumed from the journal, with this much still owed by GPS
@@ -177,7 +185,9 @@ class Backend(ABC):
         by vLLM's request model for ``path``) as vLLM's own server answers it: a Starlette response.
         ``prompt_tokens`` and ``max_tokens`` price it. What it refuses raises ``ForwardRefused``: a
         backend that cannot serve the endpoint, 501."""
-        raise ForwardRefused(501, f"'{path}' is not served by this backend ({type(self).__name__}); see docs/reference.md.")
+        raise ForwardRefused(
+            501, f"'{path}' is not served by this backend ({type(self).__name__}); see docs/reference.md."
+        )
 
     def metrics_lines(self) -> list[str]:
         """Prometheus lines of the backend's own (its queues, its replicas)."""

@@ -13,9 +13,9 @@ import os
 from dataclasses import replace
 from pathlib import Path
 
+from justitia.backends.base import Backend, Completion, Output, Sampling
 from justitia.core import REGISTER, RETIRE, STATE, ControlCall, CostDist, PolicyState
 from justitia.defaults import DOOR_KEY, ENV_DOOR_TOKEN
-from justitia.backends.base import Backend, Completion, Output, Sampling
 from justitia.vllm.engine import control
 
 
@@ -40,12 +40,27 @@ class EngineBackend(Backend):
         async for out in self.llm.generate(prompt, vllm_params(params), request_id):
             yield output_of(out)
 
-    async def register(self, agent_id: str, agent_type: str, predicted_cost: float, weight: float = 1.0,
-                       tenant: str | None = None, resume_cost: float | None = None,
-                       session: bool = False, dist: CostDist | None = None) -> float | None:
+    async def register(
+        self,
+        agent_id: str,
+        agent_type: str,
+        predicted_cost: float,
+        weight: float = 1.0,
+        tenant: str | None = None,
+        resume_cost: float | None = None,
+        session: bool = False,
+        dist: CostDist | None = None,
+    ) -> float | None:
         """Register the agent in the plug-in; the tag its clock stamped."""
-        args = {"agent_id": agent_id, "agent_type": agent_type, "predicted_cost": predicted_cost, "weight": weight,
-                "tenant": tenant, "resume_cost": resume_cost, "session": session}
+        args = {
+            "agent_id": agent_id,
+            "agent_type": agent_type,
+            "predicted_cost": predicted_cost,
+            "weight": weight,
+            "tenant": tenant,
+            "resume_cost": resume_cost,
+            "session": session,
+        }
         if dist is not None:
             args["dist"] = [list(dist.values), list(dist.probs)]
         return await control(self.llm, ControlCall(REGISTER, args))
@@ -79,9 +94,16 @@ def vllm_params(params: Sampling):
     from vllm.sampling_params import RequestOutputKind
 
     kind = RequestOutputKind.DELTA if params.stream else RequestOutputKind.FINAL_ONLY
-    return SamplingParams(max_tokens=params.max_tokens, temperature=params.temperature, top_p=params.top_p,
-                          seed=params.seed, stop=params.stop, ignore_eos=params.ignore_eos,
-                          extra_args=dict(params.extra_args or {}), output_kind=kind)
+    return SamplingParams(
+        max_tokens=params.max_tokens,
+        temperature=params.temperature,
+        top_p=params.top_p,
+        seed=params.seed,
+        stop=params.stop,
+        ignore_eos=params.ignore_eos,
+        extra_args=dict(params.extra_args or {}),
+        output_kind=kind,
+    )
 
 
 def output_of(out) -> Output:

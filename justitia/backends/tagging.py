@@ -27,8 +27,18 @@ from __future__ import annotations
 import logging
 import time
 
-from justitia.core import KV, AgentBook, Charge, CostDist, CostModel, PolicyState, RequestInfo, RequestMeta, kv_token_iters
 from justitia.backends.base import Backend
+from justitia.core import (
+    KV,
+    AgentBook,
+    Charge,
+    CostDist,
+    CostModel,
+    PolicyState,
+    RequestInfo,
+    RequestMeta,
+    kv_token_iters,
+)
 from justitia.defaults import policy_settings
 
 log = logging.getLogger("justitia.server")
@@ -39,22 +49,32 @@ class Tagger:
     with the engine's ``kv_tokens`` (and a policy whose M is measured) measures the engine's M from
     the requests' round trips (the module's docstring)."""
 
-    def __init__(self, policy: str, capacity_per_s: float, cost: str | CostModel = KV, idle_release_s: float | None = None,
-                 retag: bool = True, measure_every_s: float | None = None, kv_tokens: int | None = None,
-                 session_keep_s: float | None = None):
+    def __init__(
+        self,
+        policy: str,
+        capacity_per_s: float,
+        cost: str | CostModel = KV,
+        idle_release_s: float | None = None,
+        retag: bool = True,
+        measure_every_s: float | None = None,
+        kv_tokens: int | None = None,
+        session_keep_s: float | None = None,
+    ):
         keep = {} if idle_release_s is None else {"idle_release_s": idle_release_s}
         if session_keep_s is not None:
             keep["session_keep_s"] = session_keep_s
-        self.book = AgentBook.tagging(policy, capacity_per_s, cost, retag=retag,
-                                      measure_every_s=measure_every_s if kv_tokens else None, **keep)
+        self.book = AgentBook.tagging(
+            policy, capacity_per_s, cost, retag=retag, measure_every_s=measure_every_s if kv_tokens else None, **keep
+        )
         measured = self.book.clock().schedule is not None  # a clock whose M follows what it is told
         self._kv_tokens = int(kv_tokens) if kv_tokens and measured else None
         self._demand: dict[str, tuple[int, int]] = {}  # open requests -> (prompt, prompt + max_tokens)
         self._demand_sum = 0
         self._seen_s = 0.0  # the last time the front end looked
 
-    def tag(self, request_id: str, meta: RequestMeta, prompt_tokens: int, max_tokens: int,
-            now_s: float) -> tuple[RequestInfo, int]:
+    def tag(
+        self, request_id: str, meta: RequestMeta, prompt_tokens: int, max_tokens: int, now_s: float
+    ) -> tuple[RequestInfo, int]:
         """``AgentBook.tag``, the engine's M measured up to now first."""
         if self._kv_tokens is None:
             return self.book.tag(request_id, meta, prompt_tokens, max_tokens, now_s)
@@ -64,14 +84,18 @@ class Tagger:
         self._demand_sum += prompt_tokens + max_tokens
         return out
 
-    def finish(self, request_id: str, now_s: float, output_tokens: int | None = None,
-               cached_tokens: int | None = None) -> RequestInfo | None:
+    def finish(
+        self, request_id: str, now_s: float, output_tokens: int | None = None, cached_tokens: int | None = None
+    ) -> RequestInfo | None:
         """``AgentBook.finish``; a request that ends while the engine was backlogged is credited with
         its cost at the tokens it produced."""
         if self._kv_tokens is not None and request_id in self._demand:
             prompt, demand = self._demand.pop(request_id)
-            served = Charge() if not output_tokens else Charge(
-                prompt, output_tokens, round(kv_token_iters(prompt, output_tokens)))
+            served = (
+                Charge()
+                if not output_tokens
+                else Charge(prompt, output_tokens, round(kv_token_iters(prompt, output_tokens)))
+            )
             self._look(now_s, served)
             self._demand_sum -= demand
         return self.book.finish(request_id, now_s, output_tokens, cached_tokens)
@@ -87,12 +111,20 @@ class Tagger:
 class TaggingBackend(Backend):
     """A backend whose engines are ordered by one clock kept here (see the module's docstring)."""
 
-    def _start_clock(self, policy: str, capacity: float, idle_release_s: float, retag: bool,
-                     measure_every_s: float | None = None, kv_tokens: int | None = None) -> None:
+    def _start_clock(
+        self,
+        policy: str,
+        capacity: float,
+        idle_release_s: float,
+        retag: bool,
+        measure_every_s: float | None = None,
+        kv_tokens: int | None = None,
+    ) -> None:
         """The book and the clock's time origin (``AgentBook.tagging``'s arguments; sessions are kept
         for ``JUSTITIA_SESSION_KEEP_S``, as in the plug-in)."""
-        self._tagger = Tagger(policy, capacity, KV, idle_release_s, retag, measure_every_s, kv_tokens,
-                              policy_settings().session_keep_s)
+        self._tagger = Tagger(
+            policy, capacity, KV, idle_release_s, retag, measure_every_s, kv_tokens, policy_settings().session_keep_s
+        )
         self.book = self._tagger.book
         self.t0 = time.monotonic()
 
@@ -103,9 +135,17 @@ class TaggingBackend(Backend):
     def _arriving(self, agent_id: str, now_s: float) -> None:
         """An agent is about to be registered (or tagged for the first time) at ``now_s``."""
 
-    async def register(self, agent_id: str, agent_type: str, predicted_cost: float, weight: float = 1.0,
-                       tenant: str | None = None, resume_cost: float | None = None,
-                       session: bool = False, dist: CostDist | None = None) -> float | None:
+    async def register(
+        self,
+        agent_id: str,
+        agent_type: str,
+        predicted_cost: float,
+        weight: float = 1.0,
+        tenant: str | None = None,
+        resume_cost: float | None = None,
+        session: bool = False,
+        dist: CostDist | None = None,
+    ) -> float | None:
         """Register the agent with the clock here; its tag."""
         now = self.now()
         self._arriving(agent_id, now)
@@ -124,8 +164,9 @@ class TaggingBackend(Backend):
         """The clock here, which orders every engine behind it."""
         return self.book.state(self.now(), detail, bound_s)
 
-    def tag(self, request_id: str, xargs: dict | None, prompt_tokens: int, max_tokens: int,
-            stamp: bool = False) -> tuple[RequestInfo, int]:
+    def tag(
+        self, request_id: str, xargs: dict | None, prompt_tokens: int, max_tokens: int, stamp: bool = False
+    ) -> tuple[RequestInfo, int]:
         """Tag a request on its way to an engine: its info (``finish`` it when the engine is done with
         it) and its key as vLLM's int ``priority``. With ``stamp``, the clock's stamp is also written
         into ``xargs`` (``agent_tag``, and ``agent_rank`` in a tenant) for engines that run ``tagged``."""

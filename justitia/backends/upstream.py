@@ -30,19 +30,25 @@ import json
 import logging
 import re
 from dataclasses import dataclass, field
-
 from pathlib import Path
 
 import httpx
 
+from justitia.backends.base import (
+    BackendError,
+    BackendInterrupted,
+    Completion,
+    ForwardRefused,
+    Output,
+    Sampling,
+    metric_lines,
+)
+from justitia.backends.tagging import TaggingBackend
 from justitia.core import KV, WINDOW_STEPS, ReplicaLoad, Replicas, RouteRequest, capacity_per_s
 from justitia.defaults import policy_settings
-from justitia.backends.base import (BackendError, BackendInterrupted, Completion, ForwardRefused, Output, Sampling,
-                                    metric_lines)
-from justitia.backends.tagging import TaggingBackend
 
 log = logging.getLogger("justitia.server")
-_INFO = re.compile(r'^vllm:cache_config_info\{(.*)\}', re.M)
+_INFO = re.compile(r"^vllm:cache_config_info\{(.*)\}", re.M)
 _LABEL = re.compile(r'(\w+)="([^"]*)"')
 
 
@@ -106,7 +112,9 @@ class Replica:
         self.failures_in_row += 1
         if self.failures_in_row >= BREAKER_FAILURES and not self.out:
             self.out = True
-            log.warning(json.dumps({"event": "replica_out", "replica": self.url, "failures_in_row": self.failures_in_row}))
+            log.warning(
+                json.dumps({"event": "replica_out", "replica": self.url, "failures_in_row": self.failures_in_row})
+            )
 
     def success(self) -> None:
         self.failures_in_row = 0
@@ -116,9 +124,11 @@ def _client(url: str, timeout_s: float | None) -> httpx.AsyncClient:
     # no pool limit: every request in flight holds a connection while it waits. Idle connections
     # are dropped after 2 s, before vLLM's uvicorn closes them (its keep-alive is 5 s): reusing one
     # the server is closing fails the request with no response (seen once in 1,780 requests).
-    return httpx.AsyncClient(base_url=url, timeout=httpx.Timeout(timeout_s, connect=10.0),
-                             limits=httpx.Limits(max_connections=None, max_keepalive_connections=256,
-                                                 keepalive_expiry=2.0))
+    return httpx.AsyncClient(
+        base_url=url,
+        timeout=httpx.Timeout(timeout_s, connect=10.0),
+        limits=httpx.Limits(max_connections=None, max_keepalive_connections=256, keepalive_expiry=2.0),
+    )
 
 
 async def probe_replica(url: str, kv_tokens: int | None = None, timeout_s: float | None = None) -> Replica:
@@ -139,15 +149,26 @@ async def probe_replica(url: str, kv_tokens: int | None = None, timeout_s: float
             try:
                 kv_tokens = int(labels["num_gpu_blocks"]) * int(labels["block_size"])
             except (KeyError, ValueError):
-                raise UpstreamError(f"--upstream {url}: its /metrics has no vllm:cache_config_info with the KV cache "
-                                    "size (was it started with --disable-log-stats?); pass --upstream-kv-tokens.")
-        r = await client.post("/v1/completions", json={"model": model["id"], "prompt": [0], "max_tokens": 1,
-                                                       "priority": 1}, timeout=60)
+                raise UpstreamError(
+                    f"--upstream {url}: its /metrics has no vllm:cache_config_info with the KV cache "
+                    "size (was it started with --disable-log-stats?); pass --upstream-kv-tokens."
+                )
+        r = await client.post(
+            "/v1/completions", json={"model": model["id"], "prompt": [0], "max_tokens": 1, "priority": 1}, timeout=60
+        )
         if r.status_code != 200:
-            raise UpstreamError(f"--upstream {url}: a request with a priority was refused ({r.status_code}); start "
-                                "the replica with --scheduling-policy priority.")
-        return Replica(url, model["id"], str(model.get("root") or model["id"]), int(model.get("max_model_len") or 0),
-                       int(kv_tokens), client)
+            raise UpstreamError(
+                f"--upstream {url}: a request with a priority was refused ({r.status_code}); start "
+                "the replica with --scheduling-policy priority."
+            )
+        return Replica(
+            url,
+            model["id"],
+            str(model.get("root") or model["id"]),
+            int(model.get("max_model_len") or 0),
+            int(kv_tokens),
+            client,
+        )
     except BaseException:
         await client.aclose()
         raise
@@ -156,8 +177,9 @@ async def probe_replica(url: str, kv_tokens: int | None = None, timeout_s: float
 class UpstreamBackend(TaggingBackend):
     """One front-end policy over stock vLLM replicas."""
 
-    def __init__(self, replicas: list[Replica], policy: str, capacity: float, idle_release_s: float,
-                 tokenizer_dir: Path):
+    def __init__(
+        self, replicas: list[Replica], policy: str, capacity: float, idle_release_s: float, tokenizer_dir: Path
+    ):
         if not replicas:
             raise ValueError("--upstream needs at least one replica.")
         models = {r.model for r in replicas}
@@ -175,8 +197,14 @@ class UpstreamBackend(TaggingBackend):
         self._prober: asyncio.Task | None = None
 
     @classmethod
-    async def connect(cls, urls: list[str], policy: str, kv_tokens: int | None = None,
-                      tokenizer_dir: Path | None = None, read_timeout_s: float = 600.0) -> "UpstreamBackend":
+    async def connect(
+        cls,
+        urls: list[str],
+        policy: str,
+        kv_tokens: int | None = None,
+        tokenizer_dir: Path | None = None,
+        read_timeout_s: float = 600.0,
+    ) -> "UpstreamBackend":
         """Probe every replica, then keep one clock over them all: M = their KV tokens together per
         nominal step (``JUSTITIA_CAPACITY`` / ``JUSTITIA_ITERATION_S``). ``tokenizer_dir``: by
         default the replicas' model directory, when it is one here."""
@@ -189,8 +217,10 @@ class UpstreamBackend(TaggingBackend):
             capacity = settings.capacity_per_s or capacity_per_s(KV, total, 0, settings.iteration_s)
             if tokenizer_dir is None:
                 if not Path(replicas[0].root).is_dir():
-                    raise ValueError(f"--upstream: the replicas serve '{replicas[0].root}', which is not a directory "
-                                     "here; pass --model with the same model (its tokenizer prices the requests).")
+                    raise ValueError(
+                        f"--upstream: the replicas serve '{replicas[0].root}', which is not a directory "
+                        "here; pass --model with the same model (its tokenizer prices the requests)."
+                    )
                 tokenizer_dir = Path(replicas[0].root)
             return cls(replicas, policy, capacity, settings.agent_idle_s, tokenizer_dir)
         except BaseException:
@@ -217,12 +247,21 @@ class UpstreamBackend(TaggingBackend):
         info, priority = self.tag(request_id, xargs, len(ids), params.max_tokens or 16)
         try:
             delta = params.stream
-            body = {"prompt": ids, "max_tokens": params.max_tokens, "temperature": params.temperature,
-                    "top_p": params.top_p, "seed": params.seed, "stop": params.stop or None,
-                    "ignore_eos": params.ignore_eos, "presence_penalty": 0.0,
-                    "frequency_penalty": 0.0, "priority": priority,
-                    "stream": delta, "return_token_ids": True,
-                    "vllm_xargs": {k: v for k, v in xargs.items() if isinstance(v, (str, int, float))}}
+            body = {
+                "prompt": ids,
+                "max_tokens": params.max_tokens,
+                "temperature": params.temperature,
+                "top_p": params.top_p,
+                "seed": params.seed,
+                "stop": params.stop or None,
+                "ignore_eos": params.ignore_eos,
+                "presence_penalty": 0.0,
+                "frequency_penalty": 0.0,
+                "priority": priority,
+                "stream": delta,
+                "return_token_ids": True,
+                "vllm_xargs": {k: v for k, v in xargs.items() if isinstance(v, (str, int, float))},
+            }
             tried: set[str] = set()
             produced = 0  # tokens the replica produced (the front end's meter credits them)
             route = RouteRequest(request_id, info.predicted_cost)
@@ -246,9 +285,20 @@ class UpstreamBackend(TaggingBackend):
                     replica.failure()
                     reason = str(exc) or type(exc).__name__
                     if streamed:  # tokens went out already: the caller decides
-                        raise ReplicaLostMidway(f"replica {replica.url} failed request {request_id} midway: {reason}") from exc
-                    log.warning(json.dumps({"event": "replica_failed", "replica": replica.url, "request_id": request_id,
-                                            "error": reason, "action": "next replica"}))
+                        raise ReplicaLostMidway(
+                            f"replica {replica.url} failed request {request_id} midway: {reason}"
+                        ) from exc
+                    log.warning(
+                        json.dumps(
+                            {
+                                "event": "replica_failed",
+                                "replica": replica.url,
+                                "request_id": request_id,
+                                "error": reason,
+                                "action": "next replica",
+                            }
+                        )
+                    )
                 except UpstreamError:  # a 4xx: the request's own fault
                     replica.success()
                     raise
@@ -284,8 +334,9 @@ class UpstreamBackend(TaggingBackend):
                 tried.add(replica.url)
                 self.routes.sent(route, replica.url)
                 try:
-                    resp = await replica.client.send(replica.client.build_request("POST", path, json=doc,
-                                                                                  headers=headers), stream=True)
+                    resp = await replica.client.send(
+                        replica.client.build_request("POST", path, json=doc, headers=headers), stream=True
+                    )
                 except httpx.HTTPError as exc:
                     resp, reason = None, str(exc) or type(exc).__name__
                 if resp is not None and resp.status_code < 500:
@@ -295,8 +346,17 @@ class UpstreamBackend(TaggingBackend):
                     await resp.aclose()
                 replica.failure()
                 self.routes.done(request_id)
-                log.warning(json.dumps({"event": "replica_failed", "replica": replica.url, "request_id": request_id,
-                                        "error": reason, "action": "next replica"}))
+                log.warning(
+                    json.dumps(
+                        {
+                            "event": "replica_failed",
+                            "replica": replica.url,
+                            "request_id": request_id,
+                            "error": reason,
+                            "action": "next replica",
+                        }
+                    )
+                )
         except BaseException:
             end()
             raise
@@ -311,8 +371,9 @@ class UpstreamBackend(TaggingBackend):
                 self.routes.done(request_id)
                 end()
 
-        return StreamingResponse(body(), status_code=resp.status_code,
-                                 media_type=resp.headers.get("content-type", "application/json"))
+        return StreamingResponse(
+            body(), status_code=resp.status_code, media_type=resp.headers.get("content-type", "application/json")
+        )
 
     @staticmethod
     async def _send(replica: Replica, body: dict, request_id: str, delta: bool):
@@ -324,8 +385,15 @@ class UpstreamBackend(TaggingBackend):
                 kind = ReplicaUnavailable if resp.status_code >= 500 else UpstreamError
                 raise kind(f"replica {replica.url} answered {resp.status_code}: {_message(resp.text)}")
             choice = resp.json()["choices"][0]
-            yield Output(request_id, [Completion(choice.get("text") or "", list(choice.get("token_ids") or []),
-                                                 choice.get("finish_reason"))], True)
+            yield Output(
+                request_id,
+                [
+                    Completion(
+                        choice.get("text") or "", list(choice.get("token_ids") or []), choice.get("finish_reason")
+                    )
+                ],
+                True,
+            )
             return
         async with replica.client.stream("POST", "/v1/completions", json=body) as resp:
             if resp.status_code != 200:
@@ -340,21 +408,33 @@ class UpstreamBackend(TaggingBackend):
                     raise UpstreamError(f"replica {replica.url}: {_message(json.dumps(doc))}")
                 for choice in doc.get("choices", []):
                     reason = choice.get("finish_reason")
-                    yield Output(request_id, [Completion(choice.get("text") or "", list(choice.get("token_ids") or []),
-                                                         reason)], reason is not None)
+                    yield Output(
+                        request_id,
+                        [Completion(choice.get("text") or "", list(choice.get("token_ids") or []), reason)],
+                        reason is not None,
+                    )
 
     def metrics_lines(self) -> list[str]:
         """Prometheus lines about the replicas."""
-        lines = metric_lines("upstream_kv_tokens", "gauge", "The replicas' KV caches together, in tokens (the clock's "
-                             "M per step).", f"justitia_upstream_kv_tokens {self.kv_tokens}")
+        lines = metric_lines(
+            "upstream_kv_tokens",
+            "gauge",
+            "The replicas' KV caches together, in tokens (the clock's M per step).",
+            f"justitia_upstream_kv_tokens {self.kv_tokens}",
+        )
         for name, kind, attr, text in (
-                ("replica_requests_in_flight", "gauge", "in_flight", "Requests sent to a replica and not finished."),
-                ("replica_requests_total", "counter", "sent", "Requests sent to a replica."),
-                ("replica_failures_total", "counter", "failed", "Requests a replica could not take or failed."),
-                ("replica_kv_tokens", "gauge", "kv_tokens", "A replica's KV cache, in tokens."),
-                ("replica_out", "gauge", "out", "1 while a replica's circuit breaker keeps it out of routing.")):
-            lines += metric_lines(name, kind, text, *(f'justitia_{name}{{replica="{r.url}"}} {int(getattr(r, attr))}'
-                                                      for r in self.replicas))
+            ("replica_requests_in_flight", "gauge", "in_flight", "Requests sent to a replica and not finished."),
+            ("replica_requests_total", "counter", "sent", "Requests sent to a replica."),
+            ("replica_failures_total", "counter", "failed", "Requests a replica could not take or failed."),
+            ("replica_kv_tokens", "gauge", "kv_tokens", "A replica's KV cache, in tokens."),
+            ("replica_out", "gauge", "out", "1 while a replica's circuit breaker keeps it out of routing."),
+        ):
+            lines += metric_lines(
+                name,
+                kind,
+                text,
+                *(f'justitia_{name}{{replica="{r.url}"}} {int(getattr(r, attr))}' for r in self.replicas),
+            )
         return lines
 
     def _start_prober(self) -> None:

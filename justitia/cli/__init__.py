@@ -13,8 +13,15 @@ from justitia.workload import WorkloadError
 
 DESCRIPTION = """The ``justitia`` command line: generate workloads, benchmark policies, calibrate the simulator, train
 predictors, profile a real model, serve agents. It sits over both the product and the lab (``justitia.lab``)."""
-COMMANDS = {"workload": workload, "bench": bench, "predictor": predictor, "profile": profile, "serve": serve,
-            "calibrate": calibrate, "top": top}  # in the order --help lists them
+COMMANDS = {
+    "workload": workload,
+    "bench": bench,
+    "predictor": predictor,
+    "profile": profile,
+    "serve": serve,
+    "calibrate": calibrate,
+    "top": top,
+}  # in the order --help lists them
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -38,4 +45,3 @@ def main(argv: list[str] | None = None) -> int:
     except (WorkloadError, ValueError) as exc:
         print(f"justitia: error: {exc}", file=sys.stderr)
         return 2
-

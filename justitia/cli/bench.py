@@ -18,51 +18,107 @@ def add_parser(sub) -> None:
 
     b = sub.add_parser("bench", help="run policies over a workload and report JCT and fairness")
     b.add_argument("--engine", choices=["sim", "vllm"], help="engine to run on (default sim; the cpu preset: vllm)")
-    b.add_argument("--preset", choices=PRESET_NAMES, help="one of the paper's experiments, or cpu and engine (real vLLM)")
+    b.add_argument(
+        "--preset", choices=PRESET_NAMES, help="one of the paper's experiments, or cpu and engine (real vLLM)"
+    )
     b.add_argument("--workload", type=Path, help="JSONL workload file (instead of generating one)")
     add_workload_args(b)
     b.add_argument("--scale", type=float, default=1.0, help="divide every token length by this (small engines)")
-    b.add_argument("--policies", default=",".join(POLICY_NAMES),
-                   help="comma-separated policies (also: justitia-guarded, a bound whatever the prices; justitia-eligible, an option for the tail; docs/design.md)")
-    b.add_argument("--predictor", help=f"{SPEC_HELP} (default oracle; with --preset: every run of the preset that "
-                   "uses the oracle's costs uses this instead, or the bench fails saying why)")
-    b.add_argument("--cost", choices=["kv", "kv-prefix", "compute"], default="kv",
-                   help="cost model (default kv; kv-prefix: a prefix requests sent together share is held once)")
-    b.add_argument("--capacity", choices=["measured", "formula"], default="measured",
-                   help="the clock's M: measured from what the engine delivers (default), or the formula's "
-                        "(KV tokens / nominal step, the paper's rule)")
-    b.add_argument("--no-retag", action="store_true",
-                   help="keep each agent's first tag even when its stages reveal more work than predicted")
-    b.add_argument("--pricing", choices=["first-stage", "all-stages"], default="first-stage",
-                   help="price an agent on arrival from its first stage (the predictor's, default) or at least "
-                        "the sum of every stage's predicted requests (an agent submitted whole)")
-    b.add_argument("--burst", choices=["turn", "pause"], default="turn",
-                   help="sessions: price and tag a session by user turn (default) or by the calls between two pauses "
-                        "of any kind (docs/sessions.md)")
-    b.add_argument("--subagents", choices=["share", "flows"], default="share",
-                   help="sessions: a session's subagents share its flow (default) or are flows of their own")
-    b.add_argument("--prefix-caching", action="store_true",
-                   help="sim: vLLM's prefix cache on (the sessions presets turn it on; default off, as the paper)")
-    b.add_argument("--kv-eviction", choices=["lru", "tag"],
-                   help="sim, prefix cache on: evict the least recently freed blocks (vLLM's, default), or first "
-                        "those of the sessions whose next tag comes last")
-    b.add_argument("--latency", help=f"simulator latency profile: {', '.join(sorted(PROFILES))} (sim default) "
-                   "or a file from 'justitia calibrate' (vllm default: calibrate first)")
+    b.add_argument(
+        "--policies",
+        default=",".join(POLICY_NAMES),
+        help="comma-separated policies (also: justitia-guarded, a bound whatever the prices; justitia-eligible, an option for the tail; docs/design.md)",
+    )
+    b.add_argument(
+        "--predictor",
+        help=f"{SPEC_HELP} (default oracle; with --preset: every run of the preset that "
+        "uses the oracle's costs uses this instead, or the bench fails saying why)",
+    )
+    b.add_argument(
+        "--cost",
+        choices=["kv", "kv-prefix", "compute"],
+        default="kv",
+        help="cost model (default kv; kv-prefix: a prefix requests sent together share is held once)",
+    )
+    b.add_argument(
+        "--capacity",
+        choices=["measured", "formula"],
+        default="measured",
+        help="the clock's M: measured from what the engine delivers (default), or the formula's "
+        "(KV tokens / nominal step, the paper's rule)",
+    )
+    b.add_argument(
+        "--no-retag",
+        action="store_true",
+        help="keep each agent's first tag even when its stages reveal more work than predicted",
+    )
+    b.add_argument(
+        "--pricing",
+        choices=["first-stage", "all-stages"],
+        default="first-stage",
+        help="price an agent on arrival from its first stage (the predictor's, default) or at least "
+        "the sum of every stage's predicted requests (an agent submitted whole)",
+    )
+    b.add_argument(
+        "--burst",
+        choices=["turn", "pause"],
+        default="turn",
+        help="sessions: price and tag a session by user turn (default) or by the calls between two pauses "
+        "of any kind (docs/sessions.md)",
+    )
+    b.add_argument(
+        "--subagents",
+        choices=["share", "flows"],
+        default="share",
+        help="sessions: a session's subagents share its flow (default) or are flows of their own",
+    )
+    b.add_argument(
+        "--prefix-caching",
+        action="store_true",
+        help="sim: vLLM's prefix cache on (the sessions presets turn it on; default off, as the paper)",
+    )
+    b.add_argument(
+        "--kv-eviction",
+        choices=["lru", "tag"],
+        help="sim, prefix cache on: evict the least recently freed blocks (vLLM's, default), or first "
+        "those of the sessions whose next tag comes last",
+    )
+    b.add_argument(
+        "--latency",
+        help=f"simulator latency profile: {', '.join(sorted(PROFILES))} (sim default) "
+        "or a file from 'justitia calibrate' (vllm default: calibrate first)",
+    )
     add_engine_args(b)
-    b.add_argument("--replicas", type=int,
-                   help="sim: simulate a cluster of this many engines behind one router (default 1; the cluster "
-                        "presets set their own)")
-    b.add_argument("--router", choices=ROUTER_NAMES,
-                   help="sim, --replicas > 1: least-load (default), affinity or round-robin (docs/design.md, Clusters)")
-    b.add_argument("--cluster-clock", choices=CLOCKS,
-                   help="sim, --replicas > 1: justitia's clock, one in front of every engine (global, default) or "
-                        "one per engine (replica); other policies keep their state per engine")
+    b.add_argument(
+        "--replicas",
+        type=int,
+        help="sim: simulate a cluster of this many engines behind one router (default 1; the cluster "
+        "presets set their own)",
+    )
+    b.add_argument(
+        "--router",
+        choices=ROUTER_NAMES,
+        help="sim, --replicas > 1: least-load (default), affinity or round-robin (docs/design.md, Clusters)",
+    )
+    b.add_argument(
+        "--cluster-clock",
+        choices=CLOCKS,
+        help="sim, --replicas > 1: justitia's clock, one in front of every engine (global, default) or "
+        "one per engine (replica); other policies keep their state per engine",
+    )
     b.add_argument("--tagging", action="store_true", help="vllm: also run justitia by front-end tagging on stock vLLM")
-    b.add_argument("--calibration-agents", type=int, default=20, help="vllm: agents in the calibration run (default 20)")
-    b.add_argument("--repeats", type=int, help="vllm: runs per policy, JCTs averaged per agent (default 1; cpu preset 2)")
-    b.add_argument("--speed-probes", action="store_true",
-                   help="vllm: run the calibration agents again before and after every run and simulate each run "
-                        "at the engine's mean speed over the two (the engine preset does)")
+    b.add_argument(
+        "--calibration-agents", type=int, default=20, help="vllm: agents in the calibration run (default 20)"
+    )
+    b.add_argument(
+        "--repeats", type=int, help="vllm: runs per policy, JCTs averaged per agent (default 1; cpu preset 2)"
+    )
+    b.add_argument(
+        "--speed-probes",
+        action="store_true",
+        help="vllm: run the calibration agents again before and after every run and simulate each run "
+        "at the engine's mean speed over the two (the engine preset does)",
+    )
     b.add_argument("--out", type=Path, default=Path("results/bench"), help="output directory")
     b.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
     b.add_argument("--no-progress", action="store_true", help="hide the progress bar")
@@ -77,8 +133,10 @@ def with_predictor(preset, predictor: str) -> list:
 
     if preset.compares_predictors:
         own = sorted({s.predictor for s in preset.specs if s.predictor != "oracle"})
-        raise ValueError(f"--predictor {predictor}: preset '{preset.name}' compares predictors itself (its runs use "
-                         f"{', '.join(own)}); drop --predictor, or run --workload with --predictor.")
+        raise ValueError(
+            f"--predictor {predictor}: preset '{preset.name}' compares predictors itself (its runs use "
+            f"{', '.join(own)}); drop --predictor, or run --workload with --predictor."
+        )
     make_predictor(predictor)  # validate before running anything
     return [replace(s, predictor=predictor) if s.predictor == "oracle" else s for s in preset.specs]
 
@@ -106,12 +164,16 @@ def run(args) -> int:
         if args.workload:
             raise ValueError("--preset builds its own workload; drop --workload.")
         if args.router or args.cluster_clock or args.replicas not in (None, preset.replicas):
-            raise ValueError(f"preset '{preset.name}' sets its own replicas, routers and clocks; "
-                             "drop --replicas, --router and --cluster-clock.")
+            raise ValueError(
+                f"preset '{preset.name}' sets its own replicas, routers and clocks; "
+                "drop --replicas, --router and --cluster-clock."
+            )
     else:
         if args.workload:
             agents = load_workload(args.workload)
-            agents, info = in_tenant(args, agents, {"arrivals": "file", "file": str(args.workload), "agents": len(agents)})
+            agents, info = in_tenant(
+                args, agents, {"arrivals": "file", "file": str(args.workload), "agents": len(agents)}
+            )
         else:
             agents, info = workload_from_args(args)
         if args.scale != 1:
@@ -120,13 +182,29 @@ def run(args) -> int:
         names = [p.strip() for p in args.policies.split(",") if p.strip()]
         unknown = [p for p in names if p not in POLICY_NAMES + OPTION_NAMES]
         if unknown or not names:
-            raise ValueError(f"--policies: unknown policy '{(unknown or [''])[0]}'; expected some of: "
-                             f"{', '.join(POLICY_NAMES + OPTION_NAMES)}.")
+            raise ValueError(
+                f"--policies: unknown policy '{(unknown or [''])[0]}'; expected some of: "
+                f"{', '.join(POLICY_NAMES + OPTION_NAMES)}."
+            )
         args.predictor = args.predictor or "oracle"
         make_predictor(args.predictor)  # validate before running anything
-        specs = [RunSpec(p, p, args.predictor, args.cost, args.capacity, not args.no_retag, args.pricing, args.router,
-                         args.cluster_clock, burst=args.burst, subagents=args.subagents, kv_eviction=args.kv_eviction)
-                 for p in names]
+        specs = [
+            RunSpec(
+                p,
+                p,
+                args.predictor,
+                args.cost,
+                args.capacity,
+                not args.no_retag,
+                args.pricing,
+                args.router,
+                args.cluster_clock,
+                burst=args.burst,
+                subagents=args.subagents,
+                kv_eviction=args.kv_eviction,
+            )
+            for p in names
+        ]
     engine = args.engine or (preset.engine if preset else "sim")
     replicas = preset.replicas if preset else (1 if args.replicas is None else args.replicas)
     if replicas < 1:
@@ -136,8 +214,15 @@ def run(args) -> int:
     if engine == "vllm":
         doc = _bench_vllm(args, agents, specs, info, preset)
     else:
-        doc = run_bench(agents, specs, _sim_config(args, preset.sim_options if preset else {}), info, args.seed,
-                        progress=not args.no_progress, replicas=replicas)
+        doc = run_bench(
+            agents,
+            specs,
+            _sim_config(args, preset.sim_options if preset else {}),
+            info,
+            args.seed,
+            progress=not args.no_progress,
+            replicas=replicas,
+        )
     if args.preset:
         doc["preset"] = args.preset
         if preset.notes:
@@ -148,6 +233,7 @@ def run(args) -> int:
         print("\n".join(preset.summary(doc)))
     elif any("mean_turn_s" in e for e in doc["policies"].values()):  # sessions: their turns, whatever ran them
         from justitia.lab.sessions import sessions_summary
+
         print("\n".join(sessions_summary(doc)))
     print(f"results: {path}")
     return 0
@@ -185,7 +271,17 @@ def _bench_vllm(args, agents, specs, info, preset) -> dict:
     probes = args.speed_probes or (preset is not None and preset.speed_probes)
     if probes and not calibration:
         raise ValueError("--speed-probes runs the calibration agents again: it cannot go with --latency.")
-    return run_bench_vllm(agents, specs, spec, info, args.seed, not args.no_progress, profile, calibration, tagging,
-                          repeats, probes, preset.door if preset else None)
-
-
+    return run_bench_vllm(
+        agents,
+        specs,
+        spec,
+        info,
+        args.seed,
+        not args.no_progress,
+        profile,
+        calibration,
+        tagging,
+        repeats,
+        probes,
+        preset.door if preset else None,
+    )

@@ -30,11 +30,19 @@ def run(args) -> int:
     stats["formula_capacity_per_s"] = formula
     args.out.write_text(json.dumps(profile.to_json() | {"fit": stats}, indent=1))
     measured = stats["delivered_capacity_per_s"]
-    print("the clock's M: " + (f"{measured:,.0f} KV token-iterations/s delivered while requests waited "
-                               f"({stats['backlogged_s']:.1f} s), {measured / formula:.2f} of the formula's {formula:,.0f}"
-                               if measured else f"no request waited in this run; the formula's {formula:,.0f} /s stands"))
-    print(f"fitted over {stats['steps']} steps: step_ms = {profile.base_ms:.3f} + {profile.per_batched_token_ms:.5f} "
-          f"* batched_tokens + {profile.per_context_token_ms:.3g} * decode_context_tokens  "
-          f"(R^2 {stats['r2']:.2f}, median |error| {stats['median_abs_rel_error']:.0%})")
+    print(
+        "the clock's M: "
+        + (
+            f"{measured:,.0f} KV token-iterations/s delivered while requests waited "
+            f"({stats['backlogged_s']:.1f} s), {measured / formula:.2f} of the formula's {formula:,.0f}"
+            if measured
+            else f"no request waited in this run; the formula's {formula:,.0f} /s stands"
+        )
+    )
+    print(
+        f"fitted over {stats['steps']} steps: step_ms = {profile.base_ms:.3f} + {profile.per_batched_token_ms:.5f} "
+        f"* batched_tokens + {profile.per_context_token_ms:.3g} * decode_context_tokens  "
+        f"(R^2 {stats['r2']:.2f}, median |error| {stats['median_abs_rel_error']:.0%})"
+    )
     print(f"profile: {args.out}  (use: justitia bench --engine vllm --latency {args.out})")
     return 0

@@ -11,10 +11,16 @@ def add_workload_args(p: argparse.ArgumentParser, agents: int = 300, density: fl
     p.add_argument("--agents", type=int, default=agents, help=f"number of agents (default {agents})")
     p.add_argument("--seed", type=int, default=0, help="seed of every random draw (default 0)")
     p.add_argument("--trace", type=Path, help="Mooncake-format JSONL trace to take arrival times from")
-    p.add_argument("--density", type=float, default=density,
-                   help=f"arrival density: 2 packs arrivals twice as tight (default {density:.3g})")
+    p.add_argument(
+        "--density",
+        type=float,
+        default=density,
+        help=f"arrival density: 2 packs arrivals twice as tight (default {density:.3g})",
+    )
     p.add_argument("--rate", type=float, help="synthetic arrivals per second before density (no --trace)")
-    p.add_argument("--cv", type=float, default=1.0, help="synthetic inter-arrival coefficient of variation (1 = Poisson)")
+    p.add_argument(
+        "--cv", type=float, default=1.0, help="synthetic inter-arrival coefficient of variation (1 = Poisson)"
+    )
     p.add_argument("--tenant", help="put every agent in this tenant (default: the workload's own tenants, or none)")
 
 
@@ -23,8 +29,12 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
 
     d = EngineSpec()
     p.add_argument("--model", help=f"vllm: tiny, tiny-long, smollm2 or a model directory (default {d.model})")
-    p.add_argument("--kv-blocks", type=int, help=f"KV cache size in blocks (sim default: the profile's; vllm {d.kv_blocks})")
-    p.add_argument("--max-num-batched-tokens", type=int, help=f"token budget per step (default {d.max_num_batched_tokens})")
+    p.add_argument(
+        "--kv-blocks", type=int, help=f"KV cache size in blocks (sim default: the profile's; vllm {d.kv_blocks})"
+    )
+    p.add_argument(
+        "--max-num-batched-tokens", type=int, help=f"token budget per step (default {d.max_num_batched_tokens})"
+    )
     p.add_argument("--max-num-seqs", type=int, help=f"cap on running requests (sim default 256; vllm {d.max_num_seqs})")
     p.add_argument("--max-model-len", type=int, help=f"vllm: longest prompt + output (default {d.max_model_len})")
 
@@ -47,10 +57,17 @@ def workload_from_args(args) -> tuple[list, dict]:
 
     if args.trace is not None and args.rate is not None:
         raise ValueError("--rate applies to synthetic arrivals; it cannot be combined with --trace.")
-    return in_tenant(args, *build_workload(
-        args.agents, args.seed, args.trace, args.density,
-        DEFAULT_RATE_PER_S if args.rate is None else args.rate, args.cv,
-    ))
+    return in_tenant(
+        args,
+        *build_workload(
+            args.agents,
+            args.seed,
+            args.trace,
+            args.density,
+            DEFAULT_RATE_PER_S if args.rate is None else args.rate,
+            args.cv,
+        ),
+    )
 
 
 def in_tenant(args, agents: list, info: dict) -> tuple[list, dict]:

@@ -14,19 +14,27 @@ def add_parser(sub) -> None:
     tr = pr_sub.add_parser("train", help="fit per-type TF-IDF + MLP models (or the lm baseline) to a profile file")
     tr.add_argument("--profile", type=Path, required=True, help="JSONL profile or workload file")
     saved = [k for k, kind in KINDS.items() if kind.load]  # the kinds saved as a directory
-    tr.add_argument("--kind", choices=saved, default=saved[0],
-                    help="; ".join(f"{k}: {KINDS[k].description}" for k in saved) + f" (default {saved[0]})")
+    tr.add_argument(
+        "--kind",
+        choices=saved,
+        default=saved[0],
+        help="; ".join(f"{k}: {KINDS[k].description}" for k in saved) + f" (default {saved[0]})",
+    )
     tr.add_argument("--out", type=Path, required=True, help="predictor directory to write")
     tr.add_argument("--seed", type=int, default=0)
     tr.add_argument("--alpha", type=float, help="L2 penalty of the MLP (default: mlp 10, lm 1e-3)")
     ev = pr_sub.add_parser("eval", help="hold out agents per type; compare the predictors on them")
-    ev.add_argument("--predictors", default=",".join(KINDS),
-                    help=f"comma-separated, of {', '.join(KINDS)} (default all of them)")
+    ev.add_argument(
+        "--predictors", default=",".join(KINDS), help=f"comma-separated, of {', '.join(KINDS)} (default all of them)"
+    )
     ev.add_argument("--profile", type=Path, required=True, help="JSONL profile or workload file")
     ev.add_argument("--test-frac", type=float, default=0.2, help="share of each type held out (default 0.2)")
     ev.add_argument("--seed", type=int, default=0)
-    ev.add_argument("--cold-start", action="store_true",
-                    help="also measure how fast an unseen type's error drops (trains one model per type)")
+    ev.add_argument(
+        "--cold-start",
+        action="store_true",
+        help="also measure how fast an unseen type's error drops (trains one model per type)",
+    )
     ev.add_argument("--out", type=Path, help="also write the evaluation as JSON here")
 
 
@@ -56,8 +64,10 @@ def run(args) -> int:
             pred.save(args.out)
             kinds = sorted(k for k in pred.models if k != "*")
             what = f"{len(kinds)} per-type models ({', '.join(kinds)}) and an all-types one"
-        print(f"trained {what} on {len(agents)} agents in {time.perf_counter() - t:.1f} s: {args.out}  "
-              f"(use: --predictor {args.kind}:{args.out})")
+        print(
+            f"trained {what} on {len(agents)} agents in {time.perf_counter() - t:.1f} s: {args.out}  "
+            f"(use: --predictor {args.kind}:{args.out})"
+        )
         return 0
     doc = evaluate(agents, kv, args.test_frac, args.seed, tuple(n for n in args.predictors.split(",") if n))
     from rich.console import Console
@@ -65,8 +75,10 @@ def run(args) -> int:
 
     names = list(doc["predictors"])
     types = sorted(doc["predictors"][names[0]]["per_type_mean_rel_error"])
-    table = Table(title=f"mean relative error of the agent cost, {doc['test_agents']} held-out agents "
-                        f"({doc['train_agents']} trained on)")
+    table = Table(
+        title=f"mean relative error of the agent cost, {doc['test_agents']} held-out agents "
+        f"({doc['train_agents']} trained on)"
+    )
     table.add_column("type")
     for n in names:
         table.add_column(n, justify="right")
@@ -82,9 +94,13 @@ def run(args) -> int:
 
         doc["cold_start"] = cold_start(agents, kv, args.seed)
         cs = doc["cold_start"]["mean"]
-        print("unseen type (all-types model trained without it, then corrected by each finished agent): mean "
-              "relative error of " + ", ".join(f"agents {max(1, k - 4)}-{k}: {e:.0%}" if k > 1 else f"the first: {e:.0%}"
-                                              for k, e in cs.items()))
+        print(
+            "unseen type (all-types model trained without it, then corrected by each finished agent): mean "
+            "relative error of "
+            + ", ".join(
+                f"agents {max(1, k - 4)}-{k}: {e:.0%}" if k > 1 else f"the first: {e:.0%}" for k, e in cs.items()
+            )
+        )
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(doc, indent=1))

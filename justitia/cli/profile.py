@@ -7,7 +7,9 @@ from pathlib import Path
 
 def add_parser(sub) -> None:
     pf = sub.add_parser("profile", help="run generated agents through a real model (vLLM) and record their costs")
-    pf.add_argument("--model", default="smollm2", help="tiny, tiny-long, smollm2 or a model directory (default smollm2)")
+    pf.add_argument(
+        "--model", default="smollm2", help="tiny, tiny-long, smollm2 or a model directory (default smollm2)"
+    )
     pf.add_argument("--agents-per-type", type=int, default=30, help="agents of each workflow (default 30)")
     pf.add_argument("--types", help="comma-separated workflows (default all nine)")
     pf.add_argument("--size", choices=["small", "medium", "large"], default="small", help="size class (default small)")
@@ -26,11 +28,14 @@ def run(args) -> int:
     types = tuple(args.types.split(",")) if args.types else WORKFLOW_TYPES
     if args.max_tokens < 1 or args.concurrency < 1:
         raise ValueError("--max-tokens and --concurrency must be >= 1.")
-    spec = ProfileSpec(args.model, types, args.agents_per_type, args.size, args.scale, args.max_tokens, args.seed,
-                       args.concurrency)
+    spec = ProfileSpec(
+        args.model, types, args.agents_per_type, args.size, args.scale, args.max_tokens, args.seed, args.concurrency
+    )
     summary = run_profile(spec, args.out, not args.no_progress)
-    print(f"profile: {summary['agents']} agents in {args.out} ({summary['new']} new, {summary['wall_s'] / 60:.1f} min)  "
-          f"(next: justitia predictor eval --profile {args.out})")
+    print(
+        f"profile: {summary['agents']} agents in {args.out} ({summary['new']} new, {summary['wall_s'] / 60:.1f} min)  "
+        f"(next: justitia predictor eval --profile {args.out})"
+    )
     print(_profile_stats(args.out))
     return 0
 
@@ -46,6 +51,8 @@ def _profile_stats(path) -> str:
     stopped = sum(cap is not None and n < cap for n, cap in answers)
     prompt = statistics.mean(sum(t.prompt_tokens for t in a.tasks) for a in agents)
     output = statistics.mean(sum(t.output_tokens for t in a.tasks) for a in agents)
-    return (f"profile: {len(answers)} answers, {stopped / len(answers):.0%} ended before their cap, median "
-            f"{statistics.median(n for n, _ in answers):g} tokens; per agent {prompt:,.0f} prompt and "
-            f"{output:,.0f} output tokens on average")
+    return (
+        f"profile: {len(answers)} answers, {stopped / len(answers):.0%} ended before their cap, median "
+        f"{statistics.median(n for n, _ in answers):g} tokens; per agent {prompt:,.0f} prompt and "
+        f"{output:,.0f} output tokens on average"
+    )

@@ -16,9 +16,12 @@ DEFAULT_URL = "http://127.0.0.1:8000"
 def add_parser(sub) -> None:
     top = sub.add_parser("top", help="a live view of a running server: tenants' shares, the queue, the bound's slack")
     top.add_argument("--url", default=DEFAULT_URL, help=f"the server (default {DEFAULT_URL})")
-    top.add_argument("--api-key", default=os.environ.get("JUSTITIA_API_KEY"),
-                     help="the key to read with (default: $JUSTITIA_API_KEY; none on a server without keys). "
-                          "An admin key sees every tenant, another key its own")
+    top.add_argument(
+        "--api-key",
+        default=os.environ.get("JUSTITIA_API_KEY"),
+        help="the key to read with (default: $JUSTITIA_API_KEY; none on a server without keys). "
+        "An admin key sees every tenant, another key its own",
+    )
     top.add_argument("--every", type=float, default=2.0, help="seconds between refreshes (default 2)")
     top.add_argument("--once", action="store_true", help="print one frame and exit")
 
@@ -42,25 +45,55 @@ def render(doc: dict):
 
     clock = doc.get("clock")
     title = Text(f"Justitia on {doc.get('model')}: policy {doc.get('policy')}; ", style="bold")
-    title.append(f"V {_fmt(clock['virtual_time'], 6)}, N_t {clock['active']}, M {_fmt(clock['capacity_per_s'], 4)}/s; "
-                 if clock else "no GPS clock; ")
+    title.append(
+        f"V {_fmt(clock['virtual_time'], 6)}, N_t {clock['active']}, M {_fmt(clock['capacity_per_s'], 4)}/s; "
+        if clock
+        else "no GPS clock; "
+    )
     title.append(f"bound {_fmt(doc.get('bound_s'))} s, {doc.get('violations', 0)} past it")
     tenants = Table(title=f"tenants (shares over the last {_fmt(doc.get('window_s'))} s)", title_justify="left")
-    for name in ("tenant", "weight", "share", "fair share", "waiting", "agents", "sessions", "lateness s", "slack s",
-                 "past bound", "cache hits"):
+    for name in (
+        "tenant",
+        "weight",
+        "share",
+        "fair share",
+        "waiting",
+        "agents",
+        "sessions",
+        "lateness s",
+        "slack s",
+        "past bound",
+        "cache hits",
+    ):
         tenants.add_column(name, justify="left" if name == "tenant" else "right")
     for t in doc.get("tenants", []):
         slack = t.get("margin_s")
-        tenants.add_row(Text(t["tenant"]), _fmt(t.get("weight")), _pct(t.get("share")), _pct(t.get("fair_share")),
-                        str(t.get("waiting", 0)), str(t.get("agents", 0)), str(t.get("sessions", 0)),
-                        _fmt(t.get("late_s")), Text(_fmt(slack), style="bold red" if slack is not None and slack < 0 else ""),
-                        str(t.get("violations", 0)), _pct(t.get("cache_hit_rate")))
+        tenants.add_row(
+            Text(t["tenant"]),
+            _fmt(t.get("weight")),
+            _pct(t.get("share")),
+            _pct(t.get("fair_share")),
+            str(t.get("waiting", 0)),
+            str(t.get("agents", 0)),
+            str(t.get("sessions", 0)),
+            _fmt(t.get("late_s")),
+            Text(_fmt(slack), style="bold red" if slack is not None and slack < 0 else ""),
+            str(t.get("violations", 0)),
+            _pct(t.get("cache_hit_rate")),
+        )
     head = Table(title="head of the queue", title_justify="left")
     for name in ("agent", "tenant", "type", "tag", "predicted", "attained", "requests"):
         head.add_column(name, justify="left" if name in ("agent", "tenant", "type") else "right")
     for a in doc.get("head", []):
-        head.add_row(Text(a["agent_id"]), Text(a["tenant"]), Text(a["type"]), _fmt(a.get("tag"), 6), _fmt(a.get("predicted")),
-                     _fmt(a.get("attained")), str(a.get("requests")))
+        head.add_row(
+            Text(a["agent_id"]),
+            Text(a["tenant"]),
+            Text(a["type"]),
+            _fmt(a.get("tag"), 6),
+            _fmt(a.get("predicted")),
+            _fmt(a.get("attained")),
+            str(a.get("requests")),
+        )
     return Group(title, tenants, head)
 
 

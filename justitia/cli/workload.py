@@ -16,30 +16,51 @@ def add_parser(sub) -> None:
     wl_sub = wl.add_subparsers(dest="workload_command", required=True)
     gen = wl_sub.add_parser("generate", help="generate agents of the nine workflows, or sessions, into a JSONL file")
     add_workload_args(gen)
-    gen.add_argument("--kind", choices=KINDS, default="workflows",
-                     help="workflows: the paper's nine task-parallel workflows (default); sessions: coding-agent "
-                          "sessions with turns, tool pauses, subagents and shared prompts (--rate default: "
-                          "justitia/data/sessions.json's)")
+    gen.add_argument(
+        "--kind",
+        choices=KINDS,
+        default="workflows",
+        help="workflows: the paper's nine task-parallel workflows (default); sessions: coding-agent "
+        "sessions with turns, tool pauses, subagents and shared prompts (--rate default: "
+        "justitia/data/sessions.json's)",
+    )
     gen.add_argument("--out", type=Path, required=True, help="output JSONL file")
-    imp = wl_sub.add_parser("import", help="real traffic as a workload: tau2-bench results files, a chat-log JSONL, "
-                                           "or Mooncake's trace linked into conversations (docs/formats.md)")
-    imp.add_argument("format", choices=IMPORT_FORMATS,
-                     help="tau2: tau2-bench results files (default: ../shared/traces/tau2-bench, else the package's "
-                          "compact copy); chat-log: one conversation of OpenAI chat messages a line; mooncake: a "
-                          "Mooncake-format trace, requests linked by their leading KV blocks (hash_ids)")
+    imp = wl_sub.add_parser(
+        "import",
+        help="real traffic as a workload: tau2-bench results files, a chat-log JSONL, "
+        "or Mooncake's trace linked into conversations (docs/formats.md)",
+    )
+    imp.add_argument(
+        "format",
+        choices=IMPORT_FORMATS,
+        help="tau2: tau2-bench results files (default: ../shared/traces/tau2-bench, else the package's "
+        "compact copy); chat-log: one conversation of OpenAI chat messages a line; mooncake: a "
+        "Mooncake-format trace, requests linked by their leading KV blocks (hash_ids)",
+    )
     imp.add_argument("paths", nargs="*", type=Path, help="the files (or a directory of tau2-bench results files)")
     imp.add_argument("--out", type=Path, required=True, help="output JSONL workload file")
     imp.add_argument("--scale", type=float, default=1.0, help="divide every token length by this (default 1: exact)")
-    imp.add_argument("--rate", type=float, default=None,
-                     help="arrivals: Poisson at this many conversations a second (tau2, chat-log; default 1)")
-    imp.add_argument("--trace", type=Path, default=None,
-                     help="arrivals: the timestamps of this Mooncake-format trace instead of --rate ('mooncake': the "
-                          "shipped arrivals)")
+    imp.add_argument(
+        "--rate",
+        type=float,
+        default=None,
+        help="arrivals: Poisson at this many conversations a second (tau2, chat-log; default 1)",
+    )
+    imp.add_argument(
+        "--trace",
+        type=Path,
+        default=None,
+        help="arrivals: the timestamps of this Mooncake-format trace instead of --rate ('mooncake': the "
+        "shipped arrivals)",
+    )
     imp.add_argument("--copies", type=int, default=1, help="each conversation this many times, shuffled (default 1)")
     imp.add_argument("--limit", type=int, default=None, help="mooncake: read at most this many requests")
-    imp.add_argument("--tokenizer", default=None,
-                     help="chat-log: a local Hugging Face tokenizer directory, for lines without usage "
-                          "(default: estimated at 4 characters a token)")
+    imp.add_argument(
+        "--tokenizer",
+        default=None,
+        help="chat-log: a local Hugging Face tokenizer directory, for lines without usage "
+        "(default: estimated at 4 characters a token)",
+    )
     imp.add_argument("--seed", type=int, default=0, help="seed of the shuffle and the arrivals (default 0)")
 
 
@@ -54,8 +75,9 @@ def run(args) -> int:
 
         if args.trace is not None and args.rate is not None:
             raise ValueError("--rate applies to synthetic arrivals; it cannot be combined with --trace.")
-        agents, info = in_tenant(args, *build_sessions(args.agents, args.seed, args.trace, args.density,
-                                                       args.rate, args.cv))
+        agents, info = in_tenant(
+            args, *build_sessions(args.agents, args.seed, args.trace, args.density, args.rate, args.cv)
+        )
         what = "sessions"
     else:
         agents, info = workload_from_args(args)
@@ -71,8 +93,13 @@ def _import(args) -> int:
 
     from justitia.workload import save_workload, scale_tokens
     from justitia.workload.arrivals import MOONCAKE_ARRIVALS, synthetic_arrivals, trace_arrivals
-    from justitia.workload.imports import (conversations_to_agents, default_tau2_source, read_chat_log, read_mooncake,
-                                           read_tau2)
+    from justitia.workload.imports import (
+        conversations_to_agents,
+        default_tau2_source,
+        read_chat_log,
+        read_mooncake,
+        read_tau2,
+    )
 
     if args.copies < 1:
         raise ValueError(f"--copies must be an integer >= 1, got {args.copies}.")
@@ -103,6 +130,8 @@ def _import(args) -> int:
     save_workload(agents, args.out)
     sessions = sum(a.is_session for a in agents)
     calls = sum(len(a.tasks) for a in agents)
-    print(f"wrote {len(agents)} agents ({sessions} sessions, {len(agents) - sessions} of one turn; {calls} calls) "
-          f"to {args.out}")
+    print(
+        f"wrote {len(agents)} agents ({sessions} sessions, {len(agents) - sessions} of one turn; {calls} calls) "
+        f"to {args.out}"
+    )
     return 0

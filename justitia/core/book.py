@@ -45,7 +45,9 @@ SESSION_KEEP_S = 600.0
 
 
 HEAD_AGENTS = 10  # agents at the head of the queue that state(..., detail=True) names
-UNPRICED_ATOMS = 8  # a burst without a price: its answer's length, log-uniform in [1, max_tokens], at this many quantiles
+UNPRICED_ATOMS = (
+    8  # a burst without a price: its answer's length, log-uniform in [1, max_tokens], at this many quantiles
+)
 
 
 def unpriced(cost: CostModel, prompt_tokens: int, max_tokens: int) -> CostDist:
@@ -61,8 +63,13 @@ def unpriced(cost: CostModel, prompt_tokens: int, max_tokens: int) -> CostDist:
 class AgentBook:
     """Registers agents from request metadata and releases them when they are done or idle."""
 
-    def __init__(self, core: AgentScheduler, cost: str | CostModel = KV, idle_release_s: float = AGENT_IDLE_S,
-                 session_keep_s: float = SESSION_KEEP_S):
+    def __init__(
+        self,
+        core: AgentScheduler,
+        cost: str | CostModel = KV,
+        idle_release_s: float = AGENT_IDLE_S,
+        session_keep_s: float = SESSION_KEEP_S,
+    ):
         self._core = core
         self._cost = cost_model(cost)
         self._idle_release_s = idle_release_s
@@ -78,32 +85,60 @@ class AgentBook:
         self._tagged: set[str] = set()  # open requests tagged for an engine elsewhere (tag), which charges none
 
     @classmethod
-    def for_policy(cls, policy: str, capacity_per_s: float, cost: str | CostModel = KV,
-                   idle_release_s: float = AGENT_IDLE_S,
-                   measure_every_s: float | None = None, retag: bool = True,
-                   session_keep_s: float = SESSION_KEEP_S) -> "AgentBook":
+    def for_policy(
+        cls,
+        policy: str,
+        capacity_per_s: float,
+        cost: str | CostModel = KV,
+        idle_release_s: float = AGENT_IDLE_S,
+        measure_every_s: float | None = None,
+        retag: bool = True,
+        session_keep_s: float = SESSION_KEEP_S,
+    ) -> "AgentBook":
         """A book over a fresh core running ``policy`` (its clock's M measured every
         ``measure_every_s`` busy seconds, if given; ``retag``: see ``AgentScheduler``)."""
-        return cls(AgentScheduler.for_policy(policy, capacity_per_s, cost, measure_every_s, retag), cost,
-                   idle_release_s, session_keep_s)
+        return cls(
+            AgentScheduler.for_policy(policy, capacity_per_s, cost, measure_every_s, retag),
+            cost,
+            idle_release_s,
+            session_keep_s,
+        )
 
     @classmethod
-    def tagging(cls, policy: str, capacity_per_s: float, cost: str | CostModel = KV, idle_release_s: float = AGENT_IDLE_S,
-                retag: bool = True, measure_every_s: float | None = None,
-                session_keep_s: float = SESSION_KEEP_S) -> "AgentBook":
+    def tagging(
+        cls,
+        policy: str,
+        capacity_per_s: float,
+        cost: str | CostModel = KV,
+        idle_release_s: float = AGENT_IDLE_S,
+        retag: bool = True,
+        measure_every_s: float | None = None,
+        session_keep_s: float = SESSION_KEEP_S,
+    ) -> "AgentBook":
         """A book for front-end tagging (``tag``): only policies whose keys are fixed on arrival qualify
         (a retagged agent's requests tagged from then on carry its new key). With ``measure_every_s``,
         its clock's M follows what the front end reports (``observe_service``)."""
         if policy not in STATIC_POLICY_NAMES:
             make_policy(policy, capacity_per_s, cost)  # an unknown name gets its own error
-            raise ValueError(f"policy '{policy}' changes its keys as service accrues, which a front end cannot see; "
-                             f"front-end tagging supports only {', '.join(STATIC_POLICY_NAMES)}.")
+            raise ValueError(
+                f"policy '{policy}' changes its keys as service accrues, which a front end cannot see; "
+                f"front-end tagging supports only {', '.join(STATIC_POLICY_NAMES)}."
+            )
         return cls.for_policy(policy, capacity_per_s, cost, idle_release_s, measure_every_s, retag, session_keep_s)
 
     # ------------------------------------------------------------------------------ agents
-    def register(self, agent_id: str, agent_type: str, predicted_cost: float, now_s: float,
-                 weight: float = 1.0, tenant: str | None = None, resume_cost: float | None = None,
-                 session: bool = False, dist: CostDist | None = None) -> AgentInfo | None:
+    def register(
+        self,
+        agent_id: str,
+        agent_type: str,
+        predicted_cost: float,
+        now_s: float,
+        weight: float = 1.0,
+        tenant: str | None = None,
+        resume_cost: float | None = None,
+        session: bool = False,
+        dist: CostDist | None = None,
+    ) -> AgentInfo | None:
         """Register an agent ahead of its requests (``resume_cost``: a resumed one, ``agent_arrived``;
         ``session``: a session, kept across pauses); its info if it is new or a paused session's
         return, None if it is known and not paused."""
@@ -112,8 +147,17 @@ class AgentBook:
             if session:  # registered ahead as an agent, its requests say it is a session: kept as one
                 self._sessions.add(agent_id)
             return None
-        info = self._core.agent_arrived(agent_id, agent_type, predicted_cost, now_s, weight, tenant, resume_cost,
-                                        session or agent_id in self._sessions, dist)
+        info = self._core.agent_arrived(
+            agent_id,
+            agent_type,
+            predicted_cost,
+            now_s,
+            weight,
+            tenant,
+            resume_cost,
+            session or agent_id in self._sessions,
+            dist,
+        )
         self._ledger.started(agent_id, now_s)
         self._known.add(agent_id)
         if session:
@@ -154,11 +198,21 @@ class AgentBook:
         late = None
         if standing.virtual_finish is not None and self._ledger.bound_s != math.inf:
             clock = self._core.clock(now_s)
-            late = self._ledger.lateness(agent_id, standing.virtual_finish, clock.virtual_time, clock.active,
-                                         clock.capacity_per_s, now_s)
+            late = self._ledger.lateness(
+                agent_id, standing.virtual_finish, clock.virtual_time, clock.active, clock.capacity_per_s, now_s
+            )
         info = standing.info
-        self._ledger.ended(agent_id, info.tenant, standing.attained, late, now_s, agent_id in self._sessions,
-                           info.agent_type, info.predicted_cost, info.weight)
+        self._ledger.ended(
+            agent_id,
+            info.tenant,
+            standing.attained,
+            late,
+            now_s,
+            agent_id in self._sessions,
+            info.agent_type,
+            info.predicted_cost,
+            info.weight,
+        )
 
     def retire(self, agent_id: str, now_s: float) -> bool:
         """Release the agent as soon as none of its requests is open: now (True), or when its last
@@ -175,8 +229,11 @@ class AgentBook:
         if not self._idle_since or now_s < self._next_sweep_s:
             return []
         self._next_sweep_s = now_s + 1.0
-        stale = [a for a, since in self._idle_since.items()
-                 if now_s - since >= (self._session_keep_s if a in self._sessions else self._idle_release_s)]
+        stale = [
+            a
+            for a, since in self._idle_since.items()
+            if now_s - since >= (self._session_keep_s if a in self._sessions else self._idle_release_s)
+        ]
         for agent_id in stale:
             self.release(agent_id, now_s)
         return stale
@@ -202,16 +259,22 @@ class AgentBook:
         """What a front end saw its engine deliver while backlogged (``AgentScheduler.observe_service``)."""
         self._core.observe_service(busy_s, service)
 
-
-    def state(self, now_s: float, detail: bool = False, bound_s: float | None = None,
-              waiting: Iterable[str] = ()) -> PolicyState:
+    def state(
+        self, now_s: float, detail: bool = False, bound_s: float | None = None, waiting: Iterable[str] = ()
+    ) -> PolicyState:
         """The policy's state now: its agents and, under justitia, its clock. With ``detail``, also
         each tenant's figures and the head of the queue (``PolicyState.tenants``, ``head``; docs/
         design.md, "What the server shows"); ``bound_s``: the bound bursts that end from now on are
         judged by; ``waiting``: the ids of the requests the engine holds waiting, counted per tenant."""
         clock = self._core.clock(now_s)
-        state = PolicyState(self._core.traits.policy_name, len(self._known), clock.virtual_time, clock.active,
-                            clock.capacity_per_s, None if clock.schedule is None else [[t, m] for t, m in clock.schedule])
+        state = PolicyState(
+            self._core.traits.policy_name,
+            len(self._known),
+            clock.virtual_time,
+            clock.active,
+            clock.capacity_per_s,
+            None if clock.schedule is None else [[t, m] for t, m in clock.schedule],
+        )
         if not detail:
             return state
         if bound_s is not None and bound_s > 0:
@@ -232,13 +295,20 @@ class AgentBook:
                 continue
             t["requests"] = t.get("requests", 0) + standing.open_requests
             t["price_max"] = max(t.get("price_max", 0.0), info.predicted_cost)
-            late = self._ledger.lateness(agent_id, standing.virtual_finish, clock.virtual_time, clock.active,
-                                         clock.capacity_per_s, now_s)
+            late = self._ledger.lateness(
+                agent_id, standing.virtual_finish, clock.virtual_time, clock.active, clock.capacity_per_s, now_s
+            )
             if late is not None and late > t.get("late_s", -math.inf):
                 t["late_s"] = late
             if standing.open_requests:
-                head.append((standing.virtual_finish if standing.virtual_finish is not None else float(info.seq),
-                             info.seq, agent_id, standing))
+                head.append(
+                    (
+                        standing.virtual_finish if standing.virtual_finish is not None else float(info.seq),
+                        info.seq,
+                        agent_id,
+                        standing,
+                    )
+                )
         for request_id in waiting:
             info = self._infos.get(request_id)
             standing = None if info is None else self._core.agent(info.agent_id)
@@ -246,9 +316,19 @@ class AgentBook:
                 t = tenants.setdefault(self._ledger.tenant(standing.info.tenant), {"service": 0.0, "violations": 0})
                 t["waiting"] = t.get("waiting", 0) + 1
         head.sort(key=lambda row: row[:2])  # by tag (arrival order under a policy without a clock)
-        head_doc = [{"agent_id": agent_id, "tenant": s.info.tenant or NO_TENANT, "type": s.info.agent_type,
-                     "session": agent_id in self._sessions, "tag": s.virtual_finish, "predicted": s.info.predicted_cost,
-                     "attained": s.attained, "requests": s.open_requests} for _, _, agent_id, s in head[:HEAD_AGENTS]]
+        head_doc = [
+            {
+                "agent_id": agent_id,
+                "tenant": s.info.tenant or NO_TENANT,
+                "type": s.info.agent_type,
+                "session": agent_id in self._sessions,
+                "tag": s.virtual_finish,
+                "predicted": s.info.predicted_cost,
+                "attained": s.attained,
+                "requests": s.open_requests,
+            }
+            for _, _, agent_id, s in head[:HEAD_AGENTS]
+        ]
         return dataclasses.replace(state, tenants=tenants, errors=self._ledger.errors(), head=head_doc)
 
     # ---------------------------------------------------------------------------- requests
@@ -266,8 +346,16 @@ class AgentBook:
         (``AgentScheduler.stamp``)."""
         return self._core.stamp(info)
 
-    def arrive(self, request_id: str, meta: RequestMeta, prompt_tokens: int, max_tokens: int,
-               now_s: float, charged: bool = True, dist: CostDist | None = None) -> tuple[RequestInfo, AgentInfo | None]:
+    def arrive(
+        self,
+        request_id: str,
+        meta: RequestMeta,
+        prompt_tokens: int,
+        max_tokens: int,
+        now_s: float,
+        charged: bool = True,
+        dist: CostDist | None = None,
+    ) -> tuple[RequestInfo, AgentInfo | None]:
         """Queue a new request; returns its info and its agent's if the request brought a new one.
         ``charged``: the engine charges service as it schedules it (the plug-in): a burst that comes
         without a price is priced as a distribution (``dist``, the engine's own price for it, else
@@ -286,18 +374,28 @@ class AgentBook:
         standing = self._core.agent(agent_id) if meta.turn_start else None
         if standing is not None and not standing.open_requests:  # a new burst: the session leaves, then returns
             self.pause(agent_id, now_s)
-        new = self.register(agent_id, meta.agent_type, agent_cost, now_s, meta.agent_weight or 1.0, meta.tenant,
-                            session=meta.session and meta.agent_id is not None, dist=dist)
+        new = self.register(
+            agent_id,
+            meta.agent_type,
+            agent_cost,
+            now_s,
+            meta.agent_weight or 1.0,
+            meta.tenant,
+            session=meta.session and meta.agent_id is not None,
+            dist=dist,
+        )
         self._idle_since.pop(agent_id, None)
         if meta.agent_done or meta.agent_id is None:  # an unnamed request is an agent of its own
             self._agent_done.add(agent_id)
-        info = self._core.request_arrived(request_id, agent_id, prompt_tokens, request_cost, now_s, meta.agent_tag,
-                                         meta.agent_rank)
+        info = self._core.request_arrived(
+            request_id, agent_id, prompt_tokens, request_cost, now_s, meta.agent_tag, meta.agent_rank
+        )
         self._infos[request_id] = info
         return info, new
 
-    def tag(self, request_id: str, meta: RequestMeta, prompt_tokens: int, max_tokens: int,
-            now_s: float) -> tuple[RequestInfo, int]:
+    def tag(
+        self, request_id: str, meta: RequestMeta, prompt_tokens: int, max_tokens: int, now_s: float
+    ) -> tuple[RequestInfo, int]:
         """Front-end tagging: a request that another engine will queue (stock vLLM with
         ``scheduling_policy="priority"``); returns its info and its key as vLLM's int ``priority``.
         ``finish`` it when the engine is done with it."""
@@ -306,8 +404,9 @@ class AgentBook:
         self._tagged.add(request_id)  # its service is credited when it comes back (finish)
         return info, int_priority(self._core.priority(info))
 
-    def finish(self, request_id: str, now_s: float, output_tokens: int | None = None,
-               cached_tokens: int | None = None) -> RequestInfo | None:
+    def finish(
+        self, request_id: str, now_s: float, output_tokens: int | None = None, cached_tokens: int | None = None
+    ) -> RequestInfo | None:
         """A request finished (having produced ``output_tokens``; the first ``cached_tokens`` of its
         prompt held by the engine's prefix cache, where the engine said) or was aborted; its agent
         is released if that was its last."""

@@ -55,12 +55,21 @@ GAP_AFTER_STEPS = 20  # ... judged once this many steps have been measured
 class CapacityMeter:
     """The delivered capacity of one engine, in ``cost``'s unit per second."""
 
-    def __init__(self, initial_per_s: float, cost: CostModel, window_s: float, weight: float = WEIGHT,
-                 floor: float = FLOOR, ceiling: float = CEILING):
+    def __init__(
+        self,
+        initial_per_s: float,
+        cost: CostModel,
+        window_s: float,
+        weight: float = WEIGHT,
+        floor: float = FLOOR,
+        ceiling: float = CEILING,
+    ):
         """``initial_per_s``: M until the first window has been measured (the formula's guess, or a
         calibration's measurement); ``window_s``: the busy time a window gathers."""
         if not (initial_per_s > 0 and window_s > 0 and 0 < weight <= 1 and 0 < floor <= 1 <= ceiling):
-            raise ValueError("capacity meter: need initial > 0, window > 0, 0 < weight <= 1, 0 < floor <= 1 <= ceiling.")
+            raise ValueError(
+                "capacity meter: need initial > 0, window > 0, 0 < weight <= 1, 0 < floor <= 1 <= ceiling."
+            )
         self.cost = cost
         self.capacity_per_s = float(initial_per_s)
         self.window_s, self.weight = window_s, weight
@@ -85,8 +94,7 @@ class CapacityMeter:
         them, and delivered ``service`` in them. Returns whether it was counted: an interval
         longer than ``GAP_STEPS`` mean measured steps per step is not (it held an idle gap)."""
         if steps:
-            if (self.steps >= GAP_AFTER_STEPS
-                    and busy_s > GAP_STEPS * steps * self._step_busy_s / self.steps):
+            if self.steps >= GAP_AFTER_STEPS and busy_s > GAP_STEPS * steps * self._step_busy_s / self.steps:
                 self.dropped_s += busy_s
                 return False
             self.steps += steps

@@ -39,9 +39,9 @@ those being served or paused, not those waiting behind).
 from __future__ import annotations
 
 import bisect
-from dataclasses import dataclass
 import heapq
 import math
+from dataclasses import dataclass
 
 from justitia.core.pampering import Pampering
 from justitia.core.validate import is_positive_finite, positive_finite
@@ -227,8 +227,14 @@ class VirtualClock:
         return None if known is None else known[1]
 
     # ------------------------------------------------------------------------------- verbs
-    def retag(self, agent_id: str, remaining_cost: float, now_s: float, revealed_cost: float | None = None,
-              anchored: bool = False) -> float | None:
+    def retag(
+        self,
+        agent_id: str,
+        remaining_cost: float,
+        now_s: float,
+        revealed_cost: float | None = None,
+        anchored: bool = False,
+    ) -> float | None:
         """The agent has revealed more work than it was stamped with, ``remaining_cost`` of it not done:
         its tag becomes ``max(tag, V(now) + remaining / w)``, that of an agent arriving now with that
         work (it counts among the active agents again if GPS had finished it); in a tenant, the same
@@ -305,8 +311,15 @@ class VirtualClock:
         self._advance(now_s)
         return self._v
 
-    def arrive(self, agent_id: str, cost: float, now_s: float, weight: float = 1.0,
-               tenant: str | None = None, tenant_weight: float | None = None) -> float:
+    def arrive(
+        self,
+        agent_id: str,
+        cost: float,
+        now_s: float,
+        weight: float = 1.0,
+        tenant: str | None = None,
+        tenant_weight: float | None = None,
+    ) -> float:
         """Register an agent of ``cost`` and ``weight`` arriving at ``now_s``, in ``tenant`` (None: a
         root entry of its own) of weight ``tenant_weight`` (default: ``weight``; a tenant's weight is
         its newest agent's); return its tag: its flat tag, or its root key now (``root_key``). An
@@ -334,8 +347,9 @@ class VirtualClock:
         positive_finite(tenant_weight, f"tenant '{tenant}': weight")
         state = self._tenants.get(tenant)
         if state is None:
-            state = self._tenants[tenant] = _Tenant(VirtualClock(float(tenant_weight), record=self.record),
-                                                    float(tenant_weight), Pampering(self._v))
+            state = self._tenants[tenant] = _Tenant(
+                VirtualClock(float(tenant_weight), record=self.record), float(tenant_weight), Pampering(self._v)
+            )
             state.inner._now_s = self._v
             self._note()
         inner = self._inner(tenant)

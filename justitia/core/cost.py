@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass
 from itertools import chain
-from typing import Any, Callable, Hashable, Mapping, Sequence
+from typing import Any, Hashable, Mapping, Sequence
 
 from justitia.core.validate import positive_finite
 
@@ -55,8 +55,12 @@ class Charge:
 NO_CHARGE = Charge()
 
 
-def shared_kv_savings(blocks: Mapping[Hashable, Sequence[Hashable]], tokens: Mapping[Hashable, int], block_size: int,
-                      never_shared: Hashable = None) -> dict[Hashable, float]:
+def shared_kv_savings(
+    blocks: Mapping[Hashable, Sequence[Hashable]],
+    tokens: Mapping[Hashable, int],
+    block_size: int,
+    never_shared: Hashable = None,
+) -> dict[Hashable, float]:
     """What a prefix cache takes off each request's KV charge for one step: the KV token-time of the
     full blocks it holds with other requests. ``tokens`` maps each holder (a request) to the tokens
     it holds in the KV cache (the ``held`` of ``Charge.step_tokens``: its computed tokens once the
@@ -80,7 +84,7 @@ def shared_kv_savings(blocks: Mapping[Hashable, Sequence[Hashable]], tokens: Map
     for r, held in tokens.items():
         ids = blocks.get(r)
         if ids:
-            full[r] = ids[:held // block_size]
+            full[r] = ids[: held // block_size]
     counts = Counter(chain.from_iterable(full.values()))
     counts.pop(never_shared, None)
     if not counts or max(counts.values()) == 1:
@@ -97,8 +101,12 @@ def shared_kv_savings(blocks: Mapping[Hashable, Sequence[Hashable]], tokens: Map
     return saved
 
 
-def shared_kv_charge(blocks: Mapping[Hashable, Sequence[Hashable]], tokens: Mapping[Hashable, int], block_size: int,
-                     never_shared: Hashable = None) -> dict[Hashable, int | float]:
+def shared_kv_charge(
+    blocks: Mapping[Hashable, Sequence[Hashable]],
+    tokens: Mapping[Hashable, int],
+    block_size: int,
+    never_shared: Hashable = None,
+) -> dict[Hashable, int | float]:
     """One step's KV charge per request under ``KV_PREFIX``, in token-iterations (``Charge.kv_token_iters``
     for one step): ``tokens[r]`` less ``shared_kv_savings`` (its arguments and rule), so a full block
     ``n`` requests hold at once costs each ``block_size / n``. A request that shares nothing is

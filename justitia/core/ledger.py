@@ -36,8 +36,9 @@ NO_TENANT = "-"
 OTHER = "other"
 
 
-def lateness_s(virtual_finish: float | None, virtual_time: float | None, active: int | None,
-               capacity_per_s: float | None) -> float | None:
+def lateness_s(
+    virtual_finish: float | None, virtual_time: float | None, active: int | None, capacity_per_s: float | None
+) -> float | None:
     """How far past its GPS finish the clock puts an agent with tag ``virtual_finish`` now, in
     seconds (negative: GPS would still serve it); None without a clock."""
     if virtual_finish is None or virtual_time is None or not capacity_per_s:
@@ -50,8 +51,16 @@ def _bucket(bounds: tuple, value: float) -> int:
 
 
 class _Tenant:
-    __slots__ = ("service", "bursts", "burst_s", "burst_sum_s", "violations", "weight", "prompt_tokens",
-                 "cached_tokens")
+    __slots__ = (
+        "service",
+        "bursts",
+        "burst_s",
+        "burst_sum_s",
+        "violations",
+        "weight",
+        "prompt_tokens",
+        "cached_tokens",
+    )
 
     def __init__(self):
         self.service = 0.0  # settled by bursts that ended
@@ -104,8 +113,15 @@ class Ledger:
         """What ``credit`` gave the agent's burst so far."""
         return self._credit.get(agent_id, 0.0)
 
-    def lateness(self, agent_id: str, virtual_finish: float | None, virtual_time: float | None, active: int | None,
-                 capacity_per_s: float | None, now_s: float) -> float | None:
+    def lateness(
+        self,
+        agent_id: str,
+        virtual_finish: float | None,
+        virtual_time: float | None,
+        active: int | None,
+        capacity_per_s: float | None,
+        now_s: float,
+    ) -> float | None:
         """How far past its GPS finish the burst is now, in seconds (the module's docstring); None
         without a clock."""
         estimate = lateness_s(virtual_finish, virtual_time, active, capacity_per_s)
@@ -128,8 +144,18 @@ class Ledger:
         entry.prompt_tokens += prompt
         entry.cached_tokens += min(max(0, int(cached_tokens)), prompt)
 
-    def ended(self, agent_id: str, tenant: str | None, attained: float, late_s: float | None, now_s: float,
-              session: bool = False, agent_type: str = "", predicted: float = 0.0, weight: float = 1.0) -> None:
+    def ended(
+        self,
+        agent_id: str,
+        tenant: str | None,
+        attained: float,
+        late_s: float | None,
+        now_s: float,
+        session: bool = False,
+        agent_type: str = "",
+        predicted: float = 0.0,
+        weight: float = 1.0,
+    ) -> None:
         """The burst ended (released or paused) with ``attained`` service and the clock's
         ``late_s`` estimate; a session's (a turn) or an agent's, of ``agent_type``, priced
         ``predicted``."""
@@ -158,10 +184,19 @@ class Ledger:
 
     def doc(self) -> dict[str, dict]:
         """Every tenant's settled figures, as plain JSON."""
-        return {name: {"service": t.service, "bursts": dict(t.bursts), "burst_buckets": {k: list(v) for k, v in t.burst_s.items()},
-                       "burst_sum_s": dict(t.burst_sum_s), "violations": t.violations,
-                       "weight": t.weight, "prompt_tokens": t.prompt_tokens, "cached_tokens": t.cached_tokens}
-                for name, t in self._tenants.items()}
+        return {
+            name: {
+                "service": t.service,
+                "bursts": dict(t.bursts),
+                "burst_buckets": {k: list(v) for k, v in t.burst_s.items()},
+                "burst_sum_s": dict(t.burst_sum_s),
+                "violations": t.violations,
+                "weight": t.weight,
+                "prompt_tokens": t.prompt_tokens,
+                "cached_tokens": t.cached_tokens,
+            }
+            for name, t in self._tenants.items()
+        }
 
     def errors(self) -> dict[str, list]:
         """Per agent type: ``[counts per ERROR_BUCKETS, sum of log2(attained / predicted)]``."""

@@ -47,9 +47,11 @@ class OrderedSums:
         self._sums[i] += value
         if len(block) > 2 * self.BLOCK:
             half = len(block) // 2
-            self._blocks[i:i + 1] = [block[:half], block[half:]]
-            self._sums[i:i + 1] = [sum(self._value[k] for k in block[:half]),
-                                   sum(self._value[k] for k in block[half:])]
+            self._blocks[i : i + 1] = [block[:half], block[half:]]
+            self._sums[i : i + 1] = [
+                sum(self._value[k] for k in block[:half]),
+                sum(self._value[k] for k in block[half:]),
+            ]
 
     def remove(self, key: tuple) -> None:
         """Take a key out."""
@@ -81,7 +83,7 @@ class OrderedSums:
         i = self._find(key)
         block = self._blocks[i]
         head = sum(self._sums[:i])
-        return head + sum(self._value[k] for k in block[:bisect.bisect_right(block, key)])
+        return head + sum(self._value[k] for k in block[: bisect.bisect_right(block, key)])
 
 
 class Pampering:

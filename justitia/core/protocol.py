@@ -38,12 +38,38 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Mapping
 
 AGENT_ID, AGENT_TYPE, AGENT_COST, REQUEST_COST, AGENT_DONE, AGENT_WEIGHT, TENANT, AGENT_TAG, AGENT_RANK = (
-    "agent_id", "agent_type", "agent_cost", "request_cost", "agent_done", "agent_weight", "tenant", "agent_tag",
-    "agent_rank")
+    "agent_id",
+    "agent_type",
+    "agent_cost",
+    "request_cost",
+    "agent_done",
+    "agent_weight",
+    "tenant",
+    "agent_tag",
+    "agent_rank",
+)
 SESSION, TURN_START = "session", "turn_start"
-META_KEYS = (AGENT_ID, AGENT_TYPE, AGENT_COST, REQUEST_COST, AGENT_DONE, AGENT_WEIGHT, TENANT, AGENT_TAG, AGENT_RANK,
-             SESSION, TURN_START)
-PRICE_KEYS = (AGENT_COST, REQUEST_COST, AGENT_WEIGHT, TENANT, AGENT_TAG, AGENT_RANK)  # what only a trusted sender may set
+META_KEYS = (
+    AGENT_ID,
+    AGENT_TYPE,
+    AGENT_COST,
+    REQUEST_COST,
+    AGENT_DONE,
+    AGENT_WEIGHT,
+    TENANT,
+    AGENT_TAG,
+    AGENT_RANK,
+    SESSION,
+    TURN_START,
+)
+PRICE_KEYS = (
+    AGENT_COST,
+    REQUEST_COST,
+    AGENT_WEIGHT,
+    TENANT,
+    AGENT_TAG,
+    AGENT_RANK,
+)  # what only a trusted sender may set
 
 
 @dataclass(frozen=True)
@@ -66,8 +92,15 @@ class RequestMeta:
     def without_prices(self) -> "RequestMeta":
         """The metadata with what only a trusted sender may set left out (costs, weight, tenant):
         the engine then prices the request itself (``JUSTITIA_CLIENT_PRICES=0``)."""
-        return RequestMeta(self.agent_id, self.agent_type, None, None, self.agent_done, session=self.session,
-                           turn_start=self.turn_start)
+        return RequestMeta(
+            self.agent_id,
+            self.agent_type,
+            None,
+            None,
+            self.agent_done,
+            session=self.session,
+            turn_start=self.turn_start,
+        )
 
     def to_extra_args(self) -> dict[str, Any]:
         """The metadata as ``extra_args`` / ``vllm_xargs`` (fields left unset are left out)."""
@@ -96,8 +129,9 @@ class RequestMeta:
         return doc
 
     @classmethod
-    def parse(cls, extra_args: Mapping[str, Any] | None, request_id: str = "",
-              log: logging.Logger | None = None) -> "RequestMeta":
+    def parse(
+        cls, extra_args: Mapping[str, Any] | None, request_id: str = "", log: logging.Logger | None = None
+    ) -> "RequestMeta":
         """Read the metadata of a request; a bad cost is logged and ignored (it must not stop an engine)."""
         doc = extra_args or {}
         agent_id = doc.get(AGENT_ID)
@@ -106,13 +140,25 @@ class RequestMeta:
         tenant = doc.get(TENANT)
         if tenant is not None and not (isinstance(tenant, str) and 1 <= len(tenant) <= 128):
             (log or logging.getLogger("justitia")).warning(
-                "justitia: request %s: %s=%.60r is not a string of 1-128 characters; ignored", request_id, TENANT, tenant)
+                "justitia: request %s: %s=%.60r is not a string of 1-128 characters; ignored",
+                request_id,
+                TENANT,
+                tenant,
+            )
             tenant = None
-        return cls(str(agent_id) if agent_id else None, str(doc.get(AGENT_TYPE, "")), costs[AGENT_COST],
-                   costs[REQUEST_COST], bool(doc.get(AGENT_DONE)), weight, tenant,
-                   _cost(doc.get(AGENT_TAG), AGENT_TAG, request_id, log),
-                   _cost(doc.get(AGENT_RANK), AGENT_RANK, request_id, log), bool(doc.get(SESSION)),
-                   bool(doc.get(TURN_START)))
+        return cls(
+            str(agent_id) if agent_id else None,
+            str(doc.get(AGENT_TYPE, "")),
+            costs[AGENT_COST],
+            costs[REQUEST_COST],
+            bool(doc.get(AGENT_DONE)),
+            weight,
+            tenant,
+            _cost(doc.get(AGENT_TAG), AGENT_TAG, request_id, log),
+            _cost(doc.get(AGENT_RANK), AGENT_RANK, request_id, log),
+            bool(doc.get(SESSION)),
+            bool(doc.get(TURN_START)),
+        )
 
 
 def _cost(value: Any, key: str, request_id: str, log: logging.Logger | None, positive: bool = False) -> float | None:
@@ -127,7 +173,11 @@ def _cost(value: Any, key: str, request_id: str, log: logging.Logger | None, pos
         return number
     (log or logging.getLogger("justitia")).warning(
         "justitia: request %s: %s=%r is not a finite number %s 0; ignored (the default is used)",
-        request_id, key, value, ">" if positive else ">=")
+        request_id,
+        key,
+        value,
+        ">" if positive else ">=",
+    )
     return None
 
 
@@ -194,5 +244,15 @@ class PolicyState:
     @classmethod
     def from_json(cls, doc: Mapping) -> "PolicyState":
         """A reading from plain JSON."""
-        keys = ("policy", "agents", "virtual_time", "gps_active", "capacity_per_s", "capacity_schedule", "tenants", "head", "errors")
+        keys = (
+            "policy",
+            "agents",
+            "virtual_time",
+            "gps_active",
+            "capacity_per_s",
+            "capacity_schedule",
+            "tenants",
+            "head",
+            "errors",
+        )
         return cls(**{k: doc.get(k) for k in keys})

@@ -84,8 +84,13 @@ class ClockReading(NamedTuple):
 class AgentScheduler:
     """Agent-aware request ordering for one engine, under one policy."""
 
-    def __init__(self, policy: Policy, meter: CapacityMeter | None = None, retag: bool = True,
-                 cost: str | CostModel | None = None):
+    def __init__(
+        self,
+        policy: Policy,
+        meter: CapacityMeter | None = None,
+        retag: bool = True,
+        cost: str | CostModel | None = None,
+    ):
         """``retag``: when an agent's requests reveal more work than its predicted cost, or it is
         charged more service than that (``charge`` with ``now_s``), its policy may move it back
         (``Policy.revise``: justitia's tag ``f = max(f, V(now) + remaining / w)``). ``cost``: the unit
@@ -105,16 +110,29 @@ class AgentScheduler:
         self._moved: set[str] = set()  # dynamic policies: agents whose keys may have moved (advance)
         self._paused: set[str] = set()  # sessions waiting on a tool: they arrive again
         self._shifts = policy.groups
-        self._traits = Traits(policy.name, policy.dynamic, policy.groups, policy.pools,
-                              type(policy).charge is not Policy.charge,
-                              retag and type(policy).revise is not Policy.revise, self._meter is not None, policy.timed,
-                              policy.rising)
+        self._traits = Traits(
+            policy.name,
+            policy.dynamic,
+            policy.groups,
+            policy.pools,
+            type(policy).charge is not Policy.charge,
+            retag and type(policy).revise is not Policy.revise,
+            self._meter is not None,
+            policy.timed,
+            policy.rising,
+        )
         self._lookahead = LookAhead(self._policy, self._waiting)
 
     @classmethod
-    def for_policy(cls, name: str, capacity_per_s: float | None = None, cost: str | CostModel = KV,
-                   measure_every_s: float | None = None, retag: bool = True,
-                   guard_scale: float = 0.0) -> "AgentScheduler":
+    def for_policy(
+        cls,
+        name: str,
+        capacity_per_s: float | None = None,
+        cost: str | CostModel = KV,
+        measure_every_s: float | None = None,
+        retag: bool = True,
+        guard_scale: float = 0.0,
+    ) -> "AgentScheduler":
         """A core running the policy ``name``; ``capacity_per_s`` is the clock's M to start from,
         then measured every ``measure_every_s`` busy seconds (``CapacityMeter``), or kept (None);
         ``guard_scale``: justitia-guarded's lag guard starts from this largest burst seen."""
@@ -123,9 +141,18 @@ class AgentScheduler:
         return cls(make_policy(name, capacity_per_s, cost, guard_scale), meter, retag, cost)
 
     # ------------------------------------------------------------------------------ agents
-    def agent_arrived(self, agent_id: str, agent_type: str, predicted_cost: float, now_s: float,
-                      weight: float = 1.0, tenant: str | None = None, resume_cost: float | None = None,
-                      session: bool = False, dist: CostDist | None = None) -> AgentInfo:
+    def agent_arrived(
+        self,
+        agent_id: str,
+        agent_type: str,
+        predicted_cost: float,
+        now_s: float,
+        weight: float = 1.0,
+        tenant: str | None = None,
+        resume_cost: float | None = None,
+        session: bool = False,
+        dist: CostDist | None = None,
+    ) -> AgentInfo:
         """Register an agent with its predicted total cost, its weight (its share under weighted
         fairness) and its tenant (justitia: hierarchical GPS; vtc: one counter per tenant); justitia's clock
         stamps it here. ``resume_cost``: an agent resumed after a restart, with this much of its
@@ -152,8 +179,18 @@ class AgentScheduler:
             if not math.isfinite(resume_cost):
                 raise ValueError(f"agent '{agent_id}': resume_cost must be a finite number, got {resume_cost}.")
             resume_cost = min(max(float(resume_cost), 0.0), predicted_cost)
-        info = AgentInfo(agent_id, agent_type, self._agent_seq, now_s, predicted_cost, float(weight), tenant,
-                         resume_cost, session, dist)
+        info = AgentInfo(
+            agent_id,
+            agent_type,
+            self._agent_seq,
+            now_s,
+            predicted_cost,
+            float(weight),
+            tenant,
+            resume_cost,
+            session,
+            dist,
+        )
         self._agent_seq += 1
         self._agents[agent_id] = info
         self._open[agent_id] = 0
@@ -217,12 +254,25 @@ class AgentScheduler:
         if info is None:
             return None
         attained = self._attained.get(agent_id)
-        return Standing(info, self._open[agent_id], attained[0] if attained else 0.0,
-                        self._policy.virtual_finish(agent_id), agent_id in self._paused)
+        return Standing(
+            info,
+            self._open[agent_id],
+            attained[0] if attained else 0.0,
+            self._policy.virtual_finish(agent_id),
+            agent_id in self._paused,
+        )
 
     # ---------------------------------------------------------------------------- requests
-    def request_arrived(self, request_id: str, agent_id: str, prompt_tokens: int, predicted_cost: float,
-                        now_s: float | None = None, tag: float | None = None, rank: float | None = None) -> RequestInfo:
+    def request_arrived(
+        self,
+        request_id: str,
+        agent_id: str,
+        prompt_tokens: int,
+        predicted_cost: float,
+        now_s: float | None = None,
+        tag: float | None = None,
+        rank: float | None = None,
+    ) -> RequestInfo:
         """Queue a new request of a registered agent (``tag``, ``rank``: the front end's stamp, for
         ``tagged``). Its
         predicted cost adds to what the agent has revealed; once that exceeds the agent's predicted
@@ -352,10 +402,18 @@ class AgentScheduler:
         """The clock now: V(``now_s``) if a time is given, N_t, M and every M it ran at."""
         clock, meter = self._policy.clock, self._meter
         if clock is None:
-            return ClockReading(None, None, meter.capacity_per_s if meter is not None else None,
-                                None if meter is None else list(meter.schedule))
-        return ClockReading(None if now_s is None else clock.virtual_time(now_s), clock.active, clock.capacity,
-                            None if meter is None else list(meter.schedule))
+            return ClockReading(
+                None,
+                None,
+                meter.capacity_per_s if meter is not None else None,
+                None if meter is None else list(meter.schedule),
+            )
+        return ClockReading(
+            None if now_s is None else clock.virtual_time(now_s),
+            clock.active,
+            clock.capacity,
+            None if meter is None else list(meter.schedule),
+        )
 
     def set_capacity(self, capacity_per_s: float, now_s: float) -> None:
         """The clock's M, measured elsewhere (a cluster's front end: the sum of its engines'); the
@@ -394,8 +452,9 @@ class LookAhead:
         # charged so far is a lower bound, and only agents at the front need charging
         # queueing a request of an agent with none waiting reads service counters (VTC's lift rule:
         # its own, and the front backlogged agent's): charge before such a request arrives
-        self.reads_service_on_backlog = (type(policy).charge is not Policy.charge
-                                         and type(policy).backlogged is not Policy.backlogged)
+        self.reads_service_on_backlog = (
+            type(policy).charge is not Policy.charge and type(policy).backlogged is not Policy.backlogged
+        )
 
     def is_waiting(self, req: RequestInfo) -> bool:
         """Whether the request is in the waiting queue."""

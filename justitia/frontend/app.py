@@ -19,15 +19,24 @@ from justitia.server.metrics import prometheus_text
 __all__ = ["Settings", "create_app"]
 
 
-def create_app(backend: Backend, tokenizer, settings: Settings, predictor: Predictor,
-               keys: KeyRing | None = None, journal: Journal | None = None) -> FastAPI:
+def create_app(
+    backend: Backend,
+    tokenizer,
+    settings: Settings,
+    predictor: Predictor,
+    keys: KeyRing | None = None,
+    journal: Journal | None = None,
+) -> FastAPI:
     """The front end's app (``--upstream``, ``--ray``): Justitia (``add_justitia``) and the inference
     endpoints, validated by vLLM's own request models and forwarded to the backend
     (``forward.add_forwarding_routes``). Open if ``keys`` is empty or None; journaled to ``journal``,
     if given: ``await app.state.manager.recover()`` before serving."""
     keys = keys or KeyRing()
-    app = FastAPI(title="Justitia", version="0.1.0",
-                  description="Agent-aware serving on vLLM: task-parallel agents scheduled by Justitia.")
+    app = FastAPI(
+        title="Justitia",
+        version="0.1.0",
+        description="Agent-aware serving on vLLM: task-parallel agents scheduled by Justitia.",
+    )
     manager = AgentManager(backend, tokenizer, settings, predictor, journal)
     app.state.manager = manager
     add_forwarding_routes(app, manager)
@@ -42,11 +51,17 @@ def create_app(backend: Backend, tokenizer, settings: Settings, predictor: Predi
     @app.get("/health")
     async def health():
         if not backend.alive():
-            return JSONResponse({"status": "engine_dead", "error": "the engine has stopped; the server is exiting"},
-                                status_code=503)
+            return JSONResponse(
+                {"status": "engine_dead", "error": "the engine has stopped; the server is exiting"}, status_code=503
+            )
         state = await backend.state()
-        return {"status": "draining" if manager.draining else "ok", "model": settings.model, "policy": settings.policy,
-                "agents_in_flight": manager.in_flight(), "virtual_clock": state.has_clock,
-                "journal": None if journal is None else str(journal.path)}
+        return {
+            "status": "draining" if manager.draining else "ok",
+            "model": settings.model,
+            "policy": settings.policy,
+            "agents_in_flight": manager.in_flight(),
+            "virtual_clock": state.has_clock,
+            "journal": None if journal is None else str(journal.path),
+        }
 
     return app

@@ -65,15 +65,27 @@ def add_forwarding_routes(app: FastAPI, manager) -> None:
 
         app.post(path, name=f"forward_{kind}")(endpoint)
 
-    for path, kind, model in (("/v1/chat/completions", "chat", ChatCompletionRequest),
-                              ("/v1/completions", "completions", CompletionRequest),
-                              ("/v1/responses", "responses", ResponsesRequest),
-                              ("/v1/messages", "messages", AnthropicMessagesRequest)):
+    for path, kind, model in (
+        ("/v1/chat/completions", "chat", ChatCompletionRequest),
+        ("/v1/completions", "completions", CompletionRequest),
+        ("/v1/responses", "responses", ResponsesRequest),
+        ("/v1/messages", "messages", AnthropicMessagesRequest),
+    ):
         route(path, kind, model)
 
     @app.get("/v1/models")
     async def models():
         settings = manager.settings
-        return {"object": "list", "data": [{"id": settings.model, "object": "model", "created": int(manager.t_start),
-                                            "owned_by": "justitia", "root": settings.model,
-                                            "max_model_len": settings.max_model_len}]}
+        return {
+            "object": "list",
+            "data": [
+                {
+                    "id": settings.model,
+                    "object": "model",
+                    "created": int(manager.t_start),
+                    "owned_by": "justitia",
+                    "root": settings.model,
+                    "max_model_len": settings.max_model_len,
+                }
+            ],
+        }

@@ -60,12 +60,18 @@ async def serve(settings: ServeSettings, ready: asyncio.Event | None = None) -> 
         sock.close()
         raise
     try:
-        app_settings = Settings(model=backend.model, policy=policy, max_model_len=backend.max_model_len,
-                                max_tasks_per_agent=settings.max_tasks_per_agent,
-                                max_agents_in_flight=settings.max_agents_in_flight,
-                                max_body_bytes=settings.max_body_bytes, **settings.limits())
-        app = create_app(backend, AutoTokenizer.from_pretrained(str(backend.tokenizer_dir)), app_settings, pred, keys,
-                         book)
+        app_settings = Settings(
+            model=backend.model,
+            policy=policy,
+            max_model_len=backend.max_model_len,
+            max_tasks_per_agent=settings.max_tasks_per_agent,
+            max_agents_in_flight=settings.max_agents_in_flight,
+            max_body_bytes=settings.max_body_bytes,
+            **settings.limits(),
+        )
+        app = create_app(
+            backend, AutoTokenizer.from_pretrained(str(backend.tokenizer_dir)), app_settings, pred, keys, book
+        )
         manager = app.state.manager
         log = logging.getLogger("justitia.server")  # one JSON object a line, on stderr
         if not log.handlers:
@@ -78,9 +84,16 @@ async def serve(settings: ServeSettings, ready: asyncio.Event | None = None) -> 
         # uvicorn has just closed (httpx then fails with ReadError)
         from justitia.server.limits import http_with_header_timeout
 
-        server = _uvicorn_server()(uvicorn.Config(app, host=host, port=port, log_level="warning",
-                                                  timeout_keep_alive=75,
-                                                  http=http_with_header_timeout(settings.header_timeout)))
+        server = _uvicorn_server()(
+            uvicorn.Config(
+                app,
+                host=host,
+                port=port,
+                log_level="warning",
+                timeout_keep_alive=75,
+                http=http_with_header_timeout(settings.header_timeout),
+            )
+        )
         loop = asyncio.get_running_loop()
         status = 0
 
@@ -94,11 +107,16 @@ async def serve(settings: ServeSettings, ready: asyncio.Event | None = None) -> 
         def stop():
             if not manager.draining:
                 waiting = manager.in_flight() - manager.working()
-                print(f"justitia serve: stopping: {manager.working()} agent(s) in flight, waiting up to {drain_s:g} s"
-                      + (f"; {waiting} session(s) waiting for their client, not waited for"
-                         + (" (the journal keeps them)" if manager.journal is not None else " (no --journal: lost)")
-                         if waiting else ""),
-                      flush=True)
+                print(
+                    f"justitia serve: stopping: {manager.working()} agent(s) in flight, waiting up to {drain_s:g} s"
+                    + (
+                        f"; {waiting} session(s) waiting for their client, not waited for"
+                        + (" (the journal keeps them)" if manager.journal is not None else " (no --journal: lost)")
+                        if waiting
+                        else ""
+                    ),
+                    flush=True,
+                )
                 loop.create_task(drain())
             else:  # a second signal: stop now
                 server.should_exit = True
@@ -116,21 +134,35 @@ async def serve(settings: ServeSettings, ready: asyncio.Event | None = None) -> 
             loop.add_signal_handler(sig, stop)
         if book is not None:
             finished, resumed = await manager.recover()
-            print(f"justitia serve: journal {book.path}: {finished} finished and {resumed} unfinished agent(s) "
-                  f"reloaded", flush=True)
+            print(
+                f"justitia serve: journal {book.path}: {finished} finished and {resumed} unfinished agent(s) reloaded",
+                flush=True,
+            )
         watcher = asyncio.create_task(watch())
         task = asyncio.create_task(server.serve(sockets=[sock]))
         while not server.started and not task.done():
             await asyncio.sleep(0.05)
         if server.started:
             ray = settings.ray
-            where = (f"{len(settings.upstream)} upstream vLLM server(s)" if settings.upstream else
-                     f"{ray.replicas} Ray Serve replica(s) of {backend.model}" if ray is not None else backend.model)
-            print(f"justitia serve: {where} ({backend.kv_tokens:,} KV tokens) with policy {policy} on "
-                  f"http://{host}:{port} (API docs at /docs)", flush=True)
-            print(f"justitia serve: {len(keys)} API key(s)" if not keys.open else
-                  "justitia serve: no API key configured: open to every client that can reach it "
-                  "(--api-key / --api-keys to require keys)", flush=True)
+            where = (
+                f"{len(settings.upstream)} upstream vLLM server(s)"
+                if settings.upstream
+                else f"{ray.replicas} Ray Serve replica(s) of {backend.model}"
+                if ray is not None
+                else backend.model
+            )
+            print(
+                f"justitia serve: {where} ({backend.kv_tokens:,} KV tokens) with policy {policy} on "
+                f"http://{host}:{port} (API docs at /docs)",
+                flush=True,
+            )
+            print(
+                f"justitia serve: {len(keys)} API key(s)"
+                if not keys.open
+                else "justitia serve: no API key configured: open to every client that can reach it "
+                "(--api-key / --api-keys to require keys)",
+                flush=True,
+            )
             if ready is not None:
                 ready.set()
         await task
@@ -186,8 +218,9 @@ async def _backend(settings: ServeSettings):
         from justitia.vllm.models import resolve_model
 
         model = resolve_model(settings.model) if settings.model is not None else None
-        return await UpstreamBackend.connect(settings.upstream, settings.policy, settings.upstream_kv_tokens, model,
-                                             settings.upstream_timeout)
+        return await UpstreamBackend.connect(
+            settings.upstream, settings.policy, settings.upstream_kv_tokens, model, settings.upstream_timeout
+        )
     raise ValueError("justitia serve runs vLLM's own server when it has neither --upstream nor --ray (serve_vllm).")
 
 
@@ -196,5 +229,12 @@ def local_spec(model: str, kv_blocks: int | None, max_num_seqs: int, max_model_l
     budget and prefix caching, the KV cache the device leaves unless ``kv_blocks`` caps it."""
     from justitia.vllm.engine import EngineSpec
 
-    return EngineSpec(model, kv_blocks=kv_blocks, max_num_seqs=max_num_seqs, max_num_batched_tokens=None,
-                      max_model_len=max_model_len, scheduler="plugin", prefix_caching=None)
+    return EngineSpec(
+        model,
+        kv_blocks=kv_blocks,
+        max_num_seqs=max_num_seqs,
+        max_num_batched_tokens=None,
+        max_model_len=max_model_len,
+        scheduler="plugin",
+        prefix_caching=None,
+    )

@@ -32,34 +32,86 @@ from typing import Callable
 from urllib.parse import urlparse
 
 import httpx
+
 from justitia.lab.report import write_doc
 from justitia.lab.servers import metric, start_server, wait_agent
 
 # the server the cases expect (the limits they test are these)
-FLAGS = ["--predictor", "mean", "--kv-blocks", "16", "--max-model-len", "1024", "--max-tasks-per-agent", "16",
-         "--max-body-bytes", "20000", "--max-agents-in-flight", "3", "--key-requests-in-flight", "4",
-         "--max-requests-in-flight", "6", "--max-streams-per-agent", "2", "--header-timeout", "2"]
+FLAGS = [
+    "--predictor",
+    "mean",
+    "--kv-blocks",
+    "16",
+    "--max-model-len",
+    "1024",
+    "--max-tasks-per-agent",
+    "16",
+    "--max-body-bytes",
+    "20000",
+    "--max-agents-in-flight",
+    "3",
+    "--key-requests-in-flight",
+    "4",
+    "--max-requests-in-flight",
+    "6",
+    "--max-streams-per-agent",
+    "2",
+    "--header-timeout",
+    "2",
+]
 ENV = {"JUSTITIA_AGENT_IDLE_S": "600"}  # no release by idleness (the namespace cases count agents)
 BODY_LIMIT, AGENTS, KEY_REQUESTS, REQUESTS, STREAMS, HEADER_TIMEOUT, CONTEXT = 20000, 3, 4, 6, 2, 2.0, 1024
 MAX_PROMPT_CHARS = 16 * CONTEXT
 
 REFERENCES = [  # (class, case, what must happen, the test that shows it)
-    ("limits", "a key past its rate (--key-rate)", "429 with Retry-After; other keys unaffected",
-     "tests/test_limits.py::test_a_key_over_its_rate_gets_429_with_retry_after"),
-    ("limits", "finished agents past --finished-mib / --finished-hours", "dropped oldest first; 410 to the owner, 404 to others",
-     "tests/test_limits.py::test_finished_agents_are_kept_by_bytes_and_age_then_answer_410_to_their_owner"),
-    ("metrics", "more than 64 agent types", "64 JCT series, the rest counted as 'other'",
-     "tests/test_validation.py::test_agent_types_are_safe_metric_labels_and_their_number_is_capped"),
-    ("faults", "the engine dies", "/health 503; the server exits; its agents resume at the next start",
-     "tests/test_journal.py::test_health_says_when_the_engine_is_dead_and_a_draining_server_takes_no_agents"),
-    ("faults", "kill -9 mid-run, restart on the journal", "every accepted agent finishes with all its outputs",
-     "tests/test_server.py::test_a_server_killed_mid_run_loses_no_accepted_agent_and_leaves_no_engine_behind"),
-    ("faults", "SIGTERM with agents in flight", "drains; unfinished agents resume at the next start",
-     "tests/test_journal.py::test_a_server_that_stops_leaves_its_unfinished_agents_to_be_resumed"),
-    ("upstream", "a replica refuses, times out or answers 5xx before any token", "the request goes to another replica",
-     "tests/test_upstream.py::test_a_request_that_fails_before_any_token_is_retried_on_the_next_replica"),
-    ("upstream", "a replica fails midway through an agent's task", "the task runs once more; the agent finishes",
-     "tests/test_journal.py::test_a_task_whose_replica_fails_midway_runs_once_more_and_a_second_failure_fails_the_agent"),
+    (
+        "limits",
+        "a key past its rate (--key-rate)",
+        "429 with Retry-After; other keys unaffected",
+        "tests/test_limits.py::test_a_key_over_its_rate_gets_429_with_retry_after",
+    ),
+    (
+        "limits",
+        "finished agents past --finished-mib / --finished-hours",
+        "dropped oldest first; 410 to the owner, 404 to others",
+        "tests/test_limits.py::test_finished_agents_are_kept_by_bytes_and_age_then_answer_410_to_their_owner",
+    ),
+    (
+        "metrics",
+        "more than 64 agent types",
+        "64 JCT series, the rest counted as 'other'",
+        "tests/test_validation.py::test_agent_types_are_safe_metric_labels_and_their_number_is_capped",
+    ),
+    (
+        "faults",
+        "the engine dies",
+        "/health 503; the server exits; its agents resume at the next start",
+        "tests/test_journal.py::test_health_says_when_the_engine_is_dead_and_a_draining_server_takes_no_agents",
+    ),
+    (
+        "faults",
+        "kill -9 mid-run, restart on the journal",
+        "every accepted agent finishes with all its outputs",
+        "tests/test_server.py::test_a_server_killed_mid_run_loses_no_accepted_agent_and_leaves_no_engine_behind",
+    ),
+    (
+        "faults",
+        "SIGTERM with agents in flight",
+        "drains; unfinished agents resume at the next start",
+        "tests/test_journal.py::test_a_server_that_stops_leaves_its_unfinished_agents_to_be_resumed",
+    ),
+    (
+        "upstream",
+        "a replica refuses, times out or answers 5xx before any token",
+        "the request goes to another replica",
+        "tests/test_upstream.py::test_a_request_that_fails_before_any_token_is_retried_on_the_next_replica",
+    ),
+    (
+        "upstream",
+        "a replica fails midway through an agent's task",
+        "the task runs once more; the agent finishes",
+        "tests/test_journal.py::test_a_task_whose_replica_fails_midway_runs_once_more_and_a_second_failure_fails_the_agent",
+    ),
 ]
 
 
@@ -87,6 +139,7 @@ def case(kind: str, name: str, expect: str):
     def add(fn):
         CASES.append(Case(kind, name, expect, fn))
         return fn
+
     return add
 
 
@@ -111,9 +164,20 @@ def completion(client: httpx.Client, prompt: str = "Say something.", tokens: int
 
 
 def agent(client: httpx.Client, tokens: int = 8, stages: int = 1, tasks: int = 1, **headers) -> httpx.Response:
-    body = {"type": "abuse", "stages": [[{"prompt": f"Stage {s} task {i}." + (" After: {{prev[0]}}" if s else ""),
-                                          "max_tokens": tokens, "ignore_eos": True} for i in range(tasks)]
-                                        for s in range(stages)]}
+    body = {
+        "type": "abuse",
+        "stages": [
+            [
+                {
+                    "prompt": f"Stage {s} task {i}." + (" After: {{prev[0]}}" if s else ""),
+                    "max_tokens": tokens,
+                    "ignore_eos": True,
+                }
+                for i in range(tasks)
+            ]
+            for s in range(stages)
+        ],
+    }
     return client.post("/v1/agents", json=body, headers=headers)
 
 
@@ -131,29 +195,45 @@ def policy_agents(ctx: Ctx) -> float:
 # ----------------------------------------------------------------------------------- identity
 @case("identity", "no key on /v1/agents, /v1/completions, /v1/models", "401 on each")
 def _(ctx):
-    return "; ".join(dict.fromkeys(check(r, 401, "key") for r in (agent(ctx.anon), completion(ctx.anon),
-                                                                   ctx.anon.get("/v1/models"))))  # each once
+    return "; ".join(
+        dict.fromkeys(check(r, 401, "key") for r in (agent(ctx.anon), completion(ctx.anon), ctx.anon.get("/v1/models")))
+    )  # each once
 
 
 @case("identity", "a wrong key, and one that differs from a real key in its last character", "401")
 def _(ctx):
     near = ctx.key_a[:-1] + ("x" if ctx.key_a[-1] != "x" else "y")
-    return "; ".join(dict.fromkeys(check(agent(ctx.anon, Authorization=f"Bearer {k}"), 401, "key")
-                                   for k in ("sk-guess", near)))
+    return "; ".join(
+        dict.fromkeys(check(agent(ctx.anon, Authorization=f"Bearer {k}"), 401, "key") for k in ("sk-guess", near))
+    )
 
 
 @case("identity", "an OpenAI agent id claimed first by another key (X-Agent-Id)", "each key's id names its own agent")
 def _(ctx):
     n0 = policy_agents(ctx)
-    check(ctx.b.post("/v1/completions", json={"prompt": "Plan.", "max_tokens": 2}, headers={"X-Agent-Id": "build-42"}),
-          200)
+    check(
+        ctx.b.post("/v1/completions", json={"prompt": "Plan.", "max_tokens": 2}, headers={"X-Agent-Id": "build-42"}),
+        200,
+    )
     assert policy_agents(ctx) == n0 + 1, "the other key's agent was not registered"
     # A's request names the same id and ends its agent: it ends A's own, not B's
-    check(ctx.a.post("/v1/completions", json={"prompt": "Plan.", "max_tokens": 2,
-                                              "vllm_xargs": {"agent_done": True}}, headers={"X-Agent-Id": "build-42"}), 200)
+    check(
+        ctx.a.post(
+            "/v1/completions",
+            json={"prompt": "Plan.", "max_tokens": 2, "vllm_xargs": {"agent_done": True}},
+            headers={"X-Agent-Id": "build-42"},
+        ),
+        200,
+    )
     kept = policy_agents(ctx)
-    check(ctx.b.post("/v1/completions", json={"prompt": "Done.", "max_tokens": 2, "vllm_xargs": {"agent_done": True}},
-                     headers={"X-Agent-Id": "build-42"}), 200)
+    check(
+        ctx.b.post(
+            "/v1/completions",
+            json={"prompt": "Done.", "max_tokens": 2, "vllm_xargs": {"agent_done": True}},
+            headers={"X-Agent-Id": "build-42"},
+        ),
+        200,
+    )
     assert kept == n0 + 1 and policy_agents(ctx) == n0, (n0, kept, policy_agents(ctx))
     return f"policy agents {n0:.0f} -> {n0 + 1:.0f} (B's) -> {kept:.0f} after A's agent_done on the same id -> {n0:.0f}"
 
@@ -161,12 +241,27 @@ def _(ctx):
 @case("identity", "another key joins my OpenAI agent and sends its agent_done", "my agent stays registered")
 def _(ctx):
     n0 = policy_agents(ctx)
-    check(ctx.a.post("/v1/completions", json={"prompt": "Step 1.", "max_tokens": 2}, headers={"X-Agent-Id": "mine-7"}), 200)
-    check(ctx.b.post("/v1/completions", json={"prompt": "Hi.", "max_tokens": 2, "vllm_xargs": {"agent_done": True}},
-                     headers={"X-Agent-Id": "mine-7"}), 200)
+    check(
+        ctx.a.post("/v1/completions", json={"prompt": "Step 1.", "max_tokens": 2}, headers={"X-Agent-Id": "mine-7"}),
+        200,
+    )
+    check(
+        ctx.b.post(
+            "/v1/completions",
+            json={"prompt": "Hi.", "max_tokens": 2, "vllm_xargs": {"agent_done": True}},
+            headers={"X-Agent-Id": "mine-7"},
+        ),
+        200,
+    )
     after = policy_agents(ctx)
-    check(ctx.a.post("/v1/completions", json={"prompt": "Step 2.", "max_tokens": 2, "vllm_xargs": {"agent_done": True}},
-                     headers={"X-Agent-Id": "mine-7"}), 200)
+    check(
+        ctx.a.post(
+            "/v1/completions",
+            json={"prompt": "Step 2.", "max_tokens": 2, "vllm_xargs": {"agent_done": True}},
+            headers={"X-Agent-Id": "mine-7"},
+        ),
+        200,
+    )
     assert after == n0 + 1 and policy_agents(ctx) == n0, (n0, after, policy_agents(ctx))
     return f"policy agents {n0:.0f} -> {after:.0f} after the stranger's agent_done (mine kept) -> {n0:.0f} after mine"
 
@@ -186,8 +281,11 @@ def _(ctx):
 def _(ctx):
     mine = long_agent(ctx.a)
     try:
-        got = [check(ctx.b.get(f"/v1/agents/{mine}"), 404, mine), check(ctx.b.get(f"/v1/agents/{mine}/events"), 404),
-               check(ctx.b.delete(f"/v1/agents/{mine}"), 404)]
+        got = [
+            check(ctx.b.get(f"/v1/agents/{mine}"), 404, mine),
+            check(ctx.b.get(f"/v1/agents/{mine}/events"), 404),
+            check(ctx.b.delete(f"/v1/agents/{mine}"), 404),
+        ]
         status = ctx.a.get(f"/v1/agents/{mine}").json()["status"]
         assert status in ("queued", "running"), status
     finally:
@@ -196,16 +294,26 @@ def _(ctx):
 
 
 # ------------------------------------------------------------------------------------- prices
-for _field, _value in (("agent_cost", 0), ("agent_cost", 1e19), ("request_cost", 0), ("agent_weight", 1000),
-                       ("tenant", "team-b"), ("justitia_control", "state")):
+for _field, _value in (
+    ("agent_cost", 0),
+    ("agent_cost", 1e19),
+    ("request_cost", 0),
+    ("agent_weight", 1000),
+    ("tenant", "team-b"),
+    ("justitia_control", "state"),
+):
     case("prices", f"vllm_xargs.{_field} = {_value!r}", f"400 naming {_field}")(
-        lambda ctx, f=_field, v=_value: check(completion(ctx.a, vllm_xargs={f: v}), 400, f))
+        lambda ctx, f=_field, v=_value: check(completion(ctx.a, vllm_xargs={f: v}), 400, f)
+    )
 
 
 @case("prices", "a predicted_cost field in an agent", "422 naming predicted_cost")
 def _(ctx):
-    return check(ctx.a.post("/v1/agents", json={"predicted_cost": 0, "stages": [[{"prompt": "x", "max_tokens": 2}]]}),
-                 422, "predicted_cost")
+    return check(
+        ctx.a.post("/v1/agents", json={"predicted_cost": 0, "stages": [[{"prompt": "x", "max_tokens": 2}]]}),
+        422,
+        "predicted_cost",
+    )
 
 
 # ------------------------------------------------------------------------------ event loop, memory
@@ -227,11 +335,15 @@ def _(ctx):
         for _ in range(BODY_LIMIT // 1000 + 2):
             yield b"x" * 1000
         yield b'", "max_tokens": 2}'
+
     return check(ctx.a.post("/v1/completions", content=chunks(), headers={"Content-Type": "application/json"}), 413)
 
 
-@case("limits", f"a prompt longer than any that fits the context ({MAX_PROMPT_CHARS + 1} characters)",
-      "400 naming the prompt, before tokenizing")
+@case(
+    "limits",
+    f"a prompt longer than any that fits the context ({MAX_PROMPT_CHARS + 1} characters)",
+    "400 naming the prompt, before tokenizing",
+)
 def _(ctx):
     body = {"stages": [[{"prompt": "word " * (MAX_PROMPT_CHARS // 5 + 1), "max_tokens": 2}]]}
     return check(ctx.a.post("/v1/agents", json=body), 400, "stages[0][0].prompt", "characters")
@@ -267,10 +379,18 @@ def _(ctx):
     return f"slowest /health {1000 * slowest[0]:.0f} ms"
 
 
-@case("limits", "a later stage's placeholders render past the prompt cap", "that agent fails with the reason; nothing else")
+@case(
+    "limits",
+    "a later stage's placeholders render past the prompt cap",
+    "that agent fails with the reason; nothing else",
+)
 def _(ctx):
-    body = {"stages": [[{"prompt": f"Write {i}.", "max_tokens": 250, "ignore_eos": True} for i in range(4)],
-                       [{"prompt": "{{prev}}" * 60, "max_tokens": 2}]]}
+    body = {
+        "stages": [
+            [{"prompt": f"Write {i}.", "max_tokens": 250, "ignore_eos": True} for i in range(4)],
+            [{"prompt": "{{prev}}" * 60, "max_tokens": 2}],
+        ]
+    }
     r = ctx.a.post("/v1/agents", json=body)
     check(r, 202)
     doc = wait_agent(ctx.a, r.json()["agent_id"])
@@ -278,7 +398,9 @@ def _(ctx):
     return f"failed: {doc['error'][:100]}"
 
 
-@case("limits", "20 connections that never finish their headers", f"closed after --header-timeout ({HEADER_TIMEOUT:g} s)")
+@case(
+    "limits", "20 connections that never finish their headers", f"closed after --header-timeout ({HEADER_TIMEOUT:g} s)"
+)
 def _(ctx):
     u = urlparse(ctx.url)
     socks = []
@@ -339,15 +461,19 @@ def _(ctx):
 def _streams(client: httpx.Client, n: int) -> tuple[list, list[httpx.Response]]:
     opened, answers = [], []
     for _ in range(n):
-        s = client.stream("POST", "/v1/completions", json={"prompt": "Go on.", "max_tokens": 900, "ignore_eos": True,
-                                                           "stream": True})
+        s = client.stream(
+            "POST", "/v1/completions", json={"prompt": "Go on.", "max_tokens": 900, "ignore_eos": True, "stream": True}
+        )
         answers.append(s.__enter__())
         opened.append(s)
     return opened, answers
 
 
-@case("limits", f"OpenAI requests past --key-requests-in-flight ({KEY_REQUESTS}) and --max-requests-in-flight "
-                f"({REQUESTS})", "429 with Retry-After for the key; then 503 for all; the other key served meanwhile")
+@case(
+    "limits",
+    f"OpenAI requests past --key-requests-in-flight ({KEY_REQUESTS}) and --max-requests-in-flight ({REQUESTS})",
+    "429 with Retry-After for the key; then 503 for all; the other key served meanwhile",
+)
 def _(ctx):
     opened = []
     try:
@@ -369,43 +495,70 @@ def _(ctx):
 
 # --------------------------------------------------------------------------------- validation
 for _name, _body, _status, _word in (
-        ("temperature 5 in an agent's task", {"stages": [[{"prompt": "x", "max_tokens": 2, "temperature": 5}]]}, 422,
-         "temperature"),
-        ("an empty prompt", {"stages": [[{"prompt": "", "max_tokens": 2}]]}, 422, "prompt"),
-        ("max_tokens 0", {"stages": [[{"prompt": "x", "max_tokens": 0}]]}, 422, "max_tokens"),
-        ("17 tasks (over --max-tasks-per-agent 16)", {"stages": [[{"prompt": "x", "max_tokens": 2}] * 17]}, 400, "tasks"),
-        ("a placeholder naming a later stage", {"stages": [[{"prompt": "{{stage[1]}}", "max_tokens": 2}],
-                                                           [{"prompt": "y", "max_tokens": 2}]]}, 400, "stage"),
-        ("an agent type with a quote and a newline", {"type": 'a"\nb', "stages": [[{"prompt": "x", "max_tokens": 2}]]},
-         422, "type")):
+    (
+        "temperature 5 in an agent's task",
+        {"stages": [[{"prompt": "x", "max_tokens": 2, "temperature": 5}]]},
+        422,
+        "temperature",
+    ),
+    ("an empty prompt", {"stages": [[{"prompt": "", "max_tokens": 2}]]}, 422, "prompt"),
+    ("max_tokens 0", {"stages": [[{"prompt": "x", "max_tokens": 0}]]}, 422, "max_tokens"),
+    ("17 tasks (over --max-tasks-per-agent 16)", {"stages": [[{"prompt": "x", "max_tokens": 2}] * 17]}, 400, "tasks"),
+    (
+        "a placeholder naming a later stage",
+        {"stages": [[{"prompt": "{{stage[1]}}", "max_tokens": 2}], [{"prompt": "y", "max_tokens": 2}]]},
+        400,
+        "stage",
+    ),
+    (
+        "an agent type with a quote and a newline",
+        {"type": 'a"\nb', "stages": [[{"prompt": "x", "max_tokens": 2}]]},
+        422,
+        "type",
+    ),
+):
     case("validation", _name, f"{_status} naming {_word}")(
-        lambda ctx, b=_body, s=_status, w=_word: check(ctx.a.post("/v1/agents", json=b), s, w))
+        lambda ctx, b=_body, s=_status, w=_word: check(ctx.a.post("/v1/agents", json=b), s, w)
+    )
 
 for _name, _extra, _status, _word in (
-        # vLLM's own validation, with vLLM's own messages
-        ("stop [\"\"]", {"stop": [""]}, 400, "stop"),
-        ("seed 2^64", {"seed": 2 ** 64}, 400, "seed"),
-        ("top_p 0", {"top_p": 0}, 400, "top_p"),
-        ("presence_penalty 3", {"presence_penalty": 3}, 400, "presence_penalty"),
-        ("vllm_xargs integer 2^64", {"vllm_xargs": {"agent_type": 2 ** 64}}, 400, "vllm_xargs"),
-        ("vllm_xargs nested 50 deep", {"vllm_xargs": {"agent_type": json.loads("[" * 50 + "]" * 50)}}, 400, "vllm_xargs"),
-        ("vllm_xargs unknown key", {"vllm_xargs": {"priority": -100}}, 400, "priority"),
-        ("model that is not served", {"model": "gpt-4"}, 404, "gpt-4")):
+    # vLLM's own validation, with vLLM's own messages
+    ('stop [""]', {"stop": [""]}, 400, "stop"),
+    ("seed 2^64", {"seed": 2**64}, 400, "seed"),
+    ("top_p 0", {"top_p": 0}, 400, "top_p"),
+    ("presence_penalty 3", {"presence_penalty": 3}, 400, "presence_penalty"),
+    ("vllm_xargs integer 2^64", {"vllm_xargs": {"agent_type": 2**64}}, 400, "vllm_xargs"),
+    ("vllm_xargs nested 50 deep", {"vllm_xargs": {"agent_type": json.loads("[" * 50 + "]" * 50)}}, 400, "vllm_xargs"),
+    ("vllm_xargs unknown key", {"vllm_xargs": {"priority": -100}}, 400, "priority"),
+    ("model that is not served", {"model": "gpt-4"}, 404, "gpt-4"),
+):
     case("validation", f"completion: {_name}", f"{_status} naming {_word}")(
-        lambda ctx, e=_extra, s=_status, w=_word: check(completion(ctx.a, **e), s, w))
+        lambda ctx, e=_extra, s=_status, w=_word: check(completion(ctx.a, **e), s, w)
+    )
 
 
 @case("validation", "a lone surrogate in a prompt (raw JSON \\ud800)", "400 naming the surrogate")
 def _(ctx):
-    return check(ctx.a.post("/v1/completions", content=b'{"prompt": "a\\ud800b", "max_tokens": 2}',
-                            headers={"Content-Type": "application/json"}), 400, "surrogate")
+    return check(
+        ctx.a.post(
+            "/v1/completions",
+            content=b'{"prompt": "a\\ud800b", "max_tokens": 2}',
+            headers={"Content-Type": "application/json"},
+        ),
+        400,
+        "surrogate",
+    )
 
 
-@case("validation", "a JSON body nested 9,000 deep, on the agent API, chat and messages", "400 naming the limit on each")
+@case(
+    "validation", "a JSON body nested 9,000 deep, on the agent API, chat and messages", "400 naming the limit on each"
+)
 def _(ctx):
     deep = b"[" * 9_000 + b"]" * 9_000  # past Python's recursion, within the list's body limit
-    said = [check(ctx.a.post(path, content=deep, headers={"Content-Type": "application/json"}), 400, "nested deeper")
-            for path in ("/v1/agents", "/v1/chat/completions", "/v1/messages")]
+    said = [
+        check(ctx.a.post(path, content=deep, headers={"Content-Type": "application/json"}), 400, "nested deeper")
+        for path in ("/v1/agents", "/v1/chat/completions", "/v1/messages")
+    ]
     return said[-1]
 
 
@@ -417,8 +570,10 @@ def _(ctx):
 
 @case("validation", "invalid JSON, and a JSON array for a body", "422 each")
 def _(ctx):
-    bad = [ctx.a.post("/v1/agents", content=b"{not json", headers={"Content-Type": "application/json"}),
-           ctx.a.post("/v1/agents", json=[1, 2])]
+    bad = [
+        ctx.a.post("/v1/agents", content=b"{not json", headers={"Content-Type": "application/json"}),
+        ctx.a.post("/v1/agents", json=[1, 2]),
+    ]
     return "; ".join(check(r, 422) for r in bad)
 
 
@@ -454,8 +609,9 @@ def _(ctx):
     check(completion(ctx.a, tokens=50, ignore_eos=True), 200)
     per_token = (time.perf_counter() - t) / 50
     try:  # 900 tokens would take ~900 x per_token; the client gives up after a tenth of that
-        ctx.a.post("/v1/completions", json={"prompt": "Go.", "max_tokens": 900, "ignore_eos": True},
-                   timeout=90 * per_token)
+        ctx.a.post(
+            "/v1/completions", json={"prompt": "Go.", "max_tokens": 900, "ignore_eos": True}, timeout=90 * per_token
+        )
         raise AssertionError("the completion finished before the client left")
     except httpx.TimeoutException:
         left = time.perf_counter()
@@ -473,17 +629,21 @@ def _(ctx):
     outs = [t for stage in doc["stages"] for t in stage]
     assert len(outs) == 2 * BYSTANDER_STAGES and all(t and t["output_tokens"] == BYSTANDER_TOKENS for t in outs), outs
     check(ctx.a.get("/health"), 200)
-    return (f"done with all {len(outs)} outputs; in flight {min(doc['jct_s'], cases_s):.1f} s of the "
-            f"{cases_s:.1f} s of cases after it; /health 200")
+    return (
+        f"done with all {len(outs)} outputs; in flight {min(doc['jct_s'], cases_s):.1f} s of the "
+        f"{cases_s:.1f} s of cases after it; /health 200"
+    )
 
 
 def run(url: str, key: str, other_key: str, progress: bool = True) -> list[dict]:
     """Run every case against the server at ``url`` (started with ``FLAGS`` and the two keys); one
     row per case."""
     rows = []
-    with httpx.Client(base_url=url, timeout=120, headers={"Authorization": f"Bearer {key}"}) as a, \
-            httpx.Client(base_url=url, timeout=120, headers={"Authorization": f"Bearer {other_key}"}) as b, \
-            httpx.Client(base_url=url, timeout=120) as anon:
+    with (
+        httpx.Client(base_url=url, timeout=120, headers={"Authorization": f"Bearer {key}"}) as a,
+        httpx.Client(base_url=url, timeout=120, headers={"Authorization": f"Bearer {other_key}"}) as b,
+        httpx.Client(base_url=url, timeout=120) as anon,
+    ):
         ctx = Ctx(url, a, b, anon, key)
         for n, c in enumerate(CASES, 1):
             t = time.perf_counter()
@@ -491,13 +651,31 @@ def run(url: str, key: str, other_key: str, progress: bool = True) -> list[dict]
                 got, ok = c.run(ctx), True
             except Exception as exc:  # noqa: BLE001  (a failed case is a row of the table, not the end)
                 got, ok = f"{type(exc).__name__}: {exc}"[:300], False
-            rows.append({"n": n, "class": c.kind, "case": c.name, "expect": c.expect, "got": got, "ok": ok,
-                         "seconds": round(time.perf_counter() - t, 2)})
+            rows.append(
+                {
+                    "n": n,
+                    "class": c.kind,
+                    "case": c.name,
+                    "expect": c.expect,
+                    "got": got,
+                    "ok": ok,
+                    "seconds": round(time.perf_counter() - t, 2),
+                }
+            )
             if progress:
                 print(f"{n:2d} {'ok  ' if ok else 'FAIL'} {c.kind}: {c.name}: {got}", file=sys.stderr, flush=True)
         alive = anon.get("/health").status_code == 200
-    rows.append({"n": len(rows) + 1, "class": "server", "case": "after every case", "expect": "/health 200",
-                 "got": "200" if alive else "not answering", "ok": alive, "seconds": 0.0})
+    rows.append(
+        {
+            "n": len(rows) + 1,
+            "class": "server",
+            "case": "after every case",
+            "expect": "/health 200",
+            "got": "200" if alive else "not answering",
+            "ok": alive,
+            "seconds": 0.0,
+        }
+    )
     return rows
 
 

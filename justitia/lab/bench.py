@@ -67,8 +67,14 @@ class RunSpec:
 
     def to_json(self) -> dict:
         """The run's settings as a results-file document."""
-        doc = {"policy": self.policy, "predictor": self.predictor, "cost": self.cost, "capacity": self.capacity,
-               "retag": self.retag, "pricing": self.pricing}
+        doc = {
+            "policy": self.policy,
+            "predictor": self.predictor,
+            "cost": self.cost,
+            "capacity": self.capacity,
+            "retag": self.retag,
+            "pricing": self.pricing,
+        }
         if self.burst != "turn":
             doc["burst"] = self.burst
         if self.subagents != "share":
@@ -106,17 +112,37 @@ def simulate(
     if spec.kv_eviction is not None:
         config = replace(config, kv_eviction=spec.kv_eviction)
     if replicas > 1:
-        return Cluster(config, spec.policy, predictor, spec.cost, replicas, spec.router or "least-load",
-                       spec.cluster_clock or "global", event_skipping, on_agent_finish,
-                       measure_capacity=spec.capacity == "measured", retag=spec.retag, pricing=spec.pricing).run(agents)
+        return Cluster(
+            config,
+            spec.policy,
+            predictor,
+            spec.cost,
+            replicas,
+            spec.router or "least-load",
+            spec.cluster_clock or "global",
+            event_skipping,
+            on_agent_finish,
+            measure_capacity=spec.capacity == "measured",
+            retag=spec.retag,
+            pricing=spec.pricing,
+        ).run(agents)
     policy = spec.policy
     if spec.guard_scale and policy == "justitia-guarded":  # the guard warm from an earlier history's largest burst
         cost = cost_model(spec.cost)
         policy = make_policy(policy, config.capacity_per_s(cost), cost, spec.guard_scale)
-    sim = Simulator(config, policy, predictor, spec.cost, event_skipping, on_agent_finish,
-                    measure_capacity=spec.capacity == "measured", retag=spec.retag,
-                    pricing=spec.pricing, burst=spec.burst,
-                    subagents=spec.subagents)
+    sim = Simulator(
+        config,
+        policy,
+        predictor,
+        spec.cost,
+        event_skipping,
+        on_agent_finish,
+        measure_capacity=spec.capacity == "measured",
+        retag=spec.retag,
+        pricing=spec.pricing,
+        burst=spec.burst,
+        subagents=spec.subagents,
+    )
     return sim.run(agents)
 
 
@@ -130,8 +156,9 @@ def warm_predictor(predictor, history: list[Agent]) -> None:
         turns = max(a._turn_of(s) for s in range(len(a.stages))) + 1
         costs: list[float] = []
         for turn in range(turns):
-            cost = sum(KV.request_cost(t.prompt_tokens, t.output_tokens)
-                       for t in (a.task(s, i) for s, i in a.turn_calls(turn)))
+            cost = sum(
+                KV.request_cost(t.prompt_tokens, t.output_tokens) for t in (a.task(s, i) for s, i in a.turn_calls(turn))
+            )
             predictor.learn(a, cost, turn, list(costs))
             costs.append(cost)
 
@@ -162,12 +189,24 @@ def summarize(
         "fairness": {},
     }
     jcts = {label: {a.agent_id: a.jct_s for a in run.agents} for label, run in runs.items()}
-    measured = next((s.label for s in specs if has_clock(s.policy) and runs[s.label].capacity_schedule
-                     and len(runs[s.label].capacity_schedule) > 1), None)
-    delivered = delivered_capacity(runs[measured].capacity_schedule, runs[measured].makespan_s) if measured else formula_m
+    measured = next(
+        (
+            s.label
+            for s in specs
+            if has_clock(s.policy) and runs[s.label].capacity_schedule and len(runs[s.label].capacity_schedule) > 1
+        ),
+        None,
+    )
+    delivered = (
+        delivered_capacity(runs[measured].capacity_schedule, runs[measured].makespan_s) if measured else formula_m
+    )
     gps_schedule = [(0.0, delivered)]
-    doc["gps_reference"] = {"capacity_from": measured or "formula", "capacity_per_s": delivered,
-                            "formula_capacity_per_s": formula_m, "delay_bound_s": None}
+    doc["gps_reference"] = {
+        "capacity_from": measured or "formula",
+        "capacity_per_s": delivered,
+        "formula_capacity_per_s": formula_m,
+        "delay_bound_s": None,
+    }
     tenanted = any(a.tenant is not None for a in agents)
     if tenanted:  # every run's tenants are judged against hierarchical GPS at the same delivered M
         ref_gps = gps_finish_times(agents, formula_m, gps_schedule)
@@ -184,7 +223,11 @@ def summarize(
             "wall_s": run.wall_s,
         }
         if replicas > 1:
-            entry |= {"router": run.router, "cluster_clock": run.clock, "requests_per_replica": run.requests_per_replica}
+            entry |= {
+                "router": run.router,
+                "cluster_clock": run.clock,
+                "requests_per_replica": run.requests_per_replica,
+            }
         agent_docs = [a.to_json() for a in run.agents]
         bursts = {a.agent_id: a.bursts for a in run.agents if a.bursts}  # sessions: the run's own bursts
         if bursts:
@@ -197,8 +240,9 @@ def summarize(
             gps = gps_finish_times(spec.workload(agents), formula_m, gps_schedule, bursts)  # the one yardstick
             m_ref = min(m for _, m in gps_schedule)
             doc["gps_reference"]["delay_bound_s"] = delay_bound_s(agents, config, m_ref, bursts=bursts)
-            bound_s = delay_bound_s(agents, config, m_ref, bursts=bursts, guard=run.guard_lag_s is not None,
-                                    guard_lag_s=run.guard_lag_s)  # justitia-guarded: B, whatever the prices
+            bound_s = delay_bound_s(
+                agents, config, m_ref, bursts=bursts, guard=run.guard_lag_s is not None, guard_lag_s=run.guard_lag_s
+            )  # justitia-guarded: B, whatever the prices
             late = 0
             for d in agent_docs:
                 d["gps_finish_s"] = gps[d["agent_id"]]
@@ -243,16 +287,24 @@ def check_labels(specs: list[RunSpec]) -> None:
         raise ValueError(f"run labels must be unique, got {labels}.")
 
 
-def run_bench(agents: list[Agent], specs: list[RunSpec], config: EngineConfig, workload_info: dict, seed: int = 0,
-              progress: bool = True, replicas: int = 1) -> dict:
+def run_bench(
+    agents: list[Agent],
+    specs: list[RunSpec],
+    config: EngineConfig,
+    workload_info: dict,
+    seed: int = 0,
+    progress: bool = True,
+    replicas: int = 1,
+) -> dict:
     """Run every spec on the simulator (a cluster of ``replicas`` engines if > 1) and return the
     results document."""
     check_labels(specs)
     runs: dict[str, RunResult] = {}
     with progress_bar(len(agents) * len(specs), progress, "simulating") as advance:
         for spec in specs:
-            runs[spec.label] = simulate(agents, spec, config, seed, on_agent_finish=lambda _r, s=spec: advance(s.label),
-                                        replicas=replicas)
+            runs[spec.label] = simulate(
+                agents, spec, config, seed, on_agent_finish=lambda _r, s=spec: advance(s.label), replicas=replicas
+            )
     return summarize(agents, specs, runs, config, workload_info, replicas=replicas)
 
 

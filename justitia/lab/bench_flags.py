@@ -44,7 +44,8 @@ from pathlib import Path
 
 import httpx
 
-from justitia.lab.servers import free_port as _free_port, start
+from justitia.lab.servers import free_port as _free_port
+from justitia.lab.servers import start
 
 PROMPT = "Summarize the quarterly report in one sentence."
 ENGINE = ["--max-model-len", "2048", "--enforce-eager", "--dtype", "float32", "--served-model-name", "tiny"]
@@ -59,15 +60,18 @@ def servers(model_dir: str, scrape: bool = False) -> dict[str, tuple[list[str], 
     api = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model_dir, *ENGINE]
     serve = json.dumps({"predictor": "mean", "journal": None})
     justitia = [sys.executable, "-m", "justitia", "serve", "--predictor", "mean", "--no-journal"]
-    return {"stock vllm serve": (api, {}),
-            "stock, async scheduling off": (api + ["--no-async-scheduling"], {}),
-            "vllm serve + Justitia's flags": (api + FLAGS, {"VLLM_PLUGINS": "justitia", "JUSTITIA_SERVE": serve}),
-            "justitia serve": (justitia, {})} | ({SCRAPED: (justitia, {})} if scrape else {})
+    return {
+        "stock vllm serve": (api, {}),
+        "stock, async scheduling off": (api + ["--no-async-scheduling"], {}),
+        "vllm serve + Justitia's flags": (api + FLAGS, {"VLLM_PLUGINS": "justitia", "JUSTITIA_SERVE": serve}),
+        "justitia serve": (justitia, {}),
+    } | ({SCRAPED: (justitia, {})} if scrape else {})
 
 
 def scraper(url: str, stop: threading.Event, took: list[float] | None = None) -> threading.Thread:
     """A thread reading ``url``'s /metrics every second until ``stop`` (each read's seconds appended
     to ``took``)."""
+
     def run() -> None:
         with httpx.Client(base_url=url, timeout=30) as client:
             while not stop.is_set():
@@ -89,11 +93,16 @@ def start_one(cmd: list[str], env: dict, log: Path) -> tuple[subprocess.Popen, s
 
 async def load(url: str, n: int, concurrency: int, tokens: int) -> tuple[float, list[float]]:
     """``n`` chat requests, ``concurrency`` in flight; (seconds in all, each request's latency)."""
-    body = {"model": "tiny", "messages": [{"role": "user", "content": PROMPT}], "max_tokens": tokens,
-            "ignore_eos": True}
+    body = {
+        "model": "tiny",
+        "messages": [{"role": "user", "content": PROMPT}],
+        "max_tokens": tokens,
+        "ignore_eos": True,
+    }
     slots = asyncio.Semaphore(concurrency)
     latencies: list[float] = []
     async with httpx.AsyncClient(base_url=url, timeout=300, limits=httpx.Limits(max_connections=concurrency)) as c:
+
         async def one() -> None:
             async with slots:
                 t = time.perf_counter()
@@ -140,15 +149,19 @@ def main() -> None:
         alone: dict[str, list[float]] = {name: [] for name in procs}
         names = list(procs)
         for r in range(args.rounds):
-            order = names[r % len(names):] + names[:r % len(names)]
-            for name in (order if r % 2 == 0 else order[::-1]):
+            order = names[r % len(names) :] + names[: r % len(names)]
+            for name in order if r % 2 == 0 else order[::-1]:
                 alone[name] += asyncio.run(load(procs[name][1], args.sequential, 1, args.tokens))[1]
                 seconds, each = asyncio.run(load(procs[name][1], args.requests, args.concurrency, args.tokens))
                 rate[name].append(args.requests / seconds)
                 lat[name] += each
             stock_now = (rate[names[0]][-1] + rate[names[1]][-1]) / 2
-            print(f"round {r + 1}: " + "  ".join(f"{rate[n][-1] / stock_now:.3f}" for n in names)
-                  + f"  x stock ({stock_now:.1f} requests/s)", flush=True)
+            print(
+                f"round {r + 1}: "
+                + "  ".join(f"{rate[n][-1] / stock_now:.3f}" for n in names)
+                + f"  x stock ({stock_now:.1f} requests/s)",
+                flush=True,
+            )
     finally:
         stop.set()
         for proc, _ in procs.values():
@@ -164,19 +177,31 @@ def main() -> None:
         q = statistics.quantiles(lat[name], n=100)
         ratios = [a / b for a, b in zip(rate[name], stock_rate)]
         quartiles = statistics.quantiles(ratios, n=4) if len(ratios) > 1 else [ratios[0]] * 3
-        rows[name] = {"requests_per_s": statistics.median(rate[name]), "rounds_requests_per_s": rate[name],
-                      "throughput_vs_stock": statistics.median(ratios), "rounds_vs_stock": ratios,
-                      "quartiles_vs_stock": [quartiles[0], quartiles[2]],
-                      "p50_ms": 1000 * statistics.median(lat[name]), "p99_ms": 1000 * q[98],
-                      "alone_p50_ms": 1000 * statistics.median(alone[name])}
+        rows[name] = {
+            "requests_per_s": statistics.median(rate[name]),
+            "rounds_requests_per_s": rate[name],
+            "throughput_vs_stock": statistics.median(ratios),
+            "rounds_vs_stock": ratios,
+            "quartiles_vs_stock": [quartiles[0], quartiles[2]],
+            "p50_ms": 1000 * statistics.median(lat[name]),
+            "p99_ms": 1000 * q[98],
+            "alone_p50_ms": 1000 * statistics.median(alone[name]),
+        }
     stock = {k: (rows[names[0]][k] + rows[names[1]][k]) / 2 for k in ("p50_ms", "alone_p50_ms")}
     for row in rows.values():
         row["p50_added_ms"] = row["p50_ms"] - stock["p50_ms"]
         row["alone_p50_added_ms"] = row["alone_p50_ms"] - stock["alone_p50_ms"]
     a_a = statistics.median(b / a for a, b in zip(rate[names[0]], rate[names[1]]))
-    doc = {"command": "python -m justitia.lab.bench_flags " + " ".join(sys.argv[1:]), "requests": args.requests,
-           "concurrency": args.concurrency, "sequential": args.sequential, "tokens": args.tokens,
-           "rounds": args.rounds, "servers": rows, "a_a": a_a}
+    doc = {
+        "command": "python -m justitia.lab.bench_flags " + " ".join(sys.argv[1:]),
+        "requests": args.requests,
+        "concurrency": args.concurrency,
+        "sequential": args.sequential,
+        "tokens": args.tokens,
+        "rounds": args.rounds,
+        "servers": rows,
+        "a_a": a_a,
+    }
     args.out.write_text(json.dumps(doc, indent=1))
     report(doc)
 
@@ -186,20 +211,28 @@ def report(doc: dict) -> None:
     server over the same server unscraped, round by round."""
     rows = doc["servers"]
     print(f"stock: the two stock servers' mean; the second over the first (A/A): {doc['a_a']:.3f}")
-    print(f"{'server':30} {'req/s':>6} {'x stock':>7} {'quartiles':>11} {'p50 ms':>7} {'+p50':>6} {'p99 ms':>7} "
-          f"{'alone p50':>9} {'+alone':>7}")
+    print(
+        f"{'server':30} {'req/s':>6} {'x stock':>7} {'quartiles':>11} {'p50 ms':>7} {'+p50':>6} {'p99 ms':>7} "
+        f"{'alone p50':>9} {'+alone':>7}"
+    )
     for name, row in rows.items():
         lo, hi = row["quartiles_vs_stock"]
-        print(f"{name:30} {row['requests_per_s']:6.1f} {row['throughput_vs_stock']:7.3f} {lo:5.3f}-{hi:5.3f} "
-              f"{row['p50_ms']:7.1f} "
-              f"{row['p50_added_ms']:6.1f} {row['p99_ms']:7.1f} {row['alone_p50_ms']:9.1f} "
-              f"{row['alone_p50_added_ms']:7.2f}")
+        print(
+            f"{name:30} {row['requests_per_s']:6.1f} {row['throughput_vs_stock']:7.3f} {lo:5.3f}-{hi:5.3f} "
+            f"{row['p50_ms']:7.1f} "
+            f"{row['p50_added_ms']:6.1f} {row['p99_ms']:7.1f} {row['alone_p50_ms']:9.1f} "
+            f"{row['alone_p50_added_ms']:7.2f}"
+        )
     if SCRAPED in rows:
-        paired = [s / u for u, s in zip(rows["justitia serve"]["rounds_requests_per_s"],
-                                        rows[SCRAPED]["rounds_requests_per_s"])]
+        paired = [
+            s / u
+            for u, s in zip(rows["justitia serve"]["rounds_requests_per_s"], rows[SCRAPED]["rounds_requests_per_s"])
+        ]
         q = statistics.quantiles(paired, n=4)
-        print(f"{SCRAPED} over justitia serve unscraped, median of {len(paired)} paired rounds: "
-              f"{statistics.median(paired):.3f} (quartiles {q[0]:.3f}-{q[2]:.3f})")
+        print(
+            f"{SCRAPED} over justitia serve unscraped, median of {len(paired)} paired rounds: "
+            f"{statistics.median(paired):.3f} (quartiles {q[0]:.3f}-{q[2]:.3f})"
+        )
 
 
 if __name__ == "__main__":

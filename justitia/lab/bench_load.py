@@ -28,17 +28,26 @@ from urllib.parse import urlparse
 
 import httpx
 
-from justitia.lab.servers import ray_split, replica_split, samples, start_replica, start_server
 from justitia.lab.report import write_doc
+from justitia.lab.servers import ray_split, replica_split, samples, start_replica, start_server
 
 
-def agent_body(rng: random.Random, k: int, stages: tuple[int, int], tasks: tuple[int, int],
-               tokens: tuple[int, int]) -> dict:
+def agent_body(
+    rng: random.Random, k: int, stages: tuple[int, int], tasks: tuple[int, int], tokens: tuple[int, int]
+) -> dict:
     out = []
     for s in range(rng.randint(*stages)):
         quote = " Earlier: {{prev[0]}}" if s else ""
-        out.append([{"prompt": f"Agent {k} stage {s} task {i}.{quote}", "max_tokens": rng.randint(*tokens),
-                     "ignore_eos": True} for i in range(rng.randint(*tasks))])
+        out.append(
+            [
+                {
+                    "prompt": f"Agent {k} stage {s} task {i}.{quote}",
+                    "max_tokens": rng.randint(*tokens),
+                    "ignore_eos": True,
+                }
+                for i in range(rng.randint(*tasks))
+            ]
+        )
     return {"type": rng.choice(["mrs", "kqa", "fv", "search"]), "stages": out}
 
 
@@ -50,8 +59,16 @@ def _range(text: str) -> tuple[int, int]:
     return lo_, hi_
 
 
-async def run(url: str, n: int, timeout_s: float, seed: int, stages=(4, 4), tasks=(1, 2), tokens=(200, 250),
-              keys: list[str] | None = None) -> dict:
+async def run(
+    url: str,
+    n: int,
+    timeout_s: float,
+    seed: int,
+    stages=(4, 4),
+    tasks=(1, 2),
+    tokens=(200, 250),
+    keys: list[str] | None = None,
+) -> dict:
     rng = random.Random(seed)
     bodies = [agent_body(rng, k, stages, tasks, tokens) for k in range(n)]
     # agent k is submitted (and read back) with key k mod len(keys); none: an open server
@@ -95,18 +112,32 @@ async def run(url: str, n: int, timeout_s: float, seed: int, stages=(4, 4), task
             jcts.append(doc["jct_s"])
     stuck = sum(v for k, v in statuses.items() if k not in ("done", "failed", "cancelled"))
     # the most agents in flight at once, exactly, from the server's own arrival and finish times
-    edges = sorted(e for r in docs if r.status_code == 200
-                   for e in ((r.json()["arrival_s"], 1), (r.json()["finish_s"] or float("inf"), -1)))
+    edges = sorted(
+        e
+        for r in docs
+        if r.status_code == 200
+        for e in ((r.json()["arrival_s"], 1), (r.json()["finish_s"] or float("inf"), -1))
+    )
     level = most = 0
     for _, step in sorted(edges, key=lambda e: (e[0], e[1])):
         level += step
         most = max(most, level)
-    return {"agents": n, "accepted": len(ids), "rejected": len(rejected), "max_in_flight": most,
-            "peak_in_flight_sampled": peak,
-            "statuses": statuses, "lost": lost, "stuck": stuck, "incomplete": incomplete,
-            "tasks": sum(len(s) for b in bodies for s in b["stages"]), "submit_s": round(submit_s, 3),
-            "wall_s": round(wall_s, 3), "mean_jct_s": round(sum(jcts) / len(jcts), 3) if jcts else None,
-            "first_rejection": rejected[0] if rejected else None}
+    return {
+        "agents": n,
+        "accepted": len(ids),
+        "rejected": len(rejected),
+        "max_in_flight": most,
+        "peak_in_flight_sampled": peak,
+        "statuses": statuses,
+        "lost": lost,
+        "stuck": stuck,
+        "incomplete": incomplete,
+        "tasks": sum(len(s) for b in bodies for s in b["stages"]),
+        "submit_s": round(submit_s, 3),
+        "wall_s": round(wall_s, 3),
+        "mean_jct_s": round(sum(jcts) / len(jcts), 3) if jcts else None,
+        "first_rejection": rejected[0] if rejected else None,
+    }
 
 
 async def agents_in_flight(client: httpx.AsyncClient) -> int:
@@ -120,25 +151,41 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--agents", type=int, default=1000)
     ap.add_argument("--url", help="a running server on loopback (default: start one)")
-    ap.add_argument("--upstream", type=int, default=0, help="start N stock vLLM replicas behind `justitia serve "
-                    "--upstream` (default 0: one server with its own engine)")
-    ap.add_argument("--ray", type=int, default=0, help="run N engine replicas on Ray Serve behind `justitia serve "
-                    "--ray` (default 0: one server with its own engine)")
+    ap.add_argument(
+        "--upstream",
+        type=int,
+        default=0,
+        help="start N stock vLLM replicas behind `justitia serve "
+        "--upstream` (default 0: one server with its own engine)",
+    )
+    ap.add_argument(
+        "--ray",
+        type=int,
+        default=0,
+        help="run N engine replicas on Ray Serve behind `justitia serve "
+        "--ray` (default 0: one server with its own engine)",
+    )
     ap.add_argument("--timeout", type=float, default=1500, help="seconds to wait for all agents (default 1500)")
     ap.add_argument("--seed", type=int, default=0)
     # defaults: long enough (4 stages in a row) that no agent finishes while 1,000 are being submitted
     ap.add_argument("--stages", type=_range, default=(4, 4), help="stages per agent, A:B (default 4:4)")
     ap.add_argument("--tasks", type=_range, default=(1, 2), help="tasks per stage, A:B (default 1:2)")
     ap.add_argument("--tokens", type=_range, default=(200, 250), help="max_tokens of a task, A:B (default 200:250)")
-    ap.add_argument("--keys", type=int, default=4, help="API keys the agents are spread over (default 4; 0: an open "
-                    "server)")
+    ap.add_argument(
+        "--keys", type=int, default=4, help="API keys the agents are spread over (default 4; 0: an open server)"
+    )
     ap.add_argument("--out", type=Path, help="also write the result as JSON here")
     args = ap.parse_args()
     keys = [f"sk-load-{secrets.token_hex(8)}" for _ in range(args.keys)] if args.url is None else []
     procs = []
     url = args.url
-    serve_args = ("--predictor", "mean", "--max-agents-in-flight", str(max(args.agents, 1)),
-                  *(x for key in keys for x in ("--api-key", key)))
+    serve_args = (
+        "--predictor",
+        "mean",
+        "--max-agents-in-flight",
+        str(max(args.agents, 1)),
+        *(x for key in keys for x in ("--api-key", key)),
+    )
     if url is None and args.upstream:
         from justitia.vllm.models import resolve_model
 
@@ -157,8 +204,7 @@ def main() -> int:
         print(f"load test: {url} is not a loopback address; this script only loads a local server", file=sys.stderr)
         return 2
     try:
-        result = asyncio.run(run(url, args.agents, args.timeout, args.seed, args.stages, args.tasks, args.tokens,
-                                 keys))
+        result = asyncio.run(run(url, args.agents, args.timeout, args.seed, args.stages, args.tasks, args.tokens, keys))
         result["keys"] = len(keys)
         if args.upstream:
             result["replicas"] = replica_split(url)
@@ -171,8 +217,10 @@ def main() -> int:
     print(json.dumps(result, indent=1))
     if args.out:
         write_doc(args.out, result)
-    ok = (result["lost"] == result["stuck"] == result["incomplete"] == result["rejected"] == 0
-          and result["statuses"].get("done", 0) == args.agents)
+    ok = (
+        result["lost"] == result["stuck"] == result["incomplete"] == result["rejected"] == 0
+        and result["statuses"].get("done", 0) == args.agents
+    )
     return 0 if ok else 1
 
 

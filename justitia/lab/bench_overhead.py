@@ -16,11 +16,11 @@ Each scheduler runs ``--repeats`` times, interleaved with the others, and its fa
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import time
-from justitia.lab.report import write_doc
 from pathlib import Path
+
+from justitia.lab.report import write_doc
 
 TIMED = ("add_request", "schedule", "update_from_output", "finish_requests")
 PASSTHROUGH = "pass-through (floor)"
@@ -120,8 +120,18 @@ def instrument(passthrough) -> None:
                 setattr(cls, name, ATTRIBUTION.wrap(cls.__dict__[name], "plugin"))
     for name in FLOOR:
         setattr(passthrough, name, ATTRIBUTION.wrap(passthrough.__dict__[name], "plugin"))
-    for name in ("add_request", "prepend_request", "prepend_requests", "peek_request", "pop_request",
-                 "remove_request", "remove_requests", "__bool__", "__len__", "__iter__"):
+    for name in (
+        "add_request",
+        "prepend_request",
+        "prepend_requests",
+        "peek_request",
+        "pop_request",
+        "remove_request",
+        "remove_requests",
+        "__bool__",
+        "__len__",
+        "__iter__",
+    ):
         setattr(_CoreQueue, name, ATTRIBUTION.wrap(_CoreQueue.__dict__[name], "plugin"))
 
 
@@ -131,14 +141,29 @@ def run(label: str, scheduler_cls, model: str, n: int, policy: str | None) -> di
 
     if policy:
         os.environ["JUSTITIA_POLICY"] = policy
-    llm = LLM(model=model, scheduler_cls=timed(scheduler_cls), scheduling_policy="priority",
-              num_gpu_blocks_override=64, max_model_len=2048, max_num_seqs=32, enforce_eager=True,
-              enable_prefix_caching=False, async_scheduling=False, dtype="float32")
+    llm = LLM(
+        model=model,
+        scheduler_cls=timed(scheduler_cls),
+        scheduling_policy="priority",
+        num_gpu_blocks_override=64,
+        max_model_len=2048,
+        max_num_seqs=32,
+        enforce_eager=True,
+        enable_prefix_caching=False,
+        async_scheduling=False,
+        dtype="float32",
+    )
     prompts, params = [], []
     for i in range(n):
         prompts.append(TokensPrompt(prompt_token_ids=[3 + (i + k) % 1000 for k in range(64)]))
-        params.append(SamplingParams(max_tokens=32, ignore_eos=True, detokenize=False,
-                                     extra_args={"agent_id": f"a{i // 8}", "agent_cost": 5000.0 + i}))
+        params.append(
+            SamplingParams(
+                max_tokens=32,
+                ignore_eos=True,
+                detokenize=False,
+                extra_args={"agent_id": f"a{i // 8}", "agent_cost": 5000.0 + i},
+            )
+        )
     llm.generate(prompts[:32], params[:32], use_tqdm=False)  # warm-up
     sched = llm.llm_engine.engine_core.engine_core.scheduler
     sched.sched_s, sched.steps, sched.max_waiting = 0.0, 0, 0
@@ -146,9 +171,15 @@ def run(label: str, scheduler_cls, model: str, n: int, policy: str | None) -> di
     t = time.perf_counter()
     llm.generate(prompts, params, use_tqdm=False)
     wall = time.perf_counter() - t
-    out = {"run": label, "steps": sched.steps, "max_waiting": sched.max_waiting, "wall_s": wall,
-           "step_ms": 1000 * wall / sched.steps, "scheduler_ms_per_step": 1000 * sched.sched_s / sched.steps,
-           "plugin_ms_per_step": 1000 * ATTRIBUTION.spent["plugin"] / sched.steps}
+    out = {
+        "run": label,
+        "steps": sched.steps,
+        "max_waiting": sched.max_waiting,
+        "wall_s": wall,
+        "step_ms": 1000 * wall / sched.steps,
+        "scheduler_ms_per_step": 1000 * sched.sched_s / sched.steps,
+        "plugin_ms_per_step": 1000 * ATTRIBUTION.spent["plugin"] / sched.steps,
+    }
     llm.llm_engine.engine_core.shutdown()
     del llm
     return out
@@ -180,8 +211,11 @@ def main() -> None:
         for label, cls, policy in configs:
             tries[label].append(run(label, cls, model, args.requests, policy))
     # the fastest try of each: noise on a shared machine only ever adds time
-    rows = [min(runs, key=lambda r: r["plugin_ms_per_step"] if r["plugin_ms_per_step"] else r["scheduler_ms_per_step"])
-            | {"tries": len(runs)} for runs in tries.values()]
+    rows = [
+        min(runs, key=lambda r: r["plugin_ms_per_step"] if r["plugin_ms_per_step"] else r["scheduler_ms_per_step"])
+        | {"tries": len(runs)}
+        for runs in tries.values()
+    ]
     stock, floor = rows[0]["scheduler_ms_per_step"], rows[1]["plugin_ms_per_step"]
     for row in rows:
         row["extra_ms_per_step"] = row["scheduler_ms_per_step"] - stock
@@ -189,12 +223,16 @@ def main() -> None:
         if row["run"].startswith("plug-in"):
             row["plugin_net_ms_per_step"] = row["plugin_ms_per_step"] - floor
     write_doc(args.out, {"requests": args.requests, "runs": rows})
-    print(f"{'run':<24}{'steps':>7}{'max queued':>11}{'step ms':>9}{'sched ms':>10}{'extra ms':>10}{'extra %':>9}"
-          f"{'plug-in ms':>12}{'net of floor':>14}")
+    print(
+        f"{'run':<24}{'steps':>7}{'max queued':>11}{'step ms':>9}{'sched ms':>10}{'extra ms':>10}{'extra %':>9}"
+        f"{'plug-in ms':>12}{'net of floor':>14}"
+    )
     for r in rows:
         net = f"{r['plugin_net_ms_per_step']:>14.3f}" if "plugin_net_ms_per_step" in r else f"{'-':>14}"
-        print(f"{r['run']:<24}{r['steps']:>7}{r['max_waiting']:>11}{r['step_ms']:>9.2f}{r['scheduler_ms_per_step']:>10.3f}"
-              f"{r['extra_ms_per_step']:>10.3f}{r['extra_share_of_step']:>9.1%}{r['plugin_ms_per_step']:>12.3f}{net}")
+        print(
+            f"{r['run']:<24}{r['steps']:>7}{r['max_waiting']:>11}{r['step_ms']:>9.2f}{r['scheduler_ms_per_step']:>10.3f}"
+            f"{r['extra_ms_per_step']:>10.3f}{r['extra_share_of_step']:>9.1%}{r['plugin_ms_per_step']:>12.3f}{net}"
+        )
     print(f"wrote {args.out}")
 
 

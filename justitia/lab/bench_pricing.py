@@ -72,7 +72,7 @@ async def measure(agents: int, seed: int) -> dict:
         await task
         return lags
 
-    held, online.MIN_FIT = online.MIN_FIT, 10 ** 9
+    held, online.MIN_FIT = online.MIN_FIT, 10**9
     try:
         quiet = await feed(history[1000:1500])
     finally:
@@ -82,11 +82,18 @@ async def measure(agents: int, seed: int) -> dict:
     pred.close()
     ms = np.array(costs) * 1000
     q, b = np.array(quiet) * 1000, np.array(busy) * 1000
-    return {"agents_in_flight": agents, "pricing_p50_ms": float(np.percentile(ms, 50)),
-            "pricing_p99_ms": float(np.percentile(ms, 99)), "pricing_max_ms": float(ms.max()),
-            "refits_during_lag_run": pred.refits - refits0, "learned": pred.observations,
-            "loop_lag_p99_ms_quiet": float(np.percentile(q, 99)), "loop_lag_p99_ms_refitting": float(np.percentile(b, 99)),
-            "loop_lag_max_ms_quiet": float(q.max()), "loop_lag_max_ms_refitting": float(b.max())}
+    return {
+        "agents_in_flight": agents,
+        "pricing_p50_ms": float(np.percentile(ms, 50)),
+        "pricing_p99_ms": float(np.percentile(ms, 99)),
+        "pricing_max_ms": float(ms.max()),
+        "refits_during_lag_run": pred.refits - refits0,
+        "learned": pred.observations,
+        "loop_lag_p99_ms_quiet": float(np.percentile(q, 99)),
+        "loop_lag_p99_ms_refitting": float(np.percentile(b, 99)),
+        "loop_lag_max_ms_quiet": float(q.max()),
+        "loop_lag_max_ms_refitting": float(b.max()),
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -98,11 +105,13 @@ def main(argv: list[str] | None = None) -> int:
     doc = asyncio.run(measure(args.agents, args.seed))
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(doc, indent=1))
-    print(f"online pricing with {doc['agents_in_flight']:,} agents in flight: p50 {doc['pricing_p50_ms']:.3f} ms, "
-          f"p99 {doc['pricing_p99_ms']:.3f} ms (max {doc['pricing_max_ms']:.2f}); a 1 ms sleep on the event loop "
-          f"overshoots by p99 {doc['loop_lag_p99_ms_quiet']:.2f} ms with no refit and {doc['loop_lag_p99_ms_refitting']:.2f} ms "
-          f"during {doc['refits_during_lag_run']} background refits (max {doc['loop_lag_max_ms_quiet']:.2f} / "
-          f"{doc['loop_lag_max_ms_refitting']:.2f} ms)")
+    print(
+        f"online pricing with {doc['agents_in_flight']:,} agents in flight: p50 {doc['pricing_p50_ms']:.3f} ms, "
+        f"p99 {doc['pricing_p99_ms']:.3f} ms (max {doc['pricing_max_ms']:.2f}); a 1 ms sleep on the event loop "
+        f"overshoots by p99 {doc['loop_lag_p99_ms_quiet']:.2f} ms with no refit and {doc['loop_lag_p99_ms_refitting']:.2f} ms "
+        f"during {doc['refits_during_lag_run']} background refits (max {doc['loop_lag_max_ms_quiet']:.2f} / "
+        f"{doc['loop_lag_max_ms_refitting']:.2f} ms)"
+    )
     return 0
 
 

@@ -54,14 +54,22 @@ def main(argv: list[str] | None = None) -> int:
     logs = args.out.with_suffix("")
     logs.mkdir(parents=True, exist_ok=True)
     resolve_model("tiny")  # there, or a clear error before a server starts
-    cmd = [sys.executable, "-m", "justitia", "serve", "--predictor", "mean", "--no-journal"]  # the tiny model, as bench_flags
+    cmd = [
+        sys.executable,
+        "-m",
+        "justitia",
+        "serve",
+        "--predictor",
+        "mean",
+        "--no-journal",
+    ]  # the tiny model, as bench_flags
     proc, url = start_one(cmd, {}, logs / "server.log")
     rate: dict[str, list[float]] = {phase: [] for phase in PHASES}
     took: list[float] = []
     try:
         asyncio.run(load(url, 2 * args.concurrency, args.concurrency, args.tokens))  # warm-up
         for r in range(args.rounds):
-            order = PHASES[r % 3:] + PHASES[:r % 3]
+            order = PHASES[r % 3 :] + PHASES[: r % 3]
             for phase in order:
                 stop = threading.Event()
                 thread = scraper(url, stop, took) if phase == PHASES[0] else None
@@ -74,8 +82,14 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         proc.terminate()
         proc.wait(timeout=120)
-    doc = {"rounds": args.rounds, "requests": args.requests, "concurrency": args.concurrency, "tokens": args.tokens,
-           "requests_per_s": rate, "scrape_s": took}
+    doc = {
+        "rounds": args.rounds,
+        "requests": args.requests,
+        "concurrency": args.concurrency,
+        "tokens": args.tokens,
+        "requests_per_s": rate,
+        "scrape_s": took,
+    }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(doc, indent=1))
     report(doc)
@@ -89,12 +103,18 @@ def report(doc: dict) -> None:
     scraped = [s / ((a + b) / 2) for s, a, b in zip(read, first, second)]
     a_a = [b / a for a, b in zip(first, second)]
     took = sorted(doc["scrape_s"])
-    print(f"/metrics read every 1 s, over the same server unread in the same round: median {statistics.median(scraped):.3f} "
-          f"(quartiles {quartiles(scraped)[0]:.3f}-{quartiles(scraped)[1]:.3f}, {len(scraped)} rounds)")
-    print(f"unread over unread (the bench's own spread): median {statistics.median(a_a):.3f} "
-          f"(quartiles {quartiles(a_a)[0]:.3f}-{quartiles(a_a)[1]:.3f})")
+    print(
+        f"/metrics read every 1 s, over the same server unread in the same round: median {statistics.median(scraped):.3f} "
+        f"(quartiles {quartiles(scraped)[0]:.3f}-{quartiles(scraped)[1]:.3f}, {len(scraped)} rounds)"
+    )
+    print(
+        f"unread over unread (the bench's own spread): median {statistics.median(a_a):.3f} "
+        f"(quartiles {quartiles(a_a)[0]:.3f}-{quartiles(a_a)[1]:.3f})"
+    )
     if took:
-        print(f"{len(took)} scrapes: p50 {1e3 * took[len(took) // 2]:.1f} ms, p99 {1e3 * took[int(0.99 * (len(took) - 1))]:.1f} ms")
+        print(
+            f"{len(took)} scrapes: p50 {1e3 * took[len(took) // 2]:.1f} ms, p99 {1e3 * took[int(0.99 * (len(took) - 1))]:.1f} ms"
+        )
 
 
 if __name__ == "__main__":

@@ -32,13 +32,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import gc
-import json
 import os
 import statistics
 import sys
 import time
-from justitia.lab.report import write_doc
 from pathlib import Path
+
+from justitia.lab.report import write_doc
 
 PROMPT = "Summarize the quarterly report in one sentence."
 
@@ -71,8 +71,12 @@ async def _measure(one, n: int, concurrency: int, warmup: int = 20, pid: int | N
     t = time.perf_counter()
     await asyncio.gather(*(limited(i) for i in range(n)))
     wall = time.perf_counter() - t
-    return {"mean_ms": 1000 * statistics.mean(lat), "p50_ms": 1000 * statistics.median(lat),
-            "requests_per_s": n / wall, "cpu_ms_per_request": 1000 * (process_cpu_s(pid) - cpu0) / (2 * n)}
+    return {
+        "mean_ms": 1000 * statistics.mean(lat),
+        "p50_ms": 1000 * statistics.median(lat),
+        "requests_per_s": n / wall,
+        "cpu_ms_per_request": 1000 * (process_cpu_s(pid) - cpu0) / (2 * n),
+    }
 
 
 async def direct(n: int, concurrency: int, tokens: int) -> dict:
@@ -108,14 +112,17 @@ async def served(url: str, pid: int, n: int, concurrency: int, tokens: int) -> d
 
     limits = httpx.Limits(max_connections=2 * concurrency + 4)
     async with httpx.AsyncClient(base_url=url, timeout=120, limits=limits) as client:
+
         async def completion(i: int) -> None:
-            r = await client.post("/v1/completions", json={"prompt": PROMPT, "max_tokens": tokens,
-                                                            "ignore_eos": True, "temperature": 0})
+            r = await client.post(
+                "/v1/completions", json={"prompt": PROMPT, "max_tokens": tokens, "ignore_eos": True, "temperature": 0}
+            )
             r.raise_for_status()
 
         async def agent(i: int) -> None:
-            r = await client.post("/v1/agents", json={"stages": [[{"prompt": PROMPT, "max_tokens": tokens,
-                                                                    "ignore_eos": True}]]})
+            r = await client.post(
+                "/v1/agents", json={"stages": [[{"prompt": PROMPT, "max_tokens": tokens, "ignore_eos": True}]]}
+            )
             r.raise_for_status()
             async with client.stream("GET", f"/v1/agents/{r.json()['agent_id']}/events") as events:
                 async for line in events.aiter_lines():
@@ -124,8 +131,10 @@ async def served(url: str, pid: int, n: int, concurrency: int, tokens: int) -> d
                             raise RuntimeError(f"agent ended {line[7:]}")
                         break
 
-        return {"completions": await _measure(completion, n, concurrency, pid=pid),
-                "agents": await _measure(agent, n, concurrency, pid=pid)}
+        return {
+            "completions": await _measure(completion, n, concurrency, pid=pid),
+            "agents": await _measure(agent, n, concurrency, pid=pid),
+        }
 
 
 def main() -> int:
@@ -134,12 +143,21 @@ def main() -> int:
     ap.add_argument("--concurrency", type=int, default=32)
     ap.add_argument("--tokens", type=int, default=16, help="output tokens per request (forced)")
     ap.add_argument("--no-journal", action="store_true", help="the server without its journal (the default has one)")
-    ap.add_argument("--ray", type=int, default=0, help="serve through `justitia serve --ray --replicas N` (engines on "
-                    "Ray Serve; the server's CPU then excludes the engines' processes)")
+    ap.add_argument(
+        "--ray",
+        type=int,
+        default=0,
+        help="serve through `justitia serve --ray --replicas N` (engines on "
+        "Ray Serve; the server's CPU then excludes the engines' processes)",
+    )
     ap.add_argument("--out", type=Path, help="also write the result as JSON here")
     args = ap.parse_args()
-    result = {"requests": args.requests, "concurrency": args.concurrency, "tokens": args.tokens,
-              "direct": asyncio.run(direct(args.requests, args.concurrency, args.tokens))}
+    result = {
+        "requests": args.requests,
+        "concurrency": args.concurrency,
+        "tokens": args.tokens,
+        "direct": asyncio.run(direct(args.requests, args.concurrency, args.tokens)),
+    }
     from justitia.lab.servers import start_server
 
     ray = ("--ray", "--replicas", str(args.ray)) if args.ray else ()
@@ -153,8 +171,10 @@ def main() -> int:
         proc.wait(timeout=60)
     d = result["direct"]
     print(f"{args.requests} requests of {args.tokens} tokens; sequential latency, then {args.concurrency} in flight")
-    print("| path | latency mean ms | p50 ms | overhead ms | requests/s | vs direct | extra ms per request (all in flight) "
-          "| CPU ms per request | over direct |")
+    print(
+        "| path | latency mean ms | p50 ms | overhead ms | requests/s | vs direct | extra ms per request (all in flight) "
+        "| CPU ms per request | over direct |"
+    )
     print("|---|---|---|---|---|---|---|---|---|")
     for name in ("direct", "completions", "agents"):
         r = result[name]
@@ -163,9 +183,11 @@ def main() -> int:
         # with every CPU busy: the machine time each request costs, over the direct path's
         r["extra_ms_per_request"] = 1000 / r["requests_per_s"] - 1000 / d["requests_per_s"]
         r["cpu_ms_over_direct"] = r["cpu_ms_per_request"] - d["cpu_ms_per_request"]  # the server's own
-        print(f"| {name} | {r['mean_ms']:.1f} | {r['p50_ms']:.1f} | {r['overhead_ms']:+.1f} | "
-              f"{r['requests_per_s']:.0f} | {r['throughput_vs_direct']:.2f}x | {r['extra_ms_per_request']:+.1f} | "
-              f"{r['cpu_ms_per_request']:.2f} | {r['cpu_ms_over_direct']:+.2f} |")
+        print(
+            f"| {name} | {r['mean_ms']:.1f} | {r['p50_ms']:.1f} | {r['overhead_ms']:+.1f} | "
+            f"{r['requests_per_s']:.0f} | {r['throughput_vs_direct']:.2f}x | {r['extra_ms_per_request']:+.1f} | "
+            f"{r['cpu_ms_per_request']:.2f} | {r['cpu_ms_over_direct']:+.2f} |"
+        )
     if args.out:
         write_doc(args.out, result)
     return 0

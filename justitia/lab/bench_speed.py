@@ -7,14 +7,13 @@ runs stepped one iteration at a time, in one process. Prints a table and writes 
 from __future__ import annotations
 
 import argparse
-import json
 import time
 from pathlib import Path
 
 from justitia.lab.bench import simulate
 from justitia.lab.presets import make_preset
-from justitia.sim import EngineConfig
 from justitia.lab.report import write_doc
+from justitia.sim import EngineConfig
 
 
 def main() -> None:
@@ -32,20 +31,37 @@ def main() -> None:
         fast = simulate(preset.agents, spec, config, args.seed, event_skipping=True)
         slow = simulate(preset.agents, spec, config, args.seed, event_skipping=False)
         same = [a.finish_s for a in fast.agents] == [a.finish_s for a in slow.agents]
-        rows.append({
-            "policy": spec.label, "iterations": fast.iterations, "steps_skipping": fast.steps,
-            "skipping_s": fast.wall_s, "per_iteration_s": slow.wall_s,
-            "speedup": slow.wall_s / fast.wall_s, "identical_finish_times": same,
-        })
-        print(f"{spec.label:<9} iterations {fast.iterations:>6}  loop passes {fast.steps:>6}  "
-              f"skipping {fast.wall_s:6.2f} s  per-iteration {slow.wall_s:6.2f} s  "
-              f"x{slow.wall_s / fast.wall_s:4.1f}  identical={same}")
+        rows.append(
+            {
+                "policy": spec.label,
+                "iterations": fast.iterations,
+                "steps_skipping": fast.steps,
+                "skipping_s": fast.wall_s,
+                "per_iteration_s": slow.wall_s,
+                "speedup": slow.wall_s / fast.wall_s,
+                "identical_finish_times": same,
+            }
+        )
+        print(
+            f"{spec.label:<9} iterations {fast.iterations:>6}  loop passes {fast.steps:>6}  "
+            f"skipping {fast.wall_s:6.2f} s  per-iteration {slow.wall_s:6.2f} s  "
+            f"x{slow.wall_s / fast.wall_s:4.1f}  identical={same}"
+        )
     total_fast = sum(r["skipping_s"] for r in rows)
     total_slow = sum(r["per_iteration_s"] for r in rows)
-    print(f"workload build {build_s:.2f} s; all {len(preset.specs)} runs: skipping {total_fast:.2f} s, "
-          f"per-iteration {total_slow:.2f} s, x{total_slow / total_fast:.1f}")
-    write_doc(args.out, {"workload_build_s": build_s, "runs": rows,
-                                    "skipping_total_s": total_fast, "per_iteration_total_s": total_slow})
+    print(
+        f"workload build {build_s:.2f} s; all {len(preset.specs)} runs: skipping {total_fast:.2f} s, "
+        f"per-iteration {total_slow:.2f} s, x{total_slow / total_fast:.1f}"
+    )
+    write_doc(
+        args.out,
+        {
+            "workload_build_s": build_s,
+            "runs": rows,
+            "skipping_total_s": total_fast,
+            "per_iteration_total_s": total_slow,
+        },
+    )
 
 
 if __name__ == "__main__":

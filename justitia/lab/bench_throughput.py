@@ -21,12 +21,12 @@ slow spells than engines started minutes apart.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import time
-from justitia.lab.report import write_doc
 from pathlib import Path
+
+from justitia.lab.report import write_doc
 
 
 def engine(label: str, scheduler_cls, model: str):
@@ -37,8 +37,15 @@ def engine(label: str, scheduler_cls, model: str):
     if label != "stock":
         options["scheduling_policy"] = "priority"
         os.environ["JUSTITIA_POLICY"] = "justitia"
-    return LLM(model=model, num_gpu_blocks_override=64, max_model_len=2048, max_num_seqs=32, enforce_eager=True,
-               dtype="float32", **options)
+    return LLM(
+        model=model,
+        num_gpu_blocks_override=64,
+        max_model_len=2048,
+        max_num_seqs=32,
+        enforce_eager=True,
+        dtype="float32",
+        **options,
+    )
 
 
 def burst(llm, k: int, args) -> float:
@@ -50,8 +57,11 @@ def burst(llm, k: int, args) -> float:
     for i in range(args.requests):
         base = 3 + k * 7919 + i * 13
         prompts.append(TokensPrompt(prompt_token_ids=[(base + j) % 2000 + 3 for j in range(args.prompt)]))
-        params.append(SamplingParams(max_tokens=args.output, ignore_eos=True, detokenize=False,
-                                     extra_args={"agent_id": f"b{k}-a{i // 8}"}))
+        params.append(
+            SamplingParams(
+                max_tokens=args.output, ignore_eos=True, detokenize=False, extra_args={"agent_id": f"b{k}-a{i // 8}"}
+            )
+        )
     t = time.perf_counter()
     outs = llm.generate(prompts, params, use_tqdm=False)
     return sum(len(o.outputs[0].token_ids) for o in outs) / (time.perf_counter() - t)
@@ -75,16 +85,24 @@ def paired(configs, model: str, args) -> dict:
         for label, llm in engines.items():
             burst(llm, 0, args)  # warm-up
         for r in range(args.rounds):
-            for label in (list(engines) if r % 2 == 0 else list(engines)[::-1]):
+            for label in list(engines) if r % 2 == 0 else list(engines)[::-1]:
                 rates[label].append(burst(engines[label], r + 1, args))
-            print(f"round {r + 1}  " + "  ".join(f"{label} {rates[label][-1]:7.0f}" for label in engines)
-                  + f"  ratio {rates['plug-in'][-1] / rates['stock'][-1]:.3f}", flush=True)
+            print(
+                f"round {r + 1}  "
+                + "  ".join(f"{label} {rates[label][-1]:7.0f}" for label in engines)
+                + f"  ratio {rates['plug-in'][-1] / rates['stock'][-1]:.3f}",
+                flush=True,
+            )
     finally:
         for llm in engines.values():
             llm.llm_engine.engine_core.shutdown()
     ratios = [p / s for p, s in zip(rates["plug-in"], rates["stock"])]
-    return {"tokens_per_s": rates, "ratios": ratios, "ratio": statistics.median(ratios),
-            "median": {label: statistics.median(v) for label, v in rates.items()}}
+    return {
+        "tokens_per_s": rates,
+        "ratios": ratios,
+        "ratio": statistics.median(ratios),
+        "median": {label: statistics.median(v) for label, v in rates.items()},
+    }
 
 
 def main() -> None:
@@ -110,23 +128,29 @@ def main() -> None:
     if args.paired:
         doc = paired(configs, model, args)
         q = statistics.quantiles(doc["ratios"], n=4)
-        print(f"plug-in / stock, median of {len(doc['ratios'])} paired bursts: {doc['ratio']:.3f} "
-              f"(quartiles {q[0]:.3f}-{q[2]:.3f}); median tokens/s: stock {doc['median']['stock']:.0f}, "
-              f"plug-in {doc['median']['plug-in']:.0f}")
+        print(
+            f"plug-in / stock, median of {len(doc['ratios'])} paired bursts: {doc['ratio']:.3f} "
+            f"(quartiles {q[0]:.3f}-{q[2]:.3f}); median tokens/s: stock {doc['median']['stock']:.0f}, "
+            f"plug-in {doc['median']['plug-in']:.0f}"
+        )
         write_doc(args.out, {"settings": vars(args) | {"out": str(args.out)}} | doc)
         print(f"wrote {args.out}")
         return
     rates: dict[str, list[float]] = {label: [] for label, _ in configs}
     for r in range(args.repeats):
-        for label, cls in (configs if r % 2 == 0 else configs[::-1]):
+        for label, cls in configs if r % 2 == 0 else configs[::-1]:
             got = run(label, cls, model, args)
             rates[label] += got
             print(f"repeat {r + 1}  {label:<8} " + "  ".join(f"{x:7.0f}" for x in got) + "  tokens/s", flush=True)
     median = {label: statistics.median(v) for label, v in rates.items()}
     ratio = median["plug-in"] / median["stock"]
-    print(f"median tokens/s: stock {median['stock']:.0f}, plug-in {median['plug-in']:.0f}; plug-in / stock = {ratio:.3f}")
-    write_doc(args.out, {"settings": vars(args) | {"out": str(args.out)}, "tokens_per_s": rates,
-                                    "median": median, "ratio": ratio})
+    print(
+        f"median tokens/s: stock {median['stock']:.0f}, plug-in {median['plug-in']:.0f}; plug-in / stock = {ratio:.3f}"
+    )
+    write_doc(
+        args.out,
+        {"settings": vars(args) | {"out": str(args.out)}, "tokens_per_s": rates, "median": median, "ratio": ratio},
+    )
     print(f"wrote {args.out}")
 
 

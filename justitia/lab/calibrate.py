@@ -48,8 +48,16 @@ def step_durations(rows: Sequence[StepRow]) -> np.ndarray:
     """(batched_tokens, decode_context_tokens, requests, arrivals, duration_ms) of every step followed
     at once: its batch's requests (prefilling and decoding), and the new requests the engine took in
     before the next one."""
-    out = [(row.batched_tokens, row.decode_context_tokens, row.prefill_reqs + row.decode_reqs, arrivals,
-            (end - row.t_s) * 1000.0) for row, end, arrivals in _followed_at_once(rows)]
+    out = [
+        (
+            row.batched_tokens,
+            row.decode_context_tokens,
+            row.prefill_reqs + row.decode_reqs,
+            arrivals,
+            (end - row.t_s) * 1000.0,
+        )
+        for row, end, arrivals in _followed_at_once(rows)
+    ]
     return np.asarray(out, dtype=float).reshape(-1, 5)
 
 
@@ -94,9 +102,17 @@ def fit_profile(
     resid = y - pred
     r2 = 1 - float((resid**2).sum() / max(((y - y.mean()) ** 2).sum(), 1e-12))
     profile = LatencyProfile(
-        name=name, floor_ms=0.0, base_ms=float(full[0]), per_batched_token_ms=float(full[1]),
-        per_context_token_ms=float(full[2]), scale=1.0, kv_blocks=kv_blocks, block_size=block_size, source=source,
-        per_request_ms=float(full[3]), per_arrival_ms=float(full[4]),
+        name=name,
+        floor_ms=0.0,
+        base_ms=float(full[0]),
+        per_batched_token_ms=float(full[1]),
+        per_context_token_ms=float(full[2]),
+        scale=1.0,
+        kv_blocks=kv_blocks,
+        block_size=block_size,
+        source=source,
+        per_request_ms=float(full[3]),
+        per_arrival_ms=float(full[4]),
     )
     stats = {
         "steps": int(len(data)),
@@ -156,8 +172,12 @@ def fit_frontend(runs: Iterable[tuple[Sequence[StepRow], Sequence[tuple[str, flo
             if best is None or score < best[0]:
                 best = (score, per_request_ms, latency_ms, float(np.abs(err).mean()))
     answer = float(np.concatenate([a - e for a, e in zip(answers, ends)]).mean())
-    return {"request_latency_ms": float(best[2]), "frontend_ms_per_request": float(round(best[1], 4)),
-            "answer_latency_ms": max(answer * 1000, 0.0), "join_mean_abs_error_ms": best[3] * 1000}
+    return {
+        "request_latency_ms": float(best[2]),
+        "frontend_ms_per_request": float(round(best[1], 4)),
+        "answer_latency_ms": max(answer * 1000, 0.0),
+        "join_mean_abs_error_ms": best[3] * 1000,
+    }
 
 
 def _solve_increasing(fn, target: float, lo: float, hi: float, iterations: int, geometric: bool = False) -> float:
@@ -210,9 +230,16 @@ def run_speed(profile: LatencyProfile, rows: Sequence[StepRow]) -> float | None:
 def timed_steps(profile: LatencyProfile, rows: Sequence[StepRow]) -> np.ndarray:
     """(start s, measured s, the time ``profile`` gives it) of every step followed at once (the
     plug-in's step log, ``step_durations``' steps)."""
-    out = [(row.t_s, end - row.t_s, profile.iteration_s(row.batched_tokens, row.decode_context_tokens,
-                                                         row.prefill_reqs + row.decode_reqs, arrivals))
-           for row, end, arrivals in _followed_at_once(rows)]
+    out = [
+        (
+            row.t_s,
+            end - row.t_s,
+            profile.iteration_s(
+                row.batched_tokens, row.decode_context_tokens, row.prefill_reqs + row.decode_reqs, arrivals
+            ),
+        )
+        for row, end, arrivals in _followed_at_once(rows)
+    ]
     return np.asarray(out, dtype=float).reshape(-1, 3)
 
 

@@ -31,7 +31,7 @@ from typing import Callable
 import httpx
 
 from justitia.agent import AgentProcess
-from justitia.agent.calls import Answer, AgentResult, Call, RunResult
+from justitia.agent.calls import AgentResult, Answer, Call, RunResult
 from justitia.core import cost_model
 from justitia.defaults import ANSWER_CALLS_TOOL_KEY, ANSWER_TOKENS_KEY
 from justitia.lab.runner import EngineRun, SessionPrompts, replay
@@ -70,13 +70,23 @@ def messages(head: str, own: str, opens_turn: bool) -> list[dict]:
     if opens_turn:
         return [{"role": "user", "content": head + own}]
     call = {"id": "call_0", "type": "function", "function": {"name": "tool", "arguments": "{}"}}
-    return [{"role": "user", "content": head}, {"role": "assistant", "content": "", "tool_calls": [call]},
-            {"role": "tool", "tool_call_id": "call_0", "content": own}]
+    return [
+        {"role": "user", "content": head},
+        {"role": "assistant", "content": "", "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": "call_0", "content": own},
+    ]
 
 
-async def run_through_door(url: str, agents: list[Agent], policy: str, tokenizer, max_model_len: int,
-                           seed: int = 0, on_agent_finish: Callable[[AgentResult], None] | None = None,
-                           served: str = "tiny") -> EngineRun:
+async def run_through_door(
+    url: str,
+    agents: list[Agent],
+    policy: str,
+    tokenizer,
+    max_model_len: int,
+    seed: int = 0,
+    on_agent_finish: Callable[[AgentResult], None] | None = None,
+    served: str = "tiny",
+) -> EngineRun:
     """Every session of ``agents`` through the door at ``url`` (serving the model as ``served``), on
     the wall clock; their results."""
     model = cost_model("kv")
@@ -86,21 +96,32 @@ async def run_through_door(url: str, agents: list[Agent], policy: str, tokenizer
     by_id = {a.agent_id: a for a in agents}
     requests: list[tuple[str, float, float]] = []
     limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
-    async with httpx.AsyncClient(base_url=url, timeout=600, limits=limits,
-                                 headers={"Authorization": f"Bearer {KEY}"}) as client:
+    async with httpx.AsyncClient(
+        base_url=url, timeout=600, limits=limits, headers={"Authorization": f"Bearer {KEY}"}
+    ) as client:
         t0 = time.monotonic()
 
         async def serve(call: Call) -> Answer:
             task = call.task
             ids = prompts.prompt(call)
-            head, tail = tokenizer.decode(ids[:prompts.context_tokens]), tokenizer.decode(ids[prompts.context_tokens:])
+            head, tail = (
+                tokenizer.decode(ids[: prompts.context_tokens]),
+                tokenizer.decode(ids[prompts.context_tokens :]),
+            )
             limit = cap(len(ids), max_model_len)
             if limit < task.output_tokens:
-                raise RuntimeError(f"request '{call.request_id}': its answer of {task.output_tokens} tokens does not "
-                                   f"fit the {limit} the context leaves after its prompt of {len(ids)}.")
-            body = {"model": served, "messages": messages(head, tail, call.meta.turn_start), "max_tokens": limit,
-                    "temperature": 0.0, "return_token_ids": True,
-                    "vllm_xargs": {ANSWER_TOKENS_KEY: int(task.output_tokens)}}
+                raise RuntimeError(
+                    f"request '{call.request_id}': its answer of {task.output_tokens} tokens does not "
+                    f"fit the {limit} the context leaves after its prompt of {len(ids)}."
+                )
+            body = {
+                "model": served,
+                "messages": messages(head, tail, call.meta.turn_start),
+                "max_tokens": limit,
+                "temperature": 0.0,
+                "return_token_ids": True,
+                "vllm_xargs": {ANSWER_TOKENS_KEY: int(task.output_tokens)},
+            }
             if goes_on(by_id[call.meta.agent_id], call):
                 body["vllm_xargs"][ANSWER_CALLS_TOOL_KEY] = True
             sent = time.monotonic() - t0
@@ -117,8 +138,12 @@ async def run_through_door(url: str, agents: list[Agent], policy: str, tokenizer
             return Answer("", task.prompt_tokens, n)
 
         results, lags, wall = await replay(
-            agents, lambda a: AgentProcess(a, pred, model, request_prefix=f"{run_id}/"), serve, t0,
-            on_agent_finish=on_agent_finish)
+            agents,
+            lambda a: AgentProcess(a, pred, model, request_prefix=f"{run_id}/"),
+            serve,
+            t0,
+            on_agent_finish=on_agent_finish,
+        )
     for r in results:  # the prices were the server's, which it does not report: the process's own (the workload's
         r.turn_costs = None  # true costs, its bookkeeping) are no prediction; its predicted_cost stays that bookkeeping
     run = RunResult(policy, results, max(r.finish_s for r in results), 0, 0, 0, wall)
@@ -130,10 +155,22 @@ def door_server(policy: str, spec: EngineSpec):
     logits processor, one trusted key; no journal (each run starts afresh). Returns (process, url)."""
     keys = Path(tempfile.mkdtemp(prefix="justitia-door-")) / "keys.txt"
     keys.write_text(f"{KEY} bench 1 trusted\n")
-    args = ["--model", spec.model, "--policy", policy, "--api-keys", str(keys),
-            "--max-model-len", str(spec.max_model_len), "--max-num-seqs", str(spec.max_num_seqs),
-            "--max-num-batched-tokens", str(spec.max_num_batched_tokens),
-            "--logits-processors", "justitia.vllm.scripted:ScriptedAnswers"]
+    args = [
+        "--model",
+        spec.model,
+        "--policy",
+        policy,
+        "--api-keys",
+        str(keys),
+        "--max-model-len",
+        str(spec.max_model_len),
+        "--max-num-seqs",
+        str(spec.max_num_seqs),
+        "--max-num-batched-tokens",
+        str(spec.max_num_batched_tokens),
+        "--logits-processors",
+        "justitia.vllm.scripted:ScriptedAnswers",
+    ]
     if spec.kv_blocks:
         args += ["--kv-blocks", str(spec.kv_blocks)]
     return start_server(*args, quiet=True, journal=False)

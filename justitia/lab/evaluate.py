@@ -28,8 +28,13 @@ def split(agents: list[Agent], test_frac: float = 0.2, seed: int = 0) -> tuple[l
     return train, test
 
 
-def evaluate(agents: list[Agent], cost: CostModel, test_frac: float = 0.2, seed: int = 0,
-             names: tuple[str, ...] = ("mlp", "mean", "linear")) -> dict:
+def evaluate(
+    agents: list[Agent],
+    cost: CostModel,
+    test_frac: float = 0.2,
+    seed: int = 0,
+    names: tuple[str, ...] = ("mlp", "mean", "linear"),
+) -> dict:
     """Train the ``names`` predictors on a per-type split of ``agents``; score them on the held-out part.
 
     Per predictor, per type and overall: mean relative error |predicted - true| / true of the agent
@@ -59,8 +64,12 @@ def evaluate(agents: list[Agent], cost: CostModel, test_frac: float = 0.2, seed:
     return out
 
 
-def cold_start(agents: list[Agent], cost: CostModel, seed: int = 0, checkpoints: tuple[int, ...] = (1, 5, 10, 20),
-               ) -> dict:
+def cold_start(
+    agents: list[Agent],
+    cost: CostModel,
+    seed: int = 0,
+    checkpoints: tuple[int, ...] = (1, 5, 10, 20),
+) -> dict:
     """How fast an unseen type's error drops. For each type: train the all-types model on the
     other types only, then predict that type's agents one after another, each finished agent
     feeding ``observe``. Returns, per type and averaged over types, the mean relative error of the
@@ -76,7 +85,10 @@ def cold_start(agents: list[Agent], cost: CostModel, seed: int = 0, checkpoints:
             p, true = pred.agent_cost(a, cost), a.cost(cost)
             errors.append(abs(p - true) / true)
             pred.observe(a.type, p, true)
-        per_type[agent_type] = {k: float(np.mean(errors[max(0, k - 5):k])) for k in checkpoints if k <= len(errors)}
-    mean = {k: float(np.mean([e[k] for e in per_type.values() if k in e])) for k in checkpoints
-            if any(k in e for e in per_type.values())}
+        per_type[agent_type] = {k: float(np.mean(errors[max(0, k - 5) : k])) for k in checkpoints if k <= len(errors)}
+    mean = {
+        k: float(np.mean([e[k] for e in per_type.values() if k in e]))
+        for k in checkpoints
+        if any(k in e for e in per_type.values())
+    }
     return {"window": 5, "per_type": per_type, "mean": mean}

@@ -46,8 +46,16 @@ def worker(url: str, key: str, where: Path, deadline: float, turns: list, errors
             n += 1
             continue
         for i, (s, tokens, ended) in enumerate(zip(run.turn_s, run.tokens, run.ended)):
-            turns.append({"harness": harness, "session": run.session_id, "turn": i + 1, "turn_s": s,
-                          "tokens": tokens, "ended": ended})
+            turns.append(
+                {
+                    "harness": harness,
+                    "session": run.session_id,
+                    "turn": i + 1,
+                    "turn_s": s,
+                    "tokens": tokens,
+                    "ended": ended,
+                }
+            )
         n += 1
 
 
@@ -55,12 +63,16 @@ def summary(turns: list[dict], start: float, deadline: float) -> dict:
     inside = [t for t in turns if t["ended"] <= deadline]
     served = sum(t["tokens"] for t in inside) or 1
     times = [t["turn_s"] for t in inside]
-    return {"turns": len(inside), "sessions": len({t["session"] for t in inside}),
-            "mean_turn_s": float(np.mean(times)) if times else None,
-            "p50_turn_s": float(np.median(times)) if times else None,
-            "p90_turn_s": float(np.quantile(times, 0.9)) if times else None,
-            "tokens": sum(t["tokens"] for t in inside), "tokens_per_s": served / (deadline - start),
-            "by_harness": {h: sum(1 for t in inside if t["harness"] == h) for h in ORDER}}
+    return {
+        "turns": len(inside),
+        "sessions": len({t["session"] for t in inside}),
+        "mean_turn_s": float(np.mean(times)) if times else None,
+        "p50_turn_s": float(np.median(times)) if times else None,
+        "p90_turn_s": float(np.quantile(times, 0.9)) if times else None,
+        "tokens": sum(t["tokens"] for t in inside),
+        "tokens_per_s": served / (deadline - start),
+        "by_harness": {h: sum(1 for t in inside if t["harness"] == h) for h in ORDER},
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -76,17 +88,34 @@ def main(argv: list[str] | None = None) -> int:
     keys = where / "keys.txt"
     keys.write_text("".join(f"{key} {tenant} 1\n" for tenant, key in TENANTS.items()))
     os.environ["JUSTITIA_SCRIPT"] = str(write_script(where / "script.json"))
-    proc, url = start_server("--model", MODEL, "--policy", args.policy, "--api-keys", str(keys),
-                             "--max-model-len", "65536", "--enable-auto-tool-choice", "--tool-call-parser", "hermes",
-                             "--logits-processors", "justitia.vllm.scripted:ScriptedAnswers", quiet=True)
+    proc, url = start_server(
+        "--model",
+        MODEL,
+        "--policy",
+        args.policy,
+        "--api-keys",
+        str(keys),
+        "--max-model-len",
+        "65536",
+        "--enable-auto-tool-choice",
+        "--tool-call-parser",
+        "hermes",
+        "--logits-processors",
+        "justitia.vllm.scripted:ScriptedAnswers",
+        quiet=True,
+    )
     try:
         start = time.monotonic()
         deadline = start + args.duration
         turns = {tenant: [] for tenant in TENANTS}
         errors: list[str] = []
-        threads = [threading.Thread(target=worker, args=(url, key, where / tenant, deadline, turns[tenant], errors,
-                                                         i), daemon=True)
-                   for tenant, key in TENANTS.items() for i in range(args.sessions)]
+        threads = [
+            threading.Thread(
+                target=worker, args=(url, key, where / tenant, deadline, turns[tenant], errors, i), daemon=True
+            )
+            for tenant, key in TENANTS.items()
+            for i in range(args.sessions)
+        ]
         for t in threads:
             t.start()
         for t in threads:
@@ -100,14 +129,22 @@ def main(argv: list[str] | None = None) -> int:
     for s in tenants.values():
         s["share"] = s["tokens"] / total
     a, b = (tenants[t]["tokens"] for t in TENANTS)
-    doc = {"policy": args.policy, "sessions_per_tenant": args.sessions, "duration_s": args.duration,
-           "elapsed_s": elapsed, "errors": errors, "tenants": tenants,
-           "service_ratio": min(a, b) / max(a, b) if max(a, b) else None}
+    doc = {
+        "policy": args.policy,
+        "sessions_per_tenant": args.sessions,
+        "duration_s": args.duration,
+        "elapsed_s": elapsed,
+        "errors": errors,
+        "tenants": tenants,
+        "service_ratio": min(a, b) / max(a, b) if max(a, b) else None,
+    }
     print(f"{args.policy}: {args.sessions} harness sessions at once per tenant, {args.duration:.0f} s")
     print("tenant     turns   mean turn s   p50 turn s   p90 turn s   tokens served   share")
     for tenant, s in tenants.items():
-        print(f"{tenant:9s} {s['turns']:6d} {s['mean_turn_s'] or float('nan'):13.2f} {s['p50_turn_s'] or float('nan'):12.2f} "
-              f"{s['p90_turn_s'] or float('nan'):12.2f} {s['tokens']:15,d} {s['share']:7.1%}")
+        print(
+            f"{tenant:9s} {s['turns']:6d} {s['mean_turn_s'] or float('nan'):13.2f} {s['p50_turn_s'] or float('nan'):12.2f} "
+            f"{s['p90_turn_s'] or float('nan'):12.2f} {s['tokens']:15,d} {s['share']:7.1%}"
+        )
     print(f"service, the smaller tenant's over the larger's: {doc['service_ratio']:.3f}; errors: {len(errors)}")
     if args.out:
         write_doc(args.out, doc)

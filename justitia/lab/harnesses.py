@@ -34,11 +34,23 @@ def _call(name: str, arguments: dict) -> str:
 
 # (pattern, answer): the rule whose pattern matches latest in a request's prompt answers it
 SCRIPT = [
-    {"match": "(?i)run the echo tool", "answer": _call("Bash", {"command": f"echo {MARK}", "description": "Print a marker"})},
+    {
+        "match": "(?i)run the echo tool",
+        "answer": _call("Bash", {"command": f"echo {MARK}", "description": "Print a marker"}),
+    },
     {"match": "(?i)run the shell tool", "answer": _call("exec_command", {"cmd": f"echo {MARK}"})},
     {"match": MARK + r"\s", "answer": "The tool printed the marker."},
-    {"match": "(?i)ask a subagent", "answer": _call("Agent", {"description": "Answer a task", "subagent_type": "general-purpose",
-                                                             "prompt": f"Answer the subagent task {SUBTASK}."})},
+    {
+        "match": "(?i)ask a subagent",
+        "answer": _call(
+            "Agent",
+            {
+                "description": "Answer a task",
+                "subagent_type": "general-purpose",
+                "prompt": f"Answer the subagent task {SUBTASK}.",
+            },
+        ),
+    },
     {"match": "(?i)async agent launched", "answer": "Waiting for the subagent."},
     {"match": SUBTASK, "answer": SUBDONE},
     {"match": SUBDONE, "answer": "The subagent is done."},
@@ -46,8 +58,10 @@ SCRIPT = [
 ]
 # each harness's session: its user turns, and the answer each turn ends with
 SESSION = {
-    "claude-code": [("Please run the echo tool.", "The tool printed the marker."),
-                    ("Now ask a subagent.", "The subagent is done.")],
+    "claude-code": [
+        ("Please run the echo tool.", "The tool printed the marker."),
+        ("Now ask a subagent.", "The subagent is done."),
+    ],
     "codex": [("Please run the shell tool.", "The tool printed the marker."), ("Now say hello.", "Hello.")],
 }
 
@@ -74,8 +88,9 @@ class Run:
 
 def _run(cmd: list[str], env: dict, cwd: Path, run: Run) -> str:
     start = time.monotonic()
-    done = subprocess.run(cmd, env=env, cwd=cwd, capture_output=True, text=True, timeout=TIMEOUT_S,
-                          stdin=subprocess.DEVNULL)
+    done = subprocess.run(
+        cmd, env=env, cwd=cwd, capture_output=True, text=True, timeout=TIMEOUT_S, stdin=subprocess.DEVNULL
+    )
     if done.returncode != 0:
         raise RuntimeError(f"{cmd[0]} exited {done.returncode}:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
     run.ended.append(time.monotonic())
@@ -89,18 +104,38 @@ def claude_code(url: str, key: str, model: str, where: Path, turns=None, bin_dir
     home, work = where / "home", where / "work"
     home.mkdir(parents=True, exist_ok=True)
     work.mkdir(parents=True, exist_ok=True)
-    env = dict(os.environ, HOME=str(home), ANTHROPIC_BASE_URL=url, ANTHROPIC_API_KEY=key, ANTHROPIC_MODEL=model,
-               ANTHROPIC_DEFAULT_HAIKU_MODEL=model, CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC="1")
+    env = dict(
+        os.environ,
+        HOME=str(home),
+        ANTHROPIC_BASE_URL=url,
+        ANTHROPIC_API_KEY=key,
+        ANTHROPIC_MODEL=model,
+        ANTHROPIC_DEFAULT_HAIKU_MODEL=model,
+        CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC="1",
+    )
     run = Run("claude-code")
     for i, (prompt, _) in enumerate(turns or SESSION["claude-code"]):
-        cmd = [str(bin_dir / "claude"), "-p", prompt, "--output-format", "json",
-               "--allowedTools", "Bash(echo:*)", "Agent", *(["--continue"] if i else [])]
+        cmd = [
+            str(bin_dir / "claude"),
+            "-p",
+            prompt,
+            "--output-format",
+            "json",
+            "--allowedTools",
+            "Bash(echo:*)",
+            "Agent",
+            *(["--continue"] if i else []),
+        ]
         doc = json.loads(_run(cmd, env, work, run).strip().splitlines()[-1])
         run.session_id = run.session_id or doc.get("session_id")
         run.answers.append(doc.get("result", ""))
         usage = doc.get("usage") or {}
-        run.tokens.append(sum(int(usage.get(k) or 0) for k in ("input_tokens", "cache_creation_input_tokens",
-                                                                "cache_read_input_tokens", "output_tokens")))
+        run.tokens.append(
+            sum(
+                int(usage.get(k) or 0)
+                for k in ("input_tokens", "cache_creation_input_tokens", "cache_read_input_tokens", "output_tokens")
+            )
+        )
     return run
 
 
@@ -110,12 +145,25 @@ def codex(url: str, key: str, model: str, where: Path, turns=None, bin_dir: Path
     home.mkdir(parents=True, exist_ok=True)
     work.mkdir(parents=True, exist_ok=True)
     env = dict(os.environ, CODEX_HOME=str(home), JUSTITIA_KEY=key)
-    provider = (f'model_providers.justitia={{name="justitia",base_url="{url}/v1",wire_api="responses",'
-                f'env_key="JUSTITIA_KEY"}}')
+    provider = (
+        f'model_providers.justitia={{name="justitia",base_url="{url}/v1",wire_api="responses",env_key="JUSTITIA_KEY"}}'
+    )
     run = Run("codex")
     for i, (prompt, _) in enumerate(turns or SESSION["codex"]):
-        cmd = [str(bin_dir / "codex"), "exec", "--skip-git-repo-check", "--json", "-m", model,
-               "-c", "model_provider=justitia", "-c", provider, *(["resume", "--last"] if i else []), prompt]
+        cmd = [
+            str(bin_dir / "codex"),
+            "exec",
+            "--skip-git-repo-check",
+            "--json",
+            "-m",
+            model,
+            "-c",
+            "model_provider=justitia",
+            "-c",
+            provider,
+            *(["resume", "--last"] if i else []),
+            prompt,
+        ]
         answer, tokens = "", 0
         for line in _run(cmd, env, work, run).splitlines():
             try:

@@ -7,7 +7,6 @@ import math
 import numpy as np
 
 from justitia.core import KV, LAG_FACTOR, VirtualClock
-
 from justitia.sim import EngineConfig
 from justitia.workload import Agent
 
@@ -29,8 +28,11 @@ def turn_stats(results: list) -> dict:
     arr = np.asarray([t for r in results for t in (r.turns_s or ())], dtype=float)
     if not len(arr):
         return {}
-    return {"turns": int(len(arr)), "mean_turn_s": float(arr.mean()),
-            **{f"p{q}_turn_s": float(np.percentile(arr, q)) for q in (50, 90, 99)}}
+    return {
+        "turns": int(len(arr)),
+        "mean_turn_s": float(arr.mean()),
+        **{f"p{q}_turn_s": float(np.percentile(arr, q)) for q in (50, 90, 99)},
+    }
 
 
 def turn_prediction(results: list) -> dict:
@@ -43,8 +45,14 @@ def turn_prediction(results: list) -> dict:
                 err = abs(math.log2(pred / true))
                 by.setdefault(str(k) if k < 5 else "5+", []).append(err)
                 by.setdefault("all", []).append(err)
-    return {k: {"turns": len(v), "within_2x": float(np.mean(np.asarray(v) <= 1.0)),
-                "median_abs_log2_error": float(np.median(v))} for k, v in sorted(by.items(), key=lambda kv: kv[0] == "all")}
+    return {
+        k: {
+            "turns": len(v),
+            "within_2x": float(np.mean(np.asarray(v) <= 1.0)),
+            "median_abs_log2_error": float(np.median(v)),
+        }
+        for k, v in sorted(by.items(), key=lambda kv: kv[0] == "all")
+    }
 
 
 def fairness(reference: dict[str, float], other: dict[str, float]) -> dict:
@@ -70,9 +78,12 @@ def fairness(reference: dict[str, float], other: dict[str, float]) -> dict:
     }
 
 
-def gps_finish_times(agents: list[Agent], capacity_per_s: float,
-                     schedule: list[tuple[float, float]] | None = None,
-                     bursts: dict[str, list] | None = None) -> dict[str, float]:
+def gps_finish_times(
+    agents: list[Agent],
+    capacity_per_s: float,
+    schedule: list[tuple[float, float]] | None = None,
+    bursts: dict[str, list] | None = None,
+) -> dict[str, float]:
     """Each agent's finish time, in seconds, under ideal GPS with its true KV token-time cost, at
     ``capacity_per_s``, or at the measured capacity ``schedule`` ((time, M) pairs: M from that time on).
     For a cluster, both are the engines' together: N engines are one GPS server of N x M.
@@ -83,9 +94,10 @@ def gps_finish_times(agents: list[Agent], capacity_per_s: float,
     clock = VirtualClock(changes[0][1])
     k = 1
     bursts = bursts or {}
-    events = sorted(((t, i, a, c) for a in agents for i, (t, c) in enumerate(bursts.get(a.agent_id)
-                                                                             or [(a.arrival_s, None)])),
-                    key=lambda e: (e[0], e[1]))
+    events = sorted(
+        ((t, i, a, c) for a in agents for i, (t, c) in enumerate(bursts.get(a.agent_id) or [(a.arrival_s, None)])),
+        key=lambda e: (e[0], e[1]),
+    )
     last: dict[str, float] = {}
     for t, i, a, cost in events:
         while k < len(changes) and changes[k][0] <= t:
@@ -100,9 +112,15 @@ def gps_finish_times(agents: list[Agent], capacity_per_s: float,
     return clock.drain()
 
 
-def delay_bound_s(agents: list[Agent], config: EngineConfig, capacity_per_s: float | None = None,
-                  replicas: int = 1, bursts: dict[str, list] | None = None, guard: bool = False,
-                  guard_lag_s: float | None = None) -> float:
+def delay_bound_s(
+    agents: list[Agent],
+    config: EngineConfig,
+    capacity_per_s: float | None = None,
+    replicas: int = 1,
+    bursts: dict[str, list] | None = None,
+    guard: bool = False,
+    guard_lag_s: float | None = None,
+) -> float:
     """The paper's bound ``2 c_max + C_max / M`` on ``finish - gps_finish``, in seconds.
 
     ``C_max / M``: the largest agent's KV token-time over the capacity per second (``capacity_per_s``,
@@ -142,8 +160,10 @@ def largest_burst(agents: list[Agent]) -> float:
         turns = max(a._turn_of(s) for s in range(len(a.stages))) + 1 if a.stages else 0
         for turn in range(turns):
             for group in a.turn_groups(turn):
-                best = max(best, sum(KV.request_cost(t.prompt_tokens, t.output_tokens)
-                                     for t in (a.task(s, i) for s, i in group)))
+                best = max(
+                    best,
+                    sum(KV.request_cost(t.prompt_tokens, t.output_tokens) for t in (a.task(s, i) for s, i in group)),
+                )
     return best
 
 
@@ -167,5 +187,10 @@ def paired_bootstrap(a: np.ndarray, b: np.ndarray, resamples: int = 4000, seed: 
     den = (v * (b @ w.T).T).sum(axis=1)
     ratios = num / den
     lo, hi = np.percentile(ratios, [2.5, 97.5])
-    return {"ratio": float(a.mean() / b.mean()), "ci95": [float(lo), float(hi)], "repeats": int(repeats),
-            "agents": int(agents), "resamples": int(resamples)}
+    return {
+        "ratio": float(a.mean() / b.mean()),
+        "ci95": [float(lo), float(hi)],
+        "repeats": int(repeats),
+        "agents": int(agents),
+        "resamples": int(resamples),
+    }

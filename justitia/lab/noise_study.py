@@ -30,8 +30,13 @@ import subprocess
 import sys
 from pathlib import Path
 
-SETTINGS = {"shared": ("0-1", None), "split": ("1", {0}), "split-all": ("1", {0}), "unbound": ("nobind", None),
-            "passive": ("0-1", None)}
+SETTINGS = {
+    "shared": ("0-1", None),
+    "split": ("1", {0}),
+    "split-all": ("1", {0}),
+    "unbound": ("nobind", None),
+    "passive": ("0-1", None),
+}
 
 
 def pin_engine_core(cpus: set[int]) -> None:
@@ -79,9 +84,15 @@ def one_setting(name: str, n: int, repeats: int, seed: int) -> dict:
                 for policy in runs:
                     runs[policy].append(mean(await engine.run(agents, policy, seed=seed)))
         spread = {p: (max(v) - min(v)) / (sum(v) / len(v)) for p, v in runs.items()}
-        return {"setting": name, "omp_threads_bind": bind, "frontend_cpus": sorted(frontend) if frontend else None,
-                "cold_justitia_mean_jct_s": cold, "mean_jct_s": runs, "spread": spread,
-                "cold_over_warm": cold / (sum(runs["justitia"]) / repeats)}
+        return {
+            "setting": name,
+            "omp_threads_bind": bind,
+            "frontend_cpus": sorted(frontend) if frontend else None,
+            "cold_justitia_mean_jct_s": cold,
+            "mean_jct_s": runs,
+            "spread": spread,
+            "cold_over_warm": cold / (sum(runs["justitia"]) / repeats),
+        }
 
     return asyncio.run(go())
 
@@ -102,17 +113,37 @@ def main() -> None:
     for name in args.settings.split(","):
         if name not in SETTINGS:
             raise SystemExit(f"--settings: unknown setting '{name}'; expected some of {', '.join(SETTINGS)}.")
-        proc = subprocess.run([sys.executable, "-m", "justitia.lab.noise_study", "--one", name,
-                               "--agents", str(args.agents), "--repeats", str(args.repeats), "--seed", str(args.seed)],
-                              capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=str(Path(__file__).parents[2])))
+        proc = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "justitia.lab.noise_study",
+                "--one",
+                name,
+                "--agents",
+                str(args.agents),
+                "--repeats",
+                str(args.repeats),
+                "--seed",
+                str(args.seed),
+            ],
+            capture_output=True,
+            text=True,
+            env=dict(os.environ, PYTHONPATH=str(Path(__file__).parents[2])),
+        )
         lines = [x for x in proc.stdout.splitlines() if x.startswith("RESULT ")]
         if proc.returncode or not lines:
             raise SystemExit(f"setting '{name}' failed:\n{(proc.stdout + proc.stderr)[-3000:]}")
-        doc = json.loads(lines[-1][len("RESULT "):])
+        doc = json.loads(lines[-1][len("RESULT ") :])
         out.append(doc)
-        print(f"{name:8s} bind {doc['omp_threads_bind']:7s} cold/warm {doc['cold_over_warm']:.2f}  "
-              + "  ".join(f"{p} {' / '.join(f'{x:.2f}' for x in v)} s (spread {doc['spread'][p]:.1%})"
-                          for p, v in doc["mean_jct_s"].items()), flush=True)
+        print(
+            f"{name:8s} bind {doc['omp_threads_bind']:7s} cold/warm {doc['cold_over_warm']:.2f}  "
+            + "  ".join(
+                f"{p} {' / '.join(f'{x:.2f}' for x in v)} s (spread {doc['spread'][p]:.1%})"
+                for p, v in doc["mean_jct_s"].items()
+            ),
+            flush=True,
+        )
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(json.dumps(out, indent=2) + "\n")

@@ -17,9 +17,16 @@ def plot_results(doc: dict, out_dir: Path) -> list[Path]:
     import matplotlib.pyplot as plt
 
     pol = doc["policies"]
-    written = [plot_cdf({label: [a["jct_s"] for a in e["agents"]] for label, e in pol.items()},
-                        "agent JCT (s, log scale)", "fraction of agents", "JCT CDF per policy",
-                        out_dir / "jct_cdf.png", plt)]
+    written = [
+        plot_cdf(
+            {label: [a["jct_s"] for a in e["agents"]] for label, e in pol.items()},
+            "agent JCT (s, log scale)",
+            "fraction of agents",
+            "JCT CDF per policy",
+            out_dir / "jct_cdf.png",
+            plt,
+        )
+    ]
     if "justitia" in pol and "vtc" in pol:
         vtc = {a["agent_id"]: a["jct_s"] for a in pol["vtc"]["agents"]}
         just = {a["agent_id"]: a["jct_s"] for a in pol["justitia"]["agents"]}
@@ -43,10 +50,16 @@ def plot_results(doc: dict, out_dir: Path) -> list[Path]:
         fig.savefig(written[-1], dpi=120)
         plt.close(fig)
     if any("mean_turn_s" in e for e in pol.values()):  # sessions: the turn-time CDF per run
-        written.append(plot_cdf({label: [t for a in e["agents"] for t in a.get("turns_s") or ()]
-                                 for label, e in pol.items()},
-                                "turn time, first request to last answer (s, log scale)", "fraction of turns",
-                                "Turn time CDF per run", out_dir / "turn_cdf.png", plt))
+        written.append(
+            plot_cdf(
+                {label: [t for a in e["agents"] for t in a.get("turns_s") or ()] for label, e in pol.items()},
+                "turn time, first request to last answer (s, log scale)",
+                "fraction of turns",
+                "Turn time CDF per run",
+                out_dir / "turn_cdf.png",
+                plt,
+            )
+        )
     tenanted = [(label, e["tenants"]) for label, e in pol.items() if "tenants" in e]
     if tenanted and len(tenanted[0][1]["per_tenant"]) <= 12:
         written.append(plot_tenant_service(tenanted, out_dir / "tenant_service.png", plt))
@@ -87,7 +100,7 @@ def plot_tenant_service(runs: list[tuple[str, dict]], path: Path, plt) -> Path:
         ax.grid(alpha=0.3)
     for ax in axes[:, 0]:
         ax.set_ylabel("service (KV token-time)")
-    for ax in list(axes.flat)[len(runs):]:
+    for ax in list(axes.flat)[len(runs) :]:
         ax.axis("off")
     axes.flat[0].legend(fontsize=7)
     fig.suptitle("each tenant's cumulative service", fontsize=10)

@@ -13,10 +13,23 @@ from justitia.core import POLICY_NAMES
 from justitia.lab.bench import SIM_DEFAULT_PROFILE, RunSpec
 from justitia.lab.metrics import largest_burst
 from justitia.lab.sessions import ONLINE_LABEL, sessions_specs, sessions_summary, sessions_workload
-from justitia.lab.workloads import (ABLATION_DENSITY, ELEPHANT_STREAM_RATE, ELEPHANT_STREAM_S, STREAM_LOAD, STREAM_S,
-                                    SUSTAINED_S, TROJAN_COPIES, TROJAN_FRAC, TROJAN_PREFIX, elephant_stream_workload,
-                                    profile_workload, starvation_workload, sustained_workload, tenants_workload,
-                                    trojan_workload)
+from justitia.lab.workloads import (
+    ABLATION_DENSITY,
+    ELEPHANT_STREAM_RATE,
+    ELEPHANT_STREAM_S,
+    STREAM_LOAD,
+    STREAM_S,
+    SUSTAINED_S,
+    TROJAN_COPIES,
+    TROJAN_FRAC,
+    TROJAN_PREFIX,
+    elephant_stream_workload,
+    profile_workload,
+    starvation_workload,
+    sustained_workload,
+    tenants_workload,
+    trojan_workload,
+)
 from justitia.sim import EngineConfig
 from justitia.sim.config import load_profile
 from justitia.workload import Agent, build_workload, scale_tokens
@@ -58,10 +71,13 @@ COLD = "/cold"  # a run whose lag guard starts with no history (a fresh deployme
 def guard_specs() -> list[RunSpec]:
     """Justitia behind its lag guard (``justitia-guarded``: a bound whatever the prices) beside the
     paper's rule, with true prices, ``online``'s, and prices off by up to 100x either way."""
-    return [RunSpec("justitia-guarded", "justitia-guarded"), RunSpec("justitia-guarded" + COLD, "justitia-guarded"),
-            GUARDED_ONLINE,
-            RunSpec("justitia@noisy:100", "justitia", "noisy:100"),
-            RunSpec("justitia-guarded@noisy:100", "justitia-guarded", "noisy:100")]
+    return [
+        RunSpec("justitia-guarded", "justitia-guarded"),
+        RunSpec("justitia-guarded" + COLD, "justitia-guarded"),
+        GUARDED_ONLINE,
+        RunSpec("justitia@noisy:100", "justitia", "noisy:100"),
+        RunSpec("justitia-guarded@noisy:100", "justitia-guarded", "noisy:100"),
+    ]
 
 
 def _all_policies(predictor: str = "oracle", formula: bool = False) -> list[RunSpec]:
@@ -84,10 +100,13 @@ CLUSTER_PRESETS = {"cluster-16": (16, 4800), "cluster-64": (64, 12000)}
 def cluster_specs() -> list[RunSpec]:
     """Justitia with one clock (least-load, then round-robin routing) and with a clock per engine;
     VTC and SRJF, whose state is per engine."""
-    return [RunSpec("justitia", "justitia", router="least-load", cluster_clock="global"),
-            RunSpec("justitia@replica-clocks", "justitia", router="least-load", cluster_clock="replica"),
-            RunSpec("justitia@round-robin", "justitia", router="round-robin", cluster_clock="global"),
-            RunSpec("vtc", "vtc", router="least-load"), RunSpec("srjf", "srjf", router="least-load")]
+    return [
+        RunSpec("justitia", "justitia", router="least-load", cluster_clock="global"),
+        RunSpec("justitia@replica-clocks", "justitia", router="least-load", cluster_clock="replica"),
+        RunSpec("justitia@round-robin", "justitia", router="round-robin", cluster_clock="global"),
+        RunSpec("vtc", "vtc", router="least-load"),
+        RunSpec("srjf", "srjf", router="least-load"),
+    ]
 
 
 # The sustained presets (lab.workloads.sustained_workload), each at its multiple of what the engine
@@ -106,8 +125,10 @@ def elephant_summary(doc: dict) -> list[str]:
         extra = ""
         if "gps_finish_s" in e:
             extra = f"  (GPS finish {e['gps_finish_s']:.1f} s, bound {entry['delay_bound_s']:.1f} s)"
-        lines.append(f"  {label:<10} elephant finishes {e['finish_s']:8.1f} s, small agents' mean JCT "
-                     f"{sum(mice) / len(mice):7.1f} s{extra}")
+        lines.append(
+            f"  {label:<10} elephant finishes {e['finish_s']:8.1f} s, small agents' mean JCT "
+            f"{sum(mice) / len(mice):7.1f} s{extra}"
+        )
     return lines
 
 
@@ -118,8 +139,10 @@ def trojan_summary(doc: dict) -> list[str]:
         groups = {True: [], False: []}
         for a in entry["agents"]:
             groups[a["agent_id"].startswith(TROJAN_PREFIX)].append(a["jct_s"])
-        lines.append(f"  {label:<26} honest {sum(groups[False]) / len(groups[False]):7.1f} s   "
-                     f"trojans {sum(groups[True]) / len(groups[True]):7.1f} s")
+        lines.append(
+            f"  {label:<26} honest {sum(groups[False]) / len(groups[False]):7.1f} s   "
+            f"trojans {sum(groups[True]) / len(groups[True]):7.1f} s"
+        )
     return lines
 
 
@@ -128,9 +151,14 @@ def trojan_summary(doc: dict) -> list[str]:
 def tenant_specs() -> list[RunSpec]:
     """Hierarchical Justitia, the tenant rule before it (chained), Justitia per agent (tenants left
     out), VTC with a counter per tenant and per agent, and SRJF."""
-    return [RunSpec("justitia", "justitia"), RunSpec("justitia-chained", "justitia-chained"),
-            RunSpec("justitia/per-agent", "justitia", per_agent=True), RunSpec("vtc", "vtc"),
-            RunSpec("vtc/per-agent", "vtc", per_agent=True), RunSpec("srjf", "srjf")]
+    return [
+        RunSpec("justitia", "justitia"),
+        RunSpec("justitia-chained", "justitia-chained"),
+        RunSpec("justitia/per-agent", "justitia", per_agent=True),
+        RunSpec("vtc", "vtc"),
+        RunSpec("vtc/per-agent", "vtc", per_agent=True),
+        RunSpec("srjf", "srjf"),
+    ]
 
 
 def make_preset(name: str, seed: int = 0) -> Preset:
@@ -142,16 +170,27 @@ def make_preset(name: str, seed: int = 0) -> Preset:
     preset = build(name, seed)
     if name in HISTORY_PRESETS and any(s.policy == "justitia-guarded" for s in preset.specs):
         scale = history_scale(build, name, seed)
-        preset.specs = [replace(s, guard_scale=scale) if s.policy == "justitia-guarded" and not s.label.endswith(COLD)
-                        else s for s in preset.specs]
+        preset.specs = [
+            replace(s, guard_scale=scale) if s.policy == "justitia-guarded" and not s.label.endswith(COLD) else s
+            for s in preset.specs
+        ]
     return preset
 
 
 HISTORY_SEEDS = 3  # the disjoint workloads a simulated deployment's lag guard has seen before the run
 # the simulator's presets whose workloads are cheap to build again (the others train predictors on
 # theirs, or run on vLLM): their justitia runs start warm; the rest start cold
-HISTORY_PRESETS = ("main", "sessions", "sessions-choices", "starvation", "noise", "sustained", "sustained-near",
-                   "tenants", "elephant-stream")
+HISTORY_PRESETS = (
+    "main",
+    "sessions",
+    "sessions-choices",
+    "starvation",
+    "noise",
+    "sustained",
+    "sustained-near",
+    "tenants",
+    "elephant-stream",
+)
 
 
 def history_scale(build, name: str, seed: int) -> float:
@@ -171,9 +210,15 @@ def _main(name: str, seed: int) -> Preset:
 def _cluster(name: str, seed: int) -> Preset:
     replicas, n = CLUSTER_PRESETS[name]
     agents, info = build_workload(n, seed, MOONCAKE_ARRIVALS, float(replicas))
-    return Preset(name, f"{n:,} agents of nine workflows at {replicas}x density on {replicas} engines: Justitia "
-                  "with one clock or one per engine, least-load or round-robin; VTC, SRJF", agents, info,
-                  cluster_specs(), replicas=replicas)
+    return Preset(
+        name,
+        f"{n:,} agents of nine workflows at {replicas}x density on {replicas} engines: Justitia "
+        "with one clock or one per engine, least-load or round-robin; VTC, SRJF",
+        agents,
+        info,
+        cluster_specs(),
+        replicas=replicas,
+    )
 
 
 def _starvation(name: str, seed: int) -> Preset:
@@ -181,30 +226,48 @@ def _starvation(name: str, seed: int) -> Preset:
     info = {"arrivals": "elephant at 0 s, small agents 1/s", "agents": len(agents), "seed": seed}
     specs = [RunSpec(p, p) for p in ("fcfs", "vtc", "srjf", "justitia", "las")]
     specs.append(RunSpec(FORMULA_LABEL, "justitia", capacity="formula"))
-    return Preset(name, "one large mrs elephant among small agents arriving at 1/s", agents, info, specs,
-                  summary=elephant_summary)
+    return Preset(
+        name, "one large mrs elephant among small agents arriving at 1/s", agents, info, specs, summary=elephant_summary
+    )
 
 
 def _sustained(name: str, seed: int) -> Preset:
     load = SUSTAINED_LOADS[name]
     agents, info = sustained_workload(seed, load, EngineConfig(profile=load_profile(SIM_DEFAULT_PROFILE)))
-    return Preset(name, f"an elephant, then small agents at {load:g}x the engine's saturated rate for "
-                  f"{SUSTAINED_S / 60:.0f} minutes, all seven policies", agents, info,
-                  _all_policies(formula=True) + online_specs() + [GUARDED_ONLINE], summary=elephant_summary)
+    return Preset(
+        name,
+        f"an elephant, then small agents at {load:g}x the engine's saturated rate for "
+        f"{SUSTAINED_S / 60:.0f} minutes, all seven policies",
+        agents,
+        info,
+        _all_policies(formula=True) + online_specs() + [GUARDED_ONLINE],
+        summary=elephant_summary,
+    )
 
 
 def _tenants(name: str, seed: int) -> Preset:
     agents, info = tenants_workload(seed, EngineConfig(profile=load_profile(SIM_DEFAULT_PROFILE)))
-    return Preset(name, "main's agents in three tenants weighted 1, 1 and 2, and a fourth tenant streaming small "
-                  f"agents at {STREAM_LOAD:g}x the engine's saturated rate for {STREAM_S:.0f} s", agents, info,
-                  tenant_specs() + [RunSpec(ONLINE_LABEL, "justitia", "online"), GUARDED_ONLINE])
+    return Preset(
+        name,
+        "main's agents in three tenants weighted 1, 1 and 2, and a fourth tenant streaming small "
+        f"agents at {STREAM_LOAD:g}x the engine's saturated rate for {STREAM_S:.0f} s",
+        agents,
+        info,
+        tenant_specs() + [RunSpec(ONLINE_LABEL, "justitia", "online"), GUARDED_ONLINE],
+    )
 
 
 def _elephant_stream(name: str, seed: int) -> Preset:
     agents, info = elephant_stream_workload(seed)
-    return Preset(name, f"an elephant in one tenant, small agents at {ELEPHANT_STREAM_RATE:g}/s for "
-                  f"{ELEPHANT_STREAM_S / 60:.0f} minutes in another", agents, info, tenant_specs(),
-                  summary=elephant_summary)
+    return Preset(
+        name,
+        f"an elephant in one tenant, small agents at {ELEPHANT_STREAM_RATE:g}/s for "
+        f"{ELEPHANT_STREAM_S / 60:.0f} minutes in another",
+        agents,
+        info,
+        tenant_specs(),
+        summary=elephant_summary,
+    )
 
 
 def _noise(name: str, seed: int) -> Preset:
@@ -215,10 +278,17 @@ def _noise(name: str, seed: int) -> Preset:
     ]
     # and without retagging: each request's prediction is off by its own factor, so an agent's
     # requests can add up to more than its own prediction, which then moves it back
-    specs += [RunSpec(f"justitia@noisy:{lam:g}/no-retag", "justitia", f"noisy:{lam:g}", retag=False)
-              for lam in (1.5, 3)]
-    return Preset(name, "Justitia with predictions off by up to a factor lambda, retagging on and off",
-                  agents, info, specs, compares_predictors=True)
+    specs += [
+        RunSpec(f"justitia@noisy:{lam:g}/no-retag", "justitia", f"noisy:{lam:g}", retag=False) for lam in (1.5, 3)
+    ]
+    return Preset(
+        name,
+        "Justitia with predictions off by up to a factor lambda, retagging on and off",
+        agents,
+        info,
+        specs,
+        compares_predictors=True,
+    )
 
 
 def _ablation(name: str, seed: int) -> Preset:
@@ -234,17 +304,27 @@ def _ablation(name: str, seed: int) -> Preset:
     blocks = round(load_profile(SIM_DEFAULT_PROFILE).kv_blocks / scale)
     info |= {"kv_blocks": blocks, "profile_scale": scale}
     names = tuple(k for k in KINDS if k != "lm" or lm_available())
-    specs = [RunSpec("vtc", "vtc"), RunSpec("justitia", "justitia"),
-             RunSpec("justitia/C", "justitia", cost="compute")]
+    specs = [RunSpec("vtc", "vtc"), RunSpec("justitia", "justitia"), RunSpec("justitia/C", "justitia", cost="compute")]
     trained = trained_predictors(train, seed, names)
     specs += [RunSpec(f"justitia@{n}", "justitia", spec) for n, spec in trained.items()]
     specs.append(RunSpec("justitia@mlp/no-retag", "justitia", trained["mlp"], retag=False))  # what retagging costs
     # online, learning in the run: cold-started from prompts alone, and from the MLP trained on the profile's rest
-    specs += [RunSpec(ONLINE_LABEL, "justitia", "online"), RunSpec("justitia@online:mlp", "justitia", f"online:{trained['mlp']}")]
+    specs += [
+        RunSpec(ONLINE_LABEL, "justitia", "online"),
+        RunSpec("justitia@online:mlp", "justitia", f"online:{trained['mlp']}"),
+    ]
     notes = [] if "lm" in names else [f"lm predictor skipped: {_lm_missing()}"]
-    return Preset(name, f"cost model (Justitia/C) and predictor ablation on real-LM (SmolLM2) agents, "
-                  f"{ABLATION_DENSITY:g}x density, KV cache / {scale:g}", agents, info, specs, notes,
-                  sim_options={"kv_blocks": blocks}, compares_predictors=True)
+    return Preset(
+        name,
+        f"cost model (Justitia/C) and predictor ablation on real-LM (SmolLM2) agents, "
+        f"{ABLATION_DENSITY:g}x density, KV cache / {scale:g}",
+        agents,
+        info,
+        specs,
+        notes,
+        sim_options={"kv_blocks": blocks},
+        compares_predictors=True,
+    )
 
 
 def _trojan(name: str, seed: int) -> Preset:
@@ -258,14 +338,26 @@ def _trojan(name: str, seed: int) -> Preset:
     blocks = round(load_profile(SIM_DEFAULT_PROFILE).kv_blocks / scale)
     info |= {"kv_blocks": blocks, "profile_scale": scale}
     mlp = trained_predictors(train, seed, ("mlp",))["mlp"]
-    specs = [RunSpec("vtc", "vtc"), RunSpec("justitia", "justitia"),
-             RunSpec("justitia@mlp", "justitia", mlp), RunSpec("justitia@mlp/no-retag", "justitia", mlp, retag=False),
-             RunSpec("justitia@mlp/all-stages", "justitia", mlp, pricing="all-stages"),
-             RunSpec("srjf@mlp", "srjf", mlp), RunSpec("srjf@mlp/no-retag", "srjf", mlp, retag=False)]
-    return Preset(name, f"{TROJAN_FRAC:.0%} of the ablation's agents are trojans (first stage 1/"
-                  f"{1 + TROJAN_COPIES} of their cost): the paper's predictor, retagging on and off",
-                  agents, info, specs, sim_options={"kv_blocks": blocks}, summary=trojan_summary,
-                  compares_predictors=True)
+    specs = [
+        RunSpec("vtc", "vtc"),
+        RunSpec("justitia", "justitia"),
+        RunSpec("justitia@mlp", "justitia", mlp),
+        RunSpec("justitia@mlp/no-retag", "justitia", mlp, retag=False),
+        RunSpec("justitia@mlp/all-stages", "justitia", mlp, pricing="all-stages"),
+        RunSpec("srjf@mlp", "srjf", mlp),
+        RunSpec("srjf@mlp/no-retag", "srjf", mlp, retag=False),
+    ]
+    return Preset(
+        name,
+        f"{TROJAN_FRAC:.0%} of the ablation's agents are trojans (first stage 1/"
+        f"{1 + TROJAN_COPIES} of their cost): the paper's predictor, retagging on and off",
+        agents,
+        info,
+        specs,
+        sim_options={"kv_blocks": blocks},
+        summary=trojan_summary,
+        compares_predictors=True,
+    )
 
 
 def _cpu(name: str, seed: int) -> Preset:
@@ -276,10 +368,18 @@ def _cpu(name: str, seed: int) -> Preset:
     agents = scale_tokens(agents, CPU_SCALE)
     calib, _ = build_workload(CPU_CALIBRATION_AGENTS, seed + 1, MOONCAKE_ARRIVALS, CPU_DENSITY)
     info |= {"token_scale": CPU_SCALE}
-    return Preset(name, f"{CPU_AGENTS} agents on real vLLM (tiny model, CPU), all seven policies + front-end tagging",
-                  agents, info, _all_policies(), engine="vllm",
-                  engine_options={"model": "tiny", "kv_blocks": 24, "max_num_seqs": 64, "max_num_batched_tokens": 2048},
-                  calibration_agents=scale_tokens(calib, CPU_SCALE), repeats=CPU_REPEATS, tagging=True)
+    return Preset(
+        name,
+        f"{CPU_AGENTS} agents on real vLLM (tiny model, CPU), all seven policies + front-end tagging",
+        agents,
+        info,
+        _all_policies(),
+        engine="vllm",
+        engine_options={"model": "tiny", "kv_blocks": 24, "max_num_seqs": 64, "max_num_batched_tokens": 2048},
+        calibration_agents=scale_tokens(calib, CPU_SCALE),
+        repeats=CPU_REPEATS,
+        tagging=True,
+    )
 
 
 def _engine(name: str, seed: int) -> Preset:
@@ -294,36 +394,65 @@ def _engine(name: str, seed: int) -> Preset:
     info |= {"token_scale": CPU_SCALE}
     # and justitia priced as it ships: by online, learning from the agents that finished earlier in the run
     specs = [RunSpec(p, p) for p in ENGINE_POLICIES] + [RunSpec(ONLINE_LABEL, "justitia", "online")]
-    return Preset(name, f"{ENGINE_AGENTS} agents arriving densely on real vLLM (tiny model, CPU): "
-                  f"{', '.join(ENGINE_POLICIES)}, justitia priced online + front-end tagging, {ENGINE_REPEATS} "
-                  "interleaved repeats",
-                  agents, info, specs, engine="vllm", engine_options=dict(ENGINE_OPTIONS),
-                  calibration_agents=scale_tokens(calib, CPU_SCALE), repeats=ENGINE_REPEATS, tagging=True,
-                  speed_probes=True)
+    return Preset(
+        name,
+        f"{ENGINE_AGENTS} agents arriving densely on real vLLM (tiny model, CPU): "
+        f"{', '.join(ENGINE_POLICIES)}, justitia priced online + front-end tagging, {ENGINE_REPEATS} "
+        "interleaved repeats",
+        agents,
+        info,
+        specs,
+        engine="vllm",
+        engine_options=dict(ENGINE_OPTIONS),
+        calibration_agents=scale_tokens(calib, CPU_SCALE),
+        repeats=ENGINE_REPEATS,
+        tagging=True,
+        speed_probes=True,
+    )
 
 
 def _sessions_engine(name: str, seed: int) -> Preset:
     # Sessions on real vLLM with its prefix cache on (its default), sized by lab.sessions for the
     # engine preset's engine; the calibration's agents are the engine preset's (no shared text).
     from justitia.lab.door import door_label
-    from justitia.lab.sessions import (ONLINE_LABEL, PREFIX_LABEL, SESSIONS_ENGINE_POLICIES, sessions_engine_summary,
-                                       sessions_engine_workload)
+    from justitia.lab.sessions import (
+        ONLINE_LABEL,
+        PREFIX_LABEL,
+        SESSIONS_ENGINE_POLICIES,
+        sessions_engine_summary,
+        sessions_engine_workload,
+    )
     from justitia.vllm.engine import EngineSpec
 
     spec = EngineSpec(**ENGINE_OPTIONS)
     agents, info = sessions_engine_workload(seed, spec.usable_blocks * CPU_BLOCK_SIZE, CPU_BLOCK_SIZE)
     calib, _ = build_workload(ENGINE_CALIBRATION_AGENTS, seed + 1, MOONCAKE_ARRIVALS, ENGINE_DENSITY)
     # and justitia priced and charged by the prefix-aware cost (the plug-in splits shared blocks)
-    specs = ([RunSpec(p, p) for p in SESSIONS_ENGINE_POLICIES] + [RunSpec(PREFIX_LABEL, "justitia", cost="kv-prefix")]
-             + [RunSpec(ONLINE_LABEL, "justitia", "online")])
+    specs = (
+        [RunSpec(p, p) for p in SESSIONS_ENGINE_POLICIES]
+        + [RunSpec(PREFIX_LABEL, "justitia", cost="kv-prefix")]
+        + [RunSpec(ONLINE_LABEL, "justitia", "online")]
+    )
     # and through the door of justitia serve, as a harness sends them: priced by the server itself
     door = [RunSpec(door_label("las"), "las"), RunSpec(door_label("justitia"), "justitia", "online")]
-    return Preset(name, f"{len(agents)} coding-agent sessions on real vLLM (tiny model, CPU), the prefix cache on: "
-                  f"{', '.join(SESSIONS_ENGINE_POLICIES)}, justitia with the prefix-aware cost and priced online, "
-                  f"+ front-end tagging, + las and justitia through justitia serve's door, {ENGINE_REPEATS} interleaved "
-                  f"repeats", agents, info, specs, engine="vllm", engine_options=dict(ENGINE_OPTIONS, prefix_caching=None),
-                  calibration_agents=scale_tokens(calib, CPU_SCALE), repeats=ENGINE_REPEATS, tagging=True,
-                  speed_probes=True, summary=sessions_engine_summary, door=door)
+    return Preset(
+        name,
+        f"{len(agents)} coding-agent sessions on real vLLM (tiny model, CPU), the prefix cache on: "
+        f"{', '.join(SESSIONS_ENGINE_POLICIES)}, justitia with the prefix-aware cost and priced online, "
+        f"+ front-end tagging, + las and justitia through justitia serve's door, {ENGINE_REPEATS} interleaved "
+        f"repeats",
+        agents,
+        info,
+        specs,
+        engine="vllm",
+        engine_options=dict(ENGINE_OPTIONS, prefix_caching=None),
+        calibration_agents=scale_tokens(calib, CPU_SCALE),
+        repeats=ENGINE_REPEATS,
+        tagging=True,
+        speed_probes=True,
+        summary=sessions_engine_summary,
+        door=door,
+    )
 
 
 def _lm_missing() -> str:
@@ -337,18 +466,47 @@ ENGINE_AGENTS, ENGINE_CALIBRATION_AGENTS, ENGINE_DENSITY, ENGINE_REPEATS = 100, 
 ENGINE_POLICIES = ("fcfs", "vtc", "srjf", "justitia", "las")
 ENGINE_OPTIONS = {"model": "tiny", "kv_blocks": 24, "max_num_seqs": 64, "max_num_batched_tokens": 2048}
 CPU_BLOCK_SIZE = 128  # vLLM's CPU backend's KV block
-PRESET_NAMES = ("main", "sessions", "sessions-choices", "tau2", "tau2-overload", "starvation", "noise", "ablation", "sustained", "sustained-near", "trojan", "tenants",
-                "elephant-stream", *CLUSTER_PRESETS,
-                "cpu", "engine", "sessions-engine", "tau2-engine")
+PRESET_NAMES = (
+    "main",
+    "sessions",
+    "sessions-choices",
+    "tau2",
+    "tau2-overload",
+    "starvation",
+    "noise",
+    "ablation",
+    "sustained",
+    "sustained-near",
+    "trojan",
+    "tenants",
+    "elephant-stream",
+    *CLUSTER_PRESETS,
+    "cpu",
+    "engine",
+    "sessions-engine",
+    "tau2-engine",
+)
+
+
 def _sessions(name: str, seed: int) -> Preset:
     agents, info = sessions_workload(seed)
-    what = ("justitia by turn, by pause, with subagents as flows, with tag eviction, with the prefix-aware cost, "
-            "with turns learned online"
-            if name == "sessions-choices" else "fcfs, vtc, las, srjf, justitia")
-    return Preset(name, f"{len(agents)} coding-agent sessions (turns, tool pauses, subagents, shared prompts), "
-                  f"the prefix cache on: {what}", agents, info, sessions_specs(name == "sessions-choices"),
-                  sim_options={"prefix_caching": True}, summary=sessions_summary,
-                  compares_predictors=name == "sessions-choices")
+    what = (
+        "justitia by turn, by pause, with subagents as flows, with tag eviction, with the prefix-aware cost, "
+        "with turns learned online"
+        if name == "sessions-choices"
+        else "fcfs, vtc, las, srjf, justitia"
+    )
+    return Preset(
+        name,
+        f"{len(agents)} coding-agent sessions (turns, tool pauses, subagents, shared prompts), "
+        f"the prefix cache on: {what}",
+        agents,
+        info,
+        sessions_specs(name == "sessions-choices"),
+        sim_options={"prefix_caching": True},
+        summary=sessions_summary,
+        compares_predictors=name == "sessions-choices",
+    )
 
 
 def _tau2(name: str, seed: int) -> Preset:
@@ -356,10 +514,18 @@ def _tau2(name: str, seed: int) -> Preset:
 
     copies = TAU2_OVERLOAD_COPIES if name == "tau2-overload" else 1
     agents, info = tau2_workload(seed, copies)
-    return Preset(name, f"tau2-bench's real agent traffic ({info['sessions']} sessions, {info['solo_agents']} solo "
-                  f"agents; {copies} cop{'ies' if copies > 1 else 'y'}), the prefix cache on: fcfs, vtc, las, las-turn, "
-                  "las-decay, srjf, justitia (oracle), justitia online, guarded, warm", agents, info, tau2_specs(agents),
-                  sim_options={"prefix_caching": True}, summary=tau2_summary, compares_predictors=True)
+    return Preset(
+        name,
+        f"tau2-bench's real agent traffic ({info['sessions']} sessions, {info['solo_agents']} solo "
+        f"agents; {copies} cop{'ies' if copies > 1 else 'y'}), the prefix cache on: fcfs, vtc, las, las-turn, "
+        "las-decay, srjf, justitia (oracle), justitia online, guarded, warm",
+        agents,
+        info,
+        tau2_specs(agents),
+        sim_options={"prefix_caching": True},
+        summary=tau2_summary,
+        compares_predictors=True,
+    )
 
 
 def _tau2_engine(name: str, seed: int) -> Preset:
@@ -374,11 +540,22 @@ def _tau2_engine(name: str, seed: int) -> Preset:
     agents, info = tau2_engine_workload(seed, spec.usable_blocks * CPU_BLOCK_SIZE, spec.max_model_len)
     calib, _ = build_workload(ENGINE_CALIBRATION_AGENTS, seed + 1, MOONCAKE_ARRIVALS, ENGINE_DENSITY)
     door = [RunSpec(door_label(p), p, "online" if p == "justitia" else "oracle") for p in TAU2_ENGINE_POLICIES]
-    return Preset(name, f"{len(agents)} of tau2-bench's conversations on real vLLM (tiny model, CPU), the prefix cache "
-                  f"on, through justitia serve's door: {', '.join(TAU2_ENGINE_POLICIES)}, {ENGINE_REPEATS} interleaved "
-                  "repeats", agents, info, [], engine="vllm", engine_options=dict(ENGINE_OPTIONS, prefix_caching=None),
-                  calibration_agents=scale_tokens(calib, CPU_SCALE), repeats=ENGINE_REPEATS, speed_probes=True,
-                  summary=sessions_engine_summary, door=door)
+    return Preset(
+        name,
+        f"{len(agents)} of tau2-bench's conversations on real vLLM (tiny model, CPU), the prefix cache "
+        f"on, through justitia serve's door: {', '.join(TAU2_ENGINE_POLICIES)}, {ENGINE_REPEATS} interleaved "
+        "repeats",
+        agents,
+        info,
+        [],
+        engine="vllm",
+        engine_options=dict(ENGINE_OPTIONS, prefix_caching=None),
+        calibration_agents=scale_tokens(calib, CPU_SCALE),
+        repeats=ENGINE_REPEATS,
+        speed_probes=True,
+        summary=sessions_engine_summary,
+        door=door,
+    )
 
 
 PRESETS = {  # name -> the function that builds it

@@ -65,9 +65,20 @@ class Profiler(RunningEngine):
     """One AsyncLLM (stock scheduler, prefix caching on) answering generated agents."""
 
     def __init__(self, spec: ProfileSpec):
-        super().__init__(EngineSpec(spec.model, kv_blocks=None, max_num_seqs=spec.max_num_seqs,
-                                    max_num_batched_tokens=None, max_model_len=spec.max_model_len, scheduler="fcfs",
-                                    prefix_caching=True, dtype=spec.dtype, cpu_kv_space_gib=4, cpu_threads="0-1"))
+        super().__init__(
+            EngineSpec(
+                spec.model,
+                kv_blocks=None,
+                max_num_seqs=spec.max_num_seqs,
+                max_num_batched_tokens=None,
+                max_model_len=spec.max_model_len,
+                scheduler="fcfs",
+                prefix_caching=True,
+                dtype=spec.dtype,
+                cpu_kv_space_gib=4,
+                cpu_threads="0-1",
+            )
+        )
         self.profile = spec
 
     @property
@@ -112,9 +123,9 @@ class Profiler(RunningEngine):
         t0 = time.perf_counter()
         stage = next(gen)
         while True:
-            answers = await asyncio.gather(*(
-                self._answer(task.prompt, cap, f"{agent_id}/{len(stages)}/{i}") for i, task in enumerate(stage)
-            ))
+            answers = await asyncio.gather(
+                *(self._answer(task.prompt, cap, f"{agent_id}/{len(stages)}/{i}") for i, task in enumerate(stage))
+            )
             stages.append(tuple(Task(text, n_in, max(1, n_out)) for text, n_in, n_out, _ in answers))
             at_cap += sum(n_out >= cap for _, _, n_out, _ in answers)
             try:
@@ -123,8 +134,12 @@ class Profiler(RunningEngine):
                 break
         agent = Agent(agent_id, workflow, 0.0, tuple(stages))
         meta = {
-            "model": self.model_name, "size": spec.size, "scale": spec.scale, "max_tokens": cap,
-            "answers_at_cap": at_cap, "cost_kv": agent.cost(KV),
+            "model": self.model_name,
+            "size": spec.size,
+            "scale": spec.scale,
+            "max_tokens": cap,
+            "answers_at_cap": at_cap,
+            "cost_kv": agent.cost(KV),
             "wall_s": round(time.perf_counter() - t0, 3),
         }
         return Agent(agent_id, workflow, 0.0, tuple(stages), meta)
@@ -134,8 +149,11 @@ async def _run(spec: ProfileSpec, out: Path, progress: bool) -> dict:
     done = {a.agent_id for a in load_workload(out)} if out.is_file() and out.stat().st_size else set()
     todo = [p for p in planned_agents(spec) if p[0] not in done]
     log = sys.stderr
-    print(f"profile: {len(done)} agents already in {out}, {len(todo)} to run on '{spec.model}' "
-          f"({spec.size} agents, lengths / {spec.scale:g}, answers <= {spec.max_tokens} tokens)", file=log)
+    print(
+        f"profile: {len(done)} agents already in {out}, {len(todo)} to run on '{spec.model}' "
+        f"({spec.size} agents, lengths / {spec.scale:g}, answers <= {spec.max_tokens} tokens)",
+        file=log,
+    )
     if not todo:
         return {"agents": len(done), "new": 0, "wall_s": 0.0}
     started = time.perf_counter()
@@ -154,8 +172,11 @@ async def _run(spec: ProfileSpec, out: Path, progress: bool) -> dict:
                 if not log.isatty() and (finished % 10 == 0 or finished == len(todo)):
                     took = time.perf_counter() - started
                     eta = took / finished * (len(todo) - finished)
-                    print(f"profile: {finished}/{len(todo)} agents, {took / 60:.1f} min, "
-                          f"ETA {math.ceil(eta / 60)} min", file=log, flush=True)
+                    print(
+                        f"profile: {finished}/{len(todo)} agents, {took / 60:.1f} min, ETA {math.ceil(eta / 60)} min",
+                        file=log,
+                        flush=True,
+                    )
 
             await asyncio.gather(*(one(*p) for p in todo))
     return {"agents": len(done) + finished, "new": finished, "wall_s": time.perf_counter() - started}

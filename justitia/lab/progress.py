@@ -17,8 +17,11 @@ class progress_bar:
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
         self._bar = Progress(
-            TextColumn("[bold]{task.description:<14}"), BarColumn(), MofNCompleteColumn(),
-            TimeRemainingColumn(), transient=True,
+            TextColumn("[bold]{task.description:<14}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeRemainingColumn(),
+            transient=True,
         )
         self._bar.start()
         task = self._bar.add_task(self.description, total=self.total)

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import random
 import sys
 import time
@@ -24,11 +23,13 @@ from pathlib import Path
 
 import httpx
 
-from justitia.lab.servers import samples, start_server
 from justitia.lab.report import write_doc
+from justitia.lab.servers import samples, start_server
 
-WORDS = ("river bridge council budget harbor school winter market railway station museum garden "
-         "hospital factory library festival tower village airport forest").split()
+WORDS = (
+    "river bridge council budget harbor school winter market railway station museum garden "
+    "hospital factory library festival tower village airport forest"
+).split()
 
 
 def agents(n: int, seed: int) -> list[dict]:
@@ -37,10 +38,22 @@ def agents(n: int, seed: int) -> list[dict]:
     out = []
     for i in range(n):
         doc = f"Document {i}. " + " ".join(rng.choice(WORDS) for _ in range(500))
-        first = [{"prompt": f"{doc}\nQuestion {q}: what does it say about the {rng.choice(WORDS)}?",
-                  "max_tokens": 16, "ignore_eos": True} for q in range(3)]
-        second = [{"prompt": f"{doc}\nEarlier answers: {{{{prev}}}}\nQuestion {q + 3}: and the {rng.choice(WORDS)}?",
-                   "max_tokens": 16, "ignore_eos": True} for q in range(3)]
+        first = [
+            {
+                "prompt": f"{doc}\nQuestion {q}: what does it say about the {rng.choice(WORDS)}?",
+                "max_tokens": 16,
+                "ignore_eos": True,
+            }
+            for q in range(3)
+        ]
+        second = [
+            {
+                "prompt": f"{doc}\nEarlier answers: {{{{prev}}}}\nQuestion {q + 3}: and the {rng.choice(WORDS)}?",
+                "max_tokens": 16,
+                "ignore_eos": True,
+            }
+            for q in range(3)
+        ]
         out.append({"type": "mrs", "stages": [first, second]})
     return out
 
@@ -64,8 +77,10 @@ async def run(url: str, bodies: list[dict]) -> dict:
                         docs[a] = d
             await asyncio.sleep(0.5)
         wall = time.perf_counter() - t0
-        answers = [f"pid {labels['replica_pid']}: {value:g}" for _, labels, value
-                   in samples((await client.get("/metrics")).text, "justitia_ray_replica_answers_total")]
+        answers = [
+            f"pid {labels['replica_pid']}: {value:g}"
+            for _, labels, value in samples((await client.get("/metrics")).text, "justitia_ray_replica_answers_total")
+        ]
     jcts = [d["jct_s"] for d in docs.values() if d["status"] == "done"]
     return {"done": len(jcts), "mean_jct_s": sum(jcts) / len(jcts), "wall_s": wall, "answers": answers}
 
@@ -80,16 +95,20 @@ def main() -> int:
     bodies = agents(args.agents, args.seed)
     result = {"agents": args.agents, "runs": {}}
     for router in args.routers.split(","):
-        proc, url = start_server("--predictor", "mean", "--ray", "--replicas", "2", "--router", router,
-                                 quiet=True, journal=False)
+        proc, url = start_server(
+            "--predictor", "mean", "--ray", "--replicas", "2", "--router", router, quiet=True, journal=False
+        )
         try:
             r = asyncio.run(run(url, bodies))
         finally:
             proc.terminate()
             proc.wait(timeout=120)
         result["runs"][router] = r
-        print(f"{router:<12} done {r['done']}/{args.agents}  mean JCT {r['mean_jct_s']:.2f} s  wall {r['wall_s']:.2f} s  "
-              f"{'; '.join(r['answers'])}", flush=True)
+        print(
+            f"{router:<12} done {r['done']}/{args.agents}  mean JCT {r['mean_jct_s']:.2f} s  wall {r['wall_s']:.2f} s  "
+            f"{'; '.join(r['answers'])}",
+            flush=True,
+        )
     base = result["runs"].get("least-load")
     if base:
         for router, r in result["runs"].items():

@@ -22,17 +22,29 @@ from pathlib import Path
 
 import httpx
 
-from justitia.lab.servers import TERMINAL, ray_split, start_server, wait_agent
 from justitia.lab.report import write_doc
+from justitia.lab.servers import TERMINAL, ray_split, start_server, wait_agent
 
 
 def agents() -> list[dict]:
     """The elephant, then ten mice."""
-    elephant = {"type": "mrs", "stages": [
-        [{"prompt": f"Summarise part {i} of the annual report.", "max_tokens": 256, "ignore_eos": True} for i in range(40)],
-        [{"prompt": "Combine the summaries, starting from:\n{{prev[0]}}", "max_tokens": 16, "ignore_eos": True}]]}
-    mice = [{"type": "qa", "stages": [[{"prompt": f"Question {i}: what is the capital?", "max_tokens": 16,
-                                        "ignore_eos": True}]]} for i in range(10)]
+    elephant = {
+        "type": "mrs",
+        "stages": [
+            [
+                {"prompt": f"Summarise part {i} of the annual report.", "max_tokens": 256, "ignore_eos": True}
+                for i in range(40)
+            ],
+            [{"prompt": "Combine the summaries, starting from:\n{{prev[0]}}", "max_tokens": 16, "ignore_eos": True}],
+        ],
+    }
+    mice = [
+        {
+            "type": "qa",
+            "stages": [[{"prompt": f"Question {i}: what is the capital?", "max_tokens": 16, "ignore_eos": True}]],
+        }
+        for i in range(10)
+    ]
     return [elephant, *mice]
 
 
@@ -51,15 +63,23 @@ def one_run(client: httpx.Client, url: str, k: int) -> dict:
     victim = max(now, key=lambda pid: now[pid] - before.get(pid, 0))
     os.kill(victim, signal.SIGKILL)
     killed_at = time.time() - started
-    docs = [doc if doc["status"] in TERMINAL else {"status": "stuck"}
-            for doc in (wait_agent(client, a, 900, 0.5, stuck_ok=True) for a in ids)]
+    docs = [
+        doc if doc["status"] in TERMINAL else {"status": "stuck"}
+        for doc in (wait_agent(client, a, 900, 0.5, stuck_ok=True) for a in ids)
+    ]
     statuses = [d["status"] for d in docs]
     split = ray_split(url)
-    run = {"run": k, "killed_pid": victim, "killed_at_s": round(killed_at, 1), "done": statuses.count("done"),
-           "agents": len(ids), "not_done": {a: d.get("error") or d["status"] for a, d in zip(ids, docs)
-                                            if d["status"] != "done"},
-           "sent_again": split.get("retries_total", 0), "interrupted": split.get("interrupted_total", 0),
-           "took_s": round(time.time() - started, 1)}
+    run = {
+        "run": k,
+        "killed_pid": victim,
+        "killed_at_s": round(killed_at, 1),
+        "done": statuses.count("done"),
+        "agents": len(ids),
+        "not_done": {a: d.get("error") or d["status"] for a, d in zip(ids, docs) if d["status"] != "done"},
+        "sent_again": split.get("retries_total", 0),
+        "interrupted": split.get("interrupted_total", 0),
+        "took_s": round(time.time() - started, 1),
+    }
     print(json.dumps(run), flush=True)
     return run
 

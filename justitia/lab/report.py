@@ -14,16 +14,31 @@ from justitia.core import LAG_FACTOR
 def results_table(doc: dict, title: str = "") -> Table:
     """Mean/p50/p90/p99 JCT, improvement against VTC and finish-time fairness per run."""
     table = Table(title=title or None)
-    for col in ("run", "mean JCT s", "p50 s", "p90 s", "p99 s", "makespan s", "vs VTC",
-                "not delayed", "mean delay (delayed)", "delay p90", "delay p99", "max delay"):
+    for col in (
+        "run",
+        "mean JCT s",
+        "p50 s",
+        "p90 s",
+        "p99 s",
+        "makespan s",
+        "vs VTC",
+        "not delayed",
+        "mean delay (delayed)",
+        "delay p90",
+        "delay p99",
+        "max delay",
+    ):
         table.add_column(col, justify="left" if col == "run" else "right", no_wrap=col == "run")
     for label, e in doc["policies"].items():
         fair = doc["fairness"].get(f"{label}_vs_vtc")
         imp = e.get("improvement_vs_vtc")
         table.add_row(
             label,
-            f"{e['mean_jct_s']:.1f}", f"{e['p50_jct_s']:.1f}", f"{e['p90_jct_s']:.1f}",
-            f"{e['p99_jct_s']:.1f}", f"{e['makespan_s']:.1f}",
+            f"{e['mean_jct_s']:.1f}",
+            f"{e['p50_jct_s']:.1f}",
+            f"{e['p90_jct_s']:.1f}",
+            f"{e['p99_jct_s']:.1f}",
+            f"{e['makespan_s']:.1f}",
             "-" if imp is None or label == "vtc" else f"{imp:+.1%}",
             f"{fair['not_delayed_frac']:.1%}" if fair else "-",
             f"{fair['mean_delay_of_delayed']:.1%}" if fair else "-",
@@ -51,13 +66,22 @@ def engine_table(doc: dict) -> Table:
     for label, e in doc["policies"].items():
         repeats = " / ".join(f"{x:.2f}" for x in e.get("mean_jct_s_per_repeat", []))
         waited = f"{e['backlogged_share']:.0%}" if "backlogged_share" in e else "-"
-        cells = [label, e["mode"], f"{e['mean_jct_s']:.2f}", repeats, f"{e['sim_mean_jct_s']:.2f}", f"{e['sim_error']:+.1%}"]
+        cells = [
+            label,
+            e["mode"],
+            f"{e['mean_jct_s']:.2f}",
+            repeats,
+            f"{e['sim_mean_jct_s']:.2f}",
+            f"{e['sim_error']:+.1%}",
+        ]
         if probed:
             speeds = " / ".join(f"{x:.2f}" for x in e.get("speed_scale_per_repeat", []))
-            cells += [f"{speeds} ({e['speed_probe']})" if speeds else "-",
-                      f"{e['sim_error_probe_jct']:+.1%}" if "sim_error_probe_jct" in e else "-",
-                      f"{e['sim_error_one_profile']:+.1%}",
-                      f"{e['sim_error_at_run_speed']:+.1%}" if "sim_error_at_run_speed" in e else "-"]
+            cells += [
+                f"{speeds} ({e['speed_probe']})" if speeds else "-",
+                f"{e['sim_error_probe_jct']:+.1%}" if "sim_error_probe_jct" in e else "-",
+                f"{e['sim_error_one_profile']:+.1%}",
+                f"{e['sim_error_at_run_speed']:+.1%}" if "sim_error_at_run_speed" in e else "-",
+            ]
         table.add_row(*cells, waited, str(e["preemptions"]) if e["mode"] == "plugin" else "-", f"{e['run_wall_s']:.1f}")
     return table
 
@@ -69,8 +93,13 @@ def comparison_table(doc: dict) -> Table:
         table.add_column(col, justify="left" if col == "comparison" else "right", no_wrap=True)
     for name, c in doc["comparisons"].items():
         lo, hi = c["ci95"]
-        table.add_row(name.replace("_vs_", " / "), f"{c['ratio']:.3f}", f"{lo:.3f} - {hi:.3f}", str(c["repeats"]),
-                      "below 1" if hi < 1 else "above 1" if lo > 1 else "no")
+        table.add_row(
+            name.replace("_vs_", " / "),
+            f"{c['ratio']:.3f}",
+            f"{lo:.3f} - {hi:.3f}",
+            str(c["repeats"]),
+            "below 1" if hi < 1 else "above 1" if lo > 1 else "no",
+        )
     return table
 
 
@@ -78,19 +107,33 @@ def cluster_table(doc: dict) -> Table:
     """A cluster's runs: router, where justitia's clock is kept, mean JCT, the delay bound against the
     cluster's GPS (one server of the engines' total M), and how evenly requests were spread."""
     table = Table(title=f"{doc['replicas']} engines: routers, clocks and the delay bound (GPS at the engines' total M)")
-    for col in ("run", "router", "clock", "mean JCT s", "vs VTC", "bound s", "max finish - GPS s", "over bound",
-                "requests per engine"):
+    for col in (
+        "run",
+        "router",
+        "clock",
+        "mean JCT s",
+        "vs VTC",
+        "bound s",
+        "max finish - GPS s",
+        "over bound",
+        "requests per engine",
+    ):
         table.add_column(col, justify="left" if col in ("run", "router", "clock") else "right", no_wrap=True)
     for label, e in doc["policies"].items():
         imp = e.get("improvement_vs_vtc")
         per = e["requests_per_replica"]
         has_bound = "delay_bound_s" in e
-        table.add_row(label, e["router"], e["cluster_clock"], f"{e['mean_jct_s']:.1f}",
-                      "-" if imp is None or label == "vtc" else f"{imp:+.1%}",
-                      f"{e['delay_bound_s']:.1f}" if has_bound else "-",
-                      f"{e['max_delay_vs_gps_s']:.1f}" if has_bound else "-",
-                      f"{e['bound_violations']} of {len(e['agents'])}" if has_bound else "-",
-                      f"{min(per):,}-{max(per):,}")
+        table.add_row(
+            label,
+            e["router"],
+            e["cluster_clock"],
+            f"{e['mean_jct_s']:.1f}",
+            "-" if imp is None or label == "vtc" else f"{imp:+.1%}",
+            f"{e['delay_bound_s']:.1f}" if has_bound else "-",
+            f"{e['max_delay_vs_gps_s']:.1f}" if has_bound else "-",
+            f"{e['bound_violations']} of {len(e['agents'])}" if has_bound else "-",
+            f"{min(per):,}-{max(per):,}",
+        )
     return table
 
 
@@ -101,17 +144,36 @@ def tenant_table(doc: dict) -> Table:
     """Per run and tenant: weight, agents, mean JCT, share of the service, the service over its
     weighted share while backlogged, its agents past the hierarchical bound and its lag."""
     ref = doc.get("tenant_reference", {})
-    table = Table(title=f"tenants (against hierarchical GPS at {ref.get('capacity_from', '?')}'s M; "
-                        f"bound {ref.get('delay_bound_s', float('nan')):.1f} s)")
-    for col in ("run", "tenant", "weight", "agents", "mean JCT s", "service share", "got / owed (backlogged)",
-                "agents past bound", "tenant lag s"):
+    table = Table(
+        title=f"tenants (against hierarchical GPS at {ref.get('capacity_from', '?')}'s M; "
+        f"bound {ref.get('delay_bound_s', float('nan')):.1f} s)"
+    )
+    for col in (
+        "run",
+        "tenant",
+        "weight",
+        "agents",
+        "mean JCT s",
+        "service share",
+        "got / owed (backlogged)",
+        "agents past bound",
+        "tenant lag s",
+    ):
         table.add_column(col, justify="left" if col in ("run", "tenant") else "right", no_wrap=True)
     for label, e in doc["policies"].items():
         rows = sorted(e.get("tenants", {}).get("per_tenant", {}).items())
         for i, (t, x) in enumerate(rows[:TENANT_ROWS]):
-            table.add_row(label if i == 0 else "", t, f"{x['weight']:g}", str(x["agents"]), f"{x['mean_jct_s']:.1f}",
-                          f"{x['service_share']:.3f}", f"{x['backlogged_share_ratio']:.2f}",
-                          str(x.get("agent_bound_violations", "-")), f"{x.get('tenant_lag_s', float('nan')):.1f}")
+            table.add_row(
+                label if i == 0 else "",
+                t,
+                f"{x['weight']:g}",
+                str(x["agents"]),
+                f"{x['mean_jct_s']:.1f}",
+                f"{x['service_share']:.3f}",
+                f"{x['backlogged_share_ratio']:.2f}",
+                str(x.get("agent_bound_violations", "-")),
+                f"{x.get('tenant_lag_s', float('nan')):.1f}",
+            )
         if len(rows) > TENANT_ROWS:
             table.add_row("", f"... {len(rows) - TENANT_ROWS} more", *[""] * 7)
     return table

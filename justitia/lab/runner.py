@@ -123,20 +123,26 @@ class VllmEngine(RunningEngine):
         return out
 
     # ---------------------------------------------------------------------------------- runs
-    async def _generate(self, prompt_ids: list[int], max_tokens: int, request_id: str,
-                        extra_args: dict | None = None, priority: int = 0) -> tuple[list[int], int]:
+    async def _generate(
+        self, prompt_ids: list[int], max_tokens: int, request_id: str, extra_args: dict | None = None, priority: int = 0
+    ) -> tuple[list[int], int]:
         """The output token ids and the prompt tokens vLLM's prefix cache held at the first schedule."""
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
         from vllm.sampling_params import RequestOutputKind
 
         params = SamplingParams(
-            max_tokens=max_tokens, ignore_eos=True, temperature=0.0, detokenize=False,
-            output_kind=RequestOutputKind.FINAL_ONLY, extra_args=extra_args,
+            max_tokens=max_tokens,
+            ignore_eos=True,
+            temperature=0.0,
+            detokenize=False,
+            output_kind=RequestOutputKind.FINAL_ONLY,
+            extra_args=extra_args,
         )
         final = None
-        async for out in self.llm.generate(TokensPrompt(prompt_token_ids=prompt_ids), params, request_id,
-                                           priority=priority):
+        async for out in self.llm.generate(
+            TokensPrompt(prompt_token_ids=prompt_ids), params, request_id, priority=priority
+        ):
             final = out
         return list(final.outputs[0].token_ids), int(final.num_cached_tokens or 0)
 
@@ -162,7 +168,9 @@ class VllmEngine(RunningEngine):
             raise RuntimeError("the engine is not started; use 'async with VllmEngine(spec) as engine'.")
         model = cost_model(cost)
         budget = self.llm.vllm_config.scheduler_config.max_num_batched_tokens
-        capacity = float(capacity_per_s) if capacity_per_s else default_capacity(model, self.kv_tokens, budget, ITERATION_S)
+        capacity = (
+            float(capacity_per_s) if capacity_per_s else default_capacity(model, self.kv_tokens, budget, ITERATION_S)
+        )
         pred = make_predictor(predictor, seed)
         ids = self.prompt_ids([a for a in agents if not a.is_session])
         sessions = SessionPrompts(self.tokenizer, self.spec.max_model_len)
@@ -172,8 +180,11 @@ class VllmEngine(RunningEngine):
         run_id = uuid.uuid4().hex[:8]
         # tagging: the policy lives here, in the same kind of book as the plug-in's, fed the same metadata
         window = WINDOW_STEPS * ITERATION_S if measure_capacity else None  # the front end measures M from round trips
-        tagger = Tagger(policy, capacity, cost, retag=retag, measure_every_s=window,
-                        kv_tokens=self.kv_tokens) if self.tagging else None
+        tagger = (
+            Tagger(policy, capacity, cost, retag=retag, measure_every_s=window, kv_tokens=self.kv_tokens)
+            if self.tagging
+            else None
+        )
         frontend = None if tagger is None else tagger.book
         own_log = step_log is None
         if own_log:
@@ -209,8 +220,9 @@ class VllmEngine(RunningEngine):
                     meta = replace(meta, turn_start=False)
                 out, hit = await self._generate(prompt, task.output_tokens, call.request_id, meta.to_extra_args())
             else:
-                _, priority = tagger.tag(call.request_id, call.meta, task.prompt_tokens, task.output_tokens,
-                                           time.monotonic() - t0)
+                _, priority = tagger.tag(
+                    call.request_id, call.meta, task.prompt_tokens, task.output_tokens, time.monotonic() - t0
+                )
                 out, hit = [], 0
                 try:
                     out, hit = await self._generate(prompt, task.output_tokens, call.request_id, None, priority)
@@ -221,8 +233,9 @@ class VllmEngine(RunningEngine):
             cache[1] += hit
             sessions.answered(call, out)
             if n != task.output_tokens:
-                raise RuntimeError(f"request '{call.request_id}': the engine produced {n} tokens, "
-                                   f"{task.output_tokens} were forced.")
+                raise RuntimeError(
+                    f"request '{call.request_id}': the engine produced {n} tokens, {task.output_tokens} were forced."
+                )
             requests.append((call.request_id.removeprefix(f"{run_id}/"), sent, time.monotonic() - t0))
             return Answer("", task.prompt_tokens, n)
 
@@ -232,6 +245,7 @@ class VllmEngine(RunningEngine):
                     frontend.pause(agent.agent_id, time.monotonic() - t0)
                 else:
                     await control(self.llm, ControlCall(RETIRE, {"agent_id": agent.agent_id, "pause": True}))
+
             return pause
 
         results, lags, wall = await replay(agents, process_for, serve, t0, paused, on_agent_finish)
@@ -247,16 +261,36 @@ class VllmEngine(RunningEngine):
         if own_log:
             os.unlink(step_log)
         preemptions = sum(row.preemptions for row in steps)
-        run = RunResult(policy, results, max(r.finish_s for r in results), len(steps), len(steps), preemptions, wall,
-                        schedule, prefix_cache={"queried_tokens": cache[0], "hit_tokens": cache[1],
-                                                "hit_rate": cache[1] / cache[0] if cache[0] else 0.0}
-                        if self.prefix_caching else None)
+        run = RunResult(
+            policy,
+            results,
+            max(r.finish_s for r in results),
+            len(steps),
+            len(steps),
+            preemptions,
+            wall,
+            schedule,
+            prefix_cache={
+                "queried_tokens": cache[0],
+                "hit_tokens": cache[1],
+                "hit_rate": cache[1] / cache[0] if cache[0] else 0.0,
+            }
+            if self.prefix_caching
+            else None,
+        )
         return EngineRun(run, steps, max(lags) if lags else 0.0, requests)
 
-    async def _reset(self, policy: str, cost: str, capacity: float, step_log: str | None, measure: bool,
-                     retag: bool = True) -> None:
-        args = {"policy": policy, "cost": cost, "capacity_per_s": capacity, "step_log": step_log,
-                "measure_capacity": measure, "retag": retag}
+    async def _reset(
+        self, policy: str, cost: str, capacity: float, step_log: str | None, measure: bool, retag: bool = True
+    ) -> None:
+        args = {
+            "policy": policy,
+            "cost": cost,
+            "capacity_per_s": capacity,
+            "step_log": step_log,
+            "measure_capacity": measure,
+            "retag": retag,
+        }
         if not await control(self.llm, ControlCall(RESET, args)):
             raise RuntimeError("the plug-in refused to reset (its policy state, its step log): the engine is not idle.")
 
@@ -274,14 +308,25 @@ def register_args(process: AgentProcess, call: Call) -> dict | None:
         dist = process.predicted_dist if call.stage == 0 else None
     if dist is None:
         return None
-    return {"agent_id": meta.agent_id, "agent_type": meta.agent_type, "predicted_cost": meta.agent_cost,
-            "weight": meta.agent_weight or 1.0, "tenant": meta.tenant, "session": meta.session,
-            "dist": [list(dist.values), list(dist.probs)]}
+    return {
+        "agent_id": meta.agent_id,
+        "agent_type": meta.agent_type,
+        "predicted_cost": meta.agent_cost,
+        "weight": meta.agent_weight or 1.0,
+        "tenant": meta.tenant,
+        "session": meta.session,
+        "dist": [list(dist.values), list(dist.probs)],
+    }
 
 
-async def replay(agents: list[Agent], process_for: Callable[[Agent], AgentProcess], serve: Callable,
-                 t0: float, paused: Callable[[Agent], Callable] | None = None,
-                 on_agent_finish: Callable[[AgentResult], None] | None = None) -> tuple[list[AgentResult], list[float], float]:
+async def replay(
+    agents: list[Agent],
+    process_for: Callable[[Agent], AgentProcess],
+    serve: Callable,
+    t0: float,
+    paused: Callable[[Agent], Callable] | None = None,
+    on_agent_finish: Callable[[AgentResult], None] | None = None,
+) -> tuple[list[AgentResult], list[float], float]:
     """Every agent on the wall clock from ``t0`` (``time.monotonic()``): it arrives at its
     ``arrival_s``, its process (``process_for``) is driven by ``agent.drive`` with ``serve``
     (``paused(agent)``: what a session's pause does). Returns the results in the agents' order, how
@@ -359,8 +404,10 @@ class SessionPrompts:
         """The call's prompt ids: exactly its task's ``prompt_tokens``."""
         task, agent_id = call.task, call.meta.agent_id
         if task.prompt_tokens + task.output_tokens > self.limit:
-            raise ValueError(f"request '{call.request_id}': prompt_tokens + output_tokens = "
-                             f"{task.prompt_tokens + task.output_tokens} exceeds max_model_len {self.limit}.")
+            raise ValueError(
+                f"request '{call.request_id}': prompt_tokens + output_tokens = "
+                f"{task.prompt_tokens + task.output_tokens} exceeds max_model_len {self.limit}."
+            )
         ids: list[int] = []
         for seg in task.context:
             if seg.kind == "shared":
@@ -373,8 +420,10 @@ class SessionPrompts:
         own = task.prompt_tokens - len(ids)
         self.context_tokens = len(ids)  # of the prompt just built: its context, before its own text
         if own < 1:
-            raise ValueError(f"request '{call.request_id}': its context holds {len(ids)} tokens, its prompt "
-                             f"{task.prompt_tokens}: the context must be shorter.")
+            raise ValueError(
+                f"request '{call.request_id}': its context holds {len(ids)} tokens, its prompt "
+                f"{task.prompt_tokens}: the context must be shorter."
+            )
         ids += self._fit(f"{agent_id} {task.id or call.request_id}: {task.prompt}", own)
         if task.id is not None:
             self._sent[(agent_id, task.id, "in")] = ids

@@ -38,8 +38,9 @@ def child_env(env: dict | None = None) -> dict[str, str]:
     return {"VLLM_CPU_KVCACHE_SPACE": "1"} | mine | (env or {})
 
 
-def start(cmd: list[str], port: int, ready: str, quiet: bool = False, env: dict | None = None,
-          log: Path | None = None) -> tuple[subprocess.Popen, str]:
+def start(
+    cmd: list[str], port: int, ready: str, quiet: bool = False, env: dict | None = None, log: Path | None = None
+) -> tuple[subprocess.Popen, str]:
     """Start ``cmd`` serving on loopback ``port`` (in ``child_env(env)``; its output to ``log``, or
     nowhere if ``quiet``); return it once ``ready`` answers (SystemExit if it never does)."""
     out = open(log, "w") if log is not None else subprocess.DEVNULL if quiet else None
@@ -57,8 +58,9 @@ def start(cmd: list[str], port: int, ready: str, quiet: bool = False, env: dict 
     raise SystemExit(f"{cmd[:4]} did not start")
 
 
-def start_server(*args: str, quiet: bool = False, journal: bool = True,
-                 env: dict | None = None) -> tuple[subprocess.Popen, str]:
+def start_server(
+    *args: str, quiet: bool = False, journal: bool = True, env: dict | None = None
+) -> tuple[subprocess.Popen, str]:
     """``justitia serve ARGS`` on a free loopback port, once it answers /health; with a fresh journal
     (nothing to resume), or none, and no saved pricing state unless ``env`` names one (``child_env``)."""
     port = free_port()
@@ -72,9 +74,29 @@ def start_replica(model_dir: str, quiet: bool = True) -> tuple[subprocess.Popen,
     """A stock vLLM OpenAI server (priority policy, 1 GiB of KV cache, contexts up to 2,048 tokens, as
     `justitia serve` starts its own engine) on a free loopback port."""
     port = free_port()
-    return start([sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model_dir, "--port", str(port),
-                  "--host", "127.0.0.1", "--scheduling-policy", "priority", "--enforce-eager", "--dtype", "float32",
-                  "--max-model-len", "2048"], port, "/v1/models", quiet)
+    return start(
+        [
+            sys.executable,
+            "-m",
+            "vllm.entrypoints.openai.api_server",
+            "--model",
+            model_dir,
+            "--port",
+            str(port),
+            "--host",
+            "127.0.0.1",
+            "--scheduling-policy",
+            "priority",
+            "--enforce-eager",
+            "--dtype",
+            "float32",
+            "--max-model-len",
+            "2048",
+        ],
+        port,
+        "/v1/models",
+        quiet,
+    )
 
 
 def replica_split(url: str) -> dict[str, dict[str, float]]:
@@ -101,8 +123,9 @@ def ray_split(url: str) -> dict[str, float]:
 TERMINAL = ("done", "failed", "cancelled")  # an agent's statuses once it is over
 
 
-def wait_agent(client: httpx.Client, agent_id: str, timeout_s: float = 300, poll_s: float = 0.2,
-               stuck_ok: bool = False) -> dict:
+def wait_agent(
+    client: httpx.Client, agent_id: str, timeout_s: float = 300, poll_s: float = 0.2, stuck_ok: bool = False
+) -> dict:
     """Poll the server's ``/v1/agents/{agent_id}`` until the agent is over (``TERMINAL``); its
     document. One not over within ``timeout_s`` fails the check (an ``AssertionError``), or with
     ``stuck_ok`` its last document is returned (a status not in ``TERMINAL``)."""
@@ -115,7 +138,7 @@ def wait_agent(client: httpx.Client, agent_id: str, timeout_s: float = 300, poll
     return doc
 
 
-_SAMPLE = re.compile(r'([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})?\s+(\S+)')
+_SAMPLE = re.compile(r"([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})?\s+(\S+)")
 _LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"')
 
 
@@ -129,8 +152,10 @@ def samples(text: str, name: str | None = None) -> list[tuple[str, dict[str, str
         match = _SAMPLE.fullmatch(line.strip())
         if match is None or (name is not None and match[1] != name):
             continue
-        labels = {k: v.replace('\\"', '"').replace("\\n", "\n").replace("\\\\", "\\")
-                  for k, v in _LABEL.findall(match[2] or "")}
+        labels = {
+            k: v.replace('\\"', '"').replace("\\n", "\n").replace("\\\\", "\\")
+            for k, v in _LABEL.findall(match[2] or "")
+        }
         out.append((match[1], labels, float(match[3])))
     return out
 
@@ -138,7 +163,7 @@ def samples(text: str, name: str | None = None) -> list[tuple[str, dict[str, str
 def metric(client: httpx.Client, name: str) -> float:
     """One sample of the Prometheus text at ``/metrics``; ``name`` may include labels (the sample's
     may have more, ``model_name`` say)."""
-    (wanted, labels, _), = samples(name + " 0")
+    ((wanted, labels, _),) = samples(name + " 0")
     for _, have, value in samples(client.get("/metrics").text, wanted):
         if labels.items() <= have.items():
             return value

@@ -65,33 +65,44 @@ def engine_session_params(kv_tokens: int, block_size: int) -> dict:
     return p
 
 
-def sessions_engine_workload(seed: int, kv_tokens: int, block_size: int,
-                             rate_per_s: float = SESSIONS_ENGINE_RATE_PER_S) -> tuple[list, dict]:
-    agents, info = build_sessions(SESSIONS_ENGINE_N, seed, rate_per_s=rate_per_s,
-                                  params=engine_session_params(kv_tokens, block_size))
-    return agents, info | {"token_scale": SESSIONS_ENGINE_SCALE, "time_scale": SESSIONS_ENGINE_TIME_SCALE,
-                           "max_conversation_fraction": SESSIONS_ENGINE_FRACTION}
+def sessions_engine_workload(
+    seed: int, kv_tokens: int, block_size: int, rate_per_s: float = SESSIONS_ENGINE_RATE_PER_S
+) -> tuple[list, dict]:
+    agents, info = build_sessions(
+        SESSIONS_ENGINE_N, seed, rate_per_s=rate_per_s, params=engine_session_params(kv_tokens, block_size)
+    )
+    return agents, info | {
+        "token_scale": SESSIONS_ENGINE_SCALE,
+        "time_scale": SESSIONS_ENGINE_TIME_SCALE,
+        "max_conversation_fraction": SESSIONS_ENGINE_FRACTION,
+    }
 
 
 def sessions_engine_summary(doc: dict) -> list[str]:
     """Per run: mean turn time on the engine and on the simulator, vLLM's and the simulator's
     prefix-cache hit rates, the bound; then Justitia's mean turn time against the others, with the
     paired bootstrap's 95 % intervals."""
-    lines = ["                                        the simulator's turn s (error)",
-             "run                    engine turn s   at the run's speed   at the probes' speeds   vLLM hit   sim hit   "
-             "sessions over bound"]
+    lines = [
+        "                                        the simulator's turn s (error)",
+        "run                    engine turn s   at the run's speed   at the probes' speeds   vLLM hit   sim hit   "
+        "sessions over bound",
+    ]
     nan = float("nan")
     for label, e in doc["policies"].items():
         over = f"{e['bound_violations']} of {len(e['agents'])}" if "bound_violations" in e else "-"
         hit, sim_hit = e.get("prefix_cache", {}).get("hit_rate"), e.get("sim_prefix_hit_rate")
         own = f"{e.get('sim_mean_turn_s_at_run_speed', nan):.2f} ({e.get('sim_turn_error_at_run_speed', nan):+.1%})"
         probed = f"{e.get('sim_mean_turn_s', nan):.2f} ({e.get('sim_turn_error', nan):+.1%})"
-        lines.append(f"{label:22s} {e['mean_turn_s']:13.2f}   {own:>18s}   {probed:>21s} "
-                     f"{'-' if hit is None else f'{hit:.1%}':>10s} {'-' if sim_hit is None else f'{sim_hit:.1%}':>9s}   {over}")
+        lines.append(
+            f"{label:22s} {e['mean_turn_s']:13.2f}   {own:>18s}   {probed:>21s} "
+            f"{'-' if hit is None else f'{hit:.1%}':>10s} {'-' if sim_hit is None else f'{sim_hit:.1%}':>9s}   {over}"
+        )
     for key, c in doc.get("turn_comparisons", {}).items():
         lo, hi = c["ci95"]
-        lines.append(f"mean turn time {key.replace('_vs_', ' / ')}: {c['ratio']:.2f} (95 % interval {lo:.2f}-{hi:.2f}, "
-                     f"{c['repeats']} repeats x {c['agents']} sessions)")
+        lines.append(
+            f"mean turn time {key.replace('_vs_', ' / ')}: {c['ratio']:.2f} (95 % interval {lo:.2f}-{hi:.2f}, "
+            f"{c['repeats']} repeats x {c['agents']} sessions)"
+        )
     return lines
 
 
@@ -101,13 +112,19 @@ GUARDED_ONLINE_LABEL = "justitia-guarded@online"  # behind its lag guard: a boun
 def sessions_specs(choices: bool = False) -> list[RunSpec]:
     """The policies, or (``choices``) justitia under each of its design's choices."""
     if not choices:
-        return ([RunSpec(p, p) for p in SESSIONS_POLICIES] + [RunSpec(p, p) for p in BASELINE_NAMES]
-                + [RunSpec(ONLINE_LABEL, "justitia", "online"), RunSpec(GUARDED_ONLINE_LABEL, "justitia-guarded", "online")])
-    return [RunSpec("justitia", "justitia"), RunSpec(PAUSE_LABEL, "justitia", burst="pause"),
-            RunSpec(FLOWS_LABEL, "justitia", subagents="flows"),
-            RunSpec(TAG_EVICTION_LABEL, "justitia", kv_eviction="tag"),
-            RunSpec(PREFIX_LABEL, "justitia", cost="kv-prefix"),
-            RunSpec(LEARNED_LABEL, "justitia", "session")]
+        return (
+            [RunSpec(p, p) for p in SESSIONS_POLICIES]
+            + [RunSpec(p, p) for p in BASELINE_NAMES]
+            + [RunSpec(ONLINE_LABEL, "justitia", "online"), RunSpec(GUARDED_ONLINE_LABEL, "justitia-guarded", "online")]
+        )
+    return [
+        RunSpec("justitia", "justitia"),
+        RunSpec(PAUSE_LABEL, "justitia", burst="pause"),
+        RunSpec(FLOWS_LABEL, "justitia", subagents="flows"),
+        RunSpec(TAG_EVICTION_LABEL, "justitia", kv_eviction="tag"),
+        RunSpec(PREFIX_LABEL, "justitia", cost="kv-prefix"),
+        RunSpec(LEARNED_LABEL, "justitia", "session"),
+    ]
 
 
 def sessions_summary(doc: dict) -> list[str]:
@@ -118,32 +135,46 @@ def sessions_summary(doc: dict) -> list[str]:
     for label, e in runs.items():
         over = f"{e['bound_violations']} of {len(e['agents'])}" if "bound_violations" in e else "-"
         hit = e.get("prefix_cache", {}).get("hit_rate")
-        lines.append(f"{label:28s} {e['mean_turn_s']:12.1f} {e['p50_turn_s']:12.1f} {e['p90_turn_s']:12.1f} "
-                     f"{'-' if hit is None else f'{hit:.1%}':>10s}   {over}")
+        lines.append(
+            f"{label:28s} {e['mean_turn_s']:12.1f} {e['p50_turn_s']:12.1f} {e['p90_turn_s']:12.1f} "
+            f"{'-' if hit is None else f'{hit:.1%}':>10s}   {over}"
+        )
     for label, e in runs.items():
         errors = e.get("turn_prediction")
         if errors and e["predictor"] != "oracle":
-            lines.append(f"{label}: turn cost predicted within 2x for "
-                         + ", ".join(f"turn {k}: {v['within_2x']:.0%}" for k, v in list(errors.items())[:4])
-                         + f" (all turns: {errors['all']['within_2x']:.0%}, median |log2 error| "
-                           f"{errors['all']['median_abs_log2_error']:.2f})")
+            lines.append(
+                f"{label}: turn cost predicted within 2x for "
+                + ", ".join(f"turn {k}: {v['within_2x']:.0%}" for k, v in list(errors.items())[:4])
+                + f" (all turns: {errors['all']['within_2x']:.0%}, median |log2 error| "
+                f"{errors['all']['median_abs_log2_error']:.2f})"
+            )
     j = runs.get("justitia")
     for label in (ONLINE_LABEL, "justitia"):
         e = runs.get(label)
         if e is None:
             continue
-        ratios = ", ".join(f"{other} {e['mean_turn_s'] / runs[other]['mean_turn_s']:.2f}x"
-                           for other in ("las", *BASELINE_NAMES, "vtc", "fcfs", "justitia") if other in runs and other != label)
+        ratios = ", ".join(
+            f"{other} {e['mean_turn_s'] / runs[other]['mean_turn_s']:.2f}x"
+            for other in ("las", *BASELINE_NAMES, "vtc", "fcfs", "justitia")
+            if other in runs and other != label
+        )
         if ratios:
             lines.append(f"{label}'s mean turn time against {ratios}")
     p = runs.get(PREFIX_LABEL)
     if j is not None and p is not None:
-        lines.append(f"prefix-aware cost against prefix-blind (justitia): mean turn "
-                     f"{p['mean_turn_s'] / j['mean_turn_s']:.3f}x, p90 turn {p['p90_turn_s'] / j['p90_turn_s']:.3f}x")
+        lines.append(
+            f"prefix-aware cost against prefix-blind (justitia): mean turn "
+            f"{p['mean_turn_s'] / j['mean_turn_s']:.3f}x, p90 turn {p['p90_turn_s'] / j['p90_turn_s']:.3f}x"
+        )
     t = runs.get(TAG_EVICTION_LABEL)
     if j is not None and t is not None:
-        hit = (f"{t['prefix_cache']['hit_rate'] / j['prefix_cache']['hit_rate']:.3f}x"
-               if j.get("prefix_cache", {}).get("hit_rate") and t.get("prefix_cache") else "-")
-        lines.append(f"tag eviction against lru (justitia): mean turn {t['mean_turn_s'] / j['mean_turn_s']:.3f}x, "
-                     f"p90 turn {t['p90_turn_s'] / j['p90_turn_s']:.3f}x, hit rate {hit}")
+        hit = (
+            f"{t['prefix_cache']['hit_rate'] / j['prefix_cache']['hit_rate']:.3f}x"
+            if j.get("prefix_cache", {}).get("hit_rate") and t.get("prefix_cache")
+            else "-"
+        )
+        lines.append(
+            f"tag eviction against lru (justitia): mean turn {t['mean_turn_s'] / j['mean_turn_s']:.3f}x, "
+            f"p90 turn {t['p90_turn_s'] / j['p90_turn_s']:.3f}x, hit rate {hit}"
+        )
     return lines

@@ -47,10 +47,14 @@ def main(argv: list[str] | None = None) -> int:
     argparse.ArgumentParser(description=__doc__.splitlines()[0]).parse_args(argv)
     agents, _ = sessions_workload(0)
     config = EngineConfig(profile=load_profile("llama7b-a100-40gb"), prefix_caching=True)
-    run = Simulator(config, "justitia", KnownCallsCost(), "kv", measure_capacity=True).run(agents)  # as the bench runs it
+    run = Simulator(config, "justitia", KnownCallsCost(), "kv", measure_capacity=True).run(
+        agents
+    )  # as the bench runs it
     turns = [t for a in run.agents for t in a.turns_s]
-    print(f"justitia, each turn priced by its calls' true mean cost and the generator's number of calls: "
-          f"mean turn time {sum(turns) / len(turns):.1f} s over {len(turns)} turns")
+    print(
+        f"justitia, each turn priced by its calls' true mean cost and the generator's number of calls: "
+        f"mean turn time {sum(turns) / len(turns):.1f} s over {len(turns)} turns"
+    )
     return 0
 
 

@@ -44,8 +44,12 @@ def rate_table(config, rates: list[float], seeds: int) -> list[dict]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--profile-from", type=Path, default=Path("results/sessions-engine/results.json"),
-                    help="a vLLM bench's results.json, whose calibrated profile the simulator runs at")
+    ap.add_argument(
+        "--profile-from",
+        type=Path,
+        default=Path("results/sessions-engine/results.json"),
+        help="a vLLM bench's results.json, whose calibrated profile the simulator runs at",
+    )
     ap.add_argument("--speed", type=float, default=1.0, help="step times x this (default 1: as calibrated)")
     ap.add_argument("--rates", default="2,3.5,5,6,7,8,10,15", help="sessions a second, comma-separated")
     ap.add_argument("--seeds", type=int, default=4)
@@ -56,13 +60,17 @@ def main() -> None:
         ap.error("--speed: must be above 0")
     _, profile, _, config = load_bench(args.profile_from)
     config = replace(config, profile=replace(profile, scale=profile.scale * args.speed))
-    print(f"{'rate/s':>6}  {'vtc turn s':>10}  {'justitia / vtc, per seed':<28} {'mean':>5}  "
-          f"{'srjf / vtc, per seed':<28} {'mean':>5}  justitia / las")
+    print(
+        f"{'rate/s':>6}  {'vtc turn s':>10}  {'justitia / vtc, per seed':<28} {'mean':>5}  "
+        f"{'srjf / vtc, per seed':<28} {'mean':>5}  justitia / las"
+    )
     for row in rate_table(config, [float(r) for r in args.rates.split(",")], args.seeds):
         t = {p: np.array(v) for p, v in row["mean_turn_s"].items()}
         j, s = t["justitia"] / t["vtc"], t["srjf"] / t["vtc"]
-        print(f"{row['rate_per_s']:6.1f}  {t['vtc'].mean():10.2f}  {' '.join(f'{x:.2f}' for x in j):<28} {j.mean():5.2f}  "
-              f"{' '.join(f'{x:.2f}' for x in s):<28} {s.mean():5.2f}  {(t['justitia'] / t['las']).mean():.2f}")
+        print(
+            f"{row['rate_per_s']:6.1f}  {t['vtc'].mean():10.2f}  {' '.join(f'{x:.2f}' for x in j):<28} {j.mean():5.2f}  "
+            f"{' '.join(f'{x:.2f}' for x in s):<28} {s.mean():5.2f}  {(t['justitia'] / t['las']).mean():.2f}"
+        )
 
 
 if __name__ == "__main__":

@@ -49,8 +49,9 @@ WARM = "justitia@online/warm"
 ORACLE = "justitia"  # the oracle's costs: a reference row
 
 
-def tau2_workload(seed: int, copies: int = 1, rate_per_s: float = TAU2_RATE_PER_S, scale: float = TAU2_SCALE,
-                  source=None) -> tuple[list[Agent], dict]:
+def tau2_workload(
+    seed: int, copies: int = 1, rate_per_s: float = TAU2_RATE_PER_S, scale: float = TAU2_SCALE, source=None
+) -> tuple[list[Agent], dict]:
     """tau2-bench's simulations (``copies`` of each, shuffled by ``seed``), arriving as a Poisson
     process at ``rate_per_s``, lengths divided by ``scale``."""
     paths = source or default_tau2_source()
@@ -60,11 +61,20 @@ def tau2_workload(seed: int, copies: int = 1, rate_per_s: float = TAU2_RATE_PER_
     order = [order[i] for i in rng.permutation(len(order))]
     arrivals = synthetic_arrivals(len(order), rng, rate_per_s)
     agents = scale_tokens(conversations_to_agents(order, arrivals), scale)
-    info = {"source": "tau2-bench (" + ("the package's compact file" if paths and str(paths[0]).endswith(".gz")
-                                       else "../shared/traces/tau2-bench") + ")",
-            "simulations": len(convs), "copies": copies, "agents": len(agents), "arrivals": "poisson",
-            "rate_per_s": rate_per_s, "scale": scale, "seed": seed,
-            "sessions": sum(a.is_session for a in agents), "solo_agents": sum(not a.is_session for a in agents)}
+    info = {
+        "source": "tau2-bench ("
+        + ("the package's compact file" if paths and str(paths[0]).endswith(".gz") else "../shared/traces/tau2-bench")
+        + ")",
+        "simulations": len(convs),
+        "copies": copies,
+        "agents": len(agents),
+        "arrivals": "poisson",
+        "rate_per_s": rate_per_s,
+        "scale": scale,
+        "seed": seed,
+        "sessions": sum(a.is_session for a in agents),
+        "solo_agents": sum(not a.is_session for a in agents),
+    }
     return agents, info
 
 
@@ -84,15 +94,21 @@ def tau2_specs(agents: list[Agent]) -> list[RunSpec]:
     """The rows (the module's docstring). The warm row's state comes from the disjoint history; the
     guard starts cold (its scale is a size, and the history holds the same tasks' calls)."""
     history = tuple(disjoint_history(agents))
-    return ([RunSpec(p, p) for p in TAU2_POLICIES] + [RunSpec(ORACLE, "justitia"), RunSpec(ONLINE, "justitia", "online"),
-            RunSpec(GUARDED, "justitia-guarded", "online"),
-            RunSpec(WARM, "justitia", "online", history=history)])
+    return [RunSpec(p, p) for p in TAU2_POLICIES] + [
+        RunSpec(ORACLE, "justitia"),
+        RunSpec(ONLINE, "justitia", "online"),
+        RunSpec(GUARDED, "justitia-guarded", "online"),
+        RunSpec(WARM, "justitia", "online", history=history),
+    ]
 
 
 def _turn_sums(entry: dict, solo: bool = True) -> dict[str, float]:
     """Each agent's turn times summed: a session's turns, a solo agent's one turn (its JCT)."""
-    return {a["agent_id"]: sum(a["turns_s"]) if a.get("turns_s") else a["jct_s"] for a in entry["agents"]
-            if solo or a.get("turns_s")}
+    return {
+        a["agent_id"]: sum(a["turns_s"]) if a.get("turns_s") else a["jct_s"]
+        for a in entry["agents"]
+        if solo or a.get("turns_s")
+    }
 
 
 def turn_count(entry: dict) -> int:
@@ -116,29 +132,39 @@ def tau2_comparisons(doc: dict) -> dict[str, dict]:
         all_, mine_conv = _turn_sums(e), _turn_sums(e, solo=False)
         c = paired_bootstrap(np.array([all_[i] for i in ids]), np.array([ref_all[i] for i in ids]))
         cc = paired_bootstrap(np.array([mine_conv[i] for i in conv]), np.array([ref_conv[i] for i in conv]))
-        out[label] = {"mean_turn_s": sum(all_.values()) / n, "ratio": c["ratio"], "ci95": c["ci95"],
-                      "conversation_turn_s": e["mean_turn_s"], "conversation_ratio": cc["ratio"],
-                      "conversation_ci95": cc["ci95"],
-                      "solo_mean_jct_s": float(np.mean([all_[i] for i in solo])) if solo else math.nan,
-                      "solo_ratio": (sum(all_[i] for i in solo) / sum(ref_all[i] for i in solo)) if solo else math.nan,
-                      "past_bound": e.get("bound_violations"), "agents": len(e["agents"])}
+        out[label] = {
+            "mean_turn_s": sum(all_.values()) / n,
+            "ratio": c["ratio"],
+            "ci95": c["ci95"],
+            "conversation_turn_s": e["mean_turn_s"],
+            "conversation_ratio": cc["ratio"],
+            "conversation_ci95": cc["ci95"],
+            "solo_mean_jct_s": float(np.mean([all_[i] for i in solo])) if solo else math.nan,
+            "solo_ratio": (sum(all_[i] for i in solo) / sum(ref_all[i] for i in solo)) if solo else math.nan,
+            "past_bound": e.get("bound_violations"),
+            "agents": len(e["agents"]),
+        }
     return out
 
 
 def tau2_summary(doc: dict) -> list[str]:
     """``tau2_comparisons`` as lines, one per run."""
     rows = tau2_comparisons(doc)
-    lines = [f"mean turn time over every turn (a solo agent's run is one turn) / {REFERENCE}'s, 95 % interval over "
-             "simulations; then the conversations' turns alone, and the solo agents' mean JCT",
-             "run                        all turns s  / las-turn (95 %)         conversation turns s / las-turn"
-             "      solo JCT s / las-turn   past the bound"]
+    lines = [
+        f"mean turn time over every turn (a solo agent's run is one turn) / {REFERENCE}'s, 95 % interval over "
+        "simulations; then the conversations' turns alone, and the solo agents' mean JCT",
+        "run                        all turns s  / las-turn (95 %)         conversation turns s / las-turn"
+        "      solo JCT s / las-turn   past the bound",
+    ]
     for label, r in rows.items():
         lo, hi = r["ci95"]
         clo, chi = r["conversation_ci95"]
         over = "-" if r["past_bound"] is None else f"{r['past_bound']} of {r['agents']}"
-        lines.append(f"{label:26s} {r['mean_turn_s']:11.1f}  {r['ratio']:.3f} ({lo:.3f}-{hi:.3f})   "
-                     f"{r['conversation_turn_s']:11.1f}   {r['conversation_ratio']:.3f} ({clo:.3f}-{chi:.3f})   "
-                     f"{r['solo_mean_jct_s']:10.1f}   {r['solo_ratio']:.3f}   {over}")
+        lines.append(
+            f"{label:26s} {r['mean_turn_s']:11.1f}  {r['ratio']:.3f} ({lo:.3f}-{hi:.3f})   "
+            f"{r['conversation_turn_s']:11.1f}   {r['conversation_ratio']:.3f} ({clo:.3f}-{chi:.3f})   "
+            f"{r['solo_mean_jct_s']:10.1f}   {r['solo_ratio']:.3f}   {over}"
+        )
     return lines
 
 
@@ -164,9 +190,16 @@ def tau2_engine_workload(seed: int, kv_tokens: int, max_model_len: int, source=N
     arrivals = synthetic_arrivals(len(pick), rng, TAU2_ENGINE_RATE_PER_S)
     room = int(min(kv_tokens * TAU2_ENGINE_FRACTION, max_model_len - 64))
     agents, factor = fit_tokens(conversations_to_agents(pick, arrivals), room)
-    info = {"source": "tau2-bench", "sessions": len(agents), "arrivals": "poisson", "rate_per_s": TAU2_ENGINE_RATE_PER_S,
-            "token_scale": factor, "time_scale": TAU2_ENGINE_TIME_SCALE, "max_conversation_fraction": TAU2_ENGINE_FRACTION,
-            "seed": seed}
+    info = {
+        "source": "tau2-bench",
+        "sessions": len(agents),
+        "arrivals": "poisson",
+        "rate_per_s": TAU2_ENGINE_RATE_PER_S,
+        "token_scale": factor,
+        "time_scale": TAU2_ENGINE_TIME_SCALE,
+        "max_conversation_fraction": TAU2_ENGINE_FRACTION,
+        "seed": seed,
+    }
     return agents, info
 
 
@@ -177,23 +210,34 @@ def rate_sweep(rates: list[float], seed: int = 0) -> list[str]:
     from justitia.sim import EngineConfig
     from justitia.sim.config import load_profile
 
-    config = EngineConfig(profile=load_profile(SIM_DEFAULT_PROFILE), max_num_batched_tokens=2048, max_num_seqs=256,
-                          prefix_caching=True)
-    specs = [RunSpec("fcfs", "fcfs"), RunSpec(REFERENCE, REFERENCE), RunSpec(ORACLE, "justitia"),
-             RunSpec(ONLINE, "justitia", "online")]
-    lines = ["rate/s   " + "   ".join(f"{s.label:>16s}" for s in specs) + "   (mean turn s over every turn; / las-turn)"]
+    config = EngineConfig(
+        profile=load_profile(SIM_DEFAULT_PROFILE), max_num_batched_tokens=2048, max_num_seqs=256, prefix_caching=True
+    )
+    specs = [
+        RunSpec("fcfs", "fcfs"),
+        RunSpec(REFERENCE, REFERENCE),
+        RunSpec(ORACLE, "justitia"),
+        RunSpec(ONLINE, "justitia", "online"),
+    ]
+    lines = [
+        "rate/s   " + "   ".join(f"{s.label:>16s}" for s in specs) + "   (mean turn s over every turn; / las-turn)"
+    ]
     for rate in rates:
         agents, info = tau2_workload(seed, rate_per_s=rate)
         rows = tau2_comparisons(run_bench(agents, specs, config, info, seed, progress=False))
-        lines.append(f"{rate:6.2f}   " + "   ".join(f"{rows[s.label]['mean_turn_s']:7.1f} ({rows[s.label]['ratio']:.2f})"
-                                              for s in specs))
+        lines.append(
+            f"{rate:6.2f}   "
+            + "   ".join(f"{rows[s.label]['mean_turn_s']:7.1f} ({rows[s.label]['ratio']:.2f})" for s in specs)
+        )
     return lines
 
 
 if __name__ == "__main__":
     import argparse
 
-    ap = argparse.ArgumentParser(description="tau2-bench's simulations at several arrival rates (the tau2 preset's load)")
+    ap = argparse.ArgumentParser(
+        description="tau2-bench's simulations at several arrival rates (the tau2 preset's load)"
+    )
     ap.add_argument("--rates", type=float, nargs="+", default=[0.5, 1.0, 2.0, 3.0, 4.0])
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()

@@ -50,9 +50,18 @@ BRIEF = "The brief every batch-a task shares: " + "the quarterly figures, their 
 
 
 def _run_agent(url: str, tenant: str, tasks: int, tokens: int, log: list, lock: threading.Lock) -> None:
-    brief = BRIEF if tenant == "batch-a" else ""  # two KV blocks and more: vLLM's prefix cache holds them after the first
-    body = {"type": tenant, "stages": [[{"prompt": f"{brief}{tenant}: part {i} of the job.", "max_tokens": tokens,
-                                         "ignore_eos": True} for i in range(tasks)]]}
+    brief = (
+        BRIEF if tenant == "batch-a" else ""
+    )  # two KV blocks and more: vLLM's prefix cache holds them after the first
+    body = {
+        "type": tenant,
+        "stages": [
+            [
+                {"prompt": f"{brief}{tenant}: part {i} of the job.", "max_tokens": tokens, "ignore_eos": True}
+                for i in range(tasks)
+            ]
+        ],
+    }
     with _client(url, KEYS[tenant]) as client:
         doc = wait_agent(client, client.post("/v1/agents", json=body).json()["agent_id"])
     with lock:
@@ -79,6 +88,7 @@ def main(argv: list[str] | None = None) -> int:
     lock, done = threading.Lock(), threading.Event()
     scrapes: list[float] = []
     try:
+
         def scrape() -> None:
             with httpx.Client(base_url=url, timeout=30) as client:
                 while not done.is_set():
@@ -91,8 +101,11 @@ def main(argv: list[str] | None = None) -> int:
         scraper.start()
         t0 = time.time()
         with ThreadPoolExecutor(64) as pool:
-            batches = [pool.submit(_run_agent, url, tenant, 8, 128, log, lock)
-                       for _ in range(args.agents) for tenant in ("batch-a", "batch-b")]
+            batches = [
+                pool.submit(_run_agent, url, tenant, 8, 128, log, lock)
+                for _ in range(args.agents)
+                for tenant in ("batch-a", "batch-b")
+            ]
             streamed = []
             while not all(f.done() for f in batches):
                 streamed.append(pool.submit(_run_agent, url, "stream", 1, 32, log, lock))
@@ -105,8 +118,13 @@ def main(argv: list[str] | None = None) -> int:
         time.sleep(1.1)  # the server's last reading of the engine is now after the last agent ended
         text = httpx.get(url + "/metrics", timeout=30).text
         state = httpx.get(url + "/justitia/state", headers={"Authorization": f"Bearer {ADMIN}"}, timeout=30).json()
-        top = subprocess.run([sys.executable, "-m", "justitia", "top", "--once", "--url", url, "--api-key", ADMIN],
-                             capture_output=True, text=True, timeout=60, env=dict(os.environ, COLUMNS="200")).stdout
+        top = subprocess.run(
+            [sys.executable, "-m", "justitia", "top", "--once", "--url", url, "--api-key", ADMIN],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env=dict(os.environ, COLUMNS="200"),
+        ).stdout
     finally:
         done.set()
         proc.terminate()
@@ -119,34 +137,66 @@ def main(argv: list[str] | None = None) -> int:
     from_metrics = _metric_shares(text)
     from_page = {t["tenant"]: t["share"] for t in state["tenants"]}
     rows = []
-    print(f"{len(log)} tasks in {wall:.0f} s; /metrics scraped {len(scrapes)} times "
-          f"(p50 {1e3 * sorted(scrapes)[len(scrapes) // 2]:.1f} ms)")
+    print(
+        f"{len(log)} tasks in {wall:.0f} s; /metrics scraped {len(scrapes)} times "
+        f"(p50 {1e3 * sorted(scrapes)[len(scrapes) // 2]:.1f} ms)"
+    )
     print(f"{'tenant':10} {'log':>8} {'/metrics':>9} {'off':>7} {'page':>8} {'top':>8}")
     for tenant in KEYS:
         cells = next((row for row in top.splitlines() if f" {tenant} " in row), "").replace("│", " ").split()
         top_share = next((cells[i - 1] + " %" for i, w in enumerate(cells) if w == "%"), None)  # its share column
         off = from_metrics.get(tenant, 0.0) / from_log[tenant] - 1
-        rows.append({"tenant": tenant, "log": from_log[tenant], "metrics": from_metrics.get(tenant),
-                     "off": off, "page": from_page.get(tenant), "top": top_share})
-        print(f"{tenant:10} {100 * from_log[tenant]:7.1f}% {100 * from_metrics.get(tenant, 0):8.1f}% "
-              f"{100 * off:+6.1f}% {100 * (from_page.get(tenant) or 0):7.1f}% {top_share or '-':>8}")
-    cache = {name: sum(v for _, _, v in samples(text, name)) for name in (
-        "justitia_prefix_cache_queries_total", "justitia_prefix_cache_hits_total",
-        "vllm:prefix_cache_queries_total", "vllm:prefix_cache_hits_total")}
+        rows.append(
+            {
+                "tenant": tenant,
+                "log": from_log[tenant],
+                "metrics": from_metrics.get(tenant),
+                "off": off,
+                "page": from_page.get(tenant),
+                "top": top_share,
+            }
+        )
+        print(
+            f"{tenant:10} {100 * from_log[tenant]:7.1f}% {100 * from_metrics.get(tenant, 0):8.1f}% "
+            f"{100 * off:+6.1f}% {100 * (from_page.get(tenant) or 0):7.1f}% {top_share or '-':>8}"
+        )
+    cache = {
+        name: sum(v for _, _, v in samples(text, name))
+        for name in (
+            "justitia_prefix_cache_queries_total",
+            "justitia_prefix_cache_hits_total",
+            "vllm:prefix_cache_queries_total",
+            "vllm:prefix_cache_hits_total",
+        )
+    }
     prompts = sum(p for _, p, _ in log)
     queries, hits = cache["justitia_prefix_cache_queries_total"], cache["justitia_prefix_cache_hits_total"]
-    print(f"prefix cache as Justitia saw it: {hits:.0f} of {queries:.0f} prompt tokens held ({100 * hits / max(queries, 1):.1f} %; "
-          f"the log's prompts: {prompts} tokens); vLLM's own counters, every lookup: "
-          f"{cache['vllm:prefix_cache_hits_total']:.0f} of {cache['vllm:prefix_cache_queries_total']:.0f}")
-    per_tenant = {labels["tenant"]: [0.0, 0.0] for _, labels, _ in samples(text, "justitia_tenant_prefix_cache_queries_total")}
+    print(
+        f"prefix cache as Justitia saw it: {hits:.0f} of {queries:.0f} prompt tokens held ({100 * hits / max(queries, 1):.1f} %; "
+        f"the log's prompts: {prompts} tokens); vLLM's own counters, every lookup: "
+        f"{cache['vllm:prefix_cache_hits_total']:.0f} of {cache['vllm:prefix_cache_queries_total']:.0f}"
+    )
+    per_tenant = {
+        labels["tenant"]: [0.0, 0.0] for _, labels, _ in samples(text, "justitia_tenant_prefix_cache_queries_total")
+    }
     for k, name in enumerate(("justitia_tenant_prefix_cache_queries_total", "justitia_tenant_prefix_cache_hits_total")):
         for _, labels, value in samples(text, name):
             per_tenant[labels["tenant"]][k] = value
     cache["tenants"] = per_tenant
     print("  by tenant: " + ", ".join(f"{t} {100 * h / q:.1f} %" for t, (q, h) in sorted(per_tenant.items()) if q))
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({"wall_s": wall, "tasks": len(log), "scrapes": len(scrapes), "tenants": rows,
-                                    "prefix_cache": cache | {"log_prompt_tokens": prompts}}, indent=1))
+    args.out.write_text(
+        json.dumps(
+            {
+                "wall_s": wall,
+                "tasks": len(log),
+                "scrapes": len(scrapes),
+                "tenants": rows,
+                "prefix_cache": cache | {"log_prompt_tokens": prompts},
+            },
+            indent=1,
+        )
+    )
     worst = max(abs(r["off"]) for r in rows)
     print(f"worst /metrics share off the log's: {100 * worst:.1f} % (target: within 10 %)")
     return 0

@@ -124,8 +124,9 @@ def service_curves(agents: list[Agent], run: RunResult, points: int = SERVICE_PO
     return {"t_s": [float(x) for x in times], "service_token_iters": curves}
 
 
-def tenant_report(agents: list[Agent], run: RunResult, gps_finish_s: dict[str, float] | None,
-                  bound_s: float | None) -> dict:
+def tenant_report(
+    agents: list[Agent], run: RunResult, gps_finish_s: dict[str, float] | None, bound_s: float | None
+) -> dict:
     """The run's ``tenants`` section: per tenant, its weight, agents, mean JCT, service and share of
     it, its share while backlogged, and (given the H-GPS reference and the bound) its agents past the
     bound and its lag; and the service curves."""
@@ -142,12 +143,22 @@ def tenant_report(agents: list[Agent], run: RunResult, gps_finish_s: dict[str, f
     lags = tenant_lags(agents, run, gps_finish_s) if gps_finish_s is not None else {}
     out = {}
     for t in weights:
-        entry = {"weight": weights[t], "agents": len(jcts[t]), "mean_jct_s": float(np.mean(jcts[t])),
-                 "service_token_iters": served[t], "service_share": served[t] / total,
-                 "backlogged_share_ratio": shares[t]}
+        entry = {
+            "weight": weights[t],
+            "agents": len(jcts[t]),
+            "mean_jct_s": float(np.mean(jcts[t])),
+            "service_token_iters": served[t],
+            "service_share": served[t] / total,
+            "backlogged_share_ratio": shares[t],
+        }
         if gps_finish_s is not None and bound_s is not None:
-            late = [r for r in run.agents if tenant[r.agent_id] == t and r.finish_s - gps_finish_s[r.agent_id] > bound_s]
-            entry |= {"agent_bound_violations": len(late), "tenant_lag_s": lags[t],
-                      "tenant_bound_violation": bool(lags[t] > bound_s)}
+            late = [
+                r for r in run.agents if tenant[r.agent_id] == t and r.finish_s - gps_finish_s[r.agent_id] > bound_s
+            ]
+            entry |= {
+                "agent_bound_violations": len(late),
+                "tenant_lag_s": lags[t],
+                "tenant_bound_violation": bool(lags[t] > bound_s),
+            }
         out[t] = entry
     return {"per_tenant": out, "service_curves": service_curves(agents, run)}

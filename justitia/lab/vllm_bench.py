@@ -17,9 +17,17 @@ import numpy as np
 
 from justitia.agent import RunResult
 from justitia.lab.bench import RunSpec, check_labels, simulate, summarize
+from justitia.lab.calibrate import (
+    delivered_capacity,
+    fcfs_mean_jct,
+    fit_frontend,
+    fit_profile,
+    fit_speed,
+    probe_speed,
+    run_speed,
+    step_durations,
+)
 from justitia.lab.door import SUFFIX as DOOR_SUFFIX
-from justitia.lab.calibrate import (delivered_capacity, fcfs_mean_jct, fit_frontend, fit_profile, fit_speed,
-                                    probe_speed, run_speed, step_durations)
 from justitia.lab.metrics import paired_bootstrap, turn_stats
 from justitia.lab.progress import progress_bar
 from justitia.lab.runner import VllmEngine
@@ -38,7 +46,9 @@ def _mean_step_ms(rows) -> float:
     return float(steps[:, 4].mean()) if len(steps) else 0.0
 
 
-async def _calibrate(engine: VllmEngine, agents: list[Agent], seed: int, repeats: int = 1) -> tuple[LatencyProfile, dict]:
+async def _calibrate(
+    engine: VllmEngine, agents: list[Agent], seed: int, repeats: int = 1
+) -> tuple[LatencyProfile, dict]:
     # the calibration's agents are the bench's own: scaled down until each task fits this engine's
     # context and KV cache, whatever the workload being benched
     agents, factor = fit_tokens(agents, min(engine.spec.max_model_len, engine.kv_tokens))
@@ -56,10 +66,12 @@ async def _calibrate(engine: VllmEngine, agents: list[Agent], seed: int, repeats
         jcts.append(sum(a.jct_s for a in run.result.agents) / len(agents))
     spec = engine.spec
     name = f"{spec.model}-cpu-calibrated"
-    source = (f"fitted by 'justitia calibrate' to {sum(len(r.steps) for r in runs)} steps of {len(agents)} agents "
-              f"under fcfs on vLLM ({spec.model}, {spec.kv_blocks} blocks of {engine.block_size}, "
-              f"max_num_seqs {spec.max_num_seqs}, max_num_batched_tokens {spec.max_num_batched_tokens}); "
-              f"the front end's latencies measured on their requests")
+    source = (
+        f"fitted by 'justitia calibrate' to {sum(len(r.steps) for r in runs)} steps of {len(agents)} agents "
+        f"under fcfs on vLLM ({spec.model}, {spec.kv_blocks} blocks of {engine.block_size}, "
+        f"max_num_seqs {spec.max_num_seqs}, max_num_batched_tokens {spec.max_num_batched_tokens}); "
+        f"the front end's latencies measured on their requests"
+    )
     profile, stats = fit_profile([r.steps for r in runs], name, spec.usable_blocks, engine.block_size, source)
     # what the steps leave out: the front end, measured on the same runs' requests
     frontend = fit_frontend([(r.steps, r.requests) for r in runs])
@@ -68,11 +80,19 @@ async def _calibrate(engine: VllmEngine, agents: list[Agent], seed: int, repeats
     at_zero = fcfs_mean_jct(agents, config, seed)
     profile = replace(profile, **{k: frontend[k] for k in FRONTEND_FIELDS})
     fitted = fcfs_mean_jct(agents, engine_config(profile, spec, engine.block_size), seed)
-    return profile, stats | {"scaled_down_by": factor, "warmup_step_ms": warmup, "engine_mean_jct_s": engine_jct,
-                             "sim_mean_jct_s_steps_only": at_zero, "sim_mean_jct_s": fitted, "frontend": frontend}
+    return profile, stats | {
+        "scaled_down_by": factor,
+        "warmup_step_ms": warmup,
+        "engine_mean_jct_s": engine_jct,
+        "sim_mean_jct_s_steps_only": at_zero,
+        "sim_mean_jct_s": fitted,
+        "frontend": frontend,
+    }
 
 
-def calibrate(engine_spec: EngineSpec, agents: list[Agent], seed: int = 0, repeats: int = 1) -> tuple[LatencyProfile, dict]:
+def calibrate(
+    engine_spec: EngineSpec, agents: list[Agent], seed: int = 0, repeats: int = 1
+) -> tuple[LatencyProfile, dict]:
     """Run ``agents`` under fcfs on the engine and fit a latency profile to its steps."""
 
     async def go():
@@ -99,17 +119,29 @@ def merge_repeats(runs: list) -> RunResult:
         cache = {key: sum(r.result.prefix_cache[key] for r in runs) for key in ("queried_tokens", "hit_tokens")}
         cache["hit_rate"] = cache["hit_tokens"] / cache["queried_tokens"] if cache["queried_tokens"] else 0.0
         cache["hit_rate_per_repeat"] = [r.result.prefix_cache["hit_rate"] for r in runs]
-    return RunResult(first.policy, agents, sum(r.result.makespan_s for r in runs) / len(runs),
-                     sum(r.result.iterations for r in runs), sum(r.result.steps for r in runs),
-                     sum(r.result.preemptions for r in runs), sum(r.result.wall_s for r in runs),
-                     first.capacity_schedule, prefix_cache=cache)
+    return RunResult(
+        first.policy,
+        agents,
+        sum(r.result.makespan_s for r in runs) / len(runs),
+        sum(r.result.iterations for r in runs),
+        sum(r.result.steps for r in runs),
+        sum(r.result.preemptions for r in runs),
+        sum(r.result.wall_s for r in runs),
+        first.capacity_schedule,
+        prefix_cache=cache,
+    )
 
 
 def engine_config(profile: LatencyProfile, spec: EngineSpec, block_size: int) -> EngineConfig:
     """The simulator's view of the vLLM engine ``spec`` describes."""
-    return EngineConfig(profile=profile, kv_blocks=spec.usable_blocks, block_size=block_size,
-                        max_num_batched_tokens=spec.max_num_batched_tokens, max_num_seqs=spec.max_num_seqs,
-                        prefix_caching=spec.prefix_caching is not False)
+    return EngineConfig(
+        profile=profile,
+        kv_blocks=spec.usable_blocks,
+        block_size=block_size,
+        max_num_batched_tokens=spec.max_num_batched_tokens,
+        max_num_seqs=spec.max_num_seqs,
+        prefix_caching=spec.prefix_caching is not False,
+    )
 
 
 def load_bench(path: str | Path) -> tuple[dict, LatencyProfile, EngineSpec, EngineConfig]:
@@ -121,10 +153,20 @@ def load_bench(path: str | Path) -> tuple[dict, LatencyProfile, EngineSpec, Engi
     return doc, profile, spec, engine_config(profile, spec, doc["vllm"]["block_size"])
 
 
-def run_bench_vllm(agents: list[Agent], specs: list[RunSpec], engine_spec: EngineSpec, workload_info: dict,
-                   seed: int = 0, progress: bool = True, profile: LatencyProfile | None = None,
-                   calibration_agents: list[Agent] | None = None, tagging: bool = False, repeats: int = 1,
-                   speed_probes: bool = False, door: list[RunSpec] | None = None) -> dict:
+def run_bench_vllm(
+    agents: list[Agent],
+    specs: list[RunSpec],
+    engine_spec: EngineSpec,
+    workload_info: dict,
+    seed: int = 0,
+    progress: bool = True,
+    profile: LatencyProfile | None = None,
+    calibration_agents: list[Agent] | None = None,
+    tagging: bool = False,
+    repeats: int = 1,
+    speed_probes: bool = False,
+    door: list[RunSpec] | None = None,
+) -> dict:
     """Run every spec on one vLLM engine (plus a tagging run on stock vLLM) and compare with the simulator.
 
     With ``repeats`` > 1 every run is repeated (interleaved) and each agent's JCT is its mean over
@@ -204,22 +246,38 @@ def run_bench_vllm(agents: list[Agent], specs: list[RunSpec], engine_spec: Engin
                 for _ in range(repeats):  # interleaved: a slow spell of the machine hits every policy
                     for spec in specs:
                         last = await probed_run(
-                            engine, spec.label, last, policy=spec.policy, predictor=spec.predictor,
-                            cost=spec.cost, capacity_per_s=start_m(spec),
+                            engine,
+                            spec.label,
+                            last,
+                            policy=spec.policy,
+                            predictor=spec.predictor,
+                            cost=spec.cost,
+                            capacity_per_s=start_m(spec),
                             on_agent_finish=lambda _r, s=spec: advance(s.label),
-                            measure_capacity=spec.capacity == "measured", retag=spec.retag, pricing=spec.pricing)
+                            measure_capacity=spec.capacity == "measured",
+                            retag=spec.retag,
+                            pricing=spec.pricing,
+                        )
                 if tagging:
                     # stock vLLM's priority scheduling, its steps logged as the plug-in's are
                     async with VllmEngine(replace(engine_spec, scheduler="priority-logged")) as stock:
                         # A fresh engine's first steps of each batch shape are slow (CPU kernels get
                         # built); the plug-in engine warmed up before calibrating, this one does here.
-                        await stock.run(calibration_agents or agents, "justitia", predictor, "kv",
-                                        start_m(tagged), seed)
+                        await stock.run(
+                            calibration_agents or agents, "justitia", predictor, "kv", start_m(tagged), seed
+                        )
                         last = await probe(stock)
                         for _ in range(repeats):
                             last = await probed_run(
-                                stock, TAGGING_LABEL, last, policy="justitia", predictor=predictor, cost="kv",
-                                capacity_per_s=start_m(tagged), on_agent_finish=lambda _r: advance(TAGGING_LABEL))
+                                stock,
+                                TAGGING_LABEL,
+                                last,
+                                policy="justitia",
+                                predictor=predictor,
+                                cost="kv",
+                                capacity_per_s=start_m(tagged),
+                                on_agent_finish=lambda _r: advance(TAGGING_LABEL),
+                            )
         if door:
             await door_runs(agents, door, engine_spec, seed, repeats, progress, tries, walls)
         return config
@@ -244,20 +302,36 @@ def run_bench_vllm(agents: list[Agent], specs: list[RunSpec], engine_spec: Engin
         doc["turn_comparisons"] = comparisons(tries, seed, "turn")
 
     for spec in all_specs:
-        _judge_against_simulator(doc["policies"][spec.label], spec, agents, config, seed, _Observed(
-            tries[spec.label], walls[spec.label], probes.get(spec.label), probe_steps.get(spec.label), probe_agents))
+        _judge_against_simulator(
+            doc["policies"][spec.label],
+            spec,
+            agents,
+            config,
+            seed,
+            _Observed(
+                tries[spec.label], walls[spec.label], probes.get(spec.label), probe_steps.get(spec.label), probe_agents
+            ),
+        )
     return doc
 
 
-async def door_runs(agents: list[Agent], door: list[RunSpec], engine_spec: EngineSpec, seed: int, repeats: int,
-                    progress: bool, tries: dict, walls: dict) -> None:
+async def door_runs(
+    agents: list[Agent],
+    door: list[RunSpec],
+    engine_spec: EngineSpec,
+    seed: int,
+    repeats: int,
+    progress: bool,
+    tries: dict,
+    walls: dict,
+) -> None:
     """Each door spec's runs through ``justitia serve`` (``lab.door``), interleaved over ``repeats``,
     each on a fresh server with the engine ``engine_spec`` describes; into ``tries`` and ``walls``."""
     from transformers import AutoTokenizer
 
+    from justitia.defaults import process_cpus
     from justitia.lab.door import door_server, run_through_door
     from justitia.lab.runner import pin_process
-    from justitia.defaults import process_cpus
     from justitia.vllm.models import resolve_model
 
     pin_process(set(process_cpus()))  # the in-process engine pinned this process; the server gets every core
@@ -268,9 +342,16 @@ async def door_runs(agents: list[Agent], door: list[RunSpec], engine_spec: Engin
                 proc, url = door_server(spec.policy, engine_spec)
                 try:
                     t = time.perf_counter()
-                    run = await run_through_door(url, agents, spec.policy, tokenizer, engine_spec.max_model_len, seed,
-                                                 on_agent_finish=lambda _r, s=spec: advance(s.label),
-                                                 served=engine_spec.model)
+                    run = await run_through_door(
+                        url,
+                        agents,
+                        spec.policy,
+                        tokenizer,
+                        engine_spec.max_model_len,
+                        seed,
+                        on_agent_finish=lambda _r, s=spec: advance(s.label),
+                        served=engine_spec.model,
+                    )
                     walls[spec.label] = walls.get(spec.label, 0.0) + time.perf_counter() - t
                     tries.setdefault(spec.label, []).append(run)
                 finally:
@@ -290,7 +371,9 @@ class _Observed:
     probe_agents: list[Agent]
 
 
-def _judge_against_simulator(entry: dict, spec: RunSpec, agents: list[Agent], config, seed: int, seen: _Observed) -> None:
+def _judge_against_simulator(
+    entry: dict, spec: RunSpec, agents: list[Agent], config, seed: int, seen: _Observed
+) -> None:
     """The simulator's prediction of one label's mean JCT written into its results ``entry``, at the
     calibration's profile and at the speeds the probes (or the run's own steps) found, with errors.
     Sessions: its mean turn time and prefix-cache hit rate too, at the same speeds."""
@@ -309,8 +392,7 @@ def _judge_against_simulator(entry: dict, spec: RunSpec, agents: list[Agent], co
 
     sim_mean = entry["sim_mean_jct_s_one_profile"] = sim_mean_jct(spec)  # the calibration's profile alone
     if seen.probes is not None:  # each repeat predicted at the mean speed of the probes around it
-        by_jct = [float(np.mean([fit_speed(probe_agents, config, jct, seed) for jct in pair]))
-                  for pair in seen.probes]
+        by_jct = [float(np.mean([fit_speed(probe_agents, config, jct, seed) for jct in pair])) for pair in seen.probes]
         read = [[probe_speed(config.profile, steps) for steps in pair] for pair in seen.probe_steps]
         by_steps = [float(np.mean(pair)) if None not in pair else None for pair in read]
         entry["probe_mean_jct_s_per_repeat"] = [list(pair) for pair in seen.probes]
@@ -329,7 +411,9 @@ def _judge_against_simulator(entry: dict, spec: RunSpec, agents: list[Agent], co
             before = float(np.mean([sim_mean_jct(spec, pair[0]) for pair in read]))
             entry["sim_error_probe_before"] = before / entry["mean_jct_s"] - 1  # the single probe's
         sim_mean = float(np.mean([sim_mean_jct(spec, s) for s in by_steps])) if logged else at_jct
-    entry["mode"] = "tagging" if spec.label == TAGGING_LABEL else "door" if spec.label.endswith(DOOR_SUFFIX) else "plugin"
+    entry["mode"] = (
+        "tagging" if spec.label == TAGGING_LABEL else "door" if spec.label.endswith(DOOR_SUFFIX) else "plugin"
+    )
     entry["run_wall_s"] = seen.wall_s
     entry["max_arrival_lag_s"] = max(run.max_arrival_lag_s for run in seen.tries)
     entry["mean_jct_s_per_repeat"] = [sum(a.jct_s for a in run.result.agents) / len(agents) for run in seen.tries]
@@ -363,12 +447,22 @@ def _judge_against_simulator(entry: dict, spec: RunSpec, agents: list[Agent], co
 
 
 # Justitia against the baselines the paper sets it against, through the plug-in and by tagging.
-COMPARED = [("justitia", b) for b in ("vtc", "srjf", "las", "fcfs")] + [(TAGGING_LABEL, "vtc"), (TAGGING_LABEL, "justitia"),
-                                                                     ("justitia@prefix-aware", "justitia")]
+COMPARED = [("justitia", b) for b in ("vtc", "srjf", "las", "fcfs")] + [
+    (TAGGING_LABEL, "vtc"),
+    (TAGGING_LABEL, "justitia"),
+    ("justitia@prefix-aware", "justitia"),
+]
 # prices learned in the run: by the bench's driver (online), and by the server through its door
-COMPARED += [("justitia@online", "vtc"), ("justitia@online", "las"), ("justitia@online", "justitia"), ("justitia" + DOOR_SUFFIX, "las" + DOOR_SUFFIX),
-             ("justitia" + DOOR_SUFFIX, "las"), ("justitia" + DOOR_SUFFIX, "justitia"),
-             ("justitia" + DOOR_SUFFIX, "las-turn" + DOOR_SUFFIX), ("justitia" + DOOR_SUFFIX, "fcfs" + DOOR_SUFFIX)]
+COMPARED += [
+    ("justitia@online", "vtc"),
+    ("justitia@online", "las"),
+    ("justitia@online", "justitia"),
+    ("justitia" + DOOR_SUFFIX, "las" + DOOR_SUFFIX),
+    ("justitia" + DOOR_SUFFIX, "las"),
+    ("justitia" + DOOR_SUFFIX, "justitia"),
+    ("justitia" + DOOR_SUFFIX, "las-turn" + DOOR_SUFFIX),
+    ("justitia" + DOOR_SUFFIX, "fcfs" + DOOR_SUFFIX),
+]
 
 
 def comparisons(tries: dict[str, list], seed: int = 0, metric: str = "jct") -> dict:
@@ -376,6 +470,7 @@ def comparisons(tries: dict[str, list], seed: int = 0, metric: str = "jct") -> d
     and repeats), for each pair of ``COMPARED`` that ran. ``metric="turn"``: of mean turn times,
     from each session's turn times summed (every run has the same turns, so the ratio of the sums
     is the ratio of the mean turn times)."""
+
     def value(x) -> float:
         return x.jct_s if metric == "jct" else float(sum(x.turns_s or ()))
 

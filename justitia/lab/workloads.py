@@ -20,9 +20,14 @@ from justitia.workload.workflows import generate_agent
 ABLATION_TEST_FRAC, ABLATION_COPIES, ABLATION_DENSITY = 0.3, 3, 2.0
 
 
-def profile_workload(seed: int, trace: str | Path | None, density: float, copies: int = ABLATION_COPIES,
-                     test_frac: float = ABLATION_TEST_FRAC, profile: str | Path | None = None,
-                     ) -> tuple[list[Agent], dict, list[Agent]]:
+def profile_workload(
+    seed: int,
+    trace: str | Path | None,
+    density: float,
+    copies: int = ABLATION_COPIES,
+    test_frac: float = ABLATION_TEST_FRAC,
+    profile: str | Path | None = None,
+) -> tuple[list[Agent], dict, list[Agent]]:
     """Held-out agents of a real-LM profile, each replayed ``copies`` times at trace (or synthetic)
     arrivals, and the agents to train predictors on. Returns (workload, description, train)."""
     from justitia.lab.evaluate import split
@@ -34,10 +39,23 @@ def profile_workload(seed: int, trace: str | Path | None, density: float, copies
     arrivals, info = arrival_times(len(test) * copies, rng, trace, density)
     picks = [(a, k) for k in range(copies) for a in test]
     order = rng.permutation(len(picks))
-    agents = [Agent(f"{picks[j][0].agent_id}#{picks[j][1]}", picks[j][0].type, t, picks[j][0].stages, picks[j][0].meta)
-              for j, t in zip(order, arrivals)]
-    return agents, info | {"profile": str(path), "held_out": len(test), "copies": copies, "trained_on": len(train),
-                           "agents": len(agents), "seed": seed}, train
+    agents = [
+        Agent(f"{picks[j][0].agent_id}#{picks[j][1]}", picks[j][0].type, t, picks[j][0].stages, picks[j][0].meta)
+        for j, t in zip(order, arrivals)
+    ]
+    return (
+        agents,
+        info
+        | {
+            "profile": str(path),
+            "held_out": len(test),
+            "copies": copies,
+            "trained_on": len(train),
+            "agents": len(agents),
+            "seed": seed,
+        },
+        train,
+    )
 
 
 # Light small agents: together they ask for about 40 % of the engine, so that under GPS the
@@ -63,8 +81,14 @@ SUSTAINED_S = 600.0
 
 def stream_mouse(rng: np.random.Generator, agent_id: str, arrival_s: float) -> Agent:
     """A small single-stage agent: 1-3 tasks of 300-900 prompt and 40-160 output tokens."""
-    tasks = tuple(Task(f"Check claim {agent_id}/{i} against the sources and answer in a few sentences.",
-                       int(rng.integers(300, 901)), int(rng.integers(40, 161))) for i in range(int(rng.integers(1, 4))))
+    tasks = tuple(
+        Task(
+            f"Check claim {agent_id}/{i} against the sources and answer in a few sentences.",
+            int(rng.integers(300, 901)),
+            int(rng.integers(40, 161)),
+        )
+        for i in range(int(rng.integers(1, 4)))
+    )
     return Agent(agent_id, "fv", arrival_s, (tasks,))
 
 
@@ -86,8 +110,14 @@ def sustained_workload(seed: int, load: float, config) -> tuple[list[Agent], dic
     elephant = generate_agent("mrs", "large", "elephant", 0.0, rng)
     arrivals = np.cumsum(rng.exponential(1.0 / rate, size=int(rate * SUSTAINED_S * 1.2)))
     mice = [stream_mouse(rng, f"mouse-{i:05d}", float(t)) for i, t in enumerate(arrivals[arrivals < SUSTAINED_S])]
-    info = {"arrivals": f"elephant at 0 s, then small agents at {load:g}x the engine's saturated rate for "
-                        f"{SUSTAINED_S:.0f} s", "rate_per_s": rate, "load": load, "agents": 1 + len(mice), "seed": seed}
+    info = {
+        "arrivals": f"elephant at 0 s, then small agents at {load:g}x the engine's saturated rate for "
+        f"{SUSTAINED_S:.0f} s",
+        "rate_per_s": rate,
+        "load": load,
+        "agents": 1 + len(mice),
+        "seed": seed,
+    }
     return [elephant, *mice], info
 
 
@@ -105,8 +135,9 @@ def trojan_workload(seed: int) -> tuple[list[Agent], dict, list[Agent]]:
     picks = rng.choice(len(agents), size=max(1, round(TROJAN_FRAC * len(agents))), replace=False)
     for j in picks:
         a = agents[j]
-        agents[j] = Agent(TROJAN_PREFIX + a.agent_id, a.type, a.arrival_s, (a.stages[0], a.stages[0] * TROJAN_COPIES),
-                          a.meta)
+        agents[j] = Agent(
+            TROJAN_PREFIX + a.agent_id, a.type, a.arrival_s, (a.stages[0], a.stages[0] * TROJAN_COPIES), a.meta
+        )
     return agents, info | {"trojans": len(picks), "trojan_first_stage_share": 1 / (1 + TROJAN_COPIES)}, train
 
 
@@ -130,22 +161,38 @@ def tenants_workload(seed: int, config) -> tuple[list[Agent], dict]:
     span = STREAM_S
     rate = STREAM_LOAD * saturated_rate(config, seed)
     times = np.cumsum(rng.exponential(1.0 / rate, size=int(rate * span * 1.5) + 10))
-    stream = [replace(stream_mouse(rng, f"stream-{i:05d}", float(t)), tenant=STREAM_TENANT)
-              for i, t in enumerate(times[times < span])]
-    info = info | {"tenants": {**TENANT_WEIGHTS, STREAM_TENANT: 1.0}, "stream_rate_per_s": rate,
-                   "stream_load": STREAM_LOAD, "stream_s": STREAM_S, "stream_agents": len(stream), "agents": len(agents) + len(stream)}
+    stream = [
+        replace(stream_mouse(rng, f"stream-{i:05d}", float(t)), tenant=STREAM_TENANT)
+        for i, t in enumerate(times[times < span])
+    ]
+    info = info | {
+        "tenants": {**TENANT_WEIGHTS, STREAM_TENANT: 1.0},
+        "stream_rate_per_s": rate,
+        "stream_load": STREAM_LOAD,
+        "stream_s": STREAM_S,
+        "stream_agents": len(stream),
+        "agents": len(agents) + len(stream),
+    }
     return sorted(agents + stream, key=lambda a: a.arrival_s), info
 
 
-def elephant_stream_workload(seed: int, rate_per_s: float = ELEPHANT_STREAM_RATE,
-                             seconds: float = ELEPHANT_STREAM_S) -> tuple[list[Agent], dict]:
+def elephant_stream_workload(
+    seed: int, rate_per_s: float = ELEPHANT_STREAM_RATE, seconds: float = ELEPHANT_STREAM_S
+) -> tuple[list[Agent], dict]:
     """One large two-stage map-reduce elephant at t=0 (tenant ``elephant``), then small agents for
     ``seconds`` at ``rate_per_s`` (Poisson; tenant ``stream``)."""
     rng = np.random.default_rng(seed)
     elephant = replace(generate_agent("mrs", "large", "elephant", 0.0, rng), tenant="elephant")
     arrivals = np.cumsum(rng.exponential(1.0 / rate_per_s, size=int(rate_per_s * seconds * 1.2) + 10))
-    mice = [replace(stream_mouse(rng, f"mouse-{i:05d}", float(t)), tenant="stream")
-            for i, t in enumerate(arrivals[arrivals < seconds])]
-    info = {"arrivals": f"elephant at 0 s (tenant elephant), then small agents at {rate_per_s:g}/s for {seconds:.0f} s "
-                        "(tenant stream)", "rate_per_s": rate_per_s, "agents": 1 + len(mice), "seed": seed}
+    mice = [
+        replace(stream_mouse(rng, f"mouse-{i:05d}", float(t)), tenant="stream")
+        for i, t in enumerate(arrivals[arrivals < seconds])
+    ]
+    info = {
+        "arrivals": f"elephant at 0 s (tenant elephant), then small agents at {rate_per_s:g}/s for {seconds:.0f} s "
+        "(tenant stream)",
+        "rate_per_s": rate_per_s,
+        "agents": 1 + len(mice),
+        "seed": seed,
+    }
     return [elephant, *mice], info

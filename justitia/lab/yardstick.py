@@ -29,9 +29,11 @@ def own_m_lateness(doc: dict, agents, labels: list[str] | None = None) -> list[s
         gps = gps_finish_times(agents, doc["gps_reference"]["formula_capacity_per_s"], [(0.0, m)], bursts)
         delays = [a["finish_s"] - gps[a["agent_id"]] for a in e["agents"]]
         past = sum(x > e["delay_bound_s"] for x in delays)
-        lines.append(f"{label}: its own M {m:,.0f} (the preset's {doc['gps_reference']['capacity_per_s']:,.0f}); "
-                     f"past its bound {e['delay_bound_s']:.1f} s: {past} of {len(delays)} "
-                     f"(the preset's yardstick: {e['bound_violations']}); worst finish - GPS finish {max(delays):.1f} s")
+        lines.append(
+            f"{label}: its own M {m:,.0f} (the preset's {doc['gps_reference']['capacity_per_s']:,.0f}); "
+            f"past its bound {e['delay_bound_s']:.1f} s: {past} of {len(delays)} "
+            f"(the preset's yardstick: {e['bound_violations']}); worst finish - GPS finish {max(delays):.1f} s"
+        )
     return lines
 
 

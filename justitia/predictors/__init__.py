@@ -8,24 +8,25 @@ baseline trained on the spot on a profile or workload file (``mean:FILE``, ``lin
 
 from __future__ import annotations
 
-
 from justitia.core import KV
 from justitia.predictors.base import NoisyPredictor, OraclePredictor, Predictor
-from justitia.predictors.online import OnlinePredictor
-from justitia.predictors.session import SessionPredictor
 from justitia.predictors.committed import DEFAULT_PROFILE, trained_predictors
+from justitia.predictors.online import OnlinePredictor
 from justitia.predictors.registry import KINDS, SPEC_HELP, kind_of_dir
+from justitia.predictors.session import SessionPredictor
 from justitia.workload import load_workload
 
-
-ONLINE_PRIOR = "none"  # the cold start of ``online``: first-stage prompts priced with short answers (online:mlp: the committed profile's MLP)
+# the cold start of ``online``: first-stage prompts priced with short answers (online:mlp: the committed profile's MLP)
+ONLINE_PRIOR = "none"
 
 
 def make_online(prior: str = ONLINE_PRIOR, seed: int = 0, background: bool = False) -> "OnlinePredictor":
     """``online`` cold-started from the predictor ``prior`` names (``none``: prompt tokens alone)."""
     if prior in ("online", "session") or prior.startswith("online:"):
-        raise ValueError(f"predictor 'online:{prior}': the cold start must be one of {', '.join(KINDS)} (trained on "
-                         "the committed profile), KIND:DIR, or none.")
+        raise ValueError(
+            f"predictor 'online:{prior}': the cold start must be one of {', '.join(KINDS)} (trained on "
+            "the committed profile), KIND:DIR, or none."
+        )
     if prior in ("oracle",) or prior.startswith("noisy:"):
         raise ValueError(f"predictor 'online:{prior}': the prior must not read the true cost.")
     return OnlinePredictor(None if prior == "none" else make_predictor(prior, seed), background, prior)

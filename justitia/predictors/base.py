@@ -44,8 +44,9 @@ class Predictor:
         """A session turn's cost as a distribution (``agent_dist``'s, for a turn); None by default."""
         return None
 
-    def observe_turn(self, agent_type: str, turn: int, predicted: float, actual: float,
-                     earlier: float | None = None) -> None:
+    def observe_turn(
+        self, agent_type: str, turn: int, predicted: float, actual: float, earlier: float | None = None
+    ) -> None:
         """A session's turn finished: what was predicted for it, what it cost, and what its turn
         before cost (None for its first); learning predictors use it."""
 
@@ -83,8 +84,10 @@ class OraclePredictor(Predictor):
     def turn_cost(self, agent: Agent, turn: int, earlier: list[float], model: CostModel) -> float:
         """True turn cost: its calls priced in the groups they are sent in (``CostModel.group_cost``:
         under ``kv-prefix`` a prefix the calls of a group share is held once)."""
-        return sum(model.group_cost([(agent.runs(s, i)[:-1], agent.task(s, i).output_tokens) for s, i in group])
-                   for group in agent.turn_groups(turn))
+        return sum(
+            model.group_cost([(agent.runs(s, i)[:-1], agent.task(s, i).output_tokens) for s, i in group])
+            for group in agent.turn_groups(turn)
+        )
 
 
 class NoisyPredictor(OraclePredictor):
@@ -109,7 +112,9 @@ class NoisyPredictor(OraclePredictor):
 
     def request_cost(self, agent: Agent, stage: int, index: int, model: CostModel) -> float:
         """Noisy request cost."""
-        return super().request_cost(agent, stage, index, model) * self._factor(_hash(agent.agent_id), stage + 1, index + 1)
+        return super().request_cost(agent, stage, index, model) * self._factor(
+            _hash(agent.agent_id), stage + 1, index + 1
+        )
 
 
 def _hash(text: str) -> int:

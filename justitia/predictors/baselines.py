@@ -28,8 +28,9 @@ class MeanPredictor(Predictor):
         for agent_type in {a.type for a in agents} | {ALL_TYPES}:
             group = [a for a in agents if agent_type in (ALL_TYPES, a.type)]
             agent_means[agent_type] = float(np.mean([a.cost(cost) for a in group]))
-            request_means[agent_type] = float(np.mean([cost.request_cost(t.prompt_tokens, t.output_tokens)
-                                                       for a in group for t in a.tasks]))
+            request_means[agent_type] = float(
+                np.mean([cost.request_cost(t.prompt_tokens, t.output_tokens) for a in group for t in a.tasks])
+            )
         return cls(agent_means, request_means)
 
     def agent_cost(self, agent: Agent, model: CostModel) -> float:

@@ -27,8 +27,7 @@ import numpy as np
 
 from justitia.core import CostModel
 from justitia.predictors.base import Predictor
-from justitia.predictors.features import (MAX_REQUESTS_PER_TYPE, agent_numbers, agent_text, request_numbers,
-                                          request_text)
+from justitia.predictors.features import MAX_REQUESTS_PER_TYPE, agent_numbers, agent_text, request_numbers, request_text
 from justitia.predictors.files import PredictorFileError, read_weights, write_weights
 from justitia.predictors.nn import fit_mlp, mlp_cost
 from justitia.workload import Agent
@@ -70,8 +69,9 @@ class Encoder:
         rows = []
         with torch.inference_mode():
             for i in range(0, len(texts), batch):
-                enc = self.tokenizer(texts[i:i + batch], padding=True, truncation=True,
-                                     max_length=MAX_WORD_PIECES, return_tensors="pt")
+                enc = self.tokenizer(
+                    texts[i : i + batch], padding=True, truncation=True, max_length=MAX_WORD_PIECES, return_tensors="pt"
+                )
                 hidden = self.model(**enc).last_hidden_state
                 mask = enc["attention_mask"].unsqueeze(-1).to(hidden.dtype)
                 pooled = (hidden * mask).sum(1) / mask.sum(1).clamp(min=1.0)
@@ -125,10 +125,13 @@ class LmPredictor(Predictor):
         xr = np.hstack([enc.embed([request_text(t) for t in tasks]), [request_numbers(t) for t in tasks]])
         layers = {
             "agent": fit_mlp(xa, [a.cost(cost) for a in agents], WIDTH, seed, alpha),
-            "request": fit_mlp(xr, [cost.request_cost(t.prompt_tokens, t.output_tokens) for t in tasks], WIDTH, seed,
-                               alpha),
+            "request": fit_mlp(
+                xr, [cost.request_cost(t.prompt_tokens, t.output_tokens) for t in tasks], WIDTH, seed, alpha
+            ),
         }
-        return cls(layers, cost.name, {"agents": len(agents), "requests": len(tasks), "alpha": alpha, "seed": seed}, enc)
+        return cls(
+            layers, cost.name, {"agents": len(agents), "requests": len(tasks), "alpha": alpha, "seed": seed}, enc
+        )
 
     def save(self, out_dir: str | Path) -> Path:
         """Write ``predictor.json`` and ``weights.npz`` (the regressors only) into ``out_dir``."""
@@ -137,10 +140,15 @@ class LmPredictor(Predictor):
         for target, (weights, biases, _, _) in self.layers.items():
             for i, (w, b) in enumerate(zip(weights, biases)):
                 arrays[f"{target}_w{i}"], arrays[f"{target}_b{i}"] = w, b
-        targets = {t: {"layers": len(w), "target": {"transform": "log", "mean": m, "std": s}}
-                   for t, (w, _, m, s) in self.layers.items()}
-        write_weights(out, arrays, {"schema": SCHEMA, "encoder": ENCODER, "cost": self.cost, "meta": self.meta,
-                                    "targets": targets})
+        targets = {
+            t: {"layers": len(w), "target": {"transform": "log", "mean": m, "std": s}}
+            for t, (w, _, m, s) in self.layers.items()
+        }
+        write_weights(
+            out,
+            arrays,
+            {"schema": SCHEMA, "encoder": ENCODER, "cost": self.cost, "meta": self.meta, "targets": targets},
+        )
         return out
 
     @classmethod
@@ -155,8 +163,12 @@ class LmPredictor(Predictor):
             for target in ("agent", "request"):
                 spec = manifest["targets"][target]
                 n = int(spec["layers"])
-                layers[target] = ([arrays[f"{target}_w{i}"] for i in range(n)], [arrays[f"{target}_b{i}"] for i in range(n)],
-                                  float(spec["target"]["mean"]), float(spec["target"]["std"]))
+                layers[target] = (
+                    [arrays[f"{target}_w{i}"] for i in range(n)],
+                    [arrays[f"{target}_b{i}"] for i in range(n)],
+                    float(spec["target"]["mean"]),
+                    float(spec["target"]["std"]),
+                )
         except (KeyError, TypeError, ValueError) as exc:
             raise PredictorFileError(f"{d}: malformed predictor ({type(exc).__name__}: {exc}).") from None
         if not all(math.isfinite(v) for _, _, m, s in layers.values() for v in (m, s)):

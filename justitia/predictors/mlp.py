@@ -37,8 +37,14 @@ import numpy as np
 
 from justitia.core import CostModel
 from justitia.predictors.base import Predictor
-from justitia.predictors.features import (ALL_TYPES, MAX_REQUESTS_PER_TYPE, agent_numbers, agent_text,
-                                          request_numbers, request_text)
+from justitia.predictors.features import (
+    ALL_TYPES,
+    MAX_REQUESTS_PER_TYPE,
+    agent_numbers,
+    agent_text,
+    request_numbers,
+    request_text,
+)
 from justitia.predictors.files import PredictorFileError, read_weights, write_weights
 from justitia.predictors.nn import fit_mlp, mlp_cost
 from justitia.workload import Agent
@@ -83,7 +89,7 @@ class Model:
             tf = 1.0 + np.log(np.fromiter(counts.values(), dtype=float))
             vals = tf * self.idf[idx]
             x[idx] = vals / np.linalg.norm(vals)
-        x[len(self.idf):] = (np.asarray(numbers, dtype=float) - self.num_mean) / self.num_std
+        x[len(self.idf) :] = (np.asarray(numbers, dtype=float) - self.num_mean) / self.num_std
         return x
 
     def predict(self, text: str, numbers: list[float]) -> float:
@@ -91,12 +97,14 @@ class Model:
         x = self.features(text, numbers)
         nz = np.flatnonzero(x)  # the first layer touches only the rows of present terms
         offset = float(self.base @ np.concatenate([[1.0], numbers]))
-        return mlp_cost(x[nz] @ self.weights[0][nz] + self.biases[0], self.weights, self.biases, self.mean, self.std,
-                        offset)
+        return mlp_cost(
+            x[nz] @ self.weights[0][nz] + self.biases[0], self.weights, self.biases, self.mean, self.std, offset
+        )
 
 
-def _fit(texts: list[str], numbers: list[list[float]], costs: list[float], width: int, seed: int,
-         alpha: float) -> Model:
+def _fit(
+    texts: list[str], numbers: list[list[float]], costs: list[float], width: int, seed: int, alpha: float
+) -> Model:
     from sklearn.feature_extraction.text import TfidfVectorizer
 
     vec = TfidfVectorizer(lowercase=True, sublinear_tf=True, max_features=MAX_FEATURES, norm="l2", dtype=np.float64)
@@ -157,8 +165,15 @@ class LearnedPredictor(Predictor):
 
     # ----------------------------------------------------------------------------- training
     @classmethod
-    def train(cls, agents: list[Agent], cost: CostModel, seed: int = 0, alpha: float = DEFAULT_ALPHA,
-              min_agents_per_type: int = 10, per_type: bool = True) -> "LearnedPredictor":
+    def train(
+        cls,
+        agents: list[Agent],
+        cost: CostModel,
+        seed: int = 0,
+        alpha: float = DEFAULT_ALPHA,
+        min_agents_per_type: int = 10,
+        per_type: bool = True,
+    ) -> "LearnedPredictor":
         """Fit per-type models (types with at least ``min_agents_per_type`` agents, unless not
         ``per_type``) and the all-types one."""
         if len(agents) < min_agents_per_type:
@@ -177,10 +192,22 @@ class LearnedPredictor(Predictor):
             mean_tokens = sum(t.prompt_tokens for a in group for t in a.stages[0]) / len(group)
             width = int(min(max(mean_tokens / 8, 32), 256))
             models[agent_type] = {
-                "agent": _fit([agent_text(a) for a in group], [agent_numbers(a) for a in group],
-                              [a.cost(cost) for a in group], width, seed, alpha),
-                "request": _fit([request_text(t) for t in tasks], [request_numbers(t) for t in tasks],
-                                [cost.request_cost(t.prompt_tokens, t.output_tokens) for t in tasks], width, seed, alpha),
+                "agent": _fit(
+                    [agent_text(a) for a in group],
+                    [agent_numbers(a) for a in group],
+                    [a.cost(cost) for a in group],
+                    width,
+                    seed,
+                    alpha,
+                ),
+                "request": _fit(
+                    [request_text(t) for t in tasks],
+                    [request_numbers(t) for t in tasks],
+                    [cost.request_cost(t.prompt_tokens, t.output_tokens) for t in tasks],
+                    width,
+                    seed,
+                    alpha,
+                ),
             }
         meta = {"agents": len(agents), "types": {t: len(g) for t, g in by_type.items()}, "alpha": alpha, "seed": seed}
         return cls(models, cost.name, meta)
@@ -203,7 +230,9 @@ class LearnedPredictor(Predictor):
                     arrays[f"{prefix}_b{i}"] = b
                 vocab = sorted(m.vocab, key=m.vocab.__getitem__)
                 manifest_models[agent_type][target] = {
-                    "prefix": prefix, "vocabulary": vocab, "layers": len(m.weights),
+                    "prefix": prefix,
+                    "vocabulary": vocab,
+                    "layers": len(m.weights),
                     "target": {"transform": "log", "mean": m.mean, "std": m.std},
                 }
         write_weights(out, arrays, {"schema": SCHEMA, "cost": self.cost, "meta": self.meta, "models": manifest_models})
@@ -222,10 +251,15 @@ class LearnedPredictor(Predictor):
                     p = spec["prefix"]
                     n = int(spec["layers"])
                     models[agent_type][target] = Model(
-                        {term: j for j, term in enumerate(spec["vocabulary"])}, arrays[f"{p}_idf"],
-                        [arrays[f"{p}_w{i}"] for i in range(n)], [arrays[f"{p}_b{i}"] for i in range(n)],
-                        float(spec["target"]["mean"]), float(spec["target"]["std"]),
-                        arrays[f"{p}_num_mean"], arrays[f"{p}_num_std"], arrays[f"{p}_base"],
+                        {term: j for j, term in enumerate(spec["vocabulary"])},
+                        arrays[f"{p}_idf"],
+                        [arrays[f"{p}_w{i}"] for i in range(n)],
+                        [arrays[f"{p}_b{i}"] for i in range(n)],
+                        float(spec["target"]["mean"]),
+                        float(spec["target"]["std"]),
+                        arrays[f"{p}_num_mean"],
+                        arrays[f"{p}_num_std"],
+                        arrays[f"{p}_base"],
                     )
         except (KeyError, TypeError, ValueError, OSError) as exc:
             raise PredictorFileError(f"{d}: malformed predictor ({type(exc).__name__}: {exc}).") from None

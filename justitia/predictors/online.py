@@ -262,7 +262,7 @@ class OnlinePredictor(Predictor):
             n = len(seen)
             offset = (sum(seen) + PRIOR_WEIGHT * pooled) / (n + PRIOR_WEIGHT)
             mean = sum(seen) / n if n else 0.0
-            sd = math.sqrt((sum((r - mean) ** 2 for r in seen) + PRIOR_WEIGHT * PRIOR_SPREAD ** 2) / (n + PRIOR_WEIGHT))
+            sd = math.sqrt((sum((r - mean) ** 2 for r in seen) + PRIOR_WEIGHT * PRIOR_SPREAD**2) / (n + PRIOR_WEIGHT))
             mu = x[1] + offset
             spread = tuple(sd * z for z in _Z)
         if ident is not None:
@@ -328,7 +328,9 @@ class OnlinePredictor(Predictor):
         return float(self.prior.request_cost(agent, stage, index, model)) * math.exp(offset)
 
     # ------------------------------------------------------------------------------ learning
-    def observe_turn(self, agent_type: str, turn: int, predicted: float, actual: float, earlier: float | None = None) -> None:
+    def observe_turn(
+        self, agent_type: str, turn: int, predicted: float, actual: float, earlier: float | None = None
+    ) -> None:
         self.session.observe_turn(agent_type, turn, predicted, actual, earlier)
 
     def observe_call(self, agent_type: str, prompt_tokens: int, output_tokens: int) -> None:
@@ -356,8 +358,11 @@ class OnlinePredictor(Predictor):
         if x is None:  # not priced here (or aged out): its features now
             from justitia.core import KV
 
-            x = (self._agent_features(agent, KV) if turn is None
-                 else self._turn_features(agent, turn, list(earlier or []), KV))
+            x = (
+                self._agent_features(agent, KV)
+                if turn is None
+                else self._turn_features(agent, turn, list(earlier or []), KV)
+            )
         item = (kind, agent.tenant or "", agent.type, x, math.log(actual))
         if self._queue is not None:
             self._queue.put(item)
@@ -426,10 +431,19 @@ class OnlinePredictor(Predictor):
     def state(self) -> dict:
         """What was learned, as a JSON document (``from_state`` reads it back)."""
         with self._lock:
-            models = [{"kind": k, "tenant": t, "type": ty, "xs": [list(x) for x in m.xs], "ys": list(m.ys),
-                       "beta": None if m.beta is None else list(m.beta), "residuals": list(m.residuals),
-                       "pending": m.pending}
-                      for (k, t, ty), m in self._models.items()]
+            models = [
+                {
+                    "kind": k,
+                    "tenant": t,
+                    "type": ty,
+                    "xs": [list(x) for x in m.xs],
+                    "ys": list(m.ys),
+                    "beta": None if m.beta is None else list(m.beta),
+                    "residuals": list(m.residuals),
+                    "pending": m.pending,
+                }
+                for (k, t, ty), m in self._models.items()
+            ]
             offsets = [{"kind": k, "tenant": t, "offset": v[0], "seen": v[1]} for (k, t), v in self._offsets.items()]
         return {"schema": SCHEMA, "prior": self.prior_name, "models": models, "offsets": offsets}
 
@@ -445,16 +459,27 @@ class OnlinePredictor(Predictor):
             for d in doc["models"][-MAX_MODELS:]:
                 xs = [[float(v) for v in x] for x in d["xs"]][-WINDOW:]
                 ys = [float(v) for v in d["ys"]][-WINDOW:]
-                if (not xs or len(xs) != len(ys) or any(len(x) != len(xs[0]) for x in xs)
-                        or not all(math.isfinite(v) for x in xs for v in x) or not all(map(math.isfinite, ys))):
+                if (
+                    not xs
+                    or len(xs) != len(ys)
+                    or any(len(x) != len(xs[0]) for x in xs)
+                    or not all(math.isfinite(v) for x in xs for v in x)
+                    or not all(map(math.isfinite, ys))
+                ):
                     raise ValueError("ragged or non-finite observations")
                 beta = d.get("beta")
                 fit = None
                 if beta is not None:
                     fit = (tuple(float(v) for v in beta), tuple(float(v) for v in d.get("residuals") or ()))
-                    if len(fit[0]) != len(xs[0]) or len(fit[1]) != ATOMS or not all(map(math.isfinite, fit[0] + fit[1])):
+                    if (
+                        len(fit[0]) != len(xs[0])
+                        or len(fit[1]) != ATOMS
+                        or not all(map(math.isfinite, fit[0] + fit[1]))
+                    ):
                         raise ValueError("a fit that does not match its observations")
-                models.append(((str(d["kind"]), str(d["tenant"]), str(d["type"])), xs, ys, fit, int(d.get("pending", 0))))
+                models.append(
+                    ((str(d["kind"]), str(d["tenant"]), str(d["type"])), xs, ys, fit, int(d.get("pending", 0)))
+                )
         except (KeyError, TypeError, ValueError, IndexError) as exc:
             raise ValueError(f"malformed online predictor state: {exc}") from None
         with self._lock:

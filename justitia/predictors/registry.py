@@ -26,20 +26,40 @@ class Kind:
     schema: str | None = None  # the manifest schema of a saved directory
 
 
-KINDS: dict[str, Kind] = {k.name: k for k in (
-    Kind("mlp", "per-type TF-IDF + MLP (the paper's)",
-         lambda agents, cost, seed: mlp.LearnedPredictor.train(agents, cost, seed),
-         mlp.LearnedPredictor.load, mlp.SCHEMA),
-    Kind("lm", "MiniLM embedding + MLP over all types (stands in for S3's DistilBERT)",
-         lambda agents, cost, seed: lm.LmPredictor.train(agents, cost, seed), lm.LmPredictor.load, lm.SCHEMA),
-    Kind("mean", "the type's mean cost", lambda agents, cost, seed: MeanPredictor.train(agents, cost)),
-    Kind("linear", "per type, log C linear in log first-stage prompt tokens and tasks",
-         lambda agents, cost, seed: LinearPredictor.train(agents, cost)),
-)}
-SPEC_HELP = ("online (learned from the run's own finished agents and turns, cold-started from the prompts alone; "
-             "online:KIND for a trained cold start), oracle, noisy:L, session (sessions: turns learned online), " + ", ".join(KINDS) + " (trained on the committed profile), "
-             + ", ".join(f"{k}:DIR" for k, kind in KINDS.items() if kind.load) + " or "
-             + " / ".join(f"{k}:FILE" for k, kind in KINDS.items() if not kind.load))
+KINDS: dict[str, Kind] = {
+    k.name: k
+    for k in (
+        Kind(
+            "mlp",
+            "per-type TF-IDF + MLP (the paper's)",
+            lambda agents, cost, seed: mlp.LearnedPredictor.train(agents, cost, seed),
+            mlp.LearnedPredictor.load,
+            mlp.SCHEMA,
+        ),
+        Kind(
+            "lm",
+            "MiniLM embedding + MLP over all types (stands in for S3's DistilBERT)",
+            lambda agents, cost, seed: lm.LmPredictor.train(agents, cost, seed),
+            lm.LmPredictor.load,
+            lm.SCHEMA,
+        ),
+        Kind("mean", "the type's mean cost", lambda agents, cost, seed: MeanPredictor.train(agents, cost)),
+        Kind(
+            "linear",
+            "per type, log C linear in log first-stage prompt tokens and tasks",
+            lambda agents, cost, seed: LinearPredictor.train(agents, cost),
+        ),
+    )
+}
+SPEC_HELP = (
+    "online (learned from the run's own finished agents and turns, cold-started from the prompts alone; "
+    "online:KIND for a trained cold start), oracle, noisy:L, session (sessions: turns learned online), "
+    + ", ".join(KINDS)
+    + " (trained on the committed profile), "
+    + ", ".join(f"{k}:DIR" for k, kind in KINDS.items() if kind.load)
+    + " or "
+    + " / ".join(f"{k}:FILE" for k, kind in KINDS.items() if not kind.load)
+)
 
 
 def kinds(names: tuple[str, ...] | list[str]) -> dict[str, Kind]:

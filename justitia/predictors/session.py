@@ -81,7 +81,9 @@ class SessionPredictor(Predictor):
         s, i = agent.turn_calls(turn)[0]
         return self.request_cost(agent, s, i, model)
 
-    def observe_turn(self, agent_type: str, turn: int, predicted: float, actual: float, earlier: float | None = None) -> None:
+    def observe_turn(
+        self, agent_type: str, turn: int, predicted: float, actual: float, earlier: float | None = None
+    ) -> None:
         if turn == 0:
             self._first.setdefault(agent_type, _Mean(True)).add(actual)
         if earlier:

@@ -43,8 +43,11 @@ class Admission:
     def refuse_rate(self, owner: str) -> Refusal | None:
         """Take one of the key's tokens (agents, turns and requests alike); the 429 if it has none."""
         if (wait := self._rate.take(owner)) is not None:
-            return (429, f"your key's rate limit ({self.settings.key_rate:g} requests a second); retry later.",
-                    retry_after(wait))
+            return (
+                429,
+                f"your key's rate limit ({self.settings.key_rate:g} requests a second); retry later.",
+                retry_after(wait),
+            )
         return None
 
     # ------------------------------------------------------------------ inference requests (the door)
@@ -128,9 +131,17 @@ class Session:
     opener: str | None = None  # what opened the current turn (identity.turn_opener): its repeats open none
 
     def doc(self) -> dict:
-        return {"session_id": self.session_id, "source": self.source, "requests": sum(self.requests.values()),
-                "by_endpoint": dict(self.requests), "turns": self.turns, "subagents": sorted(self.subagents),
-                "in_flight": self.in_flight, "first_seen": self.first_s, "last_seen": self.last_s}
+        return {
+            "session_id": self.session_id,
+            "source": self.source,
+            "requests": sum(self.requests.values()),
+            "by_endpoint": dict(self.requests),
+            "turns": self.turns,
+            "subagents": sorted(self.subagents),
+            "in_flight": self.in_flight,
+            "first_seen": self.first_s,
+            "last_seen": self.last_s,
+        }
 
 
 class Sessions:

@@ -24,13 +24,13 @@ import uuid
 from dataclasses import replace
 
 from justitia.agent import Answer, Call, drive
-from justitia.predictors import Predictor
 from justitia.backends.base import Backend, BackendInterrupted, Sampling
-from justitia.server.observe import Watch
+from justitia.predictors import Predictor
 from justitia.server.admission import Admission
 from justitia.server.journal import Journal, Record
 from justitia.server.keys import ANONYMOUS, Client
 from justitia.server.metrics import Counts
+from justitia.server.observe import Watch
 from justitia.server.pricing import Pricer
 from justitia.server.runs import TERMINAL, AgentRun, Settings, Turn  # noqa: F401  (Settings: the server's, imported from here)
 from justitia.server.schema import AgentSpec, SpecError, check_agent
@@ -44,8 +44,9 @@ V_READ_EVERY_S = 1.0  # the clock's V, journaled with each agent, is read at mos
 class AgentManager:
     """Runs agents stage by stage on the backend and keeps their state for the API."""
 
-    def __init__(self, backend: Backend, tokenizer, settings: Settings, predictor: Predictor,
-                 journal: Journal | None = None):
+    def __init__(
+        self, backend: Backend, tokenizer, settings: Settings, predictor: Predictor, journal: Journal | None = None
+    ):
         self.backend, self.tokenizer, self.settings, self.predictor = backend, tokenizer, settings, predictor
         self.journal = journal
         self.t0 = time.monotonic()
@@ -57,8 +58,9 @@ class AgentManager:
         self.counts = Counts()  # what /metrics reports, the door's requests included
         self.pricer = Pricer(tokenizer, settings, predictor)  # tokenizing and prices
         # the engine's per-tenant state over a window: /metrics, the live page, justitia top
-        self.watch = Watch(backend, settings.model, settings.max_model_len, settings.metrics_window_s,
-                           settings.metrics_tenants)
+        self.watch = Watch(
+            backend, settings.model, settings.max_model_len, settings.metrics_window_s, settings.metrics_tenants
+        )
         self._clocked = True  # the policy stamps tags (until a registration says otherwise)
         self._v_read: tuple[float, float | None] = (-math.inf, None)  # (server time, the clock's V) last read
 
@@ -85,8 +87,7 @@ class AgentManager:
         """Whether ``owner`` submitted an agent under ``idempotency_key`` already (``submit`` returns it)."""
         return (owner, idempotency_key) in self.idempotent
 
-    async def submit(self, spec: AgentSpec, client: Client = ANONYMOUS,
-                     idempotency_key: str | None = None) -> AgentRun:
+    async def submit(self, spec: AgentSpec, client: Client = ANONYMOUS, idempotency_key: str | None = None) -> AgentRun:
         """Check, predict, journal, register and start one agent for ``client`` (its owner, in its
         tenant, with its weight); raises SpecError on a bad one. A retried ``idempotency_key``
         of the same key returns the first agent."""
@@ -113,14 +114,16 @@ class AgentManager:
     async def _accept(self, spec: AgentSpec, client: Client, idempotency_key: str | None) -> AgentRun:
         check_agent(spec, self.settings.max_tasks_per_agent, self.settings.max_model_len - 1, self.settings.max_pause_s)
         agent_id = f"agent-{uuid.uuid4().hex[:12]}"
-        process, first, predict_s = await asyncio.to_thread(price_turn, self.pricer, agent_id, spec.type,
-                                                            list(spec.stages), client, [])
+        process, first, predict_s = await asyncio.to_thread(
+            price_turn, self.pricer, agent_id, spec.type, list(spec.stages), client, []
+        )
         predicted = process.predicted_cost
         self.counts.submission(predict_s)
         predict_ms = 1000 * predict_s
         arrival = self.now()
-        run = AgentRun(agent_id, spec, process, arrival, None, client.owner,
-                       outputs=[[None] * len(stage) for stage in spec.stages])
+        run = AgentRun(
+            agent_id, spec, process, arrival, None, client.owner, outputs=[[None] * len(stage) for stage in spec.stages]
+        )
         run.client, run.first_ids = client, first
         if spec.session:  # registered as a session: kept across its pauses, each turn registered (server.turns)
             run.turns = [Turn(list(spec.stages), 0, predicted)]
@@ -128,15 +131,40 @@ class AgentManager:
         run.turn_opened = spec.session  # its first request need not open the turn
         if self.journal is not None:  # committed before the 202: accepted work survives a crash
             try:
-                await self.journal.accept(Record(agent_id, client.owner, client.tenant, client.weight,
-                                                 spec.model_dump(), idempotency_key, predicted, "queued", None,
-                                                 self.wall(arrival), None, None, run.virtual_finish, v))
+                await self.journal.accept(
+                    Record(
+                        agent_id,
+                        client.owner,
+                        client.tenant,
+                        client.weight,
+                        spec.model_dump(),
+                        idempotency_key,
+                        predicted,
+                        "queued",
+                        None,
+                        self.wall(arrival),
+                        None,
+                        None,
+                        run.virtual_finish,
+                        v,
+                    )
+                )
             except BaseException:  # not accepted after all: the policy forgets it, the next start too
                 await asyncio.shield(self._unaccept(agent_id))
                 raise
         self.launch(run, predict_ms=round(predict_ms, 3))
-        log.info(json.dumps({"event": "agent_submitted", "agent_id": agent_id, "owner": client.owner, "type": spec.type,
-                             "tasks": sum(len(s) for s in spec.stages), "predicted_cost": predicted}))
+        log.info(
+            json.dumps(
+                {
+                    "event": "agent_submitted",
+                    "agent_id": agent_id,
+                    "owner": client.owner,
+                    "type": spec.type,
+                    "tasks": sum(len(s) for s in spec.stages),
+                    "predicted_cost": predicted,
+                }
+            )
+        )
         return run
 
     async def register(self, run: AgentRun, resume_cost: float | None = None) -> float | None:
@@ -152,8 +180,9 @@ class AgentManager:
             extra["session"] = True
         if run.process.predicted_dist is not None:
             extra["dist"] = run.process.predicted_dist
-        register = self.backend.register(run.agent_id, run.spec.type, run.process.predicted_cost, client.weight,
-                                         client.tenant, **extra)
+        register = self.backend.register(
+            run.agent_id, run.spec.type, run.process.predicted_cost, client.weight, client.tenant, **extra
+        )
         now = self.now()
         if self.journal is None or not self._clocked or now - self._v_read[0] < V_READ_EVERY_S:
             run.virtual_finish = await register
@@ -224,33 +253,51 @@ class AgentManager:
         except SpecError as exc:
             raise SpecError(f"stage {stage} task {call.index}: {exc}") from None
         if len(ids) + task.max_tokens > self.settings.max_model_len:
-            raise SpecError(f"stage {stage} task {call.index}: {len(ids)} prompt tokens (after placeholders) + "
-                            f"max_tokens {task.max_tokens} exceed the model's context of "
-                            f"{self.settings.max_model_len} tokens.")
+            raise SpecError(
+                f"stage {stage} task {call.index}: {len(ids)} prompt tokens (after placeholders) + "
+                f"max_tokens {task.max_tokens} exceed the model's context of "
+                f"{self.settings.max_model_len} tokens."
+            )
         meta = call.meta
         if run.session:  # a turn not registered ahead: its first request opens it at its price; the last turn ends it
-            meta = replace(meta, session=True, turn_start=not run.turn_opened,
-                           agent_done=meta.agent_done and run.turns[-1].last)
+            meta = replace(
+                meta, session=True, turn_start=not run.turn_opened, agent_done=meta.agent_done and run.turns[-1].last
+            )
             run.turn_opened = True
-        params = Sampling(task.max_tokens, task.temperature, task.top_p, task.seed, task.stop, task.ignore_eos,
-                          meta.to_extra_args())
+        params = Sampling(
+            task.max_tokens, task.temperature, task.top_p, task.seed, task.stop, task.ignore_eos, meta.to_extra_args()
+        )
         request_id = f"{run.agent_id}/{stage}/{call.index}"
         final = None
         with self.counts.task():
             for attempt in (1, 2):  # a replica that fails midway: the task runs once more (on another)
                 try:
-                    async for out in self.backend.generate({"prompt_token_ids": ids}, params,
-                                                           request_id + ("" if attempt == 1 else "/retry")):
+                    async for out in self.backend.generate(
+                        {"prompt_token_ids": ids}, params, request_id + ("" if attempt == 1 else "/retry")
+                    ):
                         final = out
                     break
                 except BackendInterrupted as exc:
                     if attempt == 2 or not self.backend.alive():
                         raise
-                    log.warning(json.dumps({"event": "task_retried", "agent_id": run.agent_id, "stage": stage,
-                                            "task": call.index, "error": str(exc)}))
+                    log.warning(
+                        json.dumps(
+                            {
+                                "event": "task_retried",
+                                "agent_id": run.agent_id,
+                                "stage": stage,
+                                "task": call.index,
+                                "error": str(exc),
+                            }
+                        )
+                    )
         o = final.outputs[0]
-        doc = {"output": o.text, "prompt_tokens": len(ids), "output_tokens": len(o.token_ids),
-               "finish_reason": o.finish_reason}
+        doc = {
+            "output": o.text,
+            "prompt_tokens": len(ids),
+            "output_tokens": len(o.token_ids),
+            "finish_reason": o.finish_reason,
+        }
         if self.journal is not None:  # before the agent moves on: a restart resumes after it
             await self.journal.task_done(run.agent_id, stage, call.index, doc)
         run.outputs[stage][call.index] = doc
@@ -305,8 +352,16 @@ class AgentManager:
         run.emit(run.status, **({"error": run.error} if run.error else {}))
         self.admission.agent_ended(run.owner)
         self.store.keep(run)
-        log.info(json.dumps({"event": "agent_" + run.status, "agent_id": run.agent_id,
-                             "jct_s": round(run.finish_s - run.arrival_s, 4), "error": run.error}))
+        log.info(
+            json.dumps(
+                {
+                    "event": "agent_" + run.status,
+                    "agent_id": run.agent_id,
+                    "jct_s": round(run.finish_s - run.arrival_s, 4),
+                    "error": run.error,
+                }
+            )
+        )
 
     async def cancel(self, agent_id: str) -> AgentRun:
         run = self.agents[agent_id]

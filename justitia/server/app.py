@@ -12,17 +12,24 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from pydantic import ValidationError
 from fastapi import FastAPI, Request
 from fastapi.responses import HTMLResponse, JSONResponse, StreamingResponse
+from pydantic import ValidationError
 
-from justitia.server.agents import TERMINAL, Settings
 from justitia.backends.base import BackendError
+from justitia.server.agents import TERMINAL, Settings
 from justitia.server.door import Door
 from justitia.server.journal import JournalError
 from justitia.server.keys import KeyRing, client_of
-from justitia.server.limits import (Authenticate, BodyLimit, BodyTooLarge, JsonTooDeep, body_too_large, load_json,
-                                   retry_after)
+from justitia.server.limits import (
+    Authenticate,
+    BodyLimit,
+    BodyTooLarge,
+    JsonTooDeep,
+    body_too_large,
+    load_json,
+    retry_after,
+)
 from justitia.server.schema import AgentSpec, SpecError, TurnSpec, first_error
 from justitia.server.turns import TurnRefused, continue_session
 
@@ -104,8 +111,9 @@ def add_agent_routes(app: FastAPI, holder) -> None:
         try:
             await manager.watch.read()
         except Exception as exc:  # noqa: BLE001  (an engine going away: say so, as /health does)
-            return _error(503, f"the engine's state cannot be read now ({type(exc).__name__}); retry later.",
-                          retry_after(1))
+            return _error(
+                503, f"the engine's state cannot be read now ({type(exc).__name__}); retry later.", retry_after(1)
+            )
         return manager.watch.doc(client_of(request))
 
     @app.get("/justitia", response_class=HTMLResponse, include_in_schema=False)
@@ -124,8 +132,11 @@ def add_agent_routes(app: FastAPI, holder) -> None:
         manager = holder.manager
         settings = manager.settings
         if manager.store.was_owned(agent_id, client_of(request)):
-            return _error(410, f"agent '{agent_id}' finished and is no longer kept (this server keeps finished "
-                               f"agents {settings.finished_s / 3600:g} hours, {settings.finished_bytes >> 20} MiB in all).")
+            return _error(
+                410,
+                f"agent '{agent_id}' finished and is no longer kept (this server keeps finished "
+                f"agents {settings.finished_s / 3600:g} hours, {settings.finished_bytes >> 20} MiB in all).",
+            )
         return _error(404, f"no agent '{agent_id}'.")
 
     @app.get("/v1/agents/{agent_id}")
@@ -167,8 +178,10 @@ def add_agent_routes(app: FastAPI, holder) -> None:
             return _error(503, f"the turn could not be journaled ({exc}); retry later.", retry_after(5))
         if run.status in TERMINAL:
             return JSONResponse(run.doc())
-        return JSONResponse({"agent_id": run.agent_id, "status": run.status, "turn": len(run.turns) - 1,
-                             "first_stage": run.base}, status_code=202)
+        return JSONResponse(
+            {"agent_id": run.agent_id, "status": run.status, "turn": len(run.turns) - 1, "first_stage": run.base},
+            status_code=202,
+        )
 
     @app.get("/v1/agents/{agent_id}/events")
     async def events(agent_id: str, request: Request):
@@ -176,8 +189,9 @@ def add_agent_routes(app: FastAPI, holder) -> None:
         if run is None:
             return missing(agent_id, request)
         if run.streams >= holder.manager.settings.max_streams_per_agent:
-            return _error(429, f"agent '{agent_id}' has {run.streams} event streams open, this server's limit.",
-                          retry_after(1))
+            return _error(
+                429, f"agent '{agent_id}' has {run.streams} event streams open, this server's limit.", retry_after(1)
+            )
         run.streams += 1
 
         async def stream():

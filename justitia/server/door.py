@@ -38,13 +38,13 @@ import re
 from dataclasses import replace
 from typing import Any
 
+from justitia.backends.wire import replay
 from justitia.core import META_KEYS, PRICE_KEYS, SESSION, TURN_START
 from justitia.defaults import ANSWER_CALLS_TOOL_KEY, ANSWER_TOKENS_KEY, DOOR_KEY, ENV_DOOR_TOKEN
 from justitia.server.errors import answer, error_doc
 from justitia.server.identity import Identity, IdentityError, harness_turn, identify, opens_turn, turn_opener
 from justitia.server.keys import ANONYMOUS
 from justitia.server.limits import INFERENCE_PATHS, JsonTooDeep, load_json
-from justitia.backends.wire import replay
 from justitia.server.schema import TYPE_PATTERN
 
 # where a body carries vLLM's extra args: ``vllm_xargs``, except on vLLM's token-in generate endpoint
@@ -104,8 +104,12 @@ def calls_tool(raw: bytes) -> bool:
         if isinstance(item, list):
             todo.extend(item)
         elif isinstance(item, dict):
-            if (item.get("tool_calls") or item.get("type") in ("tool_use", "function_call")
-                    or item.get("finish_reason") == "tool_calls" or item.get("stop_reason") == "tool_use"):
+            if (
+                item.get("tool_calls")
+                or item.get("type") in ("tool_use", "function_call")
+                or item.get("finish_reason") == "tool_calls"
+                or item.get("stop_reason") == "tool_use"
+            ):
                 return True
             todo.extend(v for v in item.values() if isinstance(v, (dict, list)))
     return False
@@ -137,8 +141,12 @@ class AnswerWatch:
                 line = bytes(line).strip()
                 if line.startswith(b"data:") and not self.goes_on:  # an event read only if it may say so
                     data = line[5:].strip()
-                    self.goes_on = ((b"tool" in data or b"function_call" in data) and calls_tool(data)
-                                    or b'"error"' in data and _error_event(data))
+                    self.goes_on = (
+                        (b"tool" in data or b"function_call" in data)
+                        and calls_tool(data)
+                        or b'"error"' in data
+                        and _error_event(data)
+                    )
         if not more:
             self.ends_turn = not (self.goes_on if self.stream else calls_tool(bytes(self._buffer)))
             self.ok = False  # seen whole
@@ -204,17 +212,24 @@ class Door:
             refused = self._check(path, kind, doc, scope, client, manager)
             if isinstance(refused, tuple):
                 status, message, param, headers = refused
-                return await answer(send, status, error_doc(kind, status, message, param),
-                                    [(k.lower().encode(), v.encode()) for k, v in (headers or {}).items()])
+                return await answer(
+                    send,
+                    status,
+                    error_doc(kind, status, message, param),
+                    [(k.lower().encode(), v.encode()) for k, v in (headers or {}).items()],
+                )
             who = refused
             try:
                 body = json.dumps(doc, ensure_ascii=False).encode("utf-8")
             except UnicodeEncodeError:  # valid JSON (a "\\udXXX" escape) that no tokenizer can take
-                return await answer(send, 400, error_doc(kind, 400, "the body holds a lone surrogate, which is not "
-                                                                      "valid UTF-8 text."))
-            scope = dict(scope, headers=[(k, v) for k, v in scope["headers"]
-                                         if k not in (b"x-session-id", b"content-length")]
-                         + [(b"content-length", str(len(body)).encode())])
+                return await answer(
+                    send, 400, error_doc(kind, 400, "the body holds a lone surrogate, which is not valid UTF-8 text.")
+                )
+            scope = dict(
+                scope,
+                headers=[(k, v) for k, v in scope["headers"] if k not in (b"x-session-id", b"content-length")]
+                + [(b"content-length", str(len(body)).encode())],
+            )
             hold = manager.admission.sessions.seen(who, client.owner, kind) if who.agent_id is not None else None
             watch = AnswerWatch() if who.step else None
         manager.counts.request(kind)
@@ -276,8 +291,13 @@ class Door:
             who = replace(who, turn_start=given.get(TURN_START) is True)
             # its answer may end the turn: it opens the turn, or goes on with it after a tool (a side
             # request, a retry of the turn's opener, a subagent's or a harness's own request does not)
-            step = (who.session and kind in TURN_KINDS and who.subagent is None
-                    and harness_turn(headers) in (None, "turn") and (who.turn_start or not opens_turn(kind, doc)))
+            step = (
+                who.session
+                and kind in TURN_KINDS
+                and who.subagent is None
+                and harness_turn(headers) in (None, "turn")
+                and (who.turn_start or not opens_turn(kind, doc))
+            )
             who = replace(who, step=step and not tool_said)
         else:  # an agent of its own, done when its one request is
             given.pop("agent_id", None)
@@ -294,4 +314,3 @@ class Door:
         holder[name] = given
         doc.pop("session_id", None)  # vLLM reads it before vllm_xargs: the namespaced id must win
         return who
-

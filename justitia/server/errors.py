@@ -13,15 +13,34 @@ def error_doc(kind: str, status: int, message: str, param: str | None = None) ->
     if kind == "messages":
         kinds = {401: "authentication_error", 429: "rate_limit_error", 501: "api_error", 503: "overloaded_error"}
         return {"type": "error", "error": {"type": kinds.get(status, "invalid_request_error"), "message": message}}
-    kinds = {400: "invalid_request_error", 401: "authentication_error", 429: "rate_limit_exceeded",
-             501: "not_implemented", 503: "overloaded"}
-    return {"error": {"message": message, "type": kinds.get(status, "invalid_request_error"), "param": param,
-                      "code": status}}
+    kinds = {
+        400: "invalid_request_error",
+        401: "authentication_error",
+        429: "rate_limit_exceeded",
+        501: "not_implemented",
+        503: "overloaded",
+    }
+    return {
+        "error": {
+            "message": message,
+            "type": kinds.get(status, "invalid_request_error"),
+            "param": param,
+            "code": status,
+        }
+    }
 
 
 async def answer(send, status: int, doc: dict, headers: list | None = None) -> None:
     body = json.dumps(doc).encode()
-    await send({"type": "http.response.start", "status": status,
-                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
-                            *(headers or [])]})
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [
+                (b"content-type", b"application/json"),
+                (b"content-length", str(len(body)).encode()),
+                *(headers or []),
+            ],
+        }
+    )
     await send({"type": "http.response.body", "body": body})

@@ -17,7 +17,6 @@ first two name agents and keep agent semantics.
 from __future__ import annotations
 
 import hashlib
-import json
 from dataclasses import dataclass
 from typing import Mapping
 
@@ -30,7 +29,12 @@ SOURCES: tuple[tuple[str, str, str, str], ...] = (
     ("header", "X-Agent-Id", "agent", "Justitia's own"),
     ("field", "vllm_xargs.agent_id", "agent", "Justitia's own, through vLLM's extra-args field"),
     ("field", "session_id", "session", "vLLM's native session field"),
-    ("header", "X-Parent-Session-Id", "session", "OpenCode, on a subagent's requests (their X-Session-ID: the subagent)"),
+    (
+        "header",
+        "X-Parent-Session-Id",
+        "session",
+        "OpenCode, on a subagent's requests (their X-Session-ID: the subagent)",
+    ),
     ("header", "X-Session-ID", "session", "vLLM's native session header; llm-d, SGLang-style routers"),
     ("header", "X-Claude-Code-Session-Id", "session", "Claude Code, on every request"),
     ("field", "prompt_cache_key", "session", "OpenAI's prompt-cache key (Codex, the Agents SDK when set)"),
@@ -140,9 +144,13 @@ def _harness_note(item: Mapping) -> bool:
         return content.lstrip().startswith(HARNESS_NOTE)
     if not isinstance(content, list) or not content:
         return False
-    return all(isinstance(part, Mapping) and part.get("type") in ("text", "input_text")
-               and isinstance(part.get("text"), str) and part["text"].lstrip().startswith(HARNESS_NOTE)
-               for part in content)
+    return all(
+        isinstance(part, Mapping)
+        and part.get("type") in ("text", "input_text")
+        and isinstance(part.get("text"), str)
+        and part["text"].lstrip().startswith(HARNESS_NOTE)
+        for part in content
+    )
 
 
 def _last_spoken(items) -> Mapping | None:
@@ -224,6 +232,8 @@ def opens_turn(kind: str, body: Mapping, subagent: str | None = None, headers: M
         if last is None or last.get("role") != "user":
             return False
         content = last.get("content")
-        return not (isinstance(content, list)
-                    and any(isinstance(b, Mapping) and b.get("type") == "tool_result" for b in content))
+        return not (
+            isinstance(content, list)
+            and any(isinstance(b, Mapping) and b.get("type") == "tool_result" for b in content)
+        )
     return False  # completions, generate: no turn structure

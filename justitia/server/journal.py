@@ -55,10 +55,31 @@ CREATE TABLE IF NOT EXISTS outputs (
     agent_id TEXT NOT NULL, stage INTEGER NOT NULL, task INTEGER NOT NULL, doc TEXT NOT NULL,
     PRIMARY KEY (agent_id, stage, task));
 """
-COLUMNS = ("agent_id", "owner", "tenant", "weight", "spec", "idempotency_key", "predicted_cost", "status", "error",
-           "arrival_wall", "finish_wall", "clock_run", "virtual_finish", "virtual_time", "turns", "waiting_wall")
-ADDED = {"clock_run": "INTEGER", "virtual_finish": "REAL", "virtual_time": "REAL",  # to a journal written before them
-         "turns": "TEXT", "waiting_wall": "REAL"}
+COLUMNS = (
+    "agent_id",
+    "owner",
+    "tenant",
+    "weight",
+    "spec",
+    "idempotency_key",
+    "predicted_cost",
+    "status",
+    "error",
+    "arrival_wall",
+    "finish_wall",
+    "clock_run",
+    "virtual_finish",
+    "virtual_time",
+    "turns",
+    "waiting_wall",
+)
+ADDED = {
+    "clock_run": "INTEGER",
+    "virtual_finish": "REAL",
+    "virtual_time": "REAL",  # to a journal written before them
+    "turns": "TEXT",
+    "waiting_wall": "REAL",
+}
 ENDED = ("done", "failed", "cancelled")
 
 
@@ -126,59 +147,100 @@ class Journal:
     # --------------------------------------------------------------------------------- writes
     async def accept(self, r: Record) -> None:
         """An agent accepted (committed before its 202), its stamps of this run unless it names another."""
-        await self._run(self._db.execute,
-                        f"INSERT INTO agents ({', '.join(COLUMNS)}) VALUES ({', '.join('?' * len(COLUMNS))})",
-                        (r.agent_id, r.owner, r.tenant, r.weight, json.dumps(r.spec), r.idempotency_key,
-                         r.predicted_cost, r.status, r.error, r.arrival_wall, r.finish_wall,
-                         self.run if r.clock_run is None else r.clock_run, r.virtual_finish, r.virtual_time,
-                         json.dumps(r.turns) if r.turns else None, r.waiting_wall))
+        await self._run(
+            self._db.execute,
+            f"INSERT INTO agents ({', '.join(COLUMNS)}) VALUES ({', '.join('?' * len(COLUMNS))})",
+            (
+                r.agent_id,
+                r.owner,
+                r.tenant,
+                r.weight,
+                json.dumps(r.spec),
+                r.idempotency_key,
+                r.predicted_cost,
+                r.status,
+                r.error,
+                r.arrival_wall,
+                r.finish_wall,
+                self.run if r.clock_run is None else r.clock_run,
+                r.virtual_finish,
+                r.virtual_time,
+                json.dumps(r.turns) if r.turns else None,
+                r.waiting_wall,
+            ),
+        )
 
     async def stamped(self, agent_id: str, virtual_finish: float | None, virtual_time: float | None) -> None:
         """A resumed agent registered again: its tag and ``V`` in this run's clock."""
-        await self._run(self._db.execute,
-                        "UPDATE agents SET clock_run = ?, virtual_finish = ?, virtual_time = ? WHERE agent_id = ?",
-                        (self.run, virtual_finish, virtual_time, agent_id))
+        await self._run(
+            self._db.execute,
+            "UPDATE agents SET clock_run = ?, virtual_finish = ?, virtual_time = ? WHERE agent_id = ?",
+            (self.run, virtual_finish, virtual_time, agent_id),
+        )
 
     async def task_done(self, agent_id: str, stage: int, task: int, doc: dict) -> None:
-        await self._run(self._db.execute, "INSERT OR REPLACE INTO outputs VALUES (?, ?, ?, ?)",
-                        (agent_id, stage, task, json.dumps(doc)))
+        await self._run(
+            self._db.execute,
+            "INSERT OR REPLACE INTO outputs VALUES (?, ?, ?, ?)",
+            (agent_id, stage, task, json.dumps(doc)),
+        )
 
     async def turned(self, agent_id: str, turns: list[dict]) -> None:
         """A session took a turn (committed before its 202): its turns after the first, and it runs."""
-        await self._run(self._db.execute,
-                        "UPDATE agents SET turns = ?, status = 'running', waiting_wall = NULL WHERE agent_id = ?",
-                        (json.dumps(turns), agent_id))
+        await self._run(
+            self._db.execute,
+            "UPDATE agents SET turns = ?, status = 'running', waiting_wall = NULL WHERE agent_id = ?",
+            (json.dumps(turns), agent_id),
+        )
 
     async def waiting(self, agent_id: str, since_wall: float) -> None:
         """A session's turn is answered: it waits for its client's next, since ``since_wall``."""
-        await self._run(self._db.execute, "UPDATE agents SET status = 'waiting', waiting_wall = ? WHERE agent_id = ?",
-                        (since_wall, agent_id))
+        await self._run(
+            self._db.execute,
+            "UPDATE agents SET status = 'waiting', waiting_wall = ? WHERE agent_id = ?",
+            (since_wall, agent_id),
+        )
 
     async def ended(self, agent_id: str, status: str, error: str | None, finish_wall: float) -> None:
-        await self._run(self._db.execute, "UPDATE agents SET status = ?, error = ?, finish_wall = ? WHERE agent_id = ?",
-                        (status, error, finish_wall, agent_id))
+        await self._run(
+            self._db.execute,
+            "UPDATE agents SET status = ?, error = ?, finish_wall = ? WHERE agent_id = ?",
+            (status, error, finish_wall, agent_id),
+        )
 
     async def forget(self, agent_ids: list[str]) -> None:
         """Drop agents the server no longer keeps (their ids stay known to the server as 410)."""
+
         def drop():
             with self._db:
                 self._db.executemany("DELETE FROM outputs WHERE agent_id = ?", [(a,) for a in agent_ids])
                 self._db.executemany("DELETE FROM agents WHERE agent_id = ?", [(a,) for a in agent_ids])
+
         await self._run(drop)
 
     # ---------------------------------------------------------------------------------- reads
     def load(self) -> list[Record]:
         """Every journaled agent with its outputs, oldest first (at start-up, before serving)."""
+
         def read():
             records = {}
             for row in self._db.execute(f"SELECT {', '.join(COLUMNS)} FROM agents ORDER BY arrival_wall"):
-                rec = Record(row[0], row[1], row[2], row[3], json.loads(row[4]), *row[5:14],
-                             json.loads(row[14]) if row[14] else [], row[15])
+                rec = Record(
+                    row[0],
+                    row[1],
+                    row[2],
+                    row[3],
+                    json.loads(row[4]),
+                    *row[5:14],
+                    json.loads(row[14]) if row[14] else [],
+                    row[15],
+                )
                 records[rec.agent_id] = rec
             for agent_id, stage, task, doc in self._db.execute("SELECT * FROM outputs"):
                 if agent_id in records:
                     records[agent_id].outputs[(stage, task)] = json.loads(doc)
             return list(records.values())
+
         return self._pool.submit(read).result()
 
     def close(self) -> None:
@@ -186,6 +248,7 @@ class Journal:
             if self._db is not None:
                 self._db.close()
                 self._db = None
+
         self._pool.submit(shut).result()
         self._pool.shutdown()
 

@@ -111,10 +111,12 @@ class KeyRing:
                 if len(fields) == 2 and fields[1] not in KEY_FLAGS:
                     head, flags = 2, []  # KEY TENANT: weight 1
                 if any(f not in KEY_FLAGS for f in flags) or len(set(flags)) < len(flags):
-                    raise KeyFileError(f"{where}: expected 'KEY [TENANT WEIGHT] [trusted] [admin]', got "
-                                       f"{' '.join(fields[1:])!r} after the key.")
+                    raise KeyFileError(
+                        f"{where}: expected 'KEY [TENANT WEIGHT] [trusted] [admin]', got "
+                        f"{' '.join(fields[1:])!r} after the key."
+                    )
                 fields = fields[:head]
-                key, tenant, weight = (fields + ["-", "1"][len(fields) - 1:])[:3]
+                key, tenant, weight = (fields + ["-", "1"][len(fields) - 1 :])[:3]
                 _check_key(key, where)
                 if tenant == "-":
                     tenant = _owner_id(key)  # a tenant of its own

@@ -24,25 +24,46 @@ def run(settings: ServeSettings) -> int:
     KeyRing.load(settings.api_key, settings.api_keys)
     path = settings.journal_path()
     state = settings.predictor_state_path()
-    config = {"predictor": settings.predictor, "predictor_state": None if state is None else str(state),
-              "api_keys": settings.api_key or [],
-              "api_keys_file": None if settings.api_keys is None else str(settings.api_keys),
-              "journal": None if path is None else str(path),
-              "limits": settings.limits() | {"max_tasks_per_agent": settings.max_tasks_per_agent,
-                                             "max_agents_in_flight": settings.max_agents_in_flight,
-                                             "max_body_bytes": settings.max_body_bytes}}
-    argv = vllm_command(settings.model or "tiny", settings.host, settings.port, settings.kv_blocks,
-                        settings.max_num_seqs, settings.max_model_len, settings.vllm_args)
+    config = {
+        "predictor": settings.predictor,
+        "predictor_state": None if state is None else str(state),
+        "api_keys": settings.api_key or [],
+        "api_keys_file": None if settings.api_keys is None else str(settings.api_keys),
+        "journal": None if path is None else str(path),
+        "limits": settings.limits()
+        | {
+            "max_tasks_per_agent": settings.max_tasks_per_agent,
+            "max_agents_in_flight": settings.max_agents_in_flight,
+            "max_body_bytes": settings.max_body_bytes,
+        },
+    }
+    argv = vllm_command(
+        settings.model or "tiny",
+        settings.host,
+        settings.port,
+        settings.kv_blocks,
+        settings.max_num_seqs,
+        settings.max_model_len,
+        settings.vllm_args,
+    )
     try:
         pricing = None if state is None else state.with_suffix(".pricing.json")  # the plug-in's (vllm/pricer.py)
-        return serve_vllm(argv, vllm_environment(settings.policy, config, settings.calibration, pricing),
-                          settings.header_timeout)
+        return serve_vllm(
+            argv, vllm_environment(settings.policy, config, settings.calibration, pricing), settings.header_timeout
+        )
     except KeyboardInterrupt:
         return 0
 
 
-def vllm_command(model: str, host: str, port: int, kv_blocks: int | None, max_num_seqs: int, max_model_len: int,
-                 passthrough: list[str]) -> list[str]:
+def vllm_command(
+    model: str,
+    host: str,
+    port: int,
+    kv_blocks: int | None,
+    max_num_seqs: int,
+    max_model_len: int,
+    passthrough: list[str],
+) -> list[str]:
     """The ``vllm serve`` arguments (after ``vllm serve``) that run Justitia: the model, the scheduler
     class, vLLM's priority queue (the plug-in stamps each request's key as its priority), and the
     server options given, then ``passthrough`` (any of vLLM's own options, which win)."""
@@ -52,10 +73,21 @@ def vllm_command(model: str, host: str, port: int, kv_blocks: int | None, max_nu
     given = {a.split("=", 1)[0] for a in passthrough if a.startswith("--")}
     if "--model" in given:
         raise ValueError("--model: give it to justitia serve itself (tiny, tiny-long, smollm2 or a model directory).")
-    argv = ["--model", str(resolve_model(model)), "--scheduler-cls", "justitia.vllm.plugin.JustitiaScheduler",
-            "--scheduling-policy", "priority"]
-    defaults = {"--host": host, "--port": str(port), "--max-model-len": str(max_model_len),
-                "--max-num-seqs": str(max_num_seqs), "--dtype": engine_dtype("auto")}
+    argv = [
+        "--model",
+        str(resolve_model(model)),
+        "--scheduler-cls",
+        "justitia.vllm.plugin.JustitiaScheduler",
+        "--scheduling-policy",
+        "priority",
+    ]
+    defaults = {
+        "--host": host,
+        "--port": str(port),
+        "--max-model-len": str(max_model_len),
+        "--max-num-seqs": str(max_num_seqs),
+        "--dtype": engine_dtype("auto"),
+    }
     if kv_blocks is not None:
         defaults["--num-gpu-blocks-override"] = str(kv_blocks)
     if "/" not in model:  # a built-in model answers to its own name, as before
@@ -68,8 +100,9 @@ def vllm_command(model: str, host: str, port: int, kv_blocks: int | None, max_nu
     return argv + passthrough
 
 
-def vllm_environment(policy: str, serve: dict, calibration: Path | None = None,
-                     pricing_state: Path | None = None) -> dict[str, str]:
+def vllm_environment(
+    policy: str, serve: dict, calibration: Path | None = None, pricing_state: Path | None = None
+) -> dict[str, str]:
     """What configures Justitia inside vLLM's server: the plugin allowed, the scheduler's policy,
     the plugin's settings (``server.plugin.serve_config``), a calibration to start the clock's M
     from (``JUSTITIA_CALIBRATION``), and where the plug-in keeps what its own pricing learned
@@ -79,8 +112,11 @@ def vllm_environment(policy: str, serve: dict, calibration: Path | None = None,
     from justitia.vllm.engine import has_gpu
 
     plugins = [p for p in os.environ.get("VLLM_PLUGINS", "").split(",") if p]
-    env = {"VLLM_PLUGINS": ",".join(dict.fromkeys(plugins + ["justitia"])), ENV_POLICY: policy,
-           ENV_SERVE: json.dumps(serve)}
+    env = {
+        "VLLM_PLUGINS": ",".join(dict.fromkeys(plugins + ["justitia"])),
+        ENV_POLICY: policy,
+        ENV_SERVE: json.dumps(serve),
+    }
     if calibration is not None:
         if not calibration.is_file():
             raise ValueError(f"--calibration: no file at {calibration}.")

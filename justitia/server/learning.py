@@ -36,5 +36,3 @@ def server_predictor(spec: str, state_path: str | Path | None = None) -> Predict
         print(f"justitia: online predictor: {load_kept(pred, path)}", flush=True)
         atexit.register(keep(pred, path, SAVE_EVERY, log.warning))
     return pred
-
-

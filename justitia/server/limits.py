@@ -35,8 +35,14 @@ def body_too_large(request, exc: BodyTooLarge):
     return JSONResponse({"error": exc.detail}, status_code=413, headers={"connection": "close"})
 
 
-INFERENCE_PATHS = {"/v1/chat/completions": "chat", "/v1/completions": "completions", "/v1/responses": "responses",
-                   "/v1/messages": "messages", "/v1/chat/completions/batch": "chat", "/inference/v1/generate": "generate"}
+INFERENCE_PATHS = {
+    "/v1/chat/completions": "chat",
+    "/v1/completions": "completions",
+    "/v1/responses": "responses",
+    "/v1/messages": "messages",
+    "/v1/chat/completions/batch": "chat",
+    "/inference/v1/generate": "generate",
+}
 
 
 KEYED_PATHS = ("/justitia/state",)  # beside every /v1/ path: what a key must be sent to (the page itself is open)
@@ -110,8 +116,12 @@ class BodyLimit:
         self.app, self.limit = app, limit
 
     async def _refuse(self, send, size: str) -> None:
-        await answer(send, 413, {"error": f"the request body has {size} bytes, more than this server's limit of "
-                                           f"{self.limit}."}, [(b"connection", b"close")])
+        await answer(
+            send,
+            413,
+            {"error": f"the request body has {size} bytes, more than this server's limit of {self.limit}."},
+            [(b"connection", b"close")],
+        )
 
     @staticmethod
     async def _drain(receive, more: bool = True) -> None:

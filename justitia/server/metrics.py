@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import contextlib
 
-from justitia.core import PolicyState
 from justitia.backends.base import histogram_samples, label, with_model
 from justitia.backends.base import metric_lines as _metric
+from justitia.core import PolicyState
 from justitia.server.runs import TERMINAL
 
 JCT_BUCKETS = (0.1, 0.25, 0.5, 1, 2.5, 5, 10, 25, 50, 100, 250, 500, float("inf"))
@@ -61,40 +61,80 @@ def prometheus_text(manager, state: PolicyState) -> str:
     the backend's own lines (queues, replicas); every sample labelled ``model_name``, as vLLM's are."""
     m, backend = manager.counts, manager.backend
     lines = [
-        *_metric("agents_in_flight", "gauge", "Agents submitted and not yet done, failed or cancelled.",
-                 f"justitia_agents_in_flight {manager.in_flight()}"),
-        *_metric("tasks_in_flight", "gauge", "Agent-API requests sent to the engine and not finished.",
-                 f"justitia_tasks_in_flight {m.tasks_in_flight}"),
-        *_metric("agents_finished_total", "counter", "Agents that ended, by how.",
-                 *(f'justitia_agents_finished_total{{status="{k}"}} {v}' for k, v in m.finished.items())),
-        *_metric("requests_total", "counter", "Requests received, by endpoint.",
-                 *(f'justitia_requests_total{{endpoint="{k}"}} {v}' for k, v in m.requests.items())),
-        *_metric("engine_requests_unfinished", "gauge",
-                 "Requests the engine holds (waiting or running), all endpoints.",
-                 f"justitia_engine_requests_unfinished {backend.unfinished()}"),
-        *_metric("policy_agents", "gauge", f"Agents holding state in the policy ({state.policy}) that orders the engine.",
-                 f"justitia_policy_agents {state.agents}"),
+        *_metric(
+            "agents_in_flight",
+            "gauge",
+            "Agents submitted and not yet done, failed or cancelled.",
+            f"justitia_agents_in_flight {manager.in_flight()}",
+        ),
+        *_metric(
+            "tasks_in_flight",
+            "gauge",
+            "Agent-API requests sent to the engine and not finished.",
+            f"justitia_tasks_in_flight {m.tasks_in_flight}",
+        ),
+        *_metric(
+            "agents_finished_total",
+            "counter",
+            "Agents that ended, by how.",
+            *(f'justitia_agents_finished_total{{status="{k}"}} {v}' for k, v in m.finished.items()),
+        ),
+        *_metric(
+            "requests_total",
+            "counter",
+            "Requests received, by endpoint.",
+            *(f'justitia_requests_total{{endpoint="{k}"}} {v}' for k, v in m.requests.items()),
+        ),
+        *_metric(
+            "engine_requests_unfinished",
+            "gauge",
+            "Requests the engine holds (waiting or running), all endpoints.",
+            f"justitia_engine_requests_unfinished {backend.unfinished()}",
+        ),
+        *_metric(
+            "policy_agents",
+            "gauge",
+            f"Agents holding state in the policy ({state.policy}) that orders the engine.",
+            f"justitia_policy_agents {state.agents}",
+        ),
     ]
     if state.has_clock:
         lines += [
-            *_metric("virtual_time", "gauge", "V(now) of the GPS clock that orders the engine, in cost units.",
-                     f"justitia_virtual_time {state.virtual_time:.6g}"),
-            *_metric("gps_active_agents", "gauge", "Agents the GPS clock counts as active (N_t).",
-                     f"justitia_gps_active_agents {state.gps_active}"),
-            *_metric("clock_capacity", "gauge", "The GPS clock's M, in cost units per second.",
-                     f"justitia_clock_capacity {state.capacity_per_s:.6g}"),
+            *_metric(
+                "virtual_time",
+                "gauge",
+                "V(now) of the GPS clock that orders the engine, in cost units.",
+                f"justitia_virtual_time {state.virtual_time:.6g}",
+            ),
+            *_metric(
+                "gps_active_agents",
+                "gauge",
+                "Agents the GPS clock counts as active (N_t).",
+                f"justitia_gps_active_agents {state.gps_active}",
+            ),
+            *_metric(
+                "clock_capacity",
+                "gauge",
+                "The GPS clock's M, in cost units per second.",
+                f"justitia_clock_capacity {state.capacity_per_s:.6g}",
+            ),
         ]
     else:
         lines.append(f"# justitia_virtual_time: none, policy '{state.policy}' keeps no GPS virtual clock")
     lines += [
-        *_metric("predictor_latency_seconds", "summary", "Time to predict an agent's cost.",
-                 f"justitia_predictor_latency_seconds_sum {m.predict_s:.6f}",
-                 f"justitia_predictor_latency_seconds_count {m.predictions}"),
+        *_metric(
+            "predictor_latency_seconds",
+            "summary",
+            "Time to predict an agent's cost.",
+            f"justitia_predictor_latency_seconds_sum {m.predict_s:.6f}",
+            f"justitia_predictor_latency_seconds_count {m.predictions}",
+        ),
         *_metric("agent_jct_seconds", "histogram", "Job completion time of finished agents, by type."),
     ]
     for agent_type, counts in sorted(m.jct.items()):
-        lines += histogram_samples("justitia_agent_jct_seconds", f'type="{label(agent_type)}"', JCT_BUCKETS, counts,
-                                   m.jct_sum[agent_type])
+        lines += histogram_samples(
+            "justitia_agent_jct_seconds", f'type="{label(agent_type)}"', JCT_BUCKETS, counts, m.jct_sum[agent_type]
+        )
     if manager.watch.last is not None:  # the per-tenant series, as the watch last read them (at most 1 s ago)
         lines += manager.watch.metric_lines()
     return "\n".join(with_model(lines + backend.metrics_lines(), manager.watch.model)) + "\n"

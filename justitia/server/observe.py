@@ -35,8 +35,9 @@ OTHER = "other"
 class Watch:
     """The engine's state over a window (the module's docstring)."""
 
-    def __init__(self, backend, model: str, max_model_len: int, window_s: float = 300.0, top: int = 10,
-                 every_s: float = 1.0):
+    def __init__(
+        self, backend, model: str, max_model_len: int, window_s: float = 300.0, top: int = 10, every_s: float = 1.0
+    ):
         self.backend, self.model, self.top = backend, model, top
         self.window_s, self.every_s = window_s, every_s
         self.c_max_s = max_model_len * ITERATION_S
@@ -82,24 +83,37 @@ class Watch:
         # the window's start: the oldest reading once the readings cover the window; until then (a
         # young server, or one nobody read before), the engine's start, when every total was 0
         before = (first.tenants or {}) if t0 <= t1 - self.window_s else {}
-        served = {name: max(0.0, t["service"] - before.get(name, {}).get("service", 0.0))
-                  for name, t in (last.tenants or {}).items()}
+        served = {
+            name: max(0.0, t["service"] - before.get(name, {}).get("service", 0.0))
+            for name, t in (last.tenants or {}).items()
+        }
         everyone = sum(served.values())
         rows = []
         for name, t in (last.tenants or {}).items():
             late = t.get("late_s")
-            rows.append({
-                "tenant": name, "weight": t.get("weight"), "service": t["service"], "service_window": served[name],
-                "share": served[name] / everyone if everyone > 0 else None,
-                "fair_share": sum(fair[name]) / len(fair[name]) if name in fair else None,
-                "waiting": t.get("waiting", 0), "requests": t.get("requests", 0),
-                "agents": t.get("agents", 0), "sessions": t.get("sessions", 0),
-                "late_s": late, "margin_s": None if late is None or bound is None else bound - late,
-                "violations": t.get("violations", 0), "bursts": t.get("bursts", {}),
-                "prompt_tokens": t.get("prompt_tokens", 0), "cached_tokens": t.get("cached_tokens", 0),
-                "cache_hit_rate": t["cached_tokens"] / t["prompt_tokens"] if t.get("prompt_tokens") else None,
-                "burst_buckets": t.get("burst_buckets", {}), "burst_sum_s": t.get("burst_sum_s", {}),
-            })
+            rows.append(
+                {
+                    "tenant": name,
+                    "weight": t.get("weight"),
+                    "service": t["service"],
+                    "service_window": served[name],
+                    "share": served[name] / everyone if everyone > 0 else None,
+                    "fair_share": sum(fair[name]) / len(fair[name]) if name in fair else None,
+                    "waiting": t.get("waiting", 0),
+                    "requests": t.get("requests", 0),
+                    "agents": t.get("agents", 0),
+                    "sessions": t.get("sessions", 0),
+                    "late_s": late,
+                    "margin_s": None if late is None or bound is None else bound - late,
+                    "violations": t.get("violations", 0),
+                    "bursts": t.get("bursts", {}),
+                    "prompt_tokens": t.get("prompt_tokens", 0),
+                    "cached_tokens": t.get("cached_tokens", 0),
+                    "cache_hit_rate": t["cached_tokens"] / t["prompt_tokens"] if t.get("prompt_tokens") else None,
+                    "burst_buckets": t.get("burst_buckets", {}),
+                    "burst_sum_s": t.get("burst_sum_s", {}),
+                }
+            )
         rows.sort(key=lambda r: (-r["service_window"], -r["service"], r["tenant"]))
         return rows
 
@@ -112,10 +126,17 @@ class Watch:
             rows = [r for r in rows if r["tenant"] == client.tenant]
             head = [a for a in head if a.get("tenant") == client.tenant]
         return {
-            "model": self.model, "policy": None if state is None else state.policy,
-            "clock": None if state is None or not state.has_clock else
-            {"virtual_time": state.virtual_time, "active": state.gps_active, "capacity_per_s": state.capacity_per_s},
-            "window_s": self.window_s, "bound_s": self._bound(state),
+            "model": self.model,
+            "policy": None if state is None else state.policy,
+            "clock": None
+            if state is None or not state.has_clock
+            else {
+                "virtual_time": state.virtual_time,
+                "active": state.gps_active,
+                "capacity_per_s": state.capacity_per_s,
+            },
+            "window_s": self.window_s,
+            "bound_s": self._bound(state),
             "violations": sum(r["violations"] for r in every),  # everyone's, as /metrics gives them
             "tenants": [{k: v for k, v in r.items() if k not in ("burst_buckets", "burst_sum_s")} for r in rows],
             "head": head,
@@ -126,15 +147,30 @@ class Watch:
         """Per-tenant series (the ``top`` busiest by name, the rest as ``other``), the bound, the
         violations, and the price errors per type."""
         rows = self.tenants()
-        named = sorted(rows, key=lambda r: -r["service"])[:self.top]
+        named = sorted(rows, key=lambda r: -r["service"])[: self.top]
         names = {r["tenant"] for r in named}
         groups: dict[str, list[dict]] = {}
         for r in rows:
             groups.setdefault(r["tenant"] if r["tenant"] in names else OTHER, []).append(r)
         model = label(self.model)
 
-        out = {k: [] for k in ("service", "share", "fair", "weight", "waiting", "agents", "sessions", "late", "margin", "viol",
-                               "queries", "hits")}
+        out = {
+            k: []
+            for k in (
+                "service",
+                "share",
+                "fair",
+                "weight",
+                "waiting",
+                "agents",
+                "sessions",
+                "late",
+                "margin",
+                "viol",
+                "queries",
+                "hits",
+            )
+        }
         hist = {"turn": [], "agent": []}
         for name_of, group in sorted(groups.items()):
             tag = f'model_name="{model}",tenant="{label(name_of)}"'
@@ -158,60 +194,127 @@ class Watch:
             put("queries", "justitia_tenant_prefix_cache_queries_total", "prompt_tokens")
             put("hits", "justitia_tenant_prefix_cache_hits_total", "cached_tokens")
             for kind in hist:
-                counts = [sum(r["burst_buckets"].get(kind, [0] * len(BURST_BUCKETS))[k] for r in group)
-                          for k in range(len(BURST_BUCKETS))]
-                hist[kind] += histogram_samples(f"justitia_tenant_{kind}_seconds", tag, BURST_BUCKETS, counts,
-                                                sum(r["burst_sum_s"].get(kind, 0.0) for r in group))
+                counts = [
+                    sum(r["burst_buckets"].get(kind, [0] * len(BURST_BUCKETS))[k] for r in group)
+                    for k in range(len(BURST_BUCKETS))
+                ]
+                hist[kind] += histogram_samples(
+                    f"justitia_tenant_{kind}_seconds",
+                    tag,
+                    BURST_BUCKETS,
+                    counts,
+                    sum(r["burst_sum_s"].get(kind, 0.0) for r in group),
+                )
         state = self.last
         bound = self._bound(state)
         lines = [
-            *metric_lines("tenant_service_total", "counter",
-                          "Service attained by the tenant's agents, in the cost model's unit (KV token-iterations under kv).",
-                          *out["service"]),
-            *metric_lines("tenant_service_share", "gauge", "The tenant's part of all service attained in the window.",
-                          *out["share"]),
-            *metric_lines("tenant_fair_share", "gauge",
-                          "The tenant's weighted share while backlogged: its weight over the backlogged tenants', averaged over the window.",
-                          *out["fair"]),
+            *metric_lines(
+                "tenant_service_total",
+                "counter",
+                "Service attained by the tenant's agents, in the cost model's unit (KV token-iterations under kv).",
+                *out["service"],
+            ),
+            *metric_lines(
+                "tenant_service_share",
+                "gauge",
+                "The tenant's part of all service attained in the window.",
+                *out["share"],
+            ),
+            *metric_lines(
+                "tenant_fair_share",
+                "gauge",
+                "The tenant's weighted share while backlogged: its weight over the backlogged tenants', averaged over the window.",
+                *out["fair"],
+            ),
             *metric_lines("tenant_weight", "gauge", "The tenant's weight.", *out["weight"]),
-            *metric_lines("tenant_requests_waiting", "gauge", "The tenant's requests waiting in the engine's queue.",
-                          *out["waiting"]),
+            *metric_lines(
+                "tenant_requests_waiting",
+                "gauge",
+                "The tenant's requests waiting in the engine's queue.",
+                *out["waiting"],
+            ),
             *metric_lines("tenant_agents_in_flight", "gauge", "The tenant's agents the engine holds.", *out["agents"]),
-            *metric_lines("tenant_sessions_in_flight", "gauge", "The tenant's sessions the engine holds.", *out["sessions"]),
-            *metric_lines("tenant_lateness_seconds", "gauge",
-                          "The clock's estimate of how far the tenant's latest agent in flight is past its GPS finish (negative: ahead).",
-                          *out["late"]),
-            *metric_lines("tenant_bound_margin_seconds", "gauge",
-                          "The delay bound less the tenant's lateness: below 0, an agent is past the bound.", *out["margin"]),
-            *metric_lines("tenant_bound_violations_total", "counter",
-                          "The tenant's bursts that ended past their GPS finish by more than the bound.", *out["viol"]),
-            *metric_lines("tenant_prefix_cache_queries_total", "counter",
-                          "Prompt tokens of the tenant's finished requests whose prefix-cache lookup the engine reported.",
-                          *out["queries"]),
-            *metric_lines("tenant_prefix_cache_hits_total", "counter",
-                          "Of those, the tokens vLLM's prefix cache held when the request was first scheduled.",
-                          *out["hits"]),
-            *metric_lines("tenant_turn_seconds", "histogram", "Completion time of sessions' turns, by tenant.", *hist["turn"]),
-            *metric_lines("tenant_agent_seconds", "histogram", "Completion time of agents (not sessions), by tenant.",
-                          *hist["agent"]),
-            *metric_lines("bound_violations_total", "counter",
-                          "Bursts that ended past their GPS finish by more than the bound.",
-                          f'justitia_bound_violations_total{{model_name="{model}"}} {sum(r["violations"] for r in rows)}'),
-            *metric_lines("prefix_cache_queries_total", "counter",
-                          "Prompt tokens of finished requests whose prefix-cache lookup the engine reported (Justitia's "
-                          "requests; vLLM's own vllm:prefix_cache_queries counts every lookup).",
-                          f'justitia_prefix_cache_queries_total{{model_name="{model}"}} {sum(r["prompt_tokens"] for r in rows)}'),
-            *metric_lines("prefix_cache_hits_total", "counter",
-                          "Of those, the tokens vLLM's prefix cache held when each request was first scheduled.",
-                          f'justitia_prefix_cache_hits_total{{model_name="{model}"}} {sum(r["cached_tokens"] for r in rows)}'),
+            *metric_lines(
+                "tenant_sessions_in_flight", "gauge", "The tenant's sessions the engine holds.", *out["sessions"]
+            ),
+            *metric_lines(
+                "tenant_lateness_seconds",
+                "gauge",
+                "The clock's estimate of how far the tenant's latest agent in flight is past its GPS finish (negative: ahead).",
+                *out["late"],
+            ),
+            *metric_lines(
+                "tenant_bound_margin_seconds",
+                "gauge",
+                "The delay bound less the tenant's lateness: below 0, an agent is past the bound.",
+                *out["margin"],
+            ),
+            *metric_lines(
+                "tenant_bound_violations_total",
+                "counter",
+                "The tenant's bursts that ended past their GPS finish by more than the bound.",
+                *out["viol"],
+            ),
+            *metric_lines(
+                "tenant_prefix_cache_queries_total",
+                "counter",
+                "Prompt tokens of the tenant's finished requests whose prefix-cache lookup the engine reported.",
+                *out["queries"],
+            ),
+            *metric_lines(
+                "tenant_prefix_cache_hits_total",
+                "counter",
+                "Of those, the tokens vLLM's prefix cache held when the request was first scheduled.",
+                *out["hits"],
+            ),
+            *metric_lines(
+                "tenant_turn_seconds", "histogram", "Completion time of sessions' turns, by tenant.", *hist["turn"]
+            ),
+            *metric_lines(
+                "tenant_agent_seconds",
+                "histogram",
+                "Completion time of agents (not sessions), by tenant.",
+                *hist["agent"],
+            ),
+            *metric_lines(
+                "bound_violations_total",
+                "counter",
+                "Bursts that ended past their GPS finish by more than the bound.",
+                f'justitia_bound_violations_total{{model_name="{model}"}} {sum(r["violations"] for r in rows)}',
+            ),
+            *metric_lines(
+                "prefix_cache_queries_total",
+                "counter",
+                "Prompt tokens of finished requests whose prefix-cache lookup the engine reported (Justitia's "
+                "requests; vLLM's own vllm:prefix_cache_queries counts every lookup).",
+                f'justitia_prefix_cache_queries_total{{model_name="{model}"}} {sum(r["prompt_tokens"] for r in rows)}',
+            ),
+            *metric_lines(
+                "prefix_cache_hits_total",
+                "counter",
+                "Of those, the tokens vLLM's prefix cache held when each request was first scheduled.",
+                f'justitia_prefix_cache_hits_total{{model_name="{model}"}} {sum(r["cached_tokens"] for r in rows)}',
+            ),
         ]
         if bound is not None:
-            lines += metric_lines("bound_seconds", "gauge", "The delay bound bursts are judged by: 2 c_max + C_max / M.",
-                                  f'justitia_bound_seconds{{model_name="{model}"}} {bound:.6g}')
+            lines += metric_lines(
+                "bound_seconds",
+                "gauge",
+                "The delay bound bursts are judged by: 2 c_max + C_max / M.",
+                f'justitia_bound_seconds{{model_name="{model}"}} {bound:.6g}',
+            )
         errors = (state.errors if state is not None else None) or {}
-        lines += metric_lines("price_error_log2", "histogram",
-                              "How far each burst's price was off: log2(attained / predicted), by agent type.")
+        lines += metric_lines(
+            "price_error_log2",
+            "histogram",
+            "How far each burst's price was off: log2(attained / predicted), by agent type.",
+        )
         for agent_type, (counts, total) in sorted(errors.items()):
-            lines += histogram_samples("justitia_price_error_log2", f'model_name="{model}",type="{label(agent_type)}"',
-                                       ERROR_BUCKETS, counts, total)
+            lines += histogram_samples(
+                "justitia_price_error_log2",
+                f'model_name="{model}",type="{label(agent_type)}"',
+                ERROR_BUCKETS,
+                counts,
+                total,
+            )
         return lines

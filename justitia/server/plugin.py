@@ -57,8 +57,8 @@ class JustitiaPlugin:
 
     def __init__(self):
         from justitia.server.agents import Settings
-        from justitia.server.learning import server_predictor
         from justitia.server.keys import KeyRing
+        from justitia.server.learning import server_predictor
 
         try:
             config = serve_config()
@@ -85,11 +85,10 @@ class JustitiaPlugin:
         """The agent manager over vLLM's engine client; the journal reloaded; the metrics collector."""
         from transformers import AutoTokenizer
 
+        from justitia.backends.local import EngineBackend
         from justitia.server.agents import AgentManager
         from justitia.server.journal import Journal
-        from justitia.backends.local import EngineBackend
         from justitia.server.metrics import register_collector
-
         from justitia.vllm.reaper import guard
 
         if engine_client is None:
@@ -106,8 +105,17 @@ class JustitiaPlugin:
         register_collector(self)
         if self.journal is not None:
             finished, resumed = await self.manager.recover()
-            print(f"justitia: journal {self.journal.path}: {finished} finished and {resumed} unfinished agent(s) "
-                  f"reloaded", flush=True)
-        print(f"justitia: policy {self.policy} on {backend.model} ({backend.kv_tokens:,} KV tokens); "
-              + (f"{len(self.keys)} API key(s)" if not self.keys.open else
-                 "no API key: open to every client that can reach it"), flush=True)
+            print(
+                f"justitia: journal {self.journal.path}: {finished} finished and {resumed} unfinished agent(s) "
+                f"reloaded",
+                flush=True,
+            )
+        print(
+            f"justitia: policy {self.policy} on {backend.model} ({backend.kv_tokens:,} KV tokens); "
+            + (
+                f"{len(self.keys)} API key(s)"
+                if not self.keys.open
+                else "no API key: open to every client that can reach it"
+            ),
+            flush=True,
+        )

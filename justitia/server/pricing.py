@@ -35,8 +35,10 @@ class Pricer:
     def ids_checked(self, prompt: str) -> list[int]:
         """``ids_of``, refused untokenized if the prompt is longer than any prompt that could fit the context."""
         if len(prompt) > self.settings.max_prompt_chars:
-            raise SpecError(f"the prompt has {len(prompt)} characters, more than this server's limit of "
-                            f"{self.settings.max_prompt_chars}.")
+            raise SpecError(
+                f"the prompt has {len(prompt)} characters, more than this server's limit of "
+                f"{self.settings.max_prompt_chars}."
+            )
         return self.ids_of(prompt)
 
     async def encode(self, prompt: str) -> list[int]:
@@ -57,8 +59,10 @@ class Pricer:
             except SpecError as exc:
                 raise SpecError(f"field 'stages[0][{i}].prompt': {exc}") from None
             if len(first[i]) + t.max_tokens > self.settings.max_model_len:
-                raise SpecError(f"field 'stages[0][{i}].prompt': {len(first[i])} prompt tokens + max_tokens "
-                                f"{t.max_tokens} exceed the model's context of {self.settings.max_model_len} tokens.")
+                raise SpecError(
+                    f"field 'stages[0][{i}].prompt': {len(first[i])} prompt tokens + max_tokens "
+                    f"{t.max_tokens} exceed the model's context of {self.settings.max_model_len} tokens."
+                )
         later = {}  # a later stage's own text (placeholders left out), tokenized: a floor on its prompt
         for s, stage in enumerate(spec.stages[1:], 1):
             for i, t in enumerate(stage):
@@ -68,16 +72,34 @@ class Pricer:
                 except SpecError as exc:
                     raise SpecError(f"field 'stages[{s}][{i}].prompt': {exc}") from None
                 if later[s, i] + t.max_tokens > self.settings.max_model_len:
-                    raise SpecError(f"field 'stages[{s}][{i}].prompt': its own text is {later[s, i]} tokens, with "
-                                    f"max_tokens {t.max_tokens} more than the model's context of "
-                                    f"{self.settings.max_model_len} tokens before any placeholder is filled.")
-        view = Agent(agent_id, spec.type, 0.0, tuple(
-            tuple(Task(t.prompt, len(first[i]) if s == 0 else max(later[s, i], len(t.prompt) // 4), t.max_tokens)
-                  for i, t in enumerate(stage)) for s, stage in enumerate(spec.stages)),
-            weight=client.weight, tenant=client.tenant)
+                    raise SpecError(
+                        f"field 'stages[{s}][{i}].prompt': its own text is {later[s, i]} tokens, with "
+                        f"max_tokens {t.max_tokens} more than the model's context of "
+                        f"{self.settings.max_model_len} tokens before any placeholder is filled."
+                    )
+        view = Agent(
+            agent_id,
+            spec.type,
+            0.0,
+            tuple(
+                tuple(
+                    Task(t.prompt, len(first[i]) if s == 0 else max(later[s, i], len(t.prompt) // 4), t.max_tokens)
+                    for i, t in enumerate(stage)
+                )
+                for s, stage in enumerate(spec.stages)
+            ),
+            weight=client.weight,
+            tenant=client.tenant,
+        )
         # submitted whole: priced on every stage, so that a cheap first stage cannot hide heavy later ones
-        process = AgentProcess(view, self.predictor, KV, tasks=spec.stages, pricing="all-stages",
-                               render=functools.partial(render, limit=self.settings.max_prompt_chars))
+        process = AgentProcess(
+            view,
+            self.predictor,
+            KV,
+            tasks=spec.stages,
+            pricing="all-stages",
+            render=functools.partial(render, limit=self.settings.max_prompt_chars),
+        )
         return process, first
 
     def priced(self, agent_id: str, spec: AgentSpec, client: Client) -> tuple[AgentProcess, list[list[int]], float]:
@@ -104,7 +126,11 @@ class Pricer:
                     known += KV.request_cost(task.prompt_tokens, task.output_tokens)
         if process.predicted_dist is not None:  # every value of a distribution within the same limits
             process.predicted_dist = CostDist.from_weighted(
-                [(min(max(v, known), ceiling), q) for v, q in zip(process.predicted_dist.values, process.predicted_dist.probs)])
+                [
+                    (min(max(v, known), ceiling), q)
+                    for v, q in zip(process.predicted_dist.values, process.predicted_dist.probs)
+                ]
+            )
             process.predicted_cost = process.predicted_dist.index(0.0)
         else:
             process.predicted_cost = min(max(process.predicted_cost, known), ceiling)

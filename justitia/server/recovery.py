@@ -15,9 +15,9 @@ from dataclasses import replace
 
 from justitia.agent import AgentProcess, Answer
 from justitia.core import KV
-from justitia.server.runs import TERMINAL, AgentRun
 from justitia.server.journal import Record, resume_order
 from justitia.server.keys import Client
+from justitia.server.runs import TERMINAL, AgentRun
 from justitia.server.schema import AgentSpec, SpecError
 from justitia.server.turns import price_turn, session_turns
 from justitia.workload import Agent, Task
@@ -50,8 +50,12 @@ async def recover(manager) -> tuple[int, int]:
             continue
         waiting[rec.agent_id] = run, None if run.status == "waiting" else _answered(run.outputs, run.base)
     # a session's cost, to what GPS owed it, is its current turn's (its tag is that turn's)
-    priced = [replace(rec, predicted_cost=waiting[rec.agent_id][0].turns[-1].predicted_cost)
-              if rec.agent_id in waiting and waiting[rec.agent_id][0].turns else rec for rec in records]
+    priced = [
+        replace(rec, predicted_cost=waiting[rec.agent_id][0].turns[-1].predicted_cost)
+        if rec.agent_id in waiting and waiting[rec.agent_id][0].turns
+        else rec
+        for rec in records
+    ]
     for rec, owed in resume_order(priced):  # in their old order, each registered before the next
         run, answered = waiting[rec.agent_id]
         if run.status != "waiting":  # (a waiting session's next turn registers it)
@@ -66,8 +70,16 @@ async def recover(manager) -> tuple[int, int]:
             part = bool(answered) and None in answered[-1]
             event["resumed_after_stage"] = run.base + len(answered) - 1 - part
         manager.launch(run, answered, **event)
-    log.info(json.dumps({"event": "journal_recovered", "journal": str(manager.journal.path),
-                         "finished": finished, "resumed": len(waiting)}))
+    log.info(
+        json.dumps(
+            {
+                "event": "journal_recovered",
+                "journal": str(manager.journal.path),
+                "finished": finished,
+                "resumed": len(waiting),
+            }
+        )
+    )
     return finished, len(waiting)
 
 
@@ -79,22 +91,29 @@ async def _restore(manager, rec: Record) -> AgentRun:
     client = Client(rec.owner, rec.tenant, rec.weight)
     turns = session_turns(spec.stages, rec.predicted_cost, rec.turns) if spec.session else []
     stages = [stage for turn in turns for stage in turn.stages] if turns else spec.stages
-    run = AgentRun(rec.agent_id, spec, None, rec.arrival_wall - manager.wall(0.0), None, rec.owner,
-                   outputs=[[rec.outputs.get((s, i)) for i in range(len(stage))] for s, stage in enumerate(stages)])
+    run = AgentRun(
+        rec.agent_id,
+        spec,
+        None,
+        rec.arrival_wall - manager.wall(0.0),
+        None,
+        rec.owner,
+        outputs=[[rec.outputs.get((s, i)) for i in range(len(stage))] for s, stage in enumerate(stages)],
+    )
     run.client, run.turns = client, turns
     if spec.session and rec.status == "waiting":
         run.status, run.waiting_wall = "waiting", rec.waiting_wall or manager.wall(manager.now())
         return run
     current = turns[-1] if turns else None
     own = current.stages if current else list(spec.stages)
-    earlier = [[doc["output"] for doc in stage] for stage in run.outputs[:run.base]]
+    earlier = [[doc["output"] for doc in stage] for stage in run.outputs[: run.base]]
     if rec.status not in TERMINAL or not spec.session:
         try:
-            run.process, _, _ = await asyncio.to_thread(price_turn, manager.pricer, rec.agent_id, spec.type, own,
-                                                        client, earlier)
+            run.process, _, _ = await asyncio.to_thread(
+                price_turn, manager.pricer, rec.agent_id, spec.type, own, client, earlier
+            )
         except SpecError:  # the server now runs a model with a shorter context: fail it, with why
-            run.process = AgentProcess(Agent(rec.agent_id, spec.type, 0.0, ((Task("", 1, 1),),)), manager.predictor,
-                                       KV)
+            run.process = AgentProcess(Agent(rec.agent_id, spec.type, 0.0, ((Task("", 1, 1),),)), manager.predictor, KV)
             rec.status, rec.error = "failed", rec.error or "the restarted server cannot fit its first stage."
         run.process.predicted_cost = current.predicted_cost if current else rec.predicted_cost
     return run
@@ -105,8 +124,12 @@ def _answered(outputs: list[list[dict | None]], base: int) -> list[list[Answer |
     part (if any); later stages' outputs are dropped (none can have run)."""
     answered = []
     for stage in outputs[base:]:
-        answered.append([None if d is None else Answer(d["output"], d["prompt_tokens"], d["output_tokens"],
-                                                       d["finish_reason"]) for d in stage])
+        answered.append(
+            [
+                None if d is None else Answer(d["output"], d["prompt_tokens"], d["output_tokens"], d["finish_reason"])
+                for d in stage
+            ]
+        )
         if any(doc is None for doc in stage):
             break
     for s in range(base + len(answered), len(outputs)):

@@ -60,8 +60,12 @@ class Turn:
     last: bool = False
 
     def doc(self) -> dict:
-        return {"first_stage": self.first_stage, "stages": len(self.stages), "predicted_cost": self.predicted_cost,
-                "last": self.last}
+        return {
+            "first_stage": self.first_stage,
+            "stages": len(self.stages),
+            "predicted_cost": self.predicted_cost,
+            "last": self.last,
+        }
 
 
 @dataclass
@@ -119,8 +123,14 @@ class AgentRun:
     def doc(self) -> dict:
         jct = None if self.finish_s is None else self.finish_s - self.arrival_s
         return {
-            "agent_id": self.agent_id, "type": self.spec.type, "status": self.status, "error": self.error,
-            "arrival_s": self.arrival_s, "finish_s": self.finish_s, "jct_s": jct,
-            "predicted_cost": self.predicted_cost, "virtual_finish": self.virtual_finish,
+            "agent_id": self.agent_id,
+            "type": self.spec.type,
+            "status": self.status,
+            "error": self.error,
+            "arrival_s": self.arrival_s,
+            "finish_s": self.finish_s,
+            "jct_s": jct,
+            "predicted_cost": self.predicted_cost,
+            "virtual_finish": self.virtual_finish,
             "stages": self.outputs,
         } | ({"session": True, "turns": [t.doc() for t in self.turns]} if self.session else {})

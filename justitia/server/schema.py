@@ -27,8 +27,19 @@ import math
 import re
 from typing import Annotated, Sequence, Union
 
-from pydantic import (AfterValidator, BaseModel, ConfigDict, Discriminator, Field, PlainSerializer, StrictBool,
-                      StrictFloat, StrictInt, StrictStr, Tag)
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Discriminator,
+    Field,
+    PlainSerializer,
+    StrictBool,
+    StrictFloat,
+    StrictInt,
+    StrictStr,
+    Tag,
+)
 
 from justitia.workload import Stage
 
@@ -95,9 +106,14 @@ def stage_doc(stage: Stage) -> list | dict:
 
 StageField = Annotated[
     Union[Annotated[Annotated[list[TaskSpec], Field(min_length=1)], Tag("list")], Annotated[StageSpec, Tag("dict")]],
-    Discriminator(_stage_form, custom_error_type="stage_type",
-                  custom_error_message='a stage is a list of tasks or an object {"tasks": [...], "pause_s": number}'),
-    AfterValidator(_as_stage), PlainSerializer(stage_doc)]
+    Discriminator(
+        _stage_form,
+        custom_error_type="stage_type",
+        custom_error_message='a stage is a list of tasks or an object {"tasks": [...], "pause_s": number}',
+    ),
+    AfterValidator(_as_stage),
+    PlainSerializer(stage_doc),
+]
 
 
 class AgentSpec(BaseModel):
@@ -135,8 +151,9 @@ def check_agent(spec: AgentSpec, max_tasks: int, max_tokens_limit: int, max_paus
     check_stages(spec.stages, max_tasks, max_tokens_limit, max_pause_s)
 
 
-def check_stages(stages: Sequence[Stage], max_tasks: int, max_tokens_limit: int, max_pause_s: float,
-                 earlier: Sequence[int] = ()) -> None:
+def check_stages(
+    stages: Sequence[Stage], max_tasks: int, max_tokens_limit: int, max_pause_s: float, earlier: Sequence[int] = ()
+) -> None:
     """``check_agent`` for stages that follow ``earlier`` ones (a session's later turn: the task
     counts of the stages before it, which its placeholders may name; the fields are named as its
     own body names them, from ``stages[0]``); raises SpecError."""
@@ -147,14 +164,18 @@ def check_stages(stages: Sequence[Stage], max_tasks: int, max_tokens_limit: int,
     sizes = [*earlier, *(len(stage) for stage in stages)]
     for s, stage in enumerate(stages):
         if not stage.pause_s <= max_pause_s:  # (inf too: JSON's Infinity parses)
-            raise SpecError(f"field 'stages[{s}].pause_s': {stage.pause_s:g} is more than this server's limit of "
-                            f"{max_pause_s:g} seconds.")
+            raise SpecError(
+                f"field 'stages[{s}].pause_s': {stage.pause_s:g} is more than this server's limit of "
+                f"{max_pause_s:g} seconds."
+            )
         g = len(earlier) + s  # the stage's number in the session
         for i, task in enumerate(stage):
             where = task_field(s, stage, i)
             if task.max_tokens > max_tokens_limit:
-                raise SpecError(f"field '{where}.max_tokens': {task.max_tokens} is more than the model's context "
-                                f"allows ({max_tokens_limit}).")
+                raise SpecError(
+                    f"field '{where}.max_tokens': {task.max_tokens} is more than the model's context "
+                    f"allows ({max_tokens_limit})."
+                )
             found = PLACEHOLDER.findall(task.prompt)
             if len(found) > MAX_PLACEHOLDERS:
                 raise SpecError(f"field '{where}.prompt': {len(found)} placeholders, more than {MAX_PLACEHOLDERS}.")
@@ -163,13 +184,16 @@ def check_stages(stages: Sequence[Stage], max_tasks: int, max_tokens_limit: int,
                 if not 0 <= k < g:
                     raise SpecError(f"field '{where}.prompt': placeholder {m.group(0)} must name an earlier stage.")
                 if m.group(3) is not None and int(m.group(3)) >= sizes[k]:
-                    raise SpecError(f"field '{where}.prompt': placeholder {m.group(0)} names task {m.group(3)}, "
-                                    f"but stage {k} has {sizes[k]} tasks.")
+                    raise SpecError(
+                        f"field '{where}.prompt': placeholder {m.group(0)} names task {m.group(3)}, "
+                        f"but stage {k} has {sizes[k]} tasks."
+                    )
 
 
 def render(prompt: str, stage: int, outputs: list[list[str]], limit: int | None = None) -> str:
     """``prompt`` with its placeholders replaced by the outputs of earlier stages; SpecError if the
     result would pass ``limit`` characters (checked before it is built)."""
+
     def piece(m: re.Match) -> list[str]:
         k = stage - 1 if m.group(1) == "prev" else int(m.group(2))
         return [outputs[k][int(m.group(3))]] if m.group(3) is not None else outputs[k]
@@ -180,8 +204,10 @@ def render(prompt: str, stage: int, outputs: list[list[str]], limit: int | None 
             parts = piece(m)
             size += sum(len(p) for p in parts) + 2 * max(len(parts) - 1, 0) - len(m.group(0))
         if size > limit:
-            raise SpecError(f"stage {stage}: the prompt with its placeholders filled has {size} characters, more "
-                            f"than this server's limit of {limit}.")
+            raise SpecError(
+                f"stage {stage}: the prompt with its placeholders filled has {size} characters, more "
+                f"than this server's limit of {limit}."
+            )
     return PLACEHOLDER.sub(lambda m: "\n\n".join(piece(m)), prompt)
 
 

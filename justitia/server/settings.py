@@ -23,7 +23,9 @@ class ServeSettings:
     passed through; ``ray``, the replicas' ``RaySpec`` (``justitia.backends.ray``: its options check themselves) or
     None. Checked when made: a bad value raises ValueError naming its option."""
 
-    model: str | None = None  # tiny, tiny-long, smollm2 or a model directory (None: tiny; upstream: the replicas' model)
+    model: str | None = (
+        None  # tiny, tiny-long, smollm2 or a model directory (None: tiny; upstream: the replicas' model)
+    )
     policy: str = "justitia"
     predictor: str = "online"
     predictor_state: Path | None = None  # None: next to the journal (nothing kept under no_journal)
@@ -59,9 +61,18 @@ class ServeSettings:
     vllm_args: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
-        for name in ("max_num_seqs", "max_model_len", "max_tasks_per_agent", "max_agents_in_flight", "max_body_bytes",
-                     "key_requests_in_flight", "max_requests_in_flight", "max_streams_per_agent", "finished_mib",
-                     "metrics_tenants"):
+        for name in (
+            "max_num_seqs",
+            "max_model_len",
+            "max_tasks_per_agent",
+            "max_agents_in_flight",
+            "max_body_bytes",
+            "key_requests_in_flight",
+            "max_requests_in_flight",
+            "max_streams_per_agent",
+            "finished_mib",
+            "metrics_tenants",
+        ):
             if getattr(self, name) < 1:
                 raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}.")
         if self.key_agents_in_flight is not None and self.key_agents_in_flight < 1:
@@ -95,13 +106,18 @@ class ServeSettings:
 
     def limits(self) -> dict:
         """The per-key limits and what finished agents are kept: fields of the server's ``Settings``."""
-        return {"key_agents_in_flight": self.key_agents_in_flight,
-                "key_requests_in_flight": self.key_requests_in_flight, "key_rate": self.key_rate,
-                "key_burst": self.key_burst,
-                "max_requests_in_flight": self.max_requests_in_flight,
-                "max_streams_per_agent": self.max_streams_per_agent, "finished_bytes": self.finished_mib << 20,
-                "finished_s": self.finished_hours * 3600, "metrics_tenants": self.metrics_tenants,
-                "metrics_window_s": self.metrics_window}
+        return {
+            "key_agents_in_flight": self.key_agents_in_flight,
+            "key_requests_in_flight": self.key_requests_in_flight,
+            "key_rate": self.key_rate,
+            "key_burst": self.key_burst,
+            "max_requests_in_flight": self.max_requests_in_flight,
+            "max_streams_per_agent": self.max_streams_per_agent,
+            "finished_bytes": self.finished_mib << 20,
+            "finished_s": self.finished_hours * 3600,
+            "metrics_tenants": self.metrics_tenants,
+            "metrics_window_s": self.metrics_window,
+        }
 
     def journal_path(self) -> Path | None:
         """The journal's file: None with ``no_journal``, else ``journal`` or the default one of this host and port."""

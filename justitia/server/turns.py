@@ -37,8 +37,9 @@ class TurnRefused(Exception):
     """A turn the agent cannot take now (409); the message says why."""
 
 
-def price_turn(pricer: Pricer, agent_id: str, agent_type: str, stages: list[Stage], client: Client,
-               earlier: list[list[str]]) -> tuple[AgentProcess, dict[int, tuple[str, list[int]]], float]:
+def price_turn(
+    pricer: Pricer, agent_id: str, agent_type: str, stages: list[Stage], client: Client, earlier: list[list[str]]
+) -> tuple[AgentProcess, dict[int, tuple[str, list[int]]], float]:
     """The process of an agent, or of a session's turn after the stages whose outputs ``earlier``
     holds (``Pricer.priced``: priced, its first stage tokenized, in one trip to a worker thread),
     its first stage's prompts with their token ids, and how long the predictor took. A later
@@ -61,8 +62,9 @@ def price_turn(pricer: Pricer, agent_id: str, agent_type: str, stages: list[Stag
     return process, {i: (task.prompt, ids[i]) for i, task in enumerate(stages[0])}, predict_s
 
 
-def _render_after(base: int, earlier: list[list[str]], limit: int, prompt: str, stage: int,
-                  texts: list[list[str]]) -> str:
+def _render_after(
+    base: int, earlier: list[list[str]], limit: int, prompt: str, stage: int, texts: list[list[str]]
+) -> str:
     """A turn's prompt filled (its first stage's already are), its stage ``stage`` of the turn being
     the session's ``base + stage``."""
     return prompt if stage == 0 else render(prompt, base + stage, earlier + texts, limit)
@@ -78,22 +80,28 @@ def session_turns(first: list[Stage], first_cost: float, later: list[dict]) -> l
     turns = [Turn(list(first), 0, first_cost)]
     for doc in later:
         spec = TurnSpec.model_validate({"stages": doc["stages"], "last": doc["last"]})
-        turns.append(Turn(list(spec.stages), turns[-1].first_stage + len(turns[-1].stages), doc["predicted_cost"],
-                          spec.last))
+        turns.append(
+            Turn(list(spec.stages), turns[-1].first_stage + len(turns[-1].stages), doc["predicted_cost"], spec.last)
+        )
     return turns
 
 
 def _refuse(run: AgentRun) -> None:
     """TurnRefused unless ``run`` is a session waiting for its client."""
     if not run.session:
-        raise TurnRefused(f"agent '{run.agent_id}' is not a session: only an agent submitted with field 'session': "
-                          f"true takes turns.")
+        raise TurnRefused(
+            f"agent '{run.agent_id}' is not a session: only an agent submitted with field 'session': true takes turns."
+        )
     if run.status in TERMINAL or run.closed:
-        raise TurnRefused(f"session '{run.agent_id}' has ended ({'done' if run.closed else run.status}); "
-                          f"it takes no more turns.")
+        raise TurnRefused(
+            f"session '{run.agent_id}' has ended ({'done' if run.closed else run.status}); it takes no more turns."
+        )
     if run.status != "waiting":
-        doing = "taking a turn" if run.status == "queued" and len(run.turns) > 1 else \
-            f"running its turn {len(run.turns) - 1}"
+        doing = (
+            "taking a turn"
+            if run.status == "queued" and len(run.turns) > 1
+            else f"running its turn {len(run.turns) - 1}"
+        )
         raise TurnRefused(f"session '{run.agent_id}' is {doing}; continue it once its status is 'waiting'.")
 
 
@@ -104,8 +112,9 @@ async def continue_session(manager, run: AgentRun, turn: TurnSpec) -> AgentRun:
     settings = manager.settings
     if not turn.stages:
         if not turn.last:
-            raise SpecError("field 'stages': a turn holds at least one stage (or says \"last\": true to end the "
-                            "session).")
+            raise SpecError(
+                "field 'stages': a turn holds at least one stage (or says \"last\": true to end the session)."
+            )
         run.closed = True
         run.turn_ready.set()
         await asyncio.wait({run.task})
@@ -113,8 +122,9 @@ async def continue_session(manager, run: AgentRun, turn: TurnSpec) -> AgentRun:
     earlier = [len(stage) for stage in run.outputs]
     check_stages(turn.stages, settings.max_tasks_per_agent, settings.max_model_len - 1, settings.max_pause_s, earlier)
     texts = [[doc["output"] for doc in stage] for stage in run.outputs]
-    process, first, predict_s = await asyncio.to_thread(price_turn, manager.pricer, run.agent_id, run.spec.type,
-                                                        list(turn.stages), run.client, texts)
+    process, first, predict_s = await asyncio.to_thread(
+        price_turn, manager.pricer, run.agent_id, run.spec.type, list(turn.stages), run.client, texts
+    )
     _refuse(run)  # again: another turn, an end or the keep time may have come meanwhile
     run.status = "queued"  # being accepted: no other turn, and the keep time waits for it
     new = Turn(list(turn.stages), len(run.outputs), process.predicted_cost, turn.last)
@@ -132,9 +142,18 @@ async def continue_session(manager, run: AgentRun, turn: TurnSpec) -> AgentRun:
     if run.engine_idle:
         await register_turn(manager, run)
     run.turn_ready.set()
-    log.info(json.dumps({"event": "session_turn", "agent_id": run.agent_id, "turn": len(run.turns) - 1,
-                         "tasks": sum(len(s) for s in turn.stages), "predicted_cost": new.predicted_cost,
-                         "last": turn.last}))
+    log.info(
+        json.dumps(
+            {
+                "event": "session_turn",
+                "agent_id": run.agent_id,
+                "turn": len(run.turns) - 1,
+                "tasks": sum(len(s) for s in turn.stages),
+                "predicted_cost": new.predicted_cost,
+                "last": turn.last,
+            }
+        )
+    )
     return run
 
 
@@ -181,8 +200,15 @@ async def await_turn(manager, run: AgentRun) -> bool:
             await asyncio.wait_for(run.turn_ready.wait(), max(left, 0.0) if run.status == "waiting" else None)
         except asyncio.TimeoutError:
             if run.status == "waiting":
-                log.info(json.dumps({"event": "session_expired", "agent_id": run.agent_id,
-                                     "keep_s": manager.settings.session_keep_s}))
+                log.info(
+                    json.dumps(
+                        {
+                            "event": "session_expired",
+                            "agent_id": run.agent_id,
+                            "keep_s": manager.settings.session_keep_s,
+                        }
+                    )
+                )
                 return False
             continue
         run.turn_ready.clear()

@@ -27,8 +27,17 @@ from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
 from justitia.agent import AgentResult, Call, RunResult
-from justitia.core import (ROUTER_NAMES, WINDOW_STEPS, AgentBook, AgentScheduler, CapacityMeter, CostModel,
-                           cost_model, keeps_front_clock, make_policy)
+from justitia.core import (
+    ROUTER_NAMES,
+    WINDOW_STEPS,
+    AgentBook,
+    AgentScheduler,
+    CapacityMeter,
+    CostModel,
+    cost_model,
+    keeps_front_clock,
+    make_policy,
+)
 from justitia.predictors import Predictor
 from justitia.sim.config import EngineConfig
 from justitia.sim.simulator import EngineLoop
@@ -126,8 +135,11 @@ class Cluster:
         """Simulate ``agents`` to completion on the cluster."""
         cfg, cost, n = self.config, self.cost, self.replicas
         m = cfg.capacity_per_s(cost)
-        meters = ([CapacityMeter(m, cost, WINDOW_STEPS * cfg.nominal_iteration_s) for _ in range(n)]
-                  if self.measure_capacity else [None] * n)
+        meters = (
+            [CapacityMeter(m, cost, WINDOW_STEPS * cfg.nominal_iteration_s) for _ in range(n)]
+            if self.measure_capacity
+            else [None] * n
+        )
         front = None
         if self.clock == "global":
             cores = [AgentScheduler(make_policy("tagged"), meter, self.retag) for meter in meters]
@@ -135,8 +147,18 @@ class Cluster:
             front = GlobalClock(AgentScheduler(clock, None, self.retag), meters if self.measure_capacity else None)
         else:
             cores = [AgentScheduler(make_policy(self.policy, m, cost), meter, self.retag) for meter in meters]
-        loop = EngineLoop(cfg, cores, self.predictor, cost, self.policy, self.router, self.event_skipping,
-                          self.on_agent_finish, self.pricing, front)
+        loop = EngineLoop(
+            cfg,
+            cores,
+            self.predictor,
+            cost,
+            self.policy,
+            self.router,
+            self.event_skipping,
+            self.on_agent_finish,
+            self.pricing,
+            front,
+        )
         result = loop.run(agents)
         if front is not None:
             schedule = front.schedule
@@ -144,8 +166,13 @@ class Cluster:
             schedule = total_schedule([c.clock().schedule or [(0.0, m)] for c in cores])
         else:
             schedule = None
-        return ClusterResult(**vars(result) | {"capacity_schedule": schedule}, replicas=n, router=self.router,
-                             clock=self.clock, requests_per_replica=[r.sent_total for r in loop.book.replicas])
+        return ClusterResult(
+            **vars(result) | {"capacity_schedule": schedule},
+            replicas=n,
+            router=self.router,
+            clock=self.clock,
+            requests_per_replica=[r.sent_total for r in loop.book.replicas],
+        )
 
 
 def total_schedule(schedules: Sequence[Sequence[tuple[float, float]]]) -> list[tuple[float, float]]:

@@ -75,15 +75,23 @@ class LatencyProfile:
         """``frontend_ms`` in integer picoseconds."""
         return tuple(round(x * PS_PER_MS) for x in self.frontend_ms)
 
-    def iteration_ps(self, batched_tokens: int, decode_context_tokens: int, requests: int = 0, arrivals: int = 0) -> int:
+    def iteration_ps(
+        self, batched_tokens: int, decode_context_tokens: int, requests: int = 0, arrivals: int = 0
+    ) -> int:
         """One iteration's latency in integer picoseconds: ``requests`` in its batch, ``arrivals``
         new requests taken in just before it."""
         floor, base, per_tok, per_ctx = self._ps
         per_req, per_arr = self._request_ps
-        return (max(floor, base + per_tok * batched_tokens) + per_ctx * decode_context_tokens + per_req * requests
-                + per_arr * arrivals)
+        return (
+            max(floor, base + per_tok * batched_tokens)
+            + per_ctx * decode_context_tokens
+            + per_req * requests
+            + per_arr * arrivals
+        )
 
-    def iteration_s(self, batched_tokens: int, decode_context_tokens: int, requests: int = 0, arrivals: int = 0) -> float:
+    def iteration_s(
+        self, batched_tokens: int, decode_context_tokens: int, requests: int = 0, arrivals: int = 0
+    ) -> float:
         """One iteration's latency in seconds."""
         return self.iteration_ps(batched_tokens, decode_context_tokens, requests, arrivals) / PS_PER_S
 
@@ -99,26 +107,47 @@ class LatencyProfile:
         """The profile as a profile-file document (``justitia calibrate`` writes these)."""
         return {"schema": PROFILE_SCHEMA} | {
             k: getattr(self, k)
-            for k in ("name", "floor_ms", "base_ms", "per_batched_token_ms", "per_context_token_ms", "scale",
-                      "kv_blocks", "block_size", "source", *REQUEST_FIELDS, *FRONTEND_FIELDS)
+            for k in (
+                "name",
+                "floor_ms",
+                "base_ms",
+                "per_batched_token_ms",
+                "per_context_token_ms",
+                "scale",
+                "kv_blocks",
+                "block_size",
+                "source",
+                *REQUEST_FIELDS,
+                *FRONTEND_FIELDS,
+            )
         }
 
     @staticmethod
     def from_json(doc: dict, where: str = "profile") -> "LatencyProfile":
         """A profile from a profile-file document, with a clear error for a bad one."""
         if not isinstance(doc, dict) or doc.get("schema") not in (PROFILE_SCHEMA, *OLD_PROFILE_SCHEMAS):
-            raise ValueError(f"{where}: not a latency profile (expected \"schema\": \"{PROFILE_SCHEMA}\").")
-        fields = {"name": str, "floor_ms": (int, float), "base_ms": (int, float), "per_batched_token_ms": (int, float),
-                  "per_context_token_ms": (int, float), "scale": (int, float), "kv_blocks": int,
-                  "block_size": int, "source": str}
+            raise ValueError(f'{where}: not a latency profile (expected "schema": "{PROFILE_SCHEMA}").')
+        fields = {
+            "name": str,
+            "floor_ms": (int, float),
+            "base_ms": (int, float),
+            "per_batched_token_ms": (int, float),
+            "per_context_token_ms": (int, float),
+            "scale": (int, float),
+            "kv_blocks": int,
+            "block_size": int,
+            "source": str,
+        }
         for name, kind in fields.items():
             if not isinstance(doc.get(name), kind) or isinstance(doc.get(name), bool):
                 raise ValueError(f"{where}: field '{name}' is missing or has the wrong type.")
         # absent from files written before they were measured; a file with only request_latency_ms
         # meant it both ways
         frontend = {"request_latency_ms": doc.get("request_latency_ms", 0.0)}
-        frontend |= {"answer_latency_ms": doc.get("answer_latency_ms", frontend["request_latency_ms"]),
-                     "frontend_ms_per_request": doc.get("frontend_ms_per_request", 0.0)}
+        frontend |= {
+            "answer_latency_ms": doc.get("answer_latency_ms", frontend["request_latency_ms"]),
+            "frontend_ms_per_request": doc.get("frontend_ms_per_request", 0.0),
+        }
         frontend |= {name: doc.get(name, 0.0) for name in REQUEST_FIELDS}
         for name, value in frontend.items():
             if not isinstance(value, (int, float)) or isinstance(value, bool):
@@ -132,8 +161,10 @@ def load_profile(name_or_path: str) -> LatencyProfile:
         return PROFILES[name_or_path]
     path = Path(name_or_path)
     if not path.is_file():
-        raise ValueError(f"unknown latency profile '{name_or_path}'; expected one of {', '.join(sorted(PROFILES))} "
-                         "or a profile file written by 'justitia calibrate'.")
+        raise ValueError(
+            f"unknown latency profile '{name_or_path}'; expected one of {', '.join(sorted(PROFILES))} "
+            "or a profile file written by 'justitia calibrate'."
+        )
     try:
         doc = json.loads(path.read_text())
     except json.JSONDecodeError as exc:
@@ -186,15 +217,18 @@ class EngineConfig:
         if self.slowdown is not None:
             start, end, factor = self.slowdown
             if not (0 <= start < end and isinstance(factor, int) and factor >= 1):
-                raise ValueError("engine config: 'slowdown' must be (start_s, end_s, integer factor >= 1), start < end.")
+                raise ValueError(
+                    "engine config: 'slowdown' must be (start_s, end_s, integer factor >= 1), start < end."
+                )
         for name in ("block_size", "max_num_batched_tokens", "max_num_seqs"):
             if getattr(self, name) < 1:
                 raise ValueError(f"engine config: '{name}' must be >= 1.")
         if self.blocks < 1:
             raise ValueError("engine config: 'kv_blocks' must be >= 1.")
         if self.kv_eviction not in KV_EVICTIONS:
-            raise ValueError(f"engine config: 'kv_eviction' must be one of {', '.join(KV_EVICTIONS)}, "
-                             f"got '{self.kv_eviction}'.")
+            raise ValueError(
+                f"engine config: 'kv_eviction' must be one of {', '.join(KV_EVICTIONS)}, got '{self.kv_eviction}'."
+            )
 
     def slowdown_at(self, now_ps: int) -> tuple[int, int | None]:
         """The latency factor of a step starting at ``now_ps``, and when it next changes (ps, or None)."""

@@ -65,8 +65,7 @@ class Content:
 class PrefixCache:
     """The key map, the keyed blocks of the free queue, and vLLM's hit counters."""
 
-    def __init__(self, block_size: int, eviction: str = "lru",
-                 next_tag: Callable[[str], float | None] | None = None):
+    def __init__(self, block_size: int, eviction: str = "lru", next_tag: Callable[[str], float | None] | None = None):
         """``eviction``: ``"lru"`` (vLLM's) or ``"tag"``, which reads each session's next tag with
         ``next_tag(agent_id)`` (None: the agent is not known, or its policy keeps no clock)."""
         if eviction not in EVICTIONS:

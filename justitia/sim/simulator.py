@@ -11,8 +11,20 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Protocol, Sequence
 
 from justitia.agent import AgentProcess, AgentResult, Answer, Call, Options, RunResult
-from justitia.core import (WINDOW_STEPS, kv_token_iters, AgentScheduler, CapacityMeter, CostDist, CostModel, Policy, ReplicaLoad, Replicas,
-                           RouteRequest, cost_model, make_policy)
+from justitia.core import (
+    WINDOW_STEPS,
+    AgentScheduler,
+    CapacityMeter,
+    CostDist,
+    CostModel,
+    Policy,
+    ReplicaLoad,
+    Replicas,
+    RouteRequest,
+    cost_model,
+    kv_token_iters,
+    make_policy,
+)
 from justitia.predictors import Predictor
 from justitia.sim.config import PS_PER_S, EngineConfig
 from justitia.sim.skipping import SkippingRun
@@ -48,8 +60,13 @@ def prefix_stats(engines: Sequence[PlainRun]) -> dict:
     hit = sum(e.prefix_hits for e in engines)
     again = sum(e.prefix_preempted_queries for e in engines)  # vLLM counts preempted requests apart
     again_hit = sum(e.prefix_preempted_hits for e in engines)
-    return {"queried_tokens": queried, "hit_tokens": hit, "hit_rate": hit / queried if queried else 0.0,
-            "preempted_queried_tokens": again, "preempted_hit_tokens": again_hit}
+    return {
+        "queried_tokens": queried,
+        "hit_tokens": hit,
+        "hit_rate": hit / queried if queried else 0.0,
+        "preempted_queried_tokens": again,
+        "preempted_hit_tokens": again_hit,
+    }
 
 
 class Front(Protocol):
@@ -88,10 +105,21 @@ class EngineLoop:
     steps behind it.
     """
 
-    def __init__(self, config: EngineConfig, cores: Sequence[AgentScheduler], predictor: Predictor,
-                 cost: CostModel, policy_name: str, router: str = "least-load", event_skipping: bool = True,
-                 on_agent_finish: Callable[[AgentResult], None] | None = None, pricing: str = "first-stage",
-                 front: Front | None = None, burst: str = "turn", subagents: str = "share"):
+    def __init__(
+        self,
+        config: EngineConfig,
+        cores: Sequence[AgentScheduler],
+        predictor: Predictor,
+        cost: CostModel,
+        policy_name: str,
+        router: str = "least-load",
+        event_skipping: bool = True,
+        on_agent_finish: Callable[[AgentResult], None] | None = None,
+        pricing: str = "first-stage",
+        front: Front | None = None,
+        burst: str = "turn",
+        subagents: str = "share",
+    ):
         """``router``: a ``core.ROUTER_NAMES`` name; under ``affinity`` a stage's requests share the
         prefix ``agent/stage`` (with the prefix cache off, affinity changes only where requests go). ``front``: the clock in front of the engines, if one is; else each core learns
         of an agent when its first request reaches that engine, with the agent's whole predicted
@@ -113,22 +141,34 @@ class EngineLoop:
         to the caller, who knows which clock ran)."""
         validate(agents, self.config)
         if self.front is not None and any(a.is_session for a in agents):
-            raise ValueError("sessions run on one engine, or on a cluster with a clock per engine (--cluster-clock "
-                             "replica): the clock in front of a cluster does not yet follow a session's bursts.")
+            raise ValueError(
+                "sessions run on one engine, or on a cluster with a clock per engine (--cluster-clock "
+                "replica): the clock in front of a cluster does not yet follow a session's bursts."
+            )
         wall0 = time.perf_counter()
         cfg = self.config
         tenants = any(a.tenant is not None for a in agents)
         # every step: timed keys (but those that rise with service: they are read only where a
-        # waiting request may be admitted, and advanced before each pass), and counters a tenant's agents share (charged as they are served)
-        self._engines = [(SkippingRun if self.event_skipping and (not core.traits.timed or core.traits.keys_rise)
-                          and not (tenants and (core.traits.pools_service or (core.traits.keys_move and core.traits.keys_shift)))
-                          else PlainRun)(cfg, core, lambda r, i=i: self._reported(i, r)) for i, core in enumerate(self.cores)]
+        # waiting request may be admitted, and advanced before each pass), and counters a tenant's agents share (charged
+        # as they are served)
+        self._engines = [
+            (
+                SkippingRun
+                if self.event_skipping
+                and (not core.traits.timed or core.traits.keys_rise)
+                and not (tenants and (core.traits.pools_service or (core.traits.keys_move and core.traits.keys_shift)))
+                else PlainRun
+            )(cfg, core, lambda r, i=i: self._reported(i, r))
+            for i, core in enumerate(self.cores)
+        ]
         engines = self._engines
         if tenants:  # justitia-guarded with tenants: charged every step without the time, so not retagged
             for e in engines:  # or repriced on service (either moved the tenants' shares: design.md)
                 e.charge_now = False
         # only a predictor that prices by distributions has agents the core reprices on their service
-        prices_dists = any(getattr(type(self.predictor), m) is not getattr(Predictor, m) for m in ("agent_dist", "turn_dist"))
+        prices_dists = any(
+            getattr(type(self.predictor), m) is not getattr(Predictor, m) for m in ("agent_dist", "turn_dist")
+        )
         for e in engines:
             e.charge_finished = e.charge_finished and prices_dists
         self.book = Replicas([ReplicaLoad(str(i), cfg.kv_tokens) for i in range(len(engines))], self.router)
@@ -146,8 +186,13 @@ class EngineLoop:
         # answer latency after its step. Deliveries wait in the heap of finishes, in time order.
         self._in_ps, self._out_ps, self._per_request_ps = cfg.profile.frontend_ps()
         self._frontend_free_ps = 0  # when the front end has taken in every request sent so far
-        pending = sorted((_AgentRun(self.options.process(a, self.predictor, self.cost),
-                                    round(a.arrival_s * PS_PER_S)) for a in agents), key=lambda r: r.arrival_ps)
+        pending = sorted(
+            (
+                _AgentRun(self.options.process(a, self.predictor, self.cost), round(a.arrival_s * PS_PER_S))
+                for a in agents
+            ),
+            key=lambda r: r.arrival_ps,
+        )
         shortest_step_ps = cfg.profile.iteration_ps(1, 0, 1)
         nxt = 0
         finishes, ready = self._finishes, self._ready
@@ -173,9 +218,15 @@ class EngineLoop:
             elif soonest is not None:
                 i = heapq.heappop(ready)[1]
                 e = engines[i]
-                stops = [t for t in (pending[nxt].arrival_ps if nxt < len(pending) else None,
-                                     finishes[0][0] if finishes else None,
-                                     ready[0][0] + shortest_step_ps if ready else None) if t is not None]
+                stops = [
+                    t
+                    for t in (
+                        pending[nxt].arrival_ps if nxt < len(pending) else None,
+                        finishes[0][0] if finishes else None,
+                        ready[0][0] + shortest_step_ps if ready else None,
+                    )
+                    if t is not None
+                ]
                 e.next_arrival_ps = min(stops) if stops else None
                 e.advance()
                 if e.busy:
@@ -302,8 +353,16 @@ class EngineLoop:
             prefix = f"{agent.agent_id}/{c.stage}" if self._affinity else None
             i = int(self.book.route(RouteRequest(c.request_id, c.meta.request_cost, prefix)).replica_id)
             flow = c.flow or agent.agent_id
-            req = SimRequest(c.request_id, flow, c.meta.request_cost, c.task.prompt_tokens,
-                             c.task.output_tokens, (run, c), tag=tag, rank=rank)
+            req = SimRequest(
+                c.request_id,
+                flow,
+                c.meta.request_cost,
+                c.task.prompt_tokens,
+                c.task.output_tokens,
+                (run, c),
+                tag=tag,
+                rank=rank,
+            )
             if self._caching:
                 req.runs = run.process.runs(c)
             shares.setdefault((i, flow), []).append(req)
@@ -321,8 +380,16 @@ class EngineLoop:
                     cost, dist = run.process.predicted_cost, run.process.predicted_dist
                 else:
                     cost, dist = run.burst_cost, run.burst_dist
-                e.core.agent_arrived(flow, agent.type, cost, e.now_ps / PS_PER_S, agent.weight, agent.tenant,
-                                     session=agent.is_session and flow == agent.agent_id, dist=dist)
+                e.core.agent_arrived(
+                    flow,
+                    agent.type,
+                    cost,
+                    e.now_ps / PS_PER_S,
+                    agent.weight,
+                    agent.tenant,
+                    session=agent.is_session and flow == agent.agent_id,
+                    dist=dist,
+                )
                 run.burst.add(key)
                 if key not in run.engines:
                     run.engines.append(key)
@@ -367,7 +434,9 @@ class Simulator:
         self.config = config
         self.predictor = predictor
         self.cost = cost_model(cost)
-        self.policy = make_policy(policy, config.capacity_per_s(self.cost), self.cost) if isinstance(policy, str) else policy
+        self.policy = (
+            make_policy(policy, config.capacity_per_s(self.cost), self.cost) if isinstance(policy, str) else policy
+        )
         self.event_skipping = event_skipping
         self.on_agent_finish = on_agent_finish
         self.measure_capacity = measure_capacity
@@ -380,12 +449,21 @@ class Simulator:
         cfg = self.config
         clock = self.policy.clock
         start = clock.capacity if clock is not None else cfg.capacity_per_s(self.cost)
-        meter = (CapacityMeter(start, self.cost, WINDOW_STEPS * cfg.nominal_iteration_s)
-                 if self.measure_capacity else None)
+        meter = (
+            CapacityMeter(start, self.cost, WINDOW_STEPS * cfg.nominal_iteration_s) if self.measure_capacity else None
+        )
         self.meter = meter
         core = AgentScheduler(self.policy, meter, self.retag, self.cost)
-        loop = EngineLoop(cfg, [core], self.predictor, self.cost, self.policy.name, event_skipping=self.event_skipping,
-                          on_agent_finish=self.on_agent_finish, **vars(self.options))
+        loop = EngineLoop(
+            cfg,
+            [core],
+            self.predictor,
+            self.cost,
+            self.policy.name,
+            event_skipping=self.event_skipping,
+            on_agent_finish=self.on_agent_finish,
+            **vars(self.options),
+        )
         result = loop.run(agents)
         result.capacity_schedule = core.clock().schedule
         result.guard_lag_s = getattr(self.policy, "lag_max_s", None)  # justitia's lag guard: the largest L

@@ -103,8 +103,9 @@ class SkippingRun(PlainRun):
         heap, core, bs = self._waiting_blocks, self.core, self.config.block_size
         while heap:
             need, _, r = heap[0]
-            if core.lookahead.is_waiting(r.info) and need == (ceil_div(r.num_tokens, bs) if self.cache is None
-                                                              else self._static_need(r)):
+            if core.lookahead.is_waiting(r.info) and need == (
+                ceil_div(r.num_tokens, bs) if self.cache is None else self._static_need(r)
+            ):
                 return need
             heapq.heappop(heap)  # admitted, finished, or queued again with another length
         return NEVER
@@ -298,8 +299,12 @@ class SkippingRun(PlainRun):
             for r, n in chunks:
                 self._charge(r.info, self._charge_for(r, n))
         budget = cfg.max_num_batched_tokens - demand
-        if (len(self.core) and budget > 0 and len(self.running) < cfg.max_num_seqs
-                and self._smallest_waiting_need() <= self.free):
+        if (
+            len(self.core)
+            and budget > 0
+            and len(self.running) < cfg.max_num_seqs
+            and self._smallest_waiting_need() <= self.free
+        ):
             if not self.core.lookahead.keys_rise:
                 self._flush_charges(it + 1)  # this step's decodes are charged before admission (else: _front)
             admitted = self._admit_waiting(budget)
@@ -308,8 +313,10 @@ class SkippingRun(PlainRun):
         if not chunks and not n_dec:
             raise RuntimeError("the engine made no progress in a step; the configuration cannot serve this workload.")
         batched = n_dec + sum(n for _, n in chunks)
-        step_ps = (cfg.profile.iteration_ps(batched, self._dec_ctx + n_dec, n_dec + len(chunks), self._take_arrivals())
-                   * cfg.slowdown_at(self.now_ps)[0])
+        step_ps = (
+            cfg.profile.iteration_ps(batched, self._dec_ctx + n_dec, n_dec + len(chunks), self._take_arrivals())
+            * cfg.slowdown_at(self.now_ps)[0]
+        )
         if backlogged:
             self._delivered(step_ps, [self._charge_for(r, n) for r, n in chunks], n_dec, self._dec_ctx + n_dec)
         self.now_ps += step_ps

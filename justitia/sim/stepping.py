@@ -93,8 +93,9 @@ class PlainRun:
         self.busy_ps = self.busy_prefill = self.busy_decode = self.busy_kv = 0  # since the last report
         # vLLM's automatic prefix cache, and its PrefixCacheStats (tokens, at each admission's lookup;
         # lookups of preempted requests apart)
-        self.cache = (PrefixCache(config.block_size, config.kv_eviction, self._next_tag)
-                      if config.prefix_caching else None)
+        self.cache = (
+            PrefixCache(config.block_size, config.kv_eviction, self._next_tag) if config.prefix_caching else None
+        )
         self.prefix_queries = self.prefix_hits = 0
         self.prefix_preempted_queries = self.prefix_preempted_hits = 0
 
@@ -107,8 +108,9 @@ class PlainRun:
     def submit(self, reqs: list[SimRequest]) -> None:
         """Queue new requests (a stage of one agent)."""
         for r in reqs:
-            r.info = self.core.request_arrived(r.request_id, r.agent_id, r.prompt_tokens, r.predicted_cost,
-                                               self.now_ps / PS_PER_S, r.tag, r.rank)
+            r.info = self.core.request_arrived(
+                r.request_id, r.agent_id, r.prompt_tokens, r.predicted_cost, self.now_ps / PS_PER_S, r.tag, r.rank
+            )
             self.reqs[r.request_id] = r
             self._queued(r)
         self._arrivals += len(reqs)
@@ -127,7 +129,9 @@ class PlainRun:
         """Tell the core what the engine delivered while backlogged since the last report (exact
         integers, so both stepping modes report the same at every arrival)."""
         if self.busy_ps:
-            self.core.observe_service(self.busy_ps / PS_PER_S, Charge(self.busy_prefill, self.busy_decode, self.busy_kv))
+            self.core.observe_service(
+                self.busy_ps / PS_PER_S, Charge(self.busy_prefill, self.busy_decode, self.busy_kv)
+            )
             self.busy_ps = self.busy_prefill = self.busy_decode = self.busy_kv = 0
 
     def _delivered(self, duration_ps: int, steps: list[Charge], decodes: int = 0, decode_kv: int = 0) -> None:
@@ -283,8 +287,10 @@ class PlainRun:
             raise RuntimeError("the engine made no progress in a step; the configuration cannot serve this workload.")
         batched = sum(scheduled.values())
         context = sum(c.kv_token_iters for c in charges.values() if c.prefill_tokens == 0)
-        step_ps = (cfg.profile.iteration_ps(batched, context, len(scheduled), self._take_arrivals())
-                   * cfg.slowdown_at(self.now_ps)[0])
+        step_ps = (
+            cfg.profile.iteration_ps(batched, context, len(scheduled), self._take_arrivals())
+            * cfg.slowdown_at(self.now_ps)[0]
+        )
         if backlogged:
             self._delivered(step_ps, [self._charge_for(r, n) for r, n in scheduled.items()])
         self.now_ps += step_ps

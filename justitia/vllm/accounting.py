@@ -76,8 +76,13 @@ def step_delivered(requests: Mapping[str, Any], scheduled: Mapping[str, int], ah
     return StepDelivered(p, d, kv + ctx, prefills, ctx)
 
 
-def step_charges(requests: Mapping[str, Any], scheduled: Mapping[str, int], info_of: Callable[[str], Any],
-                 ahead: int = 0, each: dict | None = None) -> dict[str, list]:
+def step_charges(
+    requests: Mapping[str, Any],
+    scheduled: Mapping[str, int],
+    info_of: Callable[[str], Any],
+    ahead: int = 0,
+    each: dict | None = None,
+) -> dict[str, list]:
     """One step's service per agent (``step_delivered``'s arguments, and ``info_of``, a request id's
     info or None, which names its agent), ``agent_id -> [a request's info, prefill, decode, kv]``:
     ``Charge.step_tokens`` of its scheduled requests added up, so that each agent is charged once.
@@ -108,9 +113,15 @@ def step_charges(requests: Mapping[str, Any], scheduled: Mapping[str, int], info
     return per_agent
 
 
-def prefix_step_charges(requests: Mapping[str, Any], scheduled: Mapping[str, int], info_of: Callable[[str], Any],
-                        blocks_of: Callable[[str], Sequence[Hashable] | None], block_size: int, ahead: int = 0,
-                        never_shared: Hashable = None) -> tuple[dict[str, list], float]:
+def prefix_step_charges(
+    requests: Mapping[str, Any],
+    scheduled: Mapping[str, int],
+    info_of: Callable[[str], Any],
+    blocks_of: Callable[[str], Sequence[Hashable] | None],
+    block_size: int,
+    ahead: int = 0,
+    never_shared: Hashable = None,
+) -> tuple[dict[str, list], float]:
     """``step_charges`` under ``KV_PREFIX``: the same per-agent ``[info, prefill, decode, kv]``, each
     charged request's ``kv`` less its ``shared_kv_savings`` among the requests charged this step
     (``blocks_of``: a request id's block ids in token order, or the first few of them, or None: as

@@ -42,8 +42,10 @@ SUPPORTED_VLLM = ("0.32", "0.33")
 def check_version(version: str) -> None:
     """Raise a ``RuntimeError`` naming the supported versions unless ``version`` is one of them."""
     if ".".join(version.split("+")[0].split(".")[:2]) not in SUPPORTED_VLLM:
-        raise RuntimeError(f"justitia's scheduler plug-in supports vLLM {' and '.join(SUPPORTED_VLLM)} (its scheduler "
-                           f"internals are not a public interface); this is vLLM {version}. Install one of those.")
+        raise RuntimeError(
+            f"justitia's scheduler plug-in supports vLLM {' and '.join(SUPPORTED_VLLM)} (its scheduler "
+            f"internals are not a public interface); this is vLLM {version}. Install one of those."
+        )
 
 
 check_version(vllm.__version__)
@@ -74,8 +76,11 @@ class StepLogScheduler(Scheduler):
         if _async_scheduling(args, kwargs) and not issubclass(cls, AsyncScheduler):
             variant = ASYNC_VARIANTS.get(cls)
             if variant is None:  # a subclass of ours: its async twin, made once
-                variant = ASYNC_VARIANTS[cls] = type(cls.__name__ + "Async", (cls, AsyncScheduler),
-                                                      {"__module__": cls.__module__, "__doc__": cls.__doc__})
+                variant = ASYNC_VARIANTS[cls] = type(
+                    cls.__name__ + "Async",
+                    (cls, AsyncScheduler),
+                    {"__module__": cls.__module__, "__doc__": cls.__doc__},
+                )
             cls = variant
         return super().__new__(cls)
 
@@ -101,8 +106,10 @@ class StepLogScheduler(Scheduler):
     def control(self, call: ControlCall):
         """``reset`` (an idle engine): open the step log given, or close it; other verbs need a policy."""
         if call.verb != RESET:
-            raise ValueError(f"'{call.verb}' needs the Justitia plug-in: this engine runs vLLM's own scheduler "
-                             f"(with a step log), which keeps no policy state.")
+            raise ValueError(
+                f"'{call.verb}' needs the Justitia plug-in: this engine runs vLLM's own scheduler "
+                f"(with a step log), which keeps no policy state."
+            )
         if self.requests:
             logger.warning("justitia: reset refused: the engine is not idle")
             return False
@@ -147,9 +154,23 @@ class StepLogScheduler(Scheduler):
             step = delivered or step_delivered(self.requests, scheduled, ahead)
             kv, prefills, ctx = step.kv_tokens, step.prefills, step.context_tokens
             attention = prefill_attention(self.requests, scheduled, ahead) if prefills else 0
-            self._steps.append((output, (now_s, output.total_num_scheduled_tokens, ctx, prefills,
-                                         len(scheduled) - prefills, waiting, kv, time.perf_counter() - t_sched,
-                                         self._arrived, attention)))
+            self._steps.append(
+                (
+                    output,
+                    (
+                        now_s,
+                        output.total_num_scheduled_tokens,
+                        ctx,
+                        prefills,
+                        len(scheduled) - prefills,
+                        waiting,
+                        kv,
+                        time.perf_counter() - t_sched,
+                        self._arrived,
+                        attention,
+                    ),
+                )
+            )
             self._arrived = 0
         return output
 
@@ -168,8 +189,23 @@ class StepLogScheduler(Scheduler):
             t, batched, ctx, prefills, decodes, waiting, delivered, sched_s, arrived, attention = step
             busy = int(self.has_unfinished_requests())
             sched_us = round(1e6 * (sched_s + time.perf_counter() - started))
-            self._step_log.write(StepRow(t, batched, ctx, prefills, decodes, busy, self._preemptions, waiting,
-                                         delivered, sched_us, arrived, self._finished, attention))
+            self._step_log.write(
+                StepRow(
+                    t,
+                    batched,
+                    ctx,
+                    prefills,
+                    decodes,
+                    busy,
+                    self._preemptions,
+                    waiting,
+                    delivered,
+                    sched_us,
+                    arrived,
+                    self._finished,
+                    attention,
+                )
+            )
             self._preemptions = self._finished = 0
         return outputs
 

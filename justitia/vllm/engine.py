@@ -73,12 +73,20 @@ def has_gpu() -> bool:
     return torch.cuda.is_available()
 
 
-def plugin_environment(policy: str, cost: str = "kv", capacity_per_s: float | None = None,
-                       iteration_s: float | None = None, agent_idle_s: float | None = None) -> dict[str, str]:
+def plugin_environment(
+    policy: str,
+    cost: str = "kv",
+    capacity_per_s: float | None = None,
+    iteration_s: float | None = None,
+    agent_idle_s: float | None = None,
+) -> dict[str, str]:
     """The environment that configures the plug-in in the engine process vLLM starts."""
     env = {ENV_POLICY: policy, ENV_COST: cost}
-    for name, value in ((ENV_CAPACITY, capacity_per_s), (ENV_ITERATION_S, iteration_s),
-                        (ENV_AGENT_IDLE_S, agent_idle_s)):
+    for name, value in (
+        (ENV_CAPACITY, capacity_per_s),
+        (ENV_ITERATION_S, iteration_s),
+        (ENV_AGENT_IDLE_S, agent_idle_s),
+    ):
         if value is not None:
             env[name] = repr(float(value))
     return env
@@ -99,9 +107,15 @@ def start_engine(spec: EngineSpec, stat_loggers: list | None = None, plugin_env:
     from justitia.vllm.models import resolve_model
 
     model_dir = resolve_model(spec.model)
-    options = dict(model=str(model_dir), num_gpu_blocks_override=spec.kv_blocks, max_num_seqs=spec.max_num_seqs,
-                   max_model_len=spec.max_model_len, enforce_eager=True, disable_log_stats=True,
-                   dtype=engine_dtype(spec.dtype))
+    options = dict(
+        model=str(model_dir),
+        num_gpu_blocks_override=spec.kv_blocks,
+        max_num_seqs=spec.max_num_seqs,
+        max_model_len=spec.max_model_len,
+        enforce_eager=True,
+        disable_log_stats=True,
+        dtype=engine_dtype(spec.dtype),
+    )
     if spec.max_num_batched_tokens is not None:
         options["max_num_batched_tokens"] = spec.max_num_batched_tokens
     if spec.prefix_caching is not None:

@@ -18,7 +18,6 @@ import sys
 
 from justitia.defaults import ENV_DOOR_TOKEN
 
-
 SERVER_MODULES = ("vllm.entrypoints.launchers", "vllm.entrypoints.cli", "vllm.entrypoints.openai.api_server")
 
 

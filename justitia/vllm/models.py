@@ -54,8 +54,10 @@ def tiny_model(seed: int = 0) -> Path:
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
-        vocab_size=2048, special_tokens=["<unk>", "<s>", "</s>"],
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False,
+        vocab_size=2048,
+        special_tokens=["<unk>", "<s>", "</s>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
     )
     tok.train_from_iterator(corpus, trainer)
     tmp = out.with_name(out.name + f".tmp{os.getpid()}")
@@ -64,9 +66,16 @@ def tiny_model(seed: int = 0) -> Path:
     fast.chat_template = TINY_CHAT_TEMPLATE  # so that /v1/chat/completions works on it too
     fast.save_pretrained(tmp)
     config = LlamaConfig(
-        vocab_size=tok.get_vocab_size(), hidden_size=128, intermediate_size=256, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=8192,
-        bos_token_id=1, eos_token_id=2, tie_word_embeddings=True,
+        vocab_size=tok.get_vocab_size(),
+        hidden_size=128,
+        intermediate_size=256,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        max_position_embeddings=8192,
+        bos_token_id=1,
+        eos_token_id=2,
+        tie_word_embeddings=True,
     )
     torch.manual_seed(seed)
     LlamaForCausalLM(config).to(torch.bfloat16).save_pretrained(tmp)
@@ -96,8 +105,9 @@ def tiny_long_model(seed: int = 0) -> Path:
     config = json.loads((tmp / "config.json").read_text())
     config["max_position_embeddings"] = TINY_LONG_CONTEXT
     (tmp / "config.json").write_text(json.dumps(config, indent=2))
-    (tmp / "justitia.json").write_text(json.dumps({"model": "tiny-long", "version": TINY_VERSION, "seed": seed,
-                                                   "context": TINY_LONG_CONTEXT}))
+    (tmp / "justitia.json").write_text(
+        json.dumps({"model": "tiny-long", "version": TINY_VERSION, "seed": seed, "context": TINY_LONG_CONTEXT})
+    )
     try:
         tmp.rename(out)  # atomic: a half-built model is never picked up
     except OSError:  # another process built it first
@@ -159,7 +169,10 @@ def smollm2_model() -> Path:
                 tokenizer.chat_template = field.contents()
         tokenizer.save_pretrained(tmp)
         model = AutoModelForCausalLM.from_pretrained(
-            src, gguf_file=name, dtype=torch.bfloat16, local_files_only=True,
+            src,
+            gguf_file=name,
+            dtype=torch.bfloat16,
+            local_files_only=True,
             quantization_config=GgufConfig(gguf_file=name, dequantize=True),
         )
         if getattr(model, "hf_quantizer", None) is not None:  # a dense model is not "quantized" any more

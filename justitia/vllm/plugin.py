@@ -53,14 +53,35 @@ from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 from vllm.v1.core.sched.request_queue import PriorityRequestQueue, RequestQueue
 from vllm.v1.request import Request
 
-from justitia.core import (KV_PREFIX, REGISTER, RESET, RETIRE, STATE, WINDOW_STEPS, AgentBook, AgentInfo, CostDist,
-                           AgentScheduler, Charge, ControlCall, RequestMeta, calibrated_capacity, capacity_per_s,
-                           cost_model)
-from justitia.vllm.accounting import StepDelivered, prefix_step_charges, step_charges, step_delivered
+from justitia.core import (
+    KV_PREFIX,
+    REGISTER,
+    RESET,
+    RETIRE,
+    STATE,
+    WINDOW_STEPS,
+    AgentBook,
+    AgentInfo,
+    AgentScheduler,
+    Charge,
+    ControlCall,
+    CostDist,
+    RequestMeta,
+    calibrated_capacity,
+    capacity_per_s,
+    cost_model,
+)
 from justitia.defaults import DOOR_KEY, policy_settings
-from justitia.vllm.base import ASYNC_VARIANTS, StepLogScheduler, logger
+from justitia.vllm.accounting import StepDelivered, prefix_step_charges, step_charges, step_delivered
+from justitia.vllm.base import (  # noqa: F401  (named here too)
+    ASYNC_VARIANTS,
+    SUPPORTED_VLLM,
+    AsyncStepLogScheduler,
+    StepLogScheduler,
+    check_version,
+    logger,
+)
 from justitia.vllm.pricer import BurstPricer
-from justitia.vllm.base import SUPPORTED_VLLM, AsyncStepLogScheduler, check_version  # noqa: F401  (named here too)
 
 
 def parse_dist(doc) -> CostDist | None:
@@ -184,14 +205,21 @@ class JustitiaScheduler(StepLogScheduler):
         self.idle_release_s, self.session_keep_s = settings.agent_idle_s, settings.session_keep_s
         self.iteration_s = settings.iteration_s
         cost = cost_model(settings.cost)
-        capacity = settings.capacity_per_s or self._calibrated(settings.calibration) or capacity_per_s(
-            cost, self.kv_tokens, self.scheduler_config.max_num_batched_tokens, settings.iteration_s)
+        capacity = (
+            settings.capacity_per_s
+            or self._calibrated(settings.calibration)
+            or capacity_per_s(cost, self.kv_tokens, self.scheduler_config.max_num_batched_tokens, settings.iteration_s)
+        )
         # a burst without a price (a harness's turn through the door): priced from the engine's own bursts
-        self.pricer = BurstPricer(cost, state=settings.pricing_state, log=logger) if settings.pricing == "online" else None
+        self.pricer = (
+            BurstPricer(cost, state=settings.pricing_state, log=logger) if settings.pricing == "online" else None
+        )
         self.guard_scale = settings.guard_scale
         self._reset(settings.policy, cost.name, capacity, settings.measure_capacity, None, settings.retag)
         self.waiting = _CoreQueue(self)
-        self._cache_hits: dict[str, int] = {}  # request id -> prompt tokens vLLM's prefix cache held at its first schedule
+        self._cache_hits: dict[
+            str, int
+        ] = {}  # request id -> prompt tokens vLLM's prefix cache held at its first schedule
         self.kv_holding_waiting = _HoldingQueue(self)
 
     def _calibrated(self, path: str | None) -> float | None:
@@ -206,12 +234,16 @@ class JustitiaScheduler(StepLogScheduler):
             raise ValueError(f"JUSTITIA_CALIBRATION={path!r}: cannot read a calibration there ({exc}).") from None
         measured = calibrated_capacity(doc, self.kv_tokens)
         if measured is None:
-            logger.warning("justitia: %s measured no M for a KV cache of %d tokens; the clock starts from the "
-                           "formula's guess", path, self.kv_tokens)
+            logger.warning(
+                "justitia: %s measured no M for a KV cache of %d tokens; the clock starts from the formula's guess",
+                path,
+                self.kv_tokens,
+            )
         return measured
 
-    def _reset(self, policy: str, cost: str, capacity: float, measure: bool, step_log: str | None,
-               retag: bool = True) -> None:
+    def _reset(
+        self, policy: str, cost: str, capacity: float, measure: bool, step_log: str | None, retag: bool = True
+    ) -> None:
         """Fresh policy state and clock (at start-up, or on a ``reset`` of an idle engine)."""
         window = WINDOW_STEPS * self.iteration_s if measure else None
         self.core = AgentScheduler.for_policy(policy, capacity, cost, window, retag, self.guard_scale)
@@ -241,8 +273,10 @@ class JustitiaScheduler(StepLogScheduler):
             group = manager.coordinator.single_type_managers[0]
             return group.req_to_blocks, group.block_size
         except (AttributeError, IndexError):
-            logger.warning("justitia: kv-prefix: this vLLM's KV cache manager has no per-request block lists where "
-                           "0.32 keeps them; each request is charged the KV token-time it holds, as under kv")
+            logger.warning(
+                "justitia: kv-prefix: this vLLM's KV cache manager has no per-request block lists where "
+                "0.32 keeps them; each request is charged the KV token-time it holds, as under kv"
+            )
             return None
 
     # ----------------------------------------------------------------------------- control
@@ -253,10 +287,17 @@ class JustitiaScheduler(StepLogScheduler):
             agent_id = str(args["agent_id"])
             resume = args.get("resume_cost")
             before = self.core.agent(agent_id)  # a paused session's standing: its return is logged as one
-            agent = self.book.register(agent_id, str(args.get("agent_type", "")), float(args["predicted_cost"]), now,
-                                       float(args.get("weight", 1.0)), args.get("tenant"),
-                                       None if resume is None else float(resume), args.get("session") is True,
-                                       parse_dist(args.get("dist")))
+            agent = self.book.register(
+                agent_id,
+                str(args.get("agent_type", "")),
+                float(args["predicted_cost"]),
+                now,
+                float(args.get("weight", 1.0)),
+                args.get("tenant"),
+                None if resume is None else float(resume),
+                args.get("session") is True,
+                parse_dist(args.get("dist")),
+            )
             if agent is not None:
                 self._log_arrival(agent, before)
             return self.book.virtual_finish(agent_id)
@@ -278,9 +319,14 @@ class JustitiaScheduler(StepLogScheduler):
             if self.requests or self.book.open_count:
                 logger.warning("justitia: reset refused: the engine is not idle")
                 return False
-            self._reset(str(args.get("policy", "justitia")), str(args.get("cost", "kv")),
-                        float(args["capacity_per_s"]), bool(args.get("measure_capacity", True)), args.get("step_log"),
-                        bool(args.get("retag", True)))
+            self._reset(
+                str(args.get("policy", "justitia")),
+                str(args.get("cost", "kv")),
+                float(args["capacity_per_s"]),
+                bool(args.get("measure_capacity", True)),
+                args.get("step_log"),
+                bool(args.get("retag", True)),
+            )
             return True
         raise ValueError(f"unknown control verb '{call.verb}'")
 
@@ -301,8 +347,9 @@ class JustitiaScheduler(StepLogScheduler):
             dist = None
             if self.pricer is not None and self.pricer.opens(meta, before):
                 dist = self.pricer.price(meta.agent_id, meta, request.num_prompt_tokens, before)
-            info, agent = self.book.arrive(request.request_id, meta, request.num_prompt_tokens, max_tokens,
-                                           self._now(), dist=dist)
+            info, agent = self.book.arrive(
+                request.request_id, meta, request.num_prompt_tokens, max_tokens, self._now(), dist=dist
+            )
             if agent is not None:
                 self._log_arrival(agent, before)
         request.priority = self.core.priority(info)
@@ -320,13 +367,23 @@ class JustitiaScheduler(StepLogScheduler):
     def _log_arrival(self, agent: AgentInfo, before=None) -> None:
         """One line for an agent's arrival; ``before``: its standing until now (a session that paused, returning)."""
         if self.log_agents and before is not None:
-            logger.info("justitia: agent %s returned after a pause: predicted_cost=%.6g virtual_finish=%s (was %s) "
-                        "tenant=%s", agent.agent_id, agent.predicted_cost, self.book.virtual_finish(agent.agent_id),
-                        before.virtual_finish, agent.tenant)
+            logger.info(
+                "justitia: agent %s returned after a pause: predicted_cost=%.6g virtual_finish=%s (was %s) tenant=%s",
+                agent.agent_id,
+                agent.predicted_cost,
+                self.book.virtual_finish(agent.agent_id),
+                before.virtual_finish,
+                agent.tenant,
+            )
         elif self.log_agents:
-            logger.info("justitia: agent %s arrived: type=%r predicted_cost=%.6g virtual_finish=%s tenant=%s",
-                        agent.agent_id, agent.agent_type, agent.predicted_cost,
-                        self.book.virtual_finish(agent.agent_id), agent.tenant)
+            logger.info(
+                "justitia: agent %s arrived: type=%r predicted_cost=%.6g virtual_finish=%s tenant=%s",
+                agent.agent_id,
+                agent.agent_type,
+                agent.predicted_cost,
+                self.book.virtual_finish(agent.agent_id),
+                agent.tenant,
+            )
 
     def _free_request(self, request: Request, *args, **kwargs):
         """A finished or aborted request releases its policy state (and its agent's, when done)."""
@@ -386,8 +443,12 @@ class JustitiaScheduler(StepLogScheduler):
         the prefix-cache hit of each request scheduled for the first time, kept till it is freed."""
         for new in output.scheduled_new_reqs:
             request = self.requests.get(new.req_id)
-            if request is not None and not request.num_preemptions:  # not one resumed (vLLM's v2 runner lists those here)
-                stats = getattr(request, "prefill_stats", False)  # 0.32: set at the first schedule, taken at its first output
+            if (
+                request is not None and not request.num_preemptions
+            ):  # not one resumed (vLLM's v2 runner lists those here)
+                stats = getattr(
+                    request, "prefill_stats", False
+                )  # 0.32: set at the first schedule, taken at its first output
                 if stats is False:  # a vLLM without them: what it had computed before this step
                     self._cache_hits[new.req_id] = new.num_computed_tokens
                 elif stats is not None:
@@ -395,8 +456,9 @@ class JustitiaScheduler(StepLogScheduler):
         if self._kv_blocks is not None:
             return self._after_prefix_step(now_s, waiting, output)
         if self._charge:
-            for info, p, d, kv in step_charges(self.requests, output.num_scheduled_tokens, self.book.request,
-                                               self._ahead).values():
+            for info, p, d, kv in step_charges(
+                self.requests, output.num_scheduled_tokens, self.book.request, self._ahead
+            ).values():
                 self.core.charge(info, Charge(p, d, kv), now_s)
         if self._measure and waiting > 0:
             delivered = step_delivered(self.requests, output.num_scheduled_tokens, self._ahead)
@@ -431,8 +493,9 @@ class JustitiaScheduler(StepLogScheduler):
             return ids
 
         scheduled = output.num_scheduled_tokens
-        per_agent, saved = prefix_step_charges(self.requests, scheduled, self.book.request, blocks_of, block_size,
-                                               self._ahead)
+        per_agent, saved = prefix_step_charges(
+            self.requests, scheduled, self.book.request, blocks_of, block_size, self._ahead
+        )
         if self._charge:
             for info, p, d, kv in per_agent.values():
                 self.core.charge(info, Charge(p, d, kv), now_s)

@@ -45,8 +45,13 @@ class _Burst:
 class BurstPricer:
     """Prices bursts without a price and learns from them (module docstring)."""
 
-    def __init__(self, cost: CostModel, predictor: OnlinePredictor | None = None, state: str | None = None,
-                 log: logging.Logger | None = None):
+    def __init__(
+        self,
+        cost: CostModel,
+        predictor: OnlinePredictor | None = None,
+        state: str | None = None,
+        log: logging.Logger | None = None,
+    ):
         self.cost = cost
         self.predictor = predictor or OnlinePredictor(background=True)
         self._final = None

@@ -67,8 +67,13 @@ def guard() -> list[int]:
     kids = [(p, t) for p in descendants(os.getpid()) if (t := _start_time(p)) is not None]
     if not kids:
         return []
-    watcher = subprocess.Popen([sys.executable, "-c", _WATCHER], stdin=subprocess.PIPE, start_new_session=True,
-                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    watcher = subprocess.Popen(
+        [sys.executable, "-c", _WATCHER],
+        stdin=subprocess.PIPE,
+        start_new_session=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     watcher.stdin.write((",".join(f"{p} {t}" for p, t in kids) + "\n").encode())
     watcher.stdin.flush()
     _watchers.append(watcher)

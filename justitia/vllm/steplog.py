@@ -40,7 +40,7 @@ class StepRow:
         """The row as a step-log line (its fields up to the first missing one), newline included."""
         values = [getattr(self, name) for name in COLUMNS[1:]]
         if None in values:
-            values = values[:values.index(None)]
+            values = values[: values.index(None)]
         return f"{self.t_s:.6f}" + "".join(f",{v}" for v in values) + "\n"
 
 

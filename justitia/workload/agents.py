@@ -74,8 +74,13 @@ class Stage(tuple):
     the user ``turn`` it begins or continues (None: the one before). A plain stage (no pause, no
     branch, no turn) equals the tuple of its tasks."""
 
-    def __new__(cls, tasks: Iterable[Task] = (), pause_s: float = 0.0, branches: Iterable[Iterable["Stage"]] = (),
-                turn: int | None = None):
+    def __new__(
+        cls,
+        tasks: Iterable[Task] = (),
+        pause_s: float = 0.0,
+        branches: Iterable[Iterable["Stage"]] = (),
+        turn: int | None = None,
+    ):
         self = super().__new__(cls, tasks)
         self.pause_s = float(pause_s)
         self.branches = tuple(tuple(s if isinstance(s, Stage) else Stage(s) for s in chain) for chain in branches)
@@ -88,8 +93,9 @@ class Stage(tuple):
 
     def __eq__(self, other) -> bool:
         return tuple.__eq__(self, other) is True and (
-            (self.pause_s, self.branches, self.turn) == (getattr(other, "pause_s", 0.0), getattr(other, "branches", ()),
-                                                         getattr(other, "turn", None)))
+            (self.pause_s, self.branches, self.turn)
+            == (getattr(other, "pause_s", 0.0), getattr(other, "branches", ()), getattr(other, "turn", None))
+        )
 
     def __ne__(self, other) -> bool:
         return not self == other
@@ -97,8 +103,11 @@ class Stage(tuple):
     __hash__ = tuple.__hash__
 
     def __repr__(self) -> str:
-        return f"Stage({tuple(self)!r})" if self.plain else \
-            f"Stage({tuple(self)!r}, pause_s={self.pause_s!r}, branches={self.branches!r}, turn={self.turn!r})"
+        return (
+            f"Stage({tuple(self)!r})"
+            if self.plain
+            else f"Stage({tuple(self)!r}, pause_s={self.pause_s!r}, branches={self.branches!r}, turn={self.turn!r})"
+        )
 
     def __reduce__(self):
         return Stage, (tuple(self), self.pause_s, self.branches, self.turn)
@@ -113,8 +122,12 @@ class Stage(tuple):
 
     def map_tasks(self, fn: Callable[[Task], Task]) -> "Stage":
         """The stage with ``fn`` applied to every task, branches included."""
-        return Stage((fn(t) for t in self), self.pause_s, (tuple(s.map_tasks(fn) for s in chain) for chain in self.branches),
-                     self.turn)
+        return Stage(
+            (fn(t) for t in self),
+            self.pause_s,
+            (tuple(s.map_tasks(fn) for s in chain) for chain in self.branches),
+            self.turn,
+        )
 
     def to_json(self) -> list | dict:
         if self.plain:
@@ -205,7 +218,7 @@ class Agent:
 
     def _turn_of(self, stage: int) -> int:
         current = 0
-        for st in self.stages[:stage + 1]:
+        for st in self.stages[: stage + 1]:
             current = st.turn if st.turn is not None else current
         return current
 
@@ -286,8 +299,9 @@ def _scaled(a: Agent, shrink: Callable[[int], int]) -> Agent:
     """The agent with ``shrink`` applied to every length: a shared segment's, each task's own text
     and output; a prompt is then its scaled context plus its scaled own text."""
     if not a.is_session and not any(t.context for t in a.tasks):
-        stages = tuple(Stage(Task(t.prompt, shrink(t.prompt_tokens), shrink(t.output_tokens), t.id) for t in st)
-                       for st in a.stages)
+        stages = tuple(
+            Stage(Task(t.prompt, shrink(t.prompt_tokens), shrink(t.output_tokens), t.id) for t in st) for st in a.stages
+        )
         return Agent(a.agent_id, a.type, a.arrival_s, stages, a.meta, a.weight, a.tenant)
     old = tasks_by_id(a.stages)
     new: dict[str, Task] = {}
@@ -295,14 +309,16 @@ def _scaled(a: Agent, shrink: Callable[[int], int]) -> Agent:
     def one(t: Task) -> Task:
         context = tuple(Segment.shared(c.ref, shrink(c.tokens)) if c.kind == "shared" else c for c in t.context)
         own = shrink(t.prompt_tokens - context_tokens(t, old))
-        scaled = Task(t.prompt, own + context_tokens(Task("", 1, 1, None, context), new), shrink(t.output_tokens),
-                      t.id, context)
+        scaled = Task(
+            t.prompt, own + context_tokens(Task("", 1, 1, None, context), new), shrink(t.output_tokens), t.id, context
+        )
         if t.id is not None:
             new[t.id] = scaled
         return scaled
 
-    return Agent(a.agent_id, a.type, a.arrival_s, tuple(st.map_tasks(one) for st in a.stages), a.meta, a.weight,
-                 a.tenant)
+    return Agent(
+        a.agent_id, a.type, a.arrival_s, tuple(st.map_tasks(one) for st in a.stages), a.meta, a.weight, a.tenant
+    )
 
 
 def fit_tokens(agents: Iterable[Agent], max_task_tokens: int) -> tuple[list[Agent], float]:

@@ -75,11 +75,19 @@ def synthetic_arrivals(n: int, rng: np.random.Generator, rate_per_s: float, cv: 
     return [0.0] + np.cumsum(gaps_s).tolist()
 
 
-def arrival_times(n: int, rng: np.random.Generator, trace: str | Path | None = None, density: float = 1.0,
-                  rate_per_s: float = DEFAULT_RATE_PER_S, cv: float = 1.0) -> tuple[list[float], dict]:
+def arrival_times(
+    n: int,
+    rng: np.random.Generator,
+    trace: str | Path | None = None,
+    density: float = 1.0,
+    rate_per_s: float = DEFAULT_RATE_PER_S,
+    cv: float = 1.0,
+) -> tuple[list[float], dict]:
     """``n`` arrival times from the trace (or synthetic ones), and a description of them."""
     if trace is not None:
         name = "mooncake_conversation" if Path(trace) == MOONCAKE_ARRIVALS else str(trace)  # the shipped one: no path
         return trace_arrivals(trace, n, density), {"arrivals": "trace", "trace": name, "density": density}
-    return (synthetic_arrivals(n, rng, rate_per_s * density, cv),
-            {"arrivals": "synthetic", "rate_per_s": rate_per_s, "cv": cv, "density": density})
+    return (
+        synthetic_arrivals(n, rng, rate_per_s * density, cv),
+        {"arrivals": "synthetic", "rate_per_s": rate_per_s, "cv": cv, "density": density},
+    )

@@ -26,8 +26,16 @@ from pathlib import Path
 from typing import Iterable, Iterator
 
 from justitia.core import is_positive_finite
-from justitia.workload.agents import SEGMENT_KINDS, Agent, Segment, Stage, Task, WorkloadError, context_tokens, tasks_by_id
-
+from justitia.workload.agents import (
+    SEGMENT_KINDS,
+    Agent,
+    Segment,
+    Stage,
+    Task,
+    WorkloadError,
+    context_tokens,
+    tasks_by_id,
+)
 
 _AGENT_FIELDS = {"agent_id": str, "type": str, "arrival_s": (int, float), "stages": list}
 _TASK_FIELDS = {"prompt": str, "prompt_tokens": int, "output_tokens": int}
@@ -76,7 +84,9 @@ def agent_from_json(doc: object, where: str) -> Agent:
         raise WorkloadError(f"{where}: field 'weight' must be a finite number > 0, got {json.dumps(weight)[:60]}.")
     tenant = doc.get("tenant")
     if "tenant" in doc and not (isinstance(tenant, str) and 1 <= len(tenant) <= 128):
-        raise WorkloadError(f"{where}: field 'tenant' must be a string of 1-128 characters, got {json.dumps(tenant)[:60]}.")
+        raise WorkloadError(
+            f"{where}: field 'tenant' must be a string of 1-128 characters, got {json.dumps(tenant)[:60]}."
+        )
     return Agent(doc["agent_id"], doc["type"], arrival, stages, meta, float(weight), tenant)
 
 
@@ -108,22 +118,32 @@ def _chain_from_json(docs: list, where: str, at: str, top: bool) -> tuple[Stage,
             raise WorkloadError(f"{where}: field '{here}' must hold at least one task or one branch.")
         pause = stage.get("pause_s", 0.0)
         if isinstance(pause, bool) or not isinstance(pause, (int, float)) or not math.isfinite(pause) or pause < 0:
-            raise WorkloadError(f"{where}: field '{here}.pause_s' must be a finite number >= 0, got {json.dumps(pause)[:60]}.")
+            raise WorkloadError(
+                f"{where}: field '{here}.pause_s' must be a finite number >= 0, got {json.dumps(pause)[:60]}."
+            )
         t = stage.get("turn")
         if t is not None:
             if not top:
                 raise WorkloadError(f"{where}: field '{here}.turn': a branch's stages belong to their stage's turn.")
             if isinstance(t, bool) or not isinstance(t, int) or t < turn:
-                raise WorkloadError(f"{where}: field '{here}.turn' must be an integer >= {turn} (turns never go back), "
-                                    f"got {json.dumps(t)[:60]}.")
+                raise WorkloadError(
+                    f"{where}: field '{here}.turn' must be an integer >= {turn} (turns never go back), "
+                    f"got {json.dumps(t)[:60]}."
+                )
             turn = t
         chain_docs = []
         for bi, branch in enumerate(branches):
             if not isinstance(branch, list) or not branch:
                 raise WorkloadError(f"{where}: field '{here}.branches[{bi}]' must be a non-empty list of stages.")
             chain_docs.append(_chain_from_json(branch, where, f"{here}.branches[{bi}]", top=False))
-        chain.append(Stage((_task_from_json(x, where, f"{here}.tasks[{ti}]") for ti, x in enumerate(tasks)),
-                           float(pause), chain_docs, t))
+        chain.append(
+            Stage(
+                (_task_from_json(x, where, f"{here}.tasks[{ti}]") for ti, x in enumerate(tasks)),
+                float(pause),
+                chain_docs,
+                t,
+            )
+        )
     return tuple(chain)
 
 
@@ -137,7 +157,9 @@ def _task_from_json(task: object, where: str, at: str) -> Task:
         raise WorkloadError(f"{where}: field '{at}.output_tokens' must be >= 1.")
     task_id = task.get("id")
     if "id" in task and not (isinstance(task_id, str) and 1 <= len(task_id) <= 128):
-        raise WorkloadError(f"{where}: field '{at}.id' must be a string of 1-128 characters, got {json.dumps(task_id)[:60]}.")
+        raise WorkloadError(
+            f"{where}: field '{at}.id' must be a string of 1-128 characters, got {json.dumps(task_id)[:60]}."
+        )
     context = task.get("context", [])
     if not isinstance(context, list):
         raise WorkloadError(f"{where}: field '{at}.context' must be a list of segments.")
@@ -146,8 +168,10 @@ def _task_from_json(task: object, where: str, at: str) -> Task:
         here = f"{at}.context[{ci}]"
         kinds = [k for k in SEGMENT_KINDS if isinstance(seg, dict) and k in seg]
         if len(kinds) != 1 or not isinstance(seg[kinds[0]], str) or not seg[kinds[0]]:
-            raise WorkloadError(f"{where}: field '{here}' must be one of {{\"shared\": name, \"tokens\": n}}, "
-                                f"{{\"prompt_of\": task id}}, {{\"output_of\": task id}}.")
+            raise WorkloadError(
+                f'{where}: field \'{here}\' must be one of {{"shared": name, "tokens": n}}, '
+                f'{{"prompt_of": task id}}, {{"output_of": task id}}.'
+            )
         kind = kinds[0]
         if kind == "shared":
             n = seg.get("tokens")
@@ -181,12 +205,15 @@ def _check_context(stages: tuple[Stage, ...], where: str) -> None:
                 for seg in t.context:
                     if seg.kind != "shared" and seg.ref not in done:
                         what = "no task" if seg.ref not in by_id else "a task not finished before it starts"
-                        raise WorkloadError(f"{where}: a context segment of task '{t.id or t.prompt[:30]}' names "
-                                            f"'{seg.ref}', {what}.")
+                        raise WorkloadError(
+                            f"{where}: a context segment of task '{t.id or t.prompt[:30]}' names '{seg.ref}', {what}."
+                        )
                 if context_tokens(t, by_id) >= t.prompt_tokens:
-                    raise WorkloadError(f"{where}: task '{t.id or t.prompt[:30]}': its context's "
-                                        f"{context_tokens(t, by_id)} tokens leave none of its {t.prompt_tokens} "
-                                        f"prompt tokens for its own text.")
+                    raise WorkloadError(
+                        f"{where}: task '{t.id or t.prompt[:30]}': its context's "
+                        f"{context_tokens(t, by_id)} tokens leave none of its {t.prompt_tokens} "
+                        f"prompt tokens for its own text."
+                    )
             stage_ids = {t.id for t in s if t.id is not None}
             for br in s.branches:
                 stage_ids |= chain(br, frozenset(done))
@@ -234,7 +261,9 @@ def load_workload(path: str | Path) -> list[Agent]:
     for lineno, where, doc in read_jsonl(path):
         agent = agent_from_json(doc, where)
         if agent.agent_id in seen:
-            raise WorkloadError(f"{where}: field 'agent_id' repeats '{agent.agent_id}' from line {seen[agent.agent_id]}.")
+            raise WorkloadError(
+                f"{where}: field 'agent_id' repeats '{agent.agent_id}' from line {seen[agent.agent_id]}."
+            )
         seen[agent.agent_id] = lineno
         agents.append(agent)
     if not agents:
@@ -258,7 +287,6 @@ def append_agent(agent: Agent, path: str | Path) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     with _open(path, "at") as fh:
         fh.write(json.dumps(agent.to_json(), ensure_ascii=False) + "\n")
-
 
 
 def read_data_file(path: Path, what: str) -> dict:

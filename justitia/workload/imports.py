@@ -94,7 +94,9 @@ def _text(content: object) -> str:
     return ""
 
 
-def tau2_calls(messages: object, where: str, estimate: Callable[[str], int] | None = None) -> tuple[list[Call], bool, str]:
+def tau2_calls(
+    messages: object, where: str, estimate: Callable[[str], int] | None = None
+) -> tuple[list[Call], bool, str]:
     """The agent's calls in a list of chat messages (tau2-bench's, or a chat log's), whether a user
     spoke, and where tokens came from (``usage``, or ``estimate`` of the conversation's text).
 
@@ -115,8 +117,9 @@ def tau2_calls(messages: object, where: str, estimate: Callable[[str], int] | No
             raise WorkloadError(f"{at}: expected a JSON object, got {type(m).__name__}.")
         role = m.get("role")
         if role not in ("system", "user", "assistant", "tool", "developer", "function"):
-            raise WorkloadError(f"{at}: field 'role' must be one of system, user, assistant, tool, got "
-                                f"{json.dumps(role)[:60]}.")
+            raise WorkloadError(
+                f"{at}: field 'role' must be one of system, user, assistant, tool, got {json.dumps(role)[:60]}."
+            )
         stamp = _when(m["timestamp"], at, "timestamp") if m.get("timestamp") is not None else None
         text = _text(m.get("content"))
         if role == "user":
@@ -194,9 +197,22 @@ def read_tau2(paths: Iterable[str | Path]) -> list[Conversation]:
             calls, user_seen, _ = tau2_calls(sim.get("messages"), where)
             kind, model = _tau2_kind(p, not user_seen)
             system = kind.partition("/")[0].removesuffix("-solo")  # one system prompt per domain
-            out.append(Conversation(f"{p.name.split('.')[0]}/{sim['id'][:8]}", kind, system, calls,
-                                    not user_seen, meta={"source": "tau2-bench", "file": p.name, "agent_model": model,
-                                                         "task_id": str(sim.get("task_id")), "simulation": sim["id"]}))
+            out.append(
+                Conversation(
+                    f"{p.name.split('.')[0]}/{sim['id'][:8]}",
+                    kind,
+                    system,
+                    calls,
+                    not user_seen,
+                    meta={
+                        "source": "tau2-bench",
+                        "file": p.name,
+                        "agent_model": model,
+                        "task_id": str(sim.get("task_id")),
+                        "simulation": sim["id"],
+                    },
+                )
+            )
     if not out:
         raise WorkloadError("no tau2-bench simulations were read: name results files or their directory.")
     return out
@@ -232,8 +248,12 @@ def write_compact(convs: list[Conversation], path: str | Path) -> Path:
             keep = OPENING_CHARS if call.turn != turn else TEXT_CHARS
             turn = call.turn
             calls.append([call.prompt_tokens, call.output_tokens, round(call.pause_s, 3), call.turn, call.text[:keep]])
-        lines.append(json.dumps({"id": c.conv_id, "kind": c.kind, "system": c.system, "solo": c.solo, "meta": c.meta,
-                                 "calls": calls}, ensure_ascii=False))
+        lines.append(
+            json.dumps(
+                {"id": c.conv_id, "kind": c.kind, "system": c.system, "solo": c.solo, "meta": c.meta, "calls": calls},
+                ensure_ascii=False,
+            )
+        )
     path.write_bytes(gzip.compress(("\n".join(lines) + "\n").encode(), compresslevel=9, mtime=0))  # reproducible
     return path
 
@@ -251,15 +271,26 @@ def read_compact(path: Path) -> list[Conversation]:
                 raise WorkloadError(f"{where}: field '{key}' must be a non-empty {kind.__name__}.")
         calls = []
         for i, c in enumerate(doc["calls"]):
-            ok = (isinstance(c, list) and len(c) == 5 and all(isinstance(x, int) and not isinstance(x, bool) and x >= 1
-                                                              for x in c[:2])
-                  and isinstance(c[2], (int, float)) and c[2] >= 0 and isinstance(c[3], int) and isinstance(c[4], str))
+            ok = (
+                isinstance(c, list)
+                and len(c) == 5
+                and all(isinstance(x, int) and not isinstance(x, bool) and x >= 1 for x in c[:2])
+                and isinstance(c[2], (int, float))
+                and c[2] >= 0
+                and isinstance(c[3], int)
+                and isinstance(c[4], str)
+            )
             if not ok:
-                raise WorkloadError(f"{where}: field 'calls[{i}]' must be [prompt_tokens, output_tokens, pause_s, "
-                                    f"turn, text], got {json.dumps(c)[:80]}.")
+                raise WorkloadError(
+                    f"{where}: field 'calls[{i}]' must be [prompt_tokens, output_tokens, pause_s, "
+                    f"turn, text], got {json.dumps(c)[:80]}."
+                )
             calls.append(Call(c[0], c[1], float(c[2]), c[3], c[4]))
-        out.append(Conversation(doc["id"], doc["kind"], doc["system"], calls, bool(doc.get("solo")),
-                                meta=dict(doc.get("meta") or {})))
+        out.append(
+            Conversation(
+                doc["id"], doc["kind"], doc["system"], calls, bool(doc.get("solo")), meta=dict(doc.get("meta") or {})
+            )
+        )
     return out
 
 
@@ -285,16 +316,27 @@ def read_chat_log(path: str | Path, tokenizer: str | None = None) -> list[Conver
             if not isinstance(kind, str) or not kind:
                 raise WorkloadError(f"{where}: field 'kind' must be a non-empty string.")
         elif not isinstance(doc, list):
-            raise WorkloadError(f"{where}: expected a list of chat messages or an object with 'messages', "
-                                f"got {type(doc).__name__}.")
-        has_usage = isinstance(messages, list) and any(isinstance(m, dict) and m.get("usage") is not None
-                                                       for m in messages)
+            raise WorkloadError(
+                f"{where}: expected a list of chat messages or an object with 'messages', got {type(doc).__name__}."
+            )
+        has_usage = isinstance(messages, list) and any(
+            isinstance(m, dict) and m.get("usage") is not None for m in messages
+        )
         calls, user_seen, tokens = tau2_calls(messages, where, None if has_usage else estimate)
-        system = next((_text(m.get("content")) for m in messages if isinstance(m, dict) and m.get("role") == "system"), "")
-        out.append(Conversation(conv_id, kind, f"{kind}-system-{zlib.crc32(system.encode()):08x}" if system else kind,
-                                calls, not user_seen, meta={"source": str(path.name), "line": lineno,
-                                                            "tokens": "usage" if tokens == "usage" else how},
-                                system_tokens=estimate(system) if system else 0))
+        system = next(
+            (_text(m.get("content")) for m in messages if isinstance(m, dict) and m.get("role") == "system"), ""
+        )
+        out.append(
+            Conversation(
+                conv_id,
+                kind,
+                f"{kind}-system-{zlib.crc32(system.encode()):08x}" if system else kind,
+                calls,
+                not user_seen,
+                meta={"source": str(path.name), "line": lineno, "tokens": "usage" if tokens == "usage" else how},
+                system_tokens=estimate(system) if system else 0,
+            )
+        )
     if not out:
         raise WorkloadError(f"{path}: the chat log holds no conversations.")
     return out
@@ -348,14 +390,20 @@ def read_mooncake(path: str | Path, limit: int | None = None) -> list[Conversati
         if k >= 2:
             conv = of[holder[hashes[k - 1]]]
             c = convs[conv]
-            c.calls.append(Call(doc["input_length"], doc["output_length"], max(0.0, t_s - last_s[conv]),
-                                len(c.calls)))
+            c.calls.append(Call(doc["input_length"], doc["output_length"], max(0.0, t_s - last_s[conv]), len(c.calls)))
             last_s[conv] = t_s
         else:
             conv = len(convs)
-            convs.append(Conversation(f"mooncake-{lineno}", "mooncake", "mooncake",
-                                      [Call(doc["input_length"], doc["output_length"], 0.0, 0)], arrival_s=t_s,
-                                      meta={"source": "mooncake", "line": lineno}))
+            convs.append(
+                Conversation(
+                    f"mooncake-{lineno}",
+                    "mooncake",
+                    "mooncake",
+                    [Call(doc["input_length"], doc["output_length"], 0.0, 0)],
+                    arrival_s=t_s,
+                    meta={"source": "mooncake", "line": lineno},
+                )
+            )
             last_s.append(t_s)
         for h in hashes:
             holder[h] = len(of)

@@ -90,9 +90,13 @@ def dist_max(spec: dict) -> int:
 
 
 def _check_bands(bands: object, where: str) -> None:
-    ok = isinstance(bands, list) and bands and all(
-        isinstance(b, list) and len(b) == 2 and (b[0] is None or _is_num(b[0])) and isinstance(b[1], str)
-        for b in bands
+    ok = (
+        isinstance(bands, list)
+        and bands
+        and all(
+            isinstance(b, list) and len(b) == 2 and (b[0] is None or _is_num(b[0])) and isinstance(b[1], str)
+            for b in bands
+        )
     )
     if not ok or bands[-1][0] is not None:
         _fail(where, "a list of [upper_bound, word] pairs ending with [null, word]", bands)
@@ -112,13 +116,20 @@ def _validate_params(params: object) -> None:
     _check_bands(_need(params, "length_words", "(top level)"), "length_words")
     _check_bands(_need(params, "detail_words", "(top level)"), "detail_words")
     mix = _need(params, "size_mix", "(top level)")
-    if not (isinstance(mix, dict) and set(mix) == set(SIZE_CLASSES)
-            and all(_is_num(mix[s]) and mix[s] >= 0 for s in SIZE_CLASSES) and abs(sum(mix.values()) - 1) <= 1e-6):
+    if not (
+        isinstance(mix, dict)
+        and set(mix) == set(SIZE_CLASSES)
+        and all(_is_num(mix[s]) and mix[s] >= 0 for s in SIZE_CLASSES)
+        and abs(sum(mix.values()) - 1) <= 1e-6
+    ):
         _fail("size_mix", f"an object of probabilities for {', '.join(SIZE_CLASSES)} summing to 1", mix)
     workflows = _need(params, "workflows", "(top level)")
     if not isinstance(workflows, dict) or set(workflows) != set(WORKFLOW_TYPES):
-        _fail("workflows", f"an object with exactly the workflows {', '.join(WORKFLOW_TYPES)}",
-              sorted(workflows) if isinstance(workflows, dict) else workflows)
+        _fail(
+            "workflows",
+            f"an object with exactly the workflows {', '.join(WORKFLOW_TYPES)}",
+            sorted(workflows) if isinstance(workflows, dict) else workflows,
+        )
     for name in WORKFLOW_TYPES:
         _validate_workflow(workflows[name], f"workflows.{name}", max_ctx)
 
@@ -153,17 +164,17 @@ def _validate_stage(st: object, at: str, si: int, stages: list, max_ctx: int) ->
             _fail(f"{at}.{key}", "a string", st[key])
     tasks = _need(st, "tasks", at)
     if not (tasks == "n" or (_is_int(tasks) and tasks >= 1)):
-        _fail(f"{at}.tasks", "\"n\" (the fan-out) or an integer >= 1", tasks)
+        _fail(f"{at}.tasks", '"n" (the fan-out) or an integer >= 1', tasks)
     context = _need(st, "context", at)
     if context not in _CONTEXTS:
         _fail(f"{at}.context", f"one of {', '.join(_CONTEXTS)}", context)
     if context in ("previous", "all", "paired") and si == 0:
         _fail(f"{at}.context", "'none' or 'history' in the first stage", context)
     if context == "paired" and (tasks != "n" or stages[si - 1].get("tasks") != "n"):
-        _fail(f"{at}.tasks", "\"n\" in a paired stage and in the stage before it", tasks)
+        _fail(f"{at}.tasks", '"n" in a paired stage and in the stage before it', tasks)
     if context == "history":
         if tasks != "n":
-            _fail(f"{at}.tasks", "\"n\" (the number of rounds) in a history stage", tasks)
+            _fail(f"{at}.tasks", '"n" (the number of rounds) in a history stage', tasks)
         _check_dist(_need(st, "observation_tokens", at), f"{at}.observation_tokens")
     if context in ("none", "history") or "body_tokens" in st:
         _check_dist(_need(st, "body_tokens", at), f"{at}.body_tokens")
@@ -171,8 +182,11 @@ def _validate_stage(st: object, at: str, si: int, stages: list, max_ctx: int) ->
     if dist_max(st["output_tokens"]) > max_ctx // 2:
         _fail(f"{at}.output_tokens.max", f"at most half the context ({max_ctx // 2})", dist_max(st["output_tokens"]))
     if "body_tokens" in st and dist_max(st["body_tokens"]) + dist_max(st["output_tokens"]) > max_ctx - 200:
-        _fail(f"{at}.body_tokens.max", f"small enough that body + output + instruction fit in {max_ctx} tokens",
-              dist_max(st["body_tokens"]))
+        _fail(
+            f"{at}.body_tokens.max",
+            f"small enough that body + output + instruction fit in {max_ctx} tokens",
+            dist_max(st["body_tokens"]),
+        )
     for flag in ("shared_body", "shared_prompt"):
         if not isinstance(st.get(flag, False), bool):
             _fail(f"{at}.{flag}", "true or false", st[flag])
@@ -182,8 +196,10 @@ def _validate_stage(st: object, at: str, si: int, stages: list, max_ctx: int) ->
         raise WorkloadError(f"{PARAMS_PATH}: field '{at}.instruction' is not a valid template ({exc}).") from None
     unknown = fields - HINT_FIELDS
     if unknown:
-        _fail(f"{at}.instruction", f"a template using only {{{'}, {'.join(sorted(HINT_FIELDS))}}}",
-              f"{{{sorted(unknown)[0]}}}")
+        _fail(
+            f"{at}.instruction",
+            f"a template using only {{{'}, {'.join(sorted(HINT_FIELDS))}}}",
+            f"{{{sorted(unknown)[0]}}}",
+        )
     if st.get("shared_prompt", False) and "i" in fields:
         _fail(f"{at}.instruction", "free of {i} when shared_prompt is true", st["instruction"])
-

@@ -30,13 +30,26 @@ from justitia.workload.agents import Agent, Segment, Stage, Task, WorkloadError
 from justitia.workload.arrivals import arrival_times
 from justitia.workload.files import read_data_file
 
-__all__ = ["SESSIONS_PATH", "load_session_params", "session_kv_cap", "generate_session", "generate_sessions",
-           "build_sessions"]
+__all__ = [
+    "SESSIONS_PATH",
+    "load_session_params",
+    "session_kv_cap",
+    "generate_session",
+    "generate_sessions",
+    "build_sessions",
+]
 
 SESSIONS_PATH = Path(__file__).parents[1] / "data" / "sessions.json"
 
-_DISTS = ("turns_per_session", "calls_per_turn", "tool_pause_s", "think_time_s", "output_tokens",
-          "user_message_tokens", "tool_result_tokens")
+_DISTS = (
+    "turns_per_session",
+    "calls_per_turn",
+    "tool_pause_s",
+    "think_time_s",
+    "output_tokens",
+    "user_message_tokens",
+    "tool_result_tokens",
+)
 _SUB_DISTS = ("fanout", "calls_per_branch", "task_tokens")
 
 
@@ -90,8 +103,11 @@ def validate_session_params(p: object) -> dict:
     n = sp.get("variants")
     if not (isinstance(n, int) and not isinstance(n, bool) and n >= 1):
         _fail("system_prompt.variants", "an integer >= 1", n)
-    for key, lst in (("system_prompt.tokens", sp.get("tokens")), ("system_prompt.weights", sp.get("weights")),
-                     ("subagents.system_prompt_tokens", sub.get("system_prompt_tokens"))):
+    for key, lst in (
+        ("system_prompt.tokens", sp.get("tokens")),
+        ("system_prompt.weights", sp.get("weights")),
+        ("subagents.system_prompt_tokens", sub.get("system_prompt_tokens")),
+    ):
         if not (isinstance(lst, list) and len(lst) == n and all(_num(x) and x > 0 for x in lst)):
             _fail(key, f"a list of {n} numbers > 0 (one per system prompt variant)", lst)
     scale = p.get("scale", {}).get("factor")
@@ -191,7 +207,11 @@ def _branch(g: _Gen, stage_index: int, b: int) -> tuple[Stage, ...]:
             ctx = (Segment.prompt_of(prev.id), Segment.output_of(prev.id))
             prompt = g.tool_text(k)
             pause = _draw(g.p["tool_pause_s"], g.rng, integer=False)
-        base = sum(c.tokens for c in ctx if c.kind == "shared") if prev is None else prev.prompt_tokens + prev.output_tokens
+        base = (
+            sum(c.tokens for c in ctx if c.kind == "shared")
+            if prev is None
+            else prev.prompt_tokens + prev.output_tokens
+        )
         if base + new + out > g.cap:
             break  # the subagent's conversation is full: it ends with its last call that fit
         prev = Task(prompt, base + new, out, id=tid, context=ctx)
@@ -228,8 +248,10 @@ def generate_session(agent_id: str, arrival_s: float, rng: np.random.Generator, 
             ctx = (Segment.shared(f"system-{_variant_name(variant)}", system),)
             base = system
             if base + 1 + out > g.cap:
-                raise ValueError(f"a {system}-token system prompt and a {out}-token answer do not fit the "
-                                 f"{g.cap}-token cap on a call (kv.max_conversation_fraction of kv.kv_tokens).")
+                raise ValueError(
+                    f"a {system}-token system prompt and a {out}-token answer do not fit the "
+                    f"{g.cap}-token cap on a call (kv.max_conversation_fraction of kv.kv_tokens)."
+                )
             new = min(new, g.cap - base - out)
         else:
             ctx = (Segment.prompt_of(prev.id), Segment.output_of(prev.id))
@@ -255,35 +277,55 @@ def generate_session(agent_id: str, arrival_s: float, rng: np.random.Generator, 
                 branches = tuple(c for c in (_branch(g, index, b) for b in range(fan)) if c)
                 if not branches:  # no subagent's first call fit: the turn goes on with a tool call
                     spawn_after = -1
-                    ok = add_call(g.tokens(p["tool_result_tokens"]), g.tool_text(j),
-                                  _draw(p["tool_pause_s"], rng, integer=False), None)
+                    ok = add_call(
+                        g.tokens(p["tool_result_tokens"]),
+                        g.tool_text(j),
+                        _draw(p["tool_pause_s"], rng, integer=False),
+                        None,
+                    )
                     if not ok:
                         truncated = True
                         break
                     continue
                 fan = len(branches)
-                results = sum(chain[-1][0].output_tokens for chain in branches) + \
-                    fan * g.tokens(sub["result_overhead_tokens"])
+                results = sum(chain[-1][0].output_tokens for chain in branches) + fan * g.tokens(
+                    sub["result_overhead_tokens"]
+                )
                 stages.append(Stage((), branches=branches))
                 ok = add_call(results, f"[results of {fan} subagents]", 0.0, None)
                 if not ok:
                     stages.pop()  # no main call would read them: drop the subagents too
             else:
-                ok = add_call(g.tokens(p["tool_result_tokens"]), g.tool_text(j),
-                              _draw(p["tool_pause_s"], rng, integer=False), None)
+                ok = add_call(
+                    g.tokens(p["tool_result_tokens"]),
+                    g.tool_text(j),
+                    _draw(p["tool_pause_s"], rng, integer=False),
+                    None,
+                )
             if not ok:
                 truncated = True
                 break
         if truncated:
             break
 
-    meta = {"system": f"system-{_variant_name(variant)}", "scale": g.scale, "turns_drawn": n_turns,
-            "calls_drawn": calls, "truncated": truncated}
+    meta = {
+        "system": f"system-{_variant_name(variant)}",
+        "scale": g.scale,
+        "turns_drawn": n_turns,
+        "calls_drawn": calls,
+        "truncated": truncated,
+    }
     return Agent(agent_id, p["type"]["value"], float(arrival_s), tuple(stages), meta)
 
 
-def generate_sessions(n: int, seed: int, rate_per_s: float | None = None, params: dict | None = None,
-                      arrivals_s=None, id_prefix: str = "session") -> list[Agent]:
+def generate_sessions(
+    n: int,
+    seed: int,
+    rate_per_s: float | None = None,
+    params: dict | None = None,
+    arrivals_s=None,
+    id_prefix: str = "session",
+) -> list[Agent]:
     """``n`` sessions with Poisson arrivals at ``rate_per_s`` (default: the file's), all drawn from
     ``numpy.random.default_rng(seed)``; ``arrivals_s`` gives the arrival times instead."""
     if isinstance(n, bool) or not isinstance(n, int) or n < 1:
@@ -298,9 +340,15 @@ def generate_sessions(n: int, seed: int, rate_per_s: float | None = None, params
     return [generate_session(f"{id_prefix}-{i:04d}", float(a), rng, p) for i, a in enumerate(arrivals_s)]
 
 
-def build_sessions(n_agents: int, seed: int, trace: str | Path | None = None, density: float = 1.0,
-                   rate_per_s: float | None = None, cv: float = 1.0,
-                   params: dict | None = None) -> tuple[list[Agent], dict]:
+def build_sessions(
+    n_agents: int,
+    seed: int,
+    trace: str | Path | None = None,
+    density: float = 1.0,
+    rate_per_s: float | None = None,
+    cv: float = 1.0,
+    params: dict | None = None,
+) -> tuple[list[Agent], dict]:
     """Sessions with trace or synthetic arrivals, and a description of them (as ``build_workload``);
     ``params``: the generator's parameters (default: the file's)."""
     if n_agents < 1:

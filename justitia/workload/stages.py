@@ -225,4 +225,3 @@ def agent_stages(ctx: Ctx, wf: dict):
                 earlier.append((spec, [t.output_tokens for t in stage], None))
             else:
                 earlier.append((spec, [t for _, t in real], [text for text, _ in real]))
-

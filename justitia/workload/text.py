@@ -60,8 +60,28 @@ def cut_words(text: str, tokens: int, keep: int) -> str:
     return " ".join(words[: max(1, len(words) * keep // max(tokens, 1))])
 
 
-SHARED_WORDS = ("the", "agent", "reads", "each", "file", "before", "it", "edits", "and", "runs", "tests", "after",
-                "every", "change", "keeps", "notes", "on", "what", "failed", "why")
+SHARED_WORDS = (
+    "the",
+    "agent",
+    "reads",
+    "each",
+    "file",
+    "before",
+    "it",
+    "edits",
+    "and",
+    "runs",
+    "tests",
+    "after",
+    "every",
+    "change",
+    "keeps",
+    "notes",
+    "on",
+    "what",
+    "failed",
+    "why",
+)
 
 
 def shared_text(name: str, tokens: int) -> str:

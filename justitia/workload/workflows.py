@@ -25,8 +25,17 @@ from justitia.workload.parameters import SIZE_CLASSES, WORKFLOW_TYPES, dist_max,
 from justitia.workload.stages import Ctx, agent_stages, draw
 from justitia.workload.text import Bank, make_bank
 
-__all__ = ["WORKFLOW_TYPES", "SIZE_CLASSES", "DEFAULT_RATE_PER_S", "load_workflow_params", "generate_agent",
-           "generate_agents", "output_cap", "staged_agent", "build_workload"]
+__all__ = [
+    "WORKFLOW_TYPES",
+    "SIZE_CLASSES",
+    "DEFAULT_RATE_PER_S",
+    "load_workflow_params",
+    "generate_agent",
+    "generate_agents",
+    "output_cap",
+    "staged_agent",
+    "build_workload",
+]
 
 
 @lru_cache(maxsize=1)
@@ -55,8 +64,9 @@ def _start(workflow: str, size: str, rng: np.random.Generator, scale: float) -> 
     return Ctx(params, bank, size, n, topic, rng, scale), wf
 
 
-def generate_agent(workflow: str, size: str, agent_id: str, arrival_s: float, rng: np.random.Generator,
-                   scale: float = 1.0) -> Agent:
+def generate_agent(
+    workflow: str, size: str, agent_id: str, arrival_s: float, rng: np.random.Generator, scale: float = 1.0
+) -> Agent:
     """Draw one agent of ``workflow`` in size class ``size`` arriving at ``arrival_s``; ``scale``
     divides every drawn length (the same shapes, shorter texts)."""
     if not (isinstance(arrival_s, (int, float)) and math.isfinite(arrival_s) and arrival_s >= 0):

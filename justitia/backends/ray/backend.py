@@ -31,12 +31,19 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
+from justitia.backends.base import (
+    DEADLINE,
+    BackendError,
+    BackendInterrupted,
+    ForwardRefused,
+    Output,
+    Sampling,
+    metric_lines,
+)
+from justitia.backends.ray.replica import EngineDead
+from justitia.backends.tagging import TaggingBackend
 from justitia.core import KV, STATIC_POLICY_NAMES, capacity_per_s
 from justitia.defaults import policy_settings
-from justitia.backends.ray.replica import EngineDead
-from justitia.backends.base import (DEADLINE, BackendError, BackendInterrupted, ForwardRefused, Output, Sampling,
-                                    metric_lines)
-from justitia.backends.tagging import TaggingBackend
 
 log = logging.getLogger("justitia.server")
 RETRY_S = 1.0  # the first wait before sending again (Ray learns of a dead replica meanwhile)
@@ -48,15 +55,26 @@ SHUTDOWN_S = 60.0  # the most the server waits for Ray to delete the deployment 
 def check_policy(policy: str) -> None:
     """Only a policy whose keys are fixed on arrival can be kept by one clock in front of the replicas."""
     if policy not in STATIC_POLICY_NAMES:
-        raise ValueError(f"--ray: policy '{policy}' changes its keys as service accrues, which one clock in front "
-                         f"of several engines cannot see; --ray supports {', '.join(STATIC_POLICY_NAMES)}.")
+        raise ValueError(
+            f"--ray: policy '{policy}' changes its keys as service accrues, which one clock in front "
+            f"of several engines cannot see; --ray supports {', '.join(STATIC_POLICY_NAMES)}."
+        )
 
 
 class RayBackend(TaggingBackend):
     """The cluster's one clock over Ray Serve engine replicas."""
 
-    def __init__(self, handle, info: dict, replicas: int, policy: str, capacity: float, idle_release_s: float,
-                 retag: bool, local: bool):
+    def __init__(
+        self,
+        handle,
+        info: dict,
+        replicas: int,
+        policy: str,
+        capacity: float,
+        idle_release_s: float,
+        retag: bool,
+        local: bool,
+    ):
         check_policy(policy)
         self.handle = handle
         self.policy = policy
@@ -92,8 +110,16 @@ class RayBackend(TaggingBackend):
             info = await handle.describe.remote()
             total = info["kv_tokens"] * ray_spec.replicas
             capacity = settings.capacity_per_s or capacity_per_s(KV, total, 0, settings.iteration_s)
-            return cls(handle, info, ray_spec.replicas, policy, capacity, settings.agent_idle_s, settings.retag,
-                       ray_spec.address is None)
+            return cls(
+                handle,
+                info,
+                ray_spec.replicas,
+                policy,
+                capacity,
+                settings.agent_idle_s,
+                settings.retag,
+                ray_spec.address is None,
+            )
         except BaseException:
             await loop.run_in_executor(None, shutdown, ray_spec.address is None)
             raise
@@ -189,7 +215,9 @@ class RayBackend(TaggingBackend):
             while True:
                 streamed = False
                 self.sent += 1
-                stream = self.handle.options(stream=True).generate.remote(ids, sent, f"{request_id}#{attempt}", route=route)
+                stream = self.handle.options(stream=True).generate.remote(
+                    ids, sent, f"{request_id}#{attempt}", route=route
+                )
                 try:
                     async for out in stream:
                         streamed = True
@@ -208,13 +236,26 @@ class RayBackend(TaggingBackend):
                         raise
                     if streamed:
                         self.interrupted += 1
-                        raise BackendInterrupted(f"request {request_id}: its replica failed midway ({reason}).") from exc
-                    late = BackendError(f"request {request_id}: no live replica could serve it before its "
-                                        f"deadline ({attempt + 1} tries; last: {reason}).")
+                        raise BackendInterrupted(
+                            f"request {request_id}: its replica failed midway ({reason})."
+                        ) from exc
+                    late = BackendError(
+                        f"request {request_id}: no live replica could serve it before its "
+                        f"deadline ({attempt + 1} tries; last: {reason})."
+                    )
                     if time.monotonic() + wait > deadline:
                         raise late from exc
-                    log.warning(json.dumps({"event": "replica_failed", "request_id": request_id, "error": reason,
-                                            "action": "send again", "in_s": wait}))
+                    log.warning(
+                        json.dumps(
+                            {
+                                "event": "replica_failed",
+                                "request_id": request_id,
+                                "error": reason,
+                                "action": "send again",
+                                "in_s": wait,
+                            }
+                        )
+                    )
                     await asyncio.sleep(wait)
                     if time.monotonic() > deadline:  # the wait overran it: no send after the deadline
                         raise late from exc
@@ -243,8 +284,10 @@ class RayBackend(TaggingBackend):
         holder[name] = xargs
         body = json.dumps(doc, ensure_ascii=False).encode()
         text = prompt_text(doc)
-        route = {"cost": info.predicted_cost,
-                 "prefix": hashlib.blake2b(text[:512].encode(), digest_size=8).hexdigest() if len(text) >= 512 else None}
+        route = {
+            "cost": info.predicted_cost,
+            "prefix": hashlib.blake2b(text[:512].encode(), digest_size=8).hexdigest() if len(text) >= 512 else None,
+        }
         self.in_flight += 1
 
         @once
@@ -257,8 +300,9 @@ class RayBackend(TaggingBackend):
             while True:
                 self.sent += 1
                 tries += 1
-                stream = self.handle.options(stream=True).http.remote(path, body, [("content-type", "application/json")],
-                                                                      route=route)
+                stream = self.handle.options(stream=True).http.remote(
+                    path, body, [("content-type", "application/json")], route=route
+                )
                 try:
                     start = await stream.__anext__()
                     break
@@ -272,11 +316,23 @@ class RayBackend(TaggingBackend):
                         raise ForwardRefused(502, f"the replica failed the request: {str(exc).splitlines()[0][:300]}")
                     if time.monotonic() + wait > deadline:
                         end()
-                        raise ForwardRefused(503, f"no live replica could serve it in {RETRY_FOR_S:g} s ({tries} tries); "
-                                                  f"retry later.", {"Retry-After": "5"})
+                        raise ForwardRefused(
+                            503,
+                            f"no live replica could serve it in {RETRY_FOR_S:g} s ({tries} tries); retry later.",
+                            {"Retry-After": "5"},
+                        )
                     self.retried += 1
-                    log.warning(json.dumps({"event": "replica_failed", "request_id": request_id, "action": "send again",
-                                            "error": reason, "in_s": wait}))
+                    log.warning(
+                        json.dumps(
+                            {
+                                "event": "replica_failed",
+                                "request_id": request_id,
+                                "action": "send again",
+                                "error": reason,
+                                "in_s": wait,
+                            }
+                        )
+                    )
                     await asyncio.sleep(wait)
                     wait = min(2 * wait, RETRY_MAX_S)
         except BaseException:
@@ -300,8 +356,9 @@ class RayBackend(TaggingBackend):
                 end()
 
         headers = dict(start["headers"])
-        return StreamingResponse(chunks(), status_code=start["status"],
-                                 media_type=headers.get("content-type", "application/json"))
+        return StreamingResponse(
+            chunks(), status_code=start["status"], media_type=headers.get("content-type", "application/json")
+        )
 
     def alive(self) -> bool:
         """False once this process has lost Ray (Ray itself restarts replicas that die)."""
@@ -311,22 +368,57 @@ class RayBackend(TaggingBackend):
 
     def metrics_lines(self) -> list[str]:
         """Prometheus lines about the replicas."""
-        return [*metric_lines("ray_replicas", "gauge", "Engine replicas in the Ray Serve deployment.",
-                              f"justitia_ray_replicas {self.replicas}"),
-                *metric_lines("ray_kv_tokens", "gauge", "The replicas' KV caches together, in tokens.",
-                              f"justitia_ray_kv_tokens {self.kv_tokens}"),
-                *metric_lines("ray_requests_total", "counter", "Requests sent to a replica (retries included).",
-                              f"justitia_ray_requests_total {self.sent}"),
-                *metric_lines("ray_retries_total", "counter", "Requests sent again after their replica failed "
-                              "before any token.", f"justitia_ray_retries_total {self.retried}"),
-                *metric_lines("ray_interrupted_total", "counter", "Requests whose replica failed midway.",
-                              f"justitia_ray_interrupted_total {self.interrupted}"),
-                *metric_lines("ray_replica_answers_total", "counter", "Requests a replica answered, by its process id.",
-                              *(f'justitia_ray_replica_answers_total{{replica_pid="{pid}"}} {n}'
-                                for pid, n in sorted(self.served.items()))),
-                *metric_lines("ray_replica_capacity", "gauge", "A replica's measured M (cost units per second), as "
-                              "it last reported it.", *(f'justitia_ray_replica_capacity{{replica_pid="{pid}"}} {m:.6g}'
-                                                        for pid, m in sorted(self.measured.items()) if m))]
+        return [
+            *metric_lines(
+                "ray_replicas",
+                "gauge",
+                "Engine replicas in the Ray Serve deployment.",
+                f"justitia_ray_replicas {self.replicas}",
+            ),
+            *metric_lines(
+                "ray_kv_tokens",
+                "gauge",
+                "The replicas' KV caches together, in tokens.",
+                f"justitia_ray_kv_tokens {self.kv_tokens}",
+            ),
+            *metric_lines(
+                "ray_requests_total",
+                "counter",
+                "Requests sent to a replica (retries included).",
+                f"justitia_ray_requests_total {self.sent}",
+            ),
+            *metric_lines(
+                "ray_retries_total",
+                "counter",
+                "Requests sent again after their replica failed before any token.",
+                f"justitia_ray_retries_total {self.retried}",
+            ),
+            *metric_lines(
+                "ray_interrupted_total",
+                "counter",
+                "Requests whose replica failed midway.",
+                f"justitia_ray_interrupted_total {self.interrupted}",
+            ),
+            *metric_lines(
+                "ray_replica_answers_total",
+                "counter",
+                "Requests a replica answered, by its process id.",
+                *(
+                    f'justitia_ray_replica_answers_total{{replica_pid="{pid}"}} {n}'
+                    for pid, n in sorted(self.served.items())
+                ),
+            ),
+            *metric_lines(
+                "ray_replica_capacity",
+                "gauge",
+                "A replica's measured M (cost units per second), as it last reported it.",
+                *(
+                    f'justitia_ray_replica_capacity{{replica_pid="{pid}"}} {m:.6g}'
+                    for pid, m in sorted(self.measured.items())
+                    if m
+                ),
+            ),
+        ]
 
     async def aclose(self) -> None:
         """Delete the deployment (and stop a local Ray), waiting at most ``SHUTDOWN_S``."""

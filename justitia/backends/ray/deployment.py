@@ -64,17 +64,24 @@ def deploy(ray_spec: RaySpec, engine_spec: dict, plugin_env: dict, vllm_argv: li
     serve.start(http_options={"location": "NoServer"})
     kv_tokens = max(1, ((engine_spec.get("kv_blocks") or 2) - 1) * 128)  # until the replicas report theirs
     deployment = serve.deployment(
-        EngineReplica, name=DEPLOYMENT_NAME, num_replicas=ray_spec.replicas,
+        EngineReplica,
+        name=DEPLOYMENT_NAME,
+        num_replicas=ray_spec.replicas,
         max_ongoing_requests=1_000_000,  # the engine's own queue waits, in the plug-in's order
-        max_queued_requests=-1, health_check_period_s=ray_spec.health_check_s, health_check_timeout_s=30.0,
+        max_queued_requests=-1,
+        health_check_period_s=ray_spec.health_check_s,
+        health_check_timeout_s=30.0,
         graceful_shutdown_timeout_s=5.0,
         ray_actor_options={"num_cpus": ray_spec.num_cpus, "num_gpus": ray_spec.num_gpus},
-        request_router_config=RequestRouterConfig(request_router_class=JustitiaRouter,
-                                                  request_router_kwargs={"router": ray_spec.router,
-                                                                         "kv_tokens": kv_tokens},
-                                                  request_routing_stats_period_s=2.0))
-    handle = serve.run(deployment.bind(engine_spec, plugin_env, list(vllm_argv or [])), name=APP_NAME,
-                       route_prefix=None)
+        request_router_config=RequestRouterConfig(
+            request_router_class=JustitiaRouter,
+            request_router_kwargs={"router": ray_spec.router, "kv_tokens": kv_tokens},
+            request_routing_stats_period_s=2.0,
+        ),
+    )
+    handle = serve.run(
+        deployment.bind(engine_spec, plugin_env, list(vllm_argv or [])), name=APP_NAME, route_prefix=None
+    )
     if ray_spec.address is None:  # a local Ray's processes die with this one, even by SIGKILL
         from justitia.vllm.reaper import guard
 

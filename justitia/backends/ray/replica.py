@@ -21,9 +21,9 @@ import asyncio
 import os
 from dataclasses import dataclass
 
-from justitia.core import RETIRE, STATE, ControlCall
 from justitia.backends.base import Completion, Output, Sampling
 from justitia.backends.wire import replay
+from justitia.core import RETIRE, STATE, ControlCall
 
 
 @dataclass
@@ -68,9 +68,15 @@ class EngineReplica:
 
         self.llm, model_dir = start_engine(EngineSpec(**spec), [], plugin_env)
         cache = self.llm.vllm_config.cache_config
-        self.info = {"model": spec["model"], "tokenizer_dir": str(model_dir), "pid": os.getpid(), "actor": _actor_id(),
-                     "kv_tokens": (cache.num_gpu_blocks or 1) * cache.block_size,
-                     "max_model_len": self.llm.model_config.max_model_len, "block_size": cache.block_size}
+        self.info = {
+            "model": spec["model"],
+            "tokenizer_dir": str(model_dir),
+            "pid": os.getpid(),
+            "actor": _actor_id(),
+            "kv_tokens": (cache.num_gpu_blocks or 1) * cache.block_size,
+            "max_model_len": self.llm.model_config.max_model_len,
+            "block_size": cache.block_size,
+        }
         self.capacity_per_s: float | None = None  # the plug-in's measured M, read every REFRESH_S
         self._refresher: asyncio.Task | None = None
         self.vllm_argv = list(vllm_argv or [])
@@ -96,8 +102,9 @@ class EngineReplica:
             async for out in self.llm.generate(prompt, vllm_params(params), request_id):
                 c = out.outputs[0]
                 about = self._about() | {"cached_tokens": out.num_cached_tokens} if out.finished else None
-                yield ReplicaOutput(request_id, [Completion(c.text, list(c.token_ids), c.finish_reason)], out.finished,
-                                    about)
+                yield ReplicaOutput(
+                    request_id, [Completion(c.text, list(c.token_ids), c.finish_reason)], out.finished, about
+                )
         except Exception:
             self._check_engine()  # the engine died under the request: say so, for the ingress to send it again
             raise
@@ -124,7 +131,8 @@ class EngineReplica:
                 from vllm.utils.argparse_utils import FlexibleArgumentParser
 
                 args = make_arg_parser(FlexibleArgumentParser()).parse_args(
-                    ["--model", self.info["tokenizer_dir"], "--served-model-name", self.info["model"], *self.vllm_argv])
+                    ["--model", self.info["tokenizer_dir"], "--served-model-name", self.info["model"], *self.vllm_argv]
+                )
                 tasks = await self.llm.get_supported_tasks()
                 app = build_app(args, tasks, self.llm.model_config)
                 await init_app_state(self.llm, app.state, args, tasks)
@@ -148,10 +156,20 @@ class EngineReplica:
 
         receive = replay(body, disconnect)
 
-        scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST",
-                 "scheme": "http", "path": path, "raw_path": path.encode(), "root_path": "", "query_string": b"",
-                 "headers": [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in headers],
-                 "client": ("127.0.0.1", 0), "server": ("127.0.0.1", 0)}
+        scope = {
+            "type": "http",
+            "asgi": {"version": "3.0"},
+            "http_version": "1.1",
+            "method": "POST",
+            "scheme": "http",
+            "path": path,
+            "raw_path": path.encode(),
+            "root_path": "",
+            "query_string": b"",
+            "headers": [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in headers],
+            "client": ("127.0.0.1", 0),
+            "server": ("127.0.0.1", 0),
+        }
         task = asyncio.get_running_loop().create_task(app(scope, receive, messages.put))
         try:
             while True:
@@ -165,8 +183,10 @@ class EngineReplica:
                 if message["type"] == "http.response.start":
                     if message["status"] >= 500:
                         self._check_engine()  # an error because the engine died: the ingress sends it again
-                    yield {"status": message["status"],
-                           "headers": [(k.decode("latin-1"), v.decode("latin-1")) for k, v in message["headers"]]}
+                    yield {
+                        "status": message["status"],
+                        "headers": [(k.decode("latin-1"), v.decode("latin-1")) for k, v in message["headers"]],
+                    }
                 elif message["type"] == "http.response.body":
                     if message.get("body"):
                         yield message["body"]

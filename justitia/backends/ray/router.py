@@ -43,8 +43,9 @@ class JustitiaRouter(RequestRouter):
         request_id = pending_request.metadata.internal_request_id if pending_request is not None else ""
         return RouteRequest(request_id, float(route.get("cost") or 0.0), route.get("prefix"))
 
-    async def choose_replicas(self, candidate_replicas: list[RunningReplica],
-                              pending_request: PendingRequest | None = None) -> list[list[RunningReplica]]:
+    async def choose_replicas(
+        self, candidate_replicas: list[RunningReplica], pending_request: PendingRequest | None = None
+    ) -> list[list[RunningReplica]]:
         """The candidates, best first, one to a rank (Ray tries them in turn)."""
         by_id = {r.replica_id.unique_id: r for r in candidate_replicas}
         loads = []

@@ -18,11 +18,22 @@ from justitia.core.policies.vtc import VTC
 POLICY_NAMES = ("fcfs", "sjf", "parrot", "vtc", "srjf", "justitia", "las")
 STATIC_POLICY_NAMES = tuple(n for n in POLICY_NAMES if n not in ("vtc", "srjf", "las"))  # keys fixed on arrival
 BASELINE_NAMES = ("las-turn", "las-decay")  # the non-clairvoyant baselines a user would pick instead (docs/design.md)
-OPTION_NAMES = ("justitia-guarded", "justitia-eligible", "justitia-chained", "tagged", *BASELINE_NAMES)  # options beside the paper's seven (not run unless named);
+OPTION_NAMES = (
+    "justitia-guarded",
+    "justitia-eligible",
+    "justitia-chained",
+    "tagged",
+    *BASELINE_NAMES,
+)  # options beside the paper's seven (not run unless named);
 # justitia-guarded: the paper's rule behind a lag guard, a bound whatever the prices (core.guard);
 # justitia-chained: a tenant's agents in arrival order (the tenants rule before hierarchical GPS);
 # tagged: an engine behind a front end that keeps the clock (its requests carry their tags)
-CLOCK_POLICY_NAMES = ("justitia", "justitia-guarded", "justitia-eligible", "justitia-chained")  # those that keep a GPS clock
+CLOCK_POLICY_NAMES = (
+    "justitia",
+    "justitia-guarded",
+    "justitia-eligible",
+    "justitia-chained",
+)  # those that keep a GPS clock
 
 
 def has_clock(name: str) -> bool:
@@ -36,8 +47,9 @@ def keeps_front_clock(name: str) -> bool:
     return name == "justitia"
 
 
-def make_policy(name: str, capacity_per_s: float | None = None, cost: str | CostModel = KV,
-                guard_scale: float = 0.0) -> Policy:
+def make_policy(
+    name: str, capacity_per_s: float | None = None, cost: str | CostModel = KV, guard_scale: float = 0.0
+) -> Policy:
     """Build the policy called ``name``; ``justitia`` needs the clock's capacity per second.
 
     ``cost`` is the unit predicted costs come in; service-counting policies count in it too
@@ -63,6 +75,28 @@ def make_policy(name: str, capacity_per_s: float | None = None, cost: str | Cost
     return classes[name]()
 
 
-__all__ = ["AgentInfo", "Policy", "RequestInfo", "POLICY_NAMES", "BASELINE_NAMES", "DecayedLAS", "TurnLAS", "STATIC_POLICY_NAMES", "OPTION_NAMES", "CLOCK_POLICY_NAMES",
-           "has_clock", "keeps_front_clock", "make_policy",
-           "FCFS", "SJF", "Parrot", "VTC", "SRJF", "Justitia", "GuardedJustitia", "LAS", "EligibleJustitia", "Tagged"]
+__all__ = [
+    "AgentInfo",
+    "Policy",
+    "RequestInfo",
+    "POLICY_NAMES",
+    "BASELINE_NAMES",
+    "DecayedLAS",
+    "TurnLAS",
+    "STATIC_POLICY_NAMES",
+    "OPTION_NAMES",
+    "CLOCK_POLICY_NAMES",
+    "has_clock",
+    "keeps_front_clock",
+    "make_policy",
+    "FCFS",
+    "SJF",
+    "Parrot",
+    "VTC",
+    "SRJF",
+    "Justitia",
+    "GuardedJustitia",
+    "LAS",
+    "EligibleJustitia",
+    "Tagged",
+]

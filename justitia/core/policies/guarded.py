@@ -44,8 +44,9 @@ class GuardedJustitia(Justitia):
     groups = True  # a tenant's requests wait together (the tenant filed under its head's key)
     settles_on_service = True  # its clock's N_t follows the true work: a leaving agent settles at its service
 
-    def __init__(self, capacity_per_s: float, cost: CostModel = KV, lag_factor: float = GUARD_FACTOR,
-                 scale: float = 0.0) -> None:
+    def __init__(
+        self, capacity_per_s: float, cost: CostModel = KV, lag_factor: float = GUARD_FACTOR, scale: float = 0.0
+    ) -> None:
         """``scale``: the largest burst of work (cost units) this deployment has seen before, to start
         from (0: cold; the guard learns it from the service it charges, never from a price)."""
         super().__init__(capacity_per_s)

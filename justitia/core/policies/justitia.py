@@ -105,8 +105,9 @@ class Justitia(Policy):
         if tag > entry[0]:
             self._tags[agent_id] = (tag, entry[1])
 
-    def _retag(self, agent_id: str, remaining_cost: float, now_s: float, revealed_cost: float | None,
-               anchored: bool) -> None:
+    def _retag(
+        self, agent_id: str, remaining_cost: float, now_s: float, revealed_cost: float | None, anchored: bool
+    ) -> None:
         entry = self._tags.get(agent_id)
         if entry is None:
             return

@@ -89,7 +89,10 @@ class VTC(LAS):
         if tenant is not None:
             w = self._tweight.get(tenant)
             add = self.cost.service(extra) if extra is not NO_CHARGE else 0
-            return (self._counter.get(tenant, 0) + (add if w is None else Fraction(add) / w), self._seq.get(agent_id, 0))
+            return (
+                self._counter.get(tenant, 0) + (add if w is None else Fraction(add) / w),
+                self._seq.get(agent_id, 0),
+            )
         w = self._weight.get(agent_id)
         if w is None:
             return super().agent_key(agent_id, extra)
@@ -99,8 +102,14 @@ class VTC(LAS):
         """Lift the client's counter to the smallest counter among the other backlogged clients."""
         # ``others`` come smallest key first: the first of another client holds the smallest counter
         tenant = self._tenant.get(agent_id)
-        lowest = next((a for a in others if a != agent_id and self._count(a) is not None
-                       and (tenant is None or self._tenant.get(a) != tenant)), None)
+        lowest = next(
+            (
+                a
+                for a in others
+                if a != agent_id and self._count(a) is not None and (tenant is None or self._tenant.get(a) != tenant)
+            ),
+            None,
+        )
         if lowest is None:
             return
         if tenant is None:
