@@ -4,7 +4,7 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: setup harnesses browser harness-load run test lint speed presets cpu engine sessions-engine tau2-engine noise-study overhead profile predictor-eval load load-upstream load-ray ray-affinity pricing server-bench flags-bench throughput ray-kill tenant-watch abuse replay clean
+.PHONY: setup harnesses browser harness-load run test test-fast lint speed presets cpu engine sessions-engine tau2-engine noise-study overhead profile predictor-eval load load-upstream load-ray ray-affinity pricing server-bench flags-bench throughput ray-kill tenant-watch abuse replay clean
 
 $(VENV)/.installed: pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
@@ -37,6 +37,10 @@ run: setup
 
 test: setup harnesses browser
 	$(BIN)/python -m pytest
+
+# the tests that start no engine, Ray, server or harness (tests/conftest.py's ENGINE_MODULES): the fast loop.
+test-fast: setup
+	$(BIN)/python -m pytest -m "not engine"
 
 # ruff: the tree formatted (ruff format) and linted (pycodestyle, pyflakes, import order), as CI checks it.
 lint: setup

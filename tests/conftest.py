@@ -5,6 +5,29 @@ import os
 
 import pytest
 
+# modules that start vLLM engines, Ray, servers on loopback or the npm harnesses (docs/testing.md,
+# "Tests that start engines"): ``make test-fast`` leaves them out (``-m "not engine"``)
+ENGINE_MODULES = frozenset(
+    {
+        "test_vllm_plugin",
+        "test_server",
+        "test_vllm_flags",
+        "test_vllm_openai_server",
+        "test_harnesses",
+        "test_upstream",
+        "test_ray",
+        "test_replay",
+        "test_profile_predictors",
+        "test_smollm2",
+    }
+)
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if item.module is not None and item.module.__name__.rpartition(".")[2] in ENGINE_MODULES:
+            item.add_marker(pytest.mark.engine)
+
 
 def pytest_sessionfinish(session, exitstatus):
     reporter = session.config.pluginmanager.get_plugin("terminalreporter")
