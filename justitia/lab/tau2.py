@@ -1,7 +1,7 @@
 """The ``tau2`` presets: real agent traffic, tau2-bench's simulations, replayed on the simulator
 with vLLM's prefix cache on (``workload.imports``; docs/results.md, "Real agent traffic").
 
-    justitia bench --preset tau2            # 280 simulations at 2 a second, lengths halved
+    justitia bench --preset tau2            # 280 simulations at 2 a second, lengths halved (the shipped copy)
     justitia bench --preset tau2-overload   # three copies of them, shuffled, at the same rate
 
 The 200 conversational simulations are sessions (a user turn per ``user`` message, each call one
@@ -19,7 +19,7 @@ The load: 2 simulations a second with lengths halved (``TAU2_RATE_PER_S``, ``TAU
 the user who first replayed them looked. ``python -m justitia.lab.tau2`` runs fcfs, las-turn and
 Justitia at several rates: at 1 a second or less the engine keeps up with the 280 simulations and
 every policy gives the same turn times (2.2 s); from about 1.25 a second their work outruns it,
-turns queue, and the policies part (Justitia ``online`` 0.86x las-turn at 1.25, 0.73-0.80x from 1.5
+turns queue, and the policies part (Justitia ``online`` 0.82x las-turn at 1.25, 0.67-0.72x from 1.5
 to 4). 2 a second is well inside that range without being the deepest backlog; ``tau2-overload``
 is three copies of the simulations, shuffled, at the same rate.
 """
@@ -36,7 +36,7 @@ from justitia.lab.bench import RunSpec
 from justitia.lab.metrics import paired_bootstrap
 from justitia.workload import Agent, scale_tokens
 from justitia.workload.arrivals import synthetic_arrivals
-from justitia.workload.imports import conversations_to_agents, default_tau2_source, read_tau2
+from justitia.workload.imports import TAU2_COMPACT, conversations_to_agents, read_tau2
 
 TAU2_RATE_PER_S = 2.0  # simulations a second, Poisson
 TAU2_SCALE = 2.0  # token lengths divided by it
@@ -54,7 +54,7 @@ def tau2_workload(
 ) -> tuple[list[Agent], dict]:
     """tau2-bench's simulations (``copies`` of each, shuffled by ``seed``), arriving as a Poisson
     process at ``rate_per_s``, lengths divided by ``scale``."""
-    paths = source or default_tau2_source()
+    paths = source or [TAU2_COMPACT]  # the shipped copy: a clone alone replays the same workload
     convs = read_tau2(paths)
     rng = np.random.default_rng(seed)
     order = [c for _ in range(copies) for c in convs]
@@ -181,7 +181,7 @@ def tau2_engine_workload(seed: int, kv_tokens: int, max_model_len: int, source=N
     sends), arriving at ``TAU2_ENGINE_RATE_PER_S``, shrunk to fit a small engine."""
     from justitia.workload import fit_tokens
 
-    convs = [c for c in read_tau2(source or default_tau2_source()) if not c.solo]
+    convs = [c for c in read_tau2(source or [TAU2_COMPACT]) if not c.solo]
     rng = np.random.default_rng(seed)
     pick = [convs[i] for i in sorted(rng.choice(len(convs), TAU2_ENGINE_N, replace=False))]
     pick = [pick[i] for i in rng.permutation(len(pick))]
