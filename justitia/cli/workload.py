@@ -112,15 +112,17 @@ def _import(args) -> int:
     elif args.format == "chat-log":
         convs = read_chat_log(args.paths[0], args.tokenizer)
     else:
-        if args.rate is not None or args.trace is not None:
-            raise ValueError("mooncake: the arrivals are the trace's own timestamps; --rate and --trace do not apply.")
+        if args.rate is not None or args.trace is not None or args.copies != 1:
+            raise ValueError(
+                "mooncake: the arrivals are the trace's own timestamps; --rate, --trace and --copies do not apply."
+            )
         convs = read_mooncake(args.paths[0], args.limit)
     rng = np.random.default_rng(args.seed)
     order = [c for _ in range(args.copies) for c in convs]
     if args.copies > 1:
         order = [order[i] for i in rng.permutation(len(order))]
     arrivals = None
-    if args.format != "mooncake" or args.copies > 1:
+    if args.format != "mooncake":
         if args.trace is not None:
             trace = MOONCAKE_ARRIVALS if str(args.trace) == "mooncake" else args.trace
             arrivals = trace_arrivals(trace, len(order))

@@ -20,6 +20,7 @@ from justitia.lab.metrics import delay_bound_s, fairness, gps_finish_times, jct_
 from justitia.lab.progress import progress_bar
 from justitia.lab.tenants import tenant_report
 from justitia.predictors import make_predictor
+from justitia.predictors.base import OraclePredictor
 from justitia.sim import CLOCKS, Cluster, EngineConfig, Simulator
 from justitia.sim.config import KV_EVICTIONS
 from justitia.workload import Agent
@@ -149,16 +150,14 @@ def simulate(
 def warm_predictor(predictor, history: list[Agent]) -> None:
     """Teach ``predictor`` (``online``) what ``history`` cost, in arrival order: each agent's total,
     each session's turns with what its earlier turns cost, as a deployment's saved state holds."""
+    truth = OraclePredictor()  # what each finished turn cost
     for a in sorted(history, key=lambda a: a.arrival_s):
         if not a.is_session:
             predictor.learn(a, a.cost(KV))
             continue
-        turns = max(a._turn_of(s) for s in range(len(a.stages))) + 1
         costs: list[float] = []
-        for turn in range(turns):
-            cost = sum(
-                KV.request_cost(t.prompt_tokens, t.output_tokens) for t in (a.task(s, i) for s, i in a.turn_calls(turn))
-            )
+        for turn in range(a.turn_count):
+            cost = truth.turn_cost(a, turn, costs, KV)
             predictor.learn(a, cost, turn, list(costs))
             costs.append(cost)
 

@@ -157,8 +157,7 @@ def largest_burst(agents: list[Agent]) -> float:
         if not a.is_session:
             best = max(best, a.cost(KV))
             continue
-        turns = max(a._turn_of(s) for s in range(len(a.stages))) + 1 if a.stages else 0
-        for turn in range(turns):
+        for turn in range(a.turn_count):
             for group in a.turn_groups(turn):
                 best = max(
                     best,

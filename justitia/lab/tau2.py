@@ -111,7 +111,7 @@ def _turn_sums(entry: dict, solo: bool = True) -> dict[str, float]:
     }
 
 
-def turn_count(entry: dict) -> int:
+def _turn_count(entry: dict) -> int:
     return sum(len(a["turns_s"]) if a.get("turns_s") else 1 for a in entry["agents"])
 
 
@@ -127,7 +127,7 @@ def tau2_comparisons(doc: dict) -> dict[str, dict]:
     ref_all, ref_conv = _turn_sums(ref), _turn_sums(ref, solo=False)
     ids, conv = sorted(ref_all), sorted(ref_conv)
     solo = [i for i in ids if i not in ref_conv]
-    n = turn_count(ref)
+    n = _turn_count(ref)
     for label, e in runs.items():
         all_, mine_conv = _turn_sums(e), _turn_sums(e, solo=False)
         c = paired_bootstrap(np.array([all_[i] for i in ids]), np.array([ref_all[i] for i in ids]))

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from pathlib import Path
 
 from justitia.lab.bench import delivered_capacity
 from justitia.lab.metrics import gps_finish_times
@@ -46,8 +47,6 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--runs", nargs="*", default=None)
     args = ap.parse_args()
-    from pathlib import Path
-
     name = args.preset or Path(args.results).resolve().parent.name
     doc = json.loads(Path(args.results).read_text())
     print("\n".join(own_m_lateness(doc, make_preset(name, args.seed).agents, args.runs)))

@@ -216,6 +216,11 @@ class Agent:
             out.extend([(s, i) for i in group] for group in i_lists)
         return out
 
+    @property
+    def turn_count(self) -> int:
+        """How many user turns the agent's stages hold (1 for a task-parallel agent)."""
+        return self._turn_of(len(self.stages) - 1) + 1 if self.stages else 0
+
     def _turn_of(self, stage: int) -> int:
         current = 0
         for st in self.stages[: stage + 1]:
