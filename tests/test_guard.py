@@ -7,6 +7,7 @@ import math
 import zlib
 
 import numpy as np
+import pytest
 from helpers import engine, task_parallel_agents
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -98,6 +99,21 @@ def test_no_session_ends_past_the_bound_of_its_true_work_whatever_its_price(seed
     agents = scale_tokens(generate_sessions(n, seed, rate_per_s=1.0), 16)
     late, bound = lateness(agents, engine(blocks=200, budget=512, seqs=256), RandomPrices())
     assert not late, f"sessions past the {bound:.2f} s bound by: {late}"
+
+
+@pytest.mark.parametrize("seed", [0, 2])
+def test_real_traffic_ends_within_the_bound_whatever_its_price(seed):
+    # tau2-bench's simulations as the tau2 preset replays them (a session's burst is one call; a
+    # solo agent is a chain of calls; the prefix cache on), each price up to 1000x off. The guard
+    # paces a session burst by burst on a GPS clock of its own, as the yardstick counts bursts;
+    # paced on the tags' clock, where a session counts for its whole turn, 1 and 7 solo chains
+    # ended past B on these two workloads
+    from justitia.lab.tau2 import tau2_workload
+    from justitia.sim import EngineConfig
+
+    agents, _ = tau2_workload(seed)
+    late, bound = lateness(agents, EngineConfig(prefix_caching=True), RandomPrices())
+    assert not late, f"{len(late)} agents past the {bound:.2f} s bound, by up to {max(late.values()):.1f} s"
 
 
 def test_the_paper_s_rule_ends_agents_past_the_bound_under_the_same_prices():

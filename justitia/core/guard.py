@@ -2,7 +2,8 @@
 bound that holds whatever the prices"); the policy is ``policies.guarded``.
 
 Selective pampering serves agents in the order of their tags, and a tag is only as good as the
-price it was stamped with. The guard watches each agent's *pace*: its GPS start ``S`` plus the
+price it was stamped with. The guard watches each agent's *pace* on a GPS clock of its own (each
+burst joins it as the bench's yardstick counts bursts): its GPS start ``S`` plus the
 service it has attained over its weight, ``E = S + a / w``, the virtual time at which GPS would have
 given it what the engine has. An agent is *urgent* once ``E < V(now - L)``: the engine is more than
 ``L`` seconds behind GPS with it. Urgent agents go first, the one whose pace point was reached

@@ -2,23 +2,23 @@
 agent (or a tenant) the engine has left more than ``L`` seconds behind its fair pace goes first, the
 most behind first (``core.guard``; docs/design.md, "A bound that holds whatever the prices").
 
-- **An agent on its own** is watched on the GPS clock: its pace point ``E = S + a / w`` (its GPS
-  start, plus the service charged to it over its weight); urgent once ``E < V(now - L)``.
+- **An agent on its own** is watched on a pace clock of the guard's own: GPS on the true work as the
+  bench's yardstick runs it, apart from the clock that stamps the tags. An agent joins it when it
+  arrives, a session with each burst (when it opens a request after it had none), counted at its
+  price but at no more than the largest burst the engine has served; it leaves at the service it
+  was charged (a session when its burst has no request open). Its pace point is ``E = S + a / w``
+  (its start there, plus the service charged since, over its weight); urgent once ``E < V(now - L)``.
 - **A tenant** is watched on ``R``, the engine shared by weight among the root entries present (each
   tenant with an agent in the engine, each agent without one): its pace point is where it started
   in ``R`` plus the service charged to its agents over its weight; urgent once ``P < R(now - L)``.
   ``R`` reads no price. Inside a tenant the paper's order is kept (its pampering schedule).
 
 Keys are ``(urgent?, when, tag, arrival order)``, lower first: urgent ``(0, T, ...)``, ``T`` the time
-the clock reached the pace point (EDF on it); else ``(1, f, ...)``, the agent's tag (in a tenant,
-its root key). A tenant's requests wait as a group of the waiting queue, in inner-tag order, filed
-under its head's key. Keys rise with service (a pace point only moves on) and fall with time
+the pace clock reached the pace point (EDF on it); else ``(1, f, ...)``, the agent's tag (in a
+tenant, its root key). A tenant's requests wait as a group of the waiting queue, in inner-tag order,
+filed under its head's key. Keys rise with service (a pace point only moves on) and fall with time
 (``advance``: the agents that became urgent; a tenant that did is marked moved), so the policy is
 dynamic, rising and timed.
-
-Its clock follows the true work whatever the prices: a leaving agent settles at the service it was
-charged (``settles_on_service``), an agent is counted in GPS at no more than the largest burst
-served so far, and one served past what GPS counts it for stays active while it runs.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ from __future__ import annotations
 import heapq
 from typing import Iterable
 
+from justitia.core.clock import VirtualClock
 from justitia.core.cost import KV, NO_CHARGE, Charge, CostModel
 from justitia.core.guard import GUARD_FACTOR, Trace
 from justitia.core.policies.base import AgentInfo, Policy
@@ -42,7 +43,7 @@ class GuardedJustitia(Justitia):
     rising = True
     timed = True
     groups = True  # a tenant's requests wait together (the tenant filed under its head's key)
-    settles_on_service = True  # its clock's N_t follows the true work: a leaving agent settles at its service
+    settles_on_service = True  # a leaving agent settles at the service it was charged, in both clocks
 
     def __init__(
         self, capacity_per_s: float, cost: CostModel = KV, lag_factor: float = GUARD_FACTOR, scale: float = 0.0
@@ -62,9 +63,15 @@ class GuardedJustitia(Justitia):
         self._pace: dict[str, list] = {}  # agent -> [S, w, attained this burst, tenant, attained since it
         # last had no request open, session?]
         self._urgent: set[str] = set()
-        self._watch: list[tuple[float, str]] = []  # (pace point, agent) of agents not urgent
-        self._root = Trace()  # t -> V
-        self._vlag = 0.0  # V(now - L)
+        self._watch: list[tuple[float, str]] = []  # (pace point, agent) of agents on their own not urgent
+        self._gps = VirtualClock(capacity_per_s, record=False)  # the pace clock: GPS as the yardstick runs
+        # it (each burst of an agent on its own joins it, counted at no more than the largest burst
+        # served, and leaves at the service it was charged), apart from the tags' clock
+        self._info: dict[str, AgentInfo] = {}  # agents on their own -> what they arrived as
+        self._counts: dict[str, float] = {}  # -> what the pace clock counts their burst for
+        self._in_gps: set[str] = set()  # agents on their own with a burst in the pace clock
+        self._root = Trace()  # t -> V of the pace clock
+        self._vlag = 0.0  # V(now - L) on the pace clock
         # tenants: pace on R
         self._r, self._r_t, self._present_w = 0.0, None, 0.0
         self._present: dict[str, float] = {}  # root entries present -> their weight
@@ -82,34 +89,52 @@ class GuardedJustitia(Justitia):
         self._paced(agent)
 
     def agent_returned(self, agent: AgentInfo, now_s: float) -> None:
-        """A session's next burst: its pace starts again from its new GPS start."""
+        """A session's next burst (its pace restarts when its first request opens)."""
         self._comes_in(agent, now_s)
         super().agent_returned(agent, now_s)
-        self._urgent.discard(agent.agent_id)
-        self._paced(agent)
+        if agent.tenant is None:
+            self._info[agent.agent_id] = agent
+        else:
+            self._urgent.discard(agent.agent_id)
+            self._paced(agent)
 
-    def _arrive(self, agent: AgentInfo, cost: float, now_s: float) -> float:
-        """Ordered by its price as the paper's rule orders it, but counted in GPS at no more than the
-        largest burst the engine has served (a price past it is a guess no agent has borne out), so
-        an over-priced agent does not hold V back for everyone's pace."""
-        cap = self._cap
-        if agent.tenant is not None or cap <= 0:
-            return super()._arrive(agent, cost, now_s)
-        counted = min(max(cost, agent.dist.top) if agent.dist is not None else cost, cap)
-        self.clock.arrive(agent.agent_id, counted, now_s, agent.weight)
-        start = self.clock.start(agent.agent_id)
-        self._priced[agent.agent_id] = (start, agent.weight, counted)
-        return start + cost / agent.weight
+    def _counted(self, agent: AgentInfo) -> float:
+        """What the pace clock counts a burst of the agent for: its price (a distribution's top), but
+        no more than the largest burst the engine has served (a price past it is a guess no agent
+        has borne out), so an over-priced agent does not hold the pace back for everyone."""
+        cost = agent.predicted_cost if agent.dist is None else max(agent.predicted_cost, agent.dist.top)
+        return min(cost, self._cap) if self._cap > 0 else cost
 
     def _paced(self, agent: AgentInfo) -> None:
-        """An agent on its own is watched from its GPS start, with no service yet."""
-        if agent.tenant is None:
-            start = self.clock.start(agent.agent_id)
-            if start is not None:
-                self._pace[agent.agent_id] = [start, agent.weight, 0.0, None, 0.0, agent.session]
-                heapq.heappush(self._watch, (start, agent.agent_id))
-        else:
-            self._pace[agent.agent_id] = [0.0, agent.weight, 0.0, agent.tenant, 0.0, agent.session]
+        """An agent on its own is watched on the pace clock from its GPS start, with no service yet (a
+        session from its first request: each of its bursts joins the pace clock as GPS's does)."""
+        if agent.tenant is not None:
+            self._pace[agent.agent_id] = [0.0, agent.weight, 0.0, agent.tenant, 0.0, bool(agent.session)]
+            return
+        self._info[agent.agent_id] = agent
+        pace = self._pace.get(agent.agent_id)
+        if agent.session and pace is not None:  # a session's next turn: its next burst restarts its pace
+            return
+        self._pace[agent.agent_id] = [0.0, agent.weight, 0.0, None, 0.0, bool(agent.session)]
+        if not agent.session:
+            self._join(agent.agent_id, self._now_s)
+
+    def _join(self, agent_id: str, now_s: float) -> None:
+        """A burst of an agent on its own joins the pace clock now; its pace starts at its GPS start."""
+        agent, pace = self._info[agent_id], self._pace[agent_id]
+        counted = self._counted(agent)
+        self._gps.arrive(agent_id, counted, now_s, agent.weight)
+        pace[0], pace[2], pace[4] = self._gps.start(agent_id), 0.0, 0.0
+        self._counts[agent_id] = counted
+        self._in_gps.add(agent_id)
+        self._urgent.discard(agent_id)
+        heapq.heappush(self._watch, (pace[0], agent_id))
+
+    def _leave(self, agent_id: str, now_s: float) -> None:
+        """A burst ends: the pace clock keeps it no longer than the service it was charged."""
+        if agent_id in self._in_gps:
+            self._in_gps.discard(agent_id)
+            self._gps.settle(agent_id, self._pace[agent_id][2], now_s)
 
     def _comes_in(self, agent: AgentInfo, now_s: float) -> None:
         """Its root entry is present. A tenant that was not starts its pace again at R, or where its
@@ -129,10 +154,13 @@ class GuardedJustitia(Justitia):
         self._turgent.discard(tenant)
 
     def agent_finished(self, agent_id: str, now_s: float) -> None:
+        self._now_s = max(self._now_s, now_s)
+        self._leave(agent_id, self._now_s)
         pace = self._pace.pop(agent_id, None)
+        self._info.pop(agent_id, None)
+        self._counts.pop(agent_id, None)
         self._urgent.discard(agent_id)
         super().agent_finished(agent_id, now_s)
-        self._now_s = max(self._now_s, now_s)
         tenant = pace[3] if pace is not None else None
         if tenant is None:
             self._presence(agent_id, 0.0, False)
@@ -185,34 +213,32 @@ class GuardedJustitia(Justitia):
                 self._turgent.discard(tenant)
                 self._groups.moved(tenant)
             return
-        priced = self._priced.get(req.agent_id)
-        if priced is not None and pace[2] > priced[2]:  # served past what GPS counts it for: it stays
-            self._priced[req.agent_id] = (priced[0], priced[1], 2 * pace[2])  # active while it runs
-            self.clock.retag(req.agent_id, 0.0, max(self._now_s, self.clock.now_s), 2 * pace[2], anchored=True)
+        counted = self._counts.get(req.agent_id)
+        if counted is not None and pace[2] > counted and req.agent_id in self._in_gps:  # served past what
+            self._counts[req.agent_id] = 2 * pace[2]  # the pace clock counts it for: it stays active while it runs
+            self._gps.retag(req.agent_id, 0.0, max(self._now_s, self._gps.now_s), 2 * pace[2], anchored=True)
         if req.agent_id in self._urgent and pace[0] + pace[2] / pace[1] >= self._vlag:
             self._urgent.discard(req.agent_id)
             heapq.heappush(self._watch, (pace[0] + pace[2] / pace[1], req.agent_id))
 
     def requests_drained(self, agent_id: str) -> None:
-        """A session's work as it came ends when it has no request open (a burst of the GPS yardstick,
-        docs/sessions.md): the next one's service counts from 0 for ``L``'s scale."""
+        """A session's burst ends when it has no request open (a burst of the GPS yardstick,
+        docs/sessions.md): it leaves the pace clock at the service it was charged."""
         pace = self._pace.get(agent_id)
         if pace is not None and pace[5]:
-            pace[4] = 0.0
+            self._leave(agent_id, self._now_s)
+            pace[4] = 0.0  # the next burst's service counts from 0 for L's scale
 
     def requests_opened(self, agent_id: str, now_s: float | None) -> None:
-        """A session on its own sends work again after none was open (a tool ran, or its user): as
-        in GPS, where it left and came back, its pace starts again at ``V(now)`` if it fell behind
-        while it had nothing to run (a wait the engine did not cause does not make it urgent)."""
+        """A session on its own sends work again after none was open (a tool ran, or its user): as in
+        GPS, its burst joins the pace clock now, and its pace starts there (a wait the engine did not
+        cause does not make it urgent)."""
         pace = self._pace.get(agent_id)
-        if pace is None or not pace[5] or pace[3] is not None:
+        if pace is None or not pace[5] or pace[3] is not None or agent_id not in self._info:
             return
         self._now_s = max(self._now_s, now_s or 0.0)
-        v = self.clock.virtual_time(self._now_s)
-        if pace[0] + pace[2] / pace[1] < v:
-            pace[0], pace[2] = v, 0.0
-            self._urgent.discard(agent_id)
-            heapq.heappush(self._watch, (v, agent_id))
+        self._leave(agent_id, self._now_s)
+        self._join(agent_id, self._now_s)
 
     def settle(self, agent_id: str, cost: float, now_s: float) -> None:
         super().settle(agent_id, cost, now_s)
@@ -223,7 +249,10 @@ class GuardedJustitia(Justitia):
         """Read V and R now, set ``L``, ``V(now - L)`` and ``R(now - L)``; the agents that became
         urgent (or stopped being so: ``L`` grew). A tenant whose urgency flipped is marked moved."""
         self._now_s = max(self._now_s, now_s)
-        v = self.clock.virtual_time(self._now_s)
+        # the tags' clock is read at every step, as before the pace clock was split off: its float
+        # sums depend on the steps, and tenants' count past B with them (7 read so, 12 not)
+        self.clock.virtual_time(self._now_s)
+        v = self._gps.virtual_time(self._now_s)
         self.lag_s = self.lag_factor * self._largest / self._mean_capacity(self._now_s)
         if self.lag_s > self.lag_max_s:
             self.lag_max_s = self.lag_s
@@ -270,6 +299,7 @@ class GuardedJustitia(Justitia):
         m[1] += m[2] * max(0.0, self._now_s - m[3])
         m[2], m[3] = capacity_per_s, max(m[3], self._now_s)
         super().set_capacity(capacity_per_s, now_s)
+        self._gps.set_capacity(capacity_per_s, self._now_s)
 
     def _mean_capacity(self, now_s: float) -> float:
         """M over the run so far, weighted by how long each held (the starting guess's included, as a
