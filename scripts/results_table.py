@@ -55,7 +55,8 @@ def markdown(doc: dict) -> str:
     if j and "delay_bound_s" in j:
         lines.append("")
         lines.append(
-            f"Justitia delay bound `2c_max + C_max/M` (GPS at the M the engine delivered) = {j['delay_bound_s']:.1f} s; the largest `finish - GPS "
+            "Justitia delay bound `2c_max + C_max/M` (GPS at the M the engine delivered) = "
+            f"{j['delay_bound_s']:.1f} s; the largest `finish - GPS "
             f"finish` was {j['max_delay_vs_gps_s']:.1f} s; {j['bound_violations']} of {len(j['agents'])} agents "
             "over the bound."
         )

@@ -62,7 +62,8 @@ def test_same_seed_gives_the_same_results(tmp_path):
 def test_bad_input_is_one_clear_sentence_and_nothing_runs(tmp_path, capsys):
     wl = tmp_path / "bad.jsonl"
     wl.write_text(
-        '{"agent_id": "a", "type": "t", "arrival_s": 0, "stages": [[{"prompt": "p", "prompt_tokens": "ten", "output_tokens": 3}]]}\n'
+        '{"agent_id": "a", "type": "t", "arrival_s": 0, '
+        '"stages": [[{"prompt": "p", "prompt_tokens": "ten", "output_tokens": 3}]]}\n'
     )
     out = tmp_path / "out"
     assert main(["bench", "--workload", str(wl), "--out", str(out), "--no-progress"]) == 2

@@ -1,6 +1,7 @@
 """The lag guard: justitia's delay bound holds whatever the prices (docs/design.md, "A bound that
 holds whatever the prices"). Every agent, and every session, finishes within ``B`` of its GPS
-finish on its *true* work, priced at random (each price off by up to 1000x either way) or adversarially (the smallest agents
+finish on its *true* work, priced at random (each price off by up to 1000x either way) or adversarially (the
+smallest agents
 priced highest); ``justitia``, the paper's rule, does not (``test_the_paper_s_rule_...``)."""
 
 import math

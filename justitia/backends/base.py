@@ -10,7 +10,8 @@ The backends sit below the server (``tests/test_architecture.py``): nothing here
 ``generate`` has ``AsyncLLM.generate``'s shape in the contract's own types: a token-id prompt, a
 ``Sampling`` (``extra_args`` carrying the request's ``RequestMeta``) and a request id; it yields
 ``Output``s (``.outputs[0].text``, ``.token_ids``, ``.finish_reason``). No vLLM type crosses it: a
-backend that runs vLLM converts (``local.vllm_params``). Closing the generator early aborts the request. A request the backend cannot
+backend that runs vLLM converts (``local.vllm_params``). Closing the generator early aborts the request. A request
+the backend cannot
 serve raises ``BackendError`` with the reason. A backend that can send a request again when its
 engine dies (``RayBackend``) does so until ``DEADLINE`` (set by the agent API to the agent's own
 deadline, for the task it serves).

@@ -27,7 +27,8 @@ def add_parser(sub) -> None:
     b.add_argument(
         "--policies",
         default=",".join(POLICY_NAMES),
-        help="comma-separated policies (also: justitia-guarded, a bound whatever the prices; justitia-eligible, an option for the tail; docs/design.md)",
+        help="comma-separated policies (also: justitia-guarded, a bound whatever the prices; "
+        "justitia-eligible, an option for the tail; docs/design.md)",
     )
     b.add_argument(
         "--predictor",

@@ -9,7 +9,8 @@ delivers the whole cache, ``kv_tokens``. ``KV_PREFIX``: the same, seeing the pre
 of one agent held together that begin with the same text hold its blocks once, for as long as the
 longest of them holds them (``group_cost``; one request alone costs what it does under ``KV``): that
 is its prediction. Its charge, per engine step, is what the engine shares (an engine's step accounting,
-``justitia.vllm.accounting``, applies the rule): each request pays for the tokens it holds, a full KV block that ``n`` requests hold at once counted
+``justitia.vllm.accounting``, applies the rule): each request pays for the tokens it holds, a full KV block that
+``n`` requests hold at once counted
 ``1/n`` to each, across agents too (``shared_kv_charge``; with nothing shared, ``KV``'s charge to
 the bit). ``COMPUTE``: VTC's weighted compute tokens ``p + 2*d``
 (the paper's Justitia/C ablation); a saturated iteration delivers the token budget,
@@ -64,7 +65,8 @@ def shared_kv_savings(
     """What a prefix cache takes off each request's KV charge for one step: the KV token-time of the
     full blocks it holds with other requests. ``tokens`` maps each holder (a request) to the tokens
     it holds in the KV cache (the ``held`` of ``Charge.step_tokens``: its computed tokens once the
-    step's tokens are scheduled, the tokens this step is charged for); ``blocks`` maps it to its block ids in token order (block ``i`` holds tokens ``[i *
+    step's tokens are scheduled, the tokens this step is charged for); ``blocks`` maps it to its block ids in token
+    order (block ``i`` holds tokens ``[i *
     block_size, (i + 1) * block_size)``), or to the first few of them (those it may share: a prefix
     cache shares a run of blocks from the first); blocks left out, or a missing list, are its own.
 

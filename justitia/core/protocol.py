@@ -1,7 +1,8 @@
 """The request metadata an engine reads, and the control calls a front end makes into an engine.
 
 **Request metadata** rides on each request as a flat dict of extra sampling arguments (an engine
-carries it; on vLLM's OpenAI server it is a request's ``vllm_xargs``). ``RequestMeta`` is the only code that writes or reads these keys:
+carries it; on vLLM's OpenAI server it is a request's ``vllm_xargs``). ``RequestMeta`` is the only code that writes
+or reads these keys:
 
     agent_id      the agent the request belongs to; absent: the request is an agent of its own
     agent_type    the agent's workflow type (for predictors and logs)
@@ -193,7 +194,8 @@ class ControlCall:
 
     ``register``: ``agent_id``, ``agent_type``, ``predicted_cost`` (and ``weight``, ``tenant``,
     ``resume_cost``, ``session``: ``AgentBook.register``'s) -> the agent's virtual finish tag (None
-    under a policy without a clock); ``retire``: ``agent_id`` -> whether it was released now (else: when its last open request ends),
+    under a policy without a clock); ``retire``: ``agent_id`` -> whether it was released now (else: when its last
+    open request ends),
     or with ``pause`` true: a session paused between bursts, settled now or when its last open request ends;
     ``state`` -> ``PolicyState.to_json()``; ``reset``: ``policy``, ``cost``,
     ``capacity_per_s``, ``measure_capacity``, ``retag``, ``step_log`` (a CSV path or None) -> whether the idle

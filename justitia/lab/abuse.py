@@ -618,7 +618,8 @@ def _(ctx):
     while metric(ctx.a, "justitia_engine_requests_unfinished") > 0:
         assert time.perf_counter() - left < 300 * per_token, "the abandoned request is still in the engine"
         time.sleep(0.05)
-    return f"gone from the engine {time.perf_counter() - left:.2f} s after the client left (the whole answer: ~{900 * per_token:.1f} s)"
+    gone = time.perf_counter() - left
+    return f"gone from the engine {gone:.2f} s after the client left (the whole answer: ~{900 * per_token:.1f} s)"
 
 
 @case("bystander", "the other key's agent, after all the cases", "done, every output there; /health ok")

@@ -108,7 +108,8 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"online pricing with {doc['agents_in_flight']:,} agents in flight: p50 {doc['pricing_p50_ms']:.3f} ms, "
         f"p99 {doc['pricing_p99_ms']:.3f} ms (max {doc['pricing_max_ms']:.2f}); a 1 ms sleep on the event loop "
-        f"overshoots by p99 {doc['loop_lag_p99_ms_quiet']:.2f} ms with no refit and {doc['loop_lag_p99_ms_refitting']:.2f} ms "
+        f"overshoots by p99 {doc['loop_lag_p99_ms_quiet']:.2f} ms with no refit and "
+        f"{doc['loop_lag_p99_ms_refitting']:.2f} ms "
         f"during {doc['refits_during_lag_run']} background refits (max {doc['loop_lag_max_ms_quiet']:.2f} / "
         f"{doc['loop_lag_max_ms_refitting']:.2f} ms)"
     )

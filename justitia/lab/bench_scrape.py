@@ -104,7 +104,8 @@ def report(doc: dict) -> None:
     a_a = [b / a for a, b in zip(first, second)]
     took = sorted(doc["scrape_s"])
     print(
-        f"/metrics read every 1 s, over the same server unread in the same round: median {statistics.median(scraped):.3f} "
+        "/metrics read every 1 s, over the same server unread in the same round: median "
+        f"{statistics.median(scraped):.3f} "
         f"(quartiles {quartiles(scraped)[0]:.3f}-{quartiles(scraped)[1]:.3f}, {len(scraped)} rounds)"
     )
     print(
@@ -113,7 +114,8 @@ def report(doc: dict) -> None:
     )
     if took:
         print(
-            f"{len(took)} scrapes: p50 {1e3 * took[len(took) // 2]:.1f} ms, p99 {1e3 * took[int(0.99 * (len(took) - 1))]:.1f} ms"
+            f"{len(took)} scrapes: p50 {1e3 * took[len(took) // 2]:.1f} ms, p99 "
+            f"{1e3 * took[int(0.99 * (len(took) - 1))]:.1f} ms"
         )
 
 

@@ -1,6 +1,7 @@
 """The server's own cost per request: `justitia serve` against ``AsyncLLM.generate`` called directly.
 
-    python -m justitia.lab.bench_server [--requests 300] [--concurrency 32] [--tokens 16] [--ray N] [--out results/server.json]
+    python -m justitia.lab.bench_server [--requests 300] [--concurrency 32] [--tokens 16] [--ray N]
+        [--out results/server.json]
 
 Both sides run the same engine (the tiny model, the Justitia plug-in, the settings of
 `justitia serve`), one after the other, never at once. Each serves the same short requests
@@ -172,7 +173,8 @@ def main() -> int:
     d = result["direct"]
     print(f"{args.requests} requests of {args.tokens} tokens; sequential latency, then {args.concurrency} in flight")
     print(
-        "| path | latency mean ms | p50 ms | overhead ms | requests/s | vs direct | extra ms per request (all in flight) "
+        "| path | latency mean ms | p50 ms | overhead ms | requests/s | vs direct | extra ms per request (all in "
+        "flight) "
         "| CPU ms per request | over direct |"
     )
     print("|---|---|---|---|---|---|---|---|---|")

@@ -1,4 +1,5 @@
-"""Time the simulator on the main preset: every run of the preset (the seven policies and justitia with the formula M) with event skipping, and the same
+"""Time the simulator on the main preset: every run of the preset (the seven policies and justitia with the formula
+M) with event skipping, and the same
 runs stepped one iteration at a time, in one process. Prints a table and writes JSON.
 
     python -m justitia.lab.bench_speed [--out results/speed.json] [--seed 0]

@@ -21,7 +21,8 @@ The fit is least squares of ``step_ms = base + per_batched_token * batched + per
 + per_request * requests + per_arrival * arrivals`` (the batch's requests; the new requests taken in
 before the next step) with every coefficient kept >= 0 (a negative one is dropped and the rest
 refitted). Without the last two terms a run's first steps (many requests, many arrivals) were 10-30 %
-slower than their tokens said and its last ones 10-20 % faster (docs/results.md, "Where the simulator's error comes from"). The profile's
+slower than their tokens said and its last ones 10-20 % faster (docs/results.md, "Where the simulator's error comes
+from"). The profile's
 floor is 0: on a CPU there is no weight-streaming floor separate from the per-token cost.
 """
 

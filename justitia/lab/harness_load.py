@@ -142,7 +142,8 @@ def main(argv: list[str] | None = None) -> int:
     print("tenant     turns   mean turn s   p50 turn s   p90 turn s   tokens served   share")
     for tenant, s in tenants.items():
         print(
-            f"{tenant:9s} {s['turns']:6d} {s['mean_turn_s'] or float('nan'):13.2f} {s['p50_turn_s'] or float('nan'):12.2f} "
+            f"{tenant:9s} {s['turns']:6d} {s['mean_turn_s'] or float('nan'):13.2f} "
+            f"{s['p50_turn_s'] or float('nan'):12.2f} "
             f"{s['p90_turn_s'] or float('nan'):12.2f} {s['tokens']:15,d} {s['share']:7.1%}"
         )
     print(f"service, the smaller tenant's over the larger's: {doc['service_ratio']:.3f}; errors: {len(errors)}")

@@ -4,7 +4,8 @@ Each agent comes from the workflow generators stage by stage (``workflows.staged
 first stage's prompts are generated, the model answers them (chat template, temperature 0,
 natural stopping, a ``max_tokens`` cap per workflow), and the next stage's prompts quote those
 real answers, as a map-reduce agent's would. The profile file is an ordinary workload file
-(``justitia.workload.agents``, docs/formats.md; ``.jsonl`` or ``.jsonl.gz``): per task the prompt text as the agent wrote it,
+(``justitia.workload.agents``, docs/formats.md; ``.jsonl`` or ``.jsonl.gz``): per task the prompt text as the agent
+wrote it,
 its measured ``prompt_tokens`` (inside the model's chat template, as the engine saw it) and the
 measured ``output_tokens``; per agent a ``meta`` object (model, size class, scale, cap, how many answers hit
 the cap, the agent's KV token-time cost). Every agent arrives at 0: arrivals are the bench's job.

@@ -1,7 +1,8 @@
 """What prefix affinity buys on Ray Serve: `justitia serve --ray --replicas 2` under each router, the
 same agents each time.
 
-    python -m justitia.lab.ray_affinity [--agents 24] [--routers least-load,affinity,round-robin] [--out results/ray-affinity.json]
+    python -m justitia.lab.ray_affinity [--agents 24] [--routers least-load,affinity,round-robin]
+        [--out results/ray-affinity.json]
 
 Each agent reads one document of its own (about 1,200 tokens of the tiny model): its first stage asks 3 questions of
 it, its second stage 3 more of the same document with the first answers appended, so every prompt

@@ -162,7 +162,8 @@ class VllmEngine(RunningEngine):
     ) -> "EngineRun":
         """Replay ``agents`` under ``policy``; return per-agent results and the engine's step log.
         ``measure_capacity``: the clock follows what the engine delivers (the plug-in's from its steps;
-        the front end's, in tagging mode, from its requests' round trips: ``Tagger``). ``retag``: see ``AgentScheduler``; ``pricing``:
+        the front end's, in tagging mode, from its requests' round trips: ``Tagger``). ``retag``: see
+        ``AgentScheduler``; ``pricing``:
         see ``AgentProcess``."""
         if self.llm is None:
             raise RuntimeError("the engine is not started; use 'async with VllmEngine(spec) as engine'.")

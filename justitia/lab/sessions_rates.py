@@ -68,7 +68,8 @@ def main() -> None:
         t = {p: np.array(v) for p, v in row["mean_turn_s"].items()}
         j, s = t["justitia"] / t["vtc"], t["srjf"] / t["vtc"]
         print(
-            f"{row['rate_per_s']:6.1f}  {t['vtc'].mean():10.2f}  {' '.join(f'{x:.2f}' for x in j):<28} {j.mean():5.2f}  "
+            f"{row['rate_per_s']:6.1f}  {t['vtc'].mean():10.2f}  {' '.join(f'{x:.2f}' for x in j):<28} "
+            f"{j.mean():5.2f}  "
             f"{' '.join(f'{x:.2f}' for x in s):<28} {s.mean():5.2f}  {(t['justitia'] / t['las']).mean():.2f}"
         )
 

@@ -172,7 +172,8 @@ def main(argv: list[str] | None = None) -> int:
     prompts = sum(p for _, p, _ in log)
     queries, hits = cache["justitia_prefix_cache_queries_total"], cache["justitia_prefix_cache_hits_total"]
     print(
-        f"prefix cache as Justitia saw it: {hits:.0f} of {queries:.0f} prompt tokens held ({100 * hits / max(queries, 1):.1f} %; "
+        f"prefix cache as Justitia saw it: {hits:.0f} of {queries:.0f} prompt tokens held "
+        f"({100 * hits / max(queries, 1):.1f} %; "
         f"the log's prompts: {prompts} tokens); vLLM's own counters, every lookup: "
         f"{cache['vllm:prefix_cache_hits_total']:.0f} of {cache['vllm:prefix_cache_queries_total']:.0f}"
     )

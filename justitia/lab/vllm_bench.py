@@ -1,7 +1,8 @@
 """``justitia bench --engine vllm`` and ``justitia calibrate``: policies on a real vLLM engine.
 
 One engine (with the plug-in) serves every run; a second one, stock vLLM's priority scheduling
-under the plug-in's step-log base, serves the front-end tagging run when asked. Each run's mean JCT is set against the simulator's on the same workload,
+under the plug-in's step-log base, serves the front-end tagging run when asked. Each run's mean JCT is set against
+the simulator's on the same workload,
 with a latency profile fitted to a separate calibration run of the same engine (or one given).
 """
 

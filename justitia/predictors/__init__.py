@@ -2,7 +2,8 @@
 
 ``make_predictor(spec)`` builds one by name (``registry.SPEC_HELP``): ``oracle``, ``noisy:L``,
 ``session`` (a session's turns learned online, ``predictors.session``), a trainable kind trained
-on the committed SmolLM2 profile (``mlp``, ``lm``, ``mean``, ``linear``; cached), a saved directory (``mlp:DIR``, ``lm:DIR``, or a bare ``DIR``), or a
+on the committed SmolLM2 profile (``mlp``, ``lm``, ``mean``, ``linear``; cached), a saved directory (``mlp:DIR``,
+``lm:DIR``, or a bare ``DIR``), or a
 baseline trained on the spot on a profile or workload file (``mean:FILE``, ``linear:FILE``).
 """
 

@@ -49,7 +49,8 @@ KEYED_PATHS = ("/justitia/state",)  # beside every /v1/ path: what a key must be
 
 
 class Authenticate:
-    """Every ``/v1/`` route, and the live page's state (``KEYED_PATHS``), needs a client ``keys`` knows (401 otherwise, before the body is read);
+    """Every ``/v1/`` route, and the live page's state (``KEYED_PATHS``), needs a client ``keys`` knows (401
+    otherwise, before the body is read);
     the client goes to ``request.state.client``. The key comes as ``Authorization: Bearer KEY``
     (OpenAI's and vLLM's way) or, with no ``Authorization`` header, as Anthropic's ``x-api-key: KEY``
     (what Claude Code sends with ``ANTHROPIC_API_KEY``)."""

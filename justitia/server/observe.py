@@ -223,7 +223,8 @@ class Watch:
             *metric_lines(
                 "tenant_fair_share",
                 "gauge",
-                "The tenant's weighted share while backlogged: its weight over the backlogged tenants', averaged over the window.",
+                "The tenant's weighted share while backlogged: its weight over the backlogged tenants', averaged "
+                "over the window.",
                 *out["fair"],
             ),
             *metric_lines("tenant_weight", "gauge", "The tenant's weight.", *out["weight"]),
@@ -240,7 +241,8 @@ class Watch:
             *metric_lines(
                 "tenant_lateness_seconds",
                 "gauge",
-                "The clock's estimate of how far the tenant's latest agent in flight is past its GPS finish (negative: ahead).",
+                "The clock's estimate of how far the tenant's latest agent in flight is past its GPS finish "
+                "(negative: ahead).",
                 *out["late"],
             ),
             *metric_lines(

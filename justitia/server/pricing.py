@@ -104,7 +104,8 @@ class Pricer:
 
     def priced(self, agent_id: str, spec: AgentSpec, client: Client) -> tuple[AgentProcess, list[list[int]], float]:
         """``_process`` and its price (and how long the predictor took), in one trip to a worker
-        thread. The rule (docs/reference.md, "Keys, owners and prices"): a task's KV token-time is at most ``p*m + m^2/2``
+        thread. The rule (docs/reference.md, "Keys, owners and prices"): a task's KV token-time is at most ``p*m +
+        m^2/2``
         for its prompt's ``p`` tokens and ``m = max_tokens`` (its bound), and exactly that with
         ``ignore_eos``. The price is the predictor's, raised to what the ``ignore_eos`` tasks will
         cost (whatever a predictor reads of their text) and never above the sum of every task's

@@ -121,7 +121,8 @@ class EngineLoop:
         subagents: str = "share",
     ):
         """``router``: a ``core.ROUTER_NAMES`` name; under ``affinity`` a stage's requests share the
-        prefix ``agent/stage`` (with the prefix cache off, affinity changes only where requests go). ``front``: the clock in front of the engines, if one is; else each core learns
+        prefix ``agent/stage`` (with the prefix cache off, affinity changes only where requests go). ``front``: the
+        clock in front of the engines, if one is; else each core learns
         of an agent when its first request reaches that engine, with the agent's whole predicted
         cost, and measures its own M."""
         self.config = config

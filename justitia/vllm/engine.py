@@ -4,7 +4,8 @@ profiler), and the control calls into a running engine's plug-in.
 ``EngineSpec`` holds the sizes (the defaults are the CPU preset's: a KV cache of 24 blocks that
 one agent's fan-out fills), which scheduler runs (the Justitia plug-in, or stock vLLM with the
 priority or fcfs policy; ``priority-logged``: stock vLLM's priority scheduling under the plug-in's
-step-log base, ``StepLogScheduler``, which decides nothing and logs every step), and the dtype (``auto``: float32 on a CPU, where bf16 matmuls fall back
+step-log base, ``StepLogScheduler``, which decides nothing and logs every step), and the dtype (``auto``: float32 on
+a CPU, where bf16 matmuls fall back
 to slow kernels without AVX-512 BF16).
 """
 
