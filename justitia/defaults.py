@@ -60,6 +60,27 @@ ANSWER_TOKENS_KEY = "justitia_answer_tokens"
 ANSWER_CALLS_TOOL_KEY = "justitia_answer_calls_tool"
 ENV_CACHE = "JUSTITIA_CACHE"  # built models and trained predictors (default ~/.cache/justitia)
 ENV_STATE_DIR = "JUSTITIA_STATE_DIR"  # the server's journal (default ~/.local/state/justitia)
+# `justitia serve`'s settings for its vLLM endpoint plug-in, as JSON (server.plugin.serve_config)
+ENV_SERVE = "JUSTITIA_SERVE"
+ENV_API_KEY = "JUSTITIA_API_KEY"  # `justitia top`'s key when --api-key is not given
+# benches only: the scripted answers' rules file (justitia.vllm.scripted), never read by pricing
+ENV_SCRIPT = "JUSTITIA_SCRIPT"
+# vLLM's own, read where Justitia starts or joins an engine: the plug-ins it loads, whether Hugging
+# Face may reach the network, the CPU backend's KV cache size and its threads' cores
+VLLM_ENV = ("VLLM_PLUGINS", "HF_HUB_OFFLINE", "VLLM_CPU_KVCACHE_SPACE", "VLLM_CPU_OMP_THREADS_BIND")
+
+
+def env(name: str, default: str | None = None) -> str | None:
+    """The environment variable ``name`` (one of the ``ENV_*`` above or ``VLLM_ENV``), or
+    ``default`` when it is unset; every read of the environment goes through here."""
+    if not (name.startswith("JUSTITIA_") or name in VLLM_ENV):
+        raise KeyError(f"{name} is not an environment variable justitia reads (justitia.defaults).")
+    return os.environ.get(name, default)
+
+
+def door_token() -> str | None:
+    """The secret the door and the plug-in share (``ENV_DOOR_TOKEN``), or None if none is set yet."""
+    return os.environ.get(ENV_DOOR_TOKEN) or None
 
 
 def cache_dir() -> Path:

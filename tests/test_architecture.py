@@ -325,3 +325,22 @@ def test_a_long_product_file_says_why_it_is_one_file():
     ]
     assert not unexplained, unexplained
     assert long  # the rule sees files it guards (today: the skipping stepper, the plug-in, online)
+
+
+def test_the_product_and_the_bench_run_without_matplotlib(tmp_path):
+    # matplotlib is the `plots` extra: with it hidden, every product module imports and a bench run
+    # writes its results, skipping the plots with a note
+    import subprocess
+    import sys
+
+    code = f"""
+import sys
+sys.modules["matplotlib"] = None  # an import of it raises ImportError
+import justitia.cli, justitia.server.app, justitia.server.plugin, justitia.frontend.serve
+from justitia.cli import main
+assert main(["bench", "--agents", "4", "--policies", "fcfs,justitia", "--out", {str(tmp_path)!r}, "--no-progress"]) == 0
+"""
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "plots: skipped (matplotlib is not installed" in done.stderr
+    assert (tmp_path / "results.json").is_file() and not list(tmp_path.glob("*.png"))

@@ -428,3 +428,37 @@ def test_a_steps_sums_are_charge_step_tokens_added_up(rows):
     charged = step_charges(requests, scheduled, infos.get)
     assert {a: row[1:] for a, row in charged.items()} == per_agent
     assert all(row[0].agent_id == a for a, row in charged.items())
+
+
+def test_the_registry_builds_each_name_and_declares_the_events_each_class_reads():
+    # one registry (core.policies.POLICIES): each name builds its class; the traits an engine reads
+    # are declared, and each declaration matches what the class defines
+    from justitia.core import POLICIES, Policy, make_policy
+
+    for name, entry in POLICIES.items():
+        pol = make_policy(name, 1000.0)
+        assert type(pol) is entry.cls and pol.name == name or name == "justitia-chained"
+        for trait, method in (("reads_service", "charge"), ("revises", "revise"), ("lifts_on_backlog", "backlogged")):
+            defined = getattr(entry.cls, method) is not getattr(Policy, method)
+            assert getattr(entry.cls, trait) == defined, (name, trait)
+
+
+def test_the_design_doc_and_the_command_line_list_every_policy(monkeypatch):
+    import re
+    from pathlib import Path
+
+    from justitia.cli import main
+    from justitia.core import POLICIES
+
+    design = (Path(__file__).resolve().parents[1] / "docs" / "design.md").read_text()
+    table = set(re.findall(r"^\| ([a-z-]+) \| (?:request|agent) \|", design, re.M))
+    assert table == set(POLICIES), table ^ set(POLICIES)
+    import contextlib
+    import io
+
+    out = io.StringIO()
+    monkeypatch.setenv("COLUMNS", "1000")  # argparse wraps at the terminal's width: one line each
+    with contextlib.redirect_stdout(out), contextlib.suppress(SystemExit):
+        main(["bench", "--help"])
+    text = out.getvalue()
+    assert all(name in text for name in POLICIES), [n for n in POLICIES if n not in text]

@@ -134,7 +134,7 @@ def test_a_server_killed_mid_run_loses_no_accepted_agent_and_leaves_no_engine_be
     db.close()
     second = start("second")
     try:
-        assert f"{8 - unfinished} finished and {unfinished} unfinished agent(s) reloaded" in second.output()
+        assert f'"finished": {8 - unfinished}, "unfinished": {unfinished}' in second.output()  # journal_reloaded
         with httpx.Client(base_url=second.url, timeout=30) as client:
             for agent_id in ids:  # every accepted agent finishes, with every output
                 doc = wait_agent(client, agent_id)

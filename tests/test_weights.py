@@ -163,6 +163,8 @@ def test_two_saturating_tenants_weighted_two_to_one_are_served_two_to_one():
     cfg, agents = saturating_tenants()
 
     class Recording(Justitia):  # the KV token-time charged to each tenant, noted at each arrival
+        reads_service = True  # it reads charge: the engine charges it
+
         def __init__(self, m):
             super().__init__(m)
             self.served, self.notes = {"A": 0, "B": 0}, []

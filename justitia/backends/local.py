@@ -9,13 +9,12 @@ on their own; their requests carry the identity the door wrote into ``vllm_xargs
 
 from __future__ import annotations
 
-import os
 from dataclasses import replace
 from pathlib import Path
 
 from justitia.backends.base import Backend, Completion, Output, Sampling
 from justitia.core import REGISTER, RETIRE, STATE, ControlCall, CostDist, PolicyState
-from justitia.defaults import DOOR_KEY, ENV_DOOR_TOKEN
+from justitia.defaults import DOOR_KEY, door_token
 from justitia.vllm.engine import control
 
 
@@ -33,7 +32,7 @@ class EngineBackend(Backend):
         carries the door's token: the server priced it (``justitia.vllm.general``)."""
         from vllm.inputs import TokensPrompt
 
-        token = os.environ.get(ENV_DOOR_TOKEN)
+        token = door_token()
         if token:
             params = replace(params, extra_args=dict(params.extra_args or {}, **{DOOR_KEY: token}))
         prompt = TokensPrompt(prompt_token_ids=prompt["prompt_token_ids"])

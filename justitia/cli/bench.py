@@ -10,7 +10,7 @@ from justitia.cli.common import add_engine_args, add_workload_args, engine_spec,
 
 
 def add_parser(sub) -> None:
-    from justitia.core import POLICY_NAMES, ROUTER_NAMES
+    from justitia.core import POLICIES, POLICY_NAMES, ROUTER_NAMES
     from justitia.lab.presets import PRESET_NAMES
     from justitia.predictors import SPEC_HELP
     from justitia.sim import CLOCKS
@@ -27,8 +27,9 @@ def add_parser(sub) -> None:
     b.add_argument(
         "--policies",
         default=",".join(POLICY_NAMES),
-        help="comma-separated policies (also: justitia-guarded, a bound whatever the prices; "
-        "justitia-eligible, an option for the tail; docs/design.md)",
+        help=f"comma-separated policies (default: the paper's seven, {','.join(POLICY_NAMES)}); also: "
+        + "; ".join(f"{n}, {e.summary}" for n, e in POLICIES.items() if e.kind != "paper")
+        + " (docs/design.md)",
     )
     b.add_argument(
         "--predictor",

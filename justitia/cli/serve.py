@@ -12,6 +12,7 @@ from pathlib import Path
 def add_parser(sub) -> None:
     from justitia.backends.ray.deployment import RaySpec as R  # the defaults
     from justitia.predictors import SPEC_HELP
+    from justitia.server.settings import SERVE_POLICIES
     from justitia.server.settings import ServeSettings as D
 
     sv = sub.add_parser(
@@ -27,7 +28,9 @@ def add_parser(sub) -> None:
         help="tiny, tiny-long, smollm2 or a model directory (default tiny; with --upstream: the "
         "tokenizer, by default the replicas' model directory)",
     )
-    sv.add_argument("--policy", default=D.policy, help=f"scheduling policy (default {D.policy})")
+    sv.add_argument(
+        "--policy", default=D.policy, help=f"scheduling policy: {', '.join(SERVE_POLICIES)} (default {D.policy})"
+    )
     sv.add_argument("--predictor", default=D.predictor, help=f"cost predictor: {SPEC_HELP} (default {D.predictor})")
     sv.add_argument("--host", default=D.host)
     sv.add_argument("--port", type=int, default=D.port)

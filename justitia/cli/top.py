@@ -6,9 +6,10 @@ cannot be read)."""
 
 from __future__ import annotations
 
-import os
 import sys
 import time
+
+from justitia.defaults import ENV_API_KEY, env
 
 DEFAULT_URL = "http://127.0.0.1:8000"
 
@@ -18,7 +19,7 @@ def add_parser(sub) -> None:
     top.add_argument("--url", default=DEFAULT_URL, help=f"the server (default {DEFAULT_URL})")
     top.add_argument(
         "--api-key",
-        default=os.environ.get("JUSTITIA_API_KEY"),
+        default=env(ENV_API_KEY),
         help="the key to read with (default: $JUSTITIA_API_KEY; none on a server without keys). "
         "An admin key sees every tenant, another key its own",
     )

@@ -23,6 +23,7 @@ from justitia.core.ledger import BURST_BUCKETS, ERROR_BUCKETS
 from justitia.core.policies import (
     BASELINE_NAMES,
     OPTION_NAMES,
+    POLICIES,
     POLICY_NAMES,
     STATIC_POLICY_NAMES,
     AgentInfo,
@@ -51,6 +52,7 @@ from justitia.core.scheduler import AgentScheduler, Standing
 from justitia.core.validate import is_positive_finite, positive_finite
 
 __all__ = [
+    "POLICIES",
     # the scheduler, the book over it, and what their verbs take and give
     "AgentScheduler",
     "AgentBook",

@@ -37,7 +37,7 @@ class WaitingQueue:
         self._agent_key: dict[str, tuple] = {}  # the key each backlogged agent is filed under
         self._dirty: set[str] = set()
         self._grouped = policy.groups
-        self._lifts = type(policy).backlogged is not Policy.backlogged
+        self._lifts = policy.lifts_on_backlog
         self._gheap: dict[str, list[tuple[tuple, int, RequestInfo]]] = {}  # group -> its waiting requests
         self._agent_group: dict[str, str] = {}  # backlogged agents in a group -> the group
         self._groots: list[tuple[tuple, str]] = []  # groups by key (stale entries skipped)

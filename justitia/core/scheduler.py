@@ -115,8 +115,8 @@ class AgentScheduler:
             policy.dynamic,
             policy.groups,
             policy.pools,
-            type(policy).charge is not Policy.charge,
-            retag and type(policy).revise is not Policy.revise,
+            policy.reads_service,
+            retag and policy.revises,
             self._meter is not None,
             policy.timed,
             policy.rising,
@@ -452,9 +452,7 @@ class LookAhead:
         # charged so far is a lower bound, and only agents at the front need charging
         # queueing a request of an agent with none waiting reads service counters (VTC's lift rule:
         # its own, and the front backlogged agent's): charge before such a request arrives
-        self.reads_service_on_backlog = (
-            type(policy).charge is not Policy.charge and type(policy).backlogged is not Policy.backlogged
-        )
+        self.reads_service_on_backlog = policy.reads_service and policy.lifts_on_backlog
 
     def is_waiting(self, req: RequestInfo) -> bool:
         """Whether the request is in the waiting queue."""

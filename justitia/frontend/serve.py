@@ -9,10 +9,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import logging
 import signal
 import socket
 
+from justitia.server import logs
 from justitia.server.settings import ServeSettings
 
 
@@ -73,13 +73,7 @@ async def serve(settings: ServeSettings, ready: asyncio.Event | None = None) -> 
             backend, AutoTokenizer.from_pretrained(str(backend.tokenizer_dir)), app_settings, pred, keys, book
         )
         manager = app.state.manager
-        log = logging.getLogger("justitia.server")  # one JSON object a line, on stderr
-        if not log.handlers:
-            handler = logging.StreamHandler()
-            handler.setFormatter(logging.Formatter("%(message)s"))
-            log.addHandler(handler)
-            log.setLevel(logging.INFO)
-            log.propagate = False
+        log = logs.setup()  # one JSON object a line, on stderr
         # keep-alive well above the 5 s default: under load a client may reuse a connection that
         # uvicorn has just closed (httpx then fails with ReadError)
         from justitia.server.limits import http_with_header_timeout
@@ -107,15 +101,12 @@ async def serve(settings: ServeSettings, ready: asyncio.Event | None = None) -> 
         def stop():
             if not manager.draining:
                 waiting = manager.in_flight() - manager.working()
-                print(
-                    f"justitia serve: stopping: {manager.working()} agent(s) in flight, waiting up to {drain_s:g} s"
-                    + (
-                        f"; {waiting} session(s) waiting for their client, not waited for"
-                        + (" (the journal keeps them)" if manager.journal is not None else " (no --journal: lost)")
-                        if waiting
-                        else ""
-                    ),
-                    flush=True,
+                logs.event(
+                    "stopping",
+                    working=manager.working(),
+                    wait_s=drain_s,
+                    sessions_not_waited_for=waiting,
+                    sessions_kept="journal" if manager.journal is not None else "lost: no --journal",
                 )
                 loop.create_task(drain())
             else:  # a second signal: stop now
@@ -134,10 +125,7 @@ async def serve(settings: ServeSettings, ready: asyncio.Event | None = None) -> 
             loop.add_signal_handler(sig, stop)
         if book is not None:
             finished, resumed = await manager.recover()
-            print(
-                f"justitia serve: journal {book.path}: {finished} finished and {resumed} unfinished agent(s) reloaded",
-                flush=True,
-            )
+            logs.event("journal_reloaded", path=book.path, finished=finished, unfinished=resumed)
         watcher = asyncio.create_task(watch())
         task = asyncio.create_task(server.serve(sockets=[sock]))
         while not server.started and not task.done():
@@ -151,17 +139,16 @@ async def serve(settings: ServeSettings, ready: asyncio.Event | None = None) -> 
                 if ray is not None
                 else backend.model
             )
-            print(
-                f"justitia serve: {where} ({backend.kv_tokens:,} KV tokens) with policy {policy} on "
-                f"http://{host}:{port} (API docs at /docs)",
-                flush=True,
-            )
-            print(
-                f"justitia serve: {len(keys)} API key(s)"
+            logs.event(
+                "serving",
+                engine=where,
+                kv_tokens=backend.kv_tokens,
+                policy=policy,
+                url=f"http://{host}:{port}",
+                api_docs="/docs",
+                api_keys=len(keys)
                 if not keys.open
-                else "justitia serve: no API key configured: open to every client that can reach it "
-                "(--api-key / --api-keys to require keys)",
-                flush=True,
+                else "none: open to every client that can reach it (--api-key / --api-keys to require keys)",
             )
             if ready is not None:
                 ready.set()

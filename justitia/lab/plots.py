@@ -4,14 +4,20 @@ tenants)."""
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import numpy as np
 
 
 def plot_results(doc: dict, out_dir: Path) -> list[Path]:
-    """Draw every plot the results allow into ``out_dir``; return the files written."""
-    import matplotlib
+    """Draw every plot the results allow into ``out_dir``; return the files written (none, and a
+    note on stderr, without matplotlib: the ``plots`` extra)."""
+    try:
+        import matplotlib
+    except ImportError:
+        print("plots: skipped (matplotlib is not installed: pip install 'justitia[plots]')", file=sys.stderr)
+        return []
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt

@@ -49,7 +49,7 @@ from justitia.agent import AgentProcess, AgentResult, Answer, Call, RunResult, d
 from justitia.backends.tagging import Tagger
 from justitia.core import REGISTER, RESET, RETIRE, STATE, WINDOW_STEPS, ControlCall, PolicyState, cost_model
 from justitia.core import capacity_per_s as default_capacity  # run() takes a capacity_per_s of its own
-from justitia.defaults import ITERATION_S, process_cpus
+from justitia.defaults import ITERATION_S, env, process_cpus
 from justitia.predictors import make_predictor
 from justitia.vllm.engine import EngineSpec, RunningEngine, control
 from justitia.vllm.steplog import StepRow, read_step_log
@@ -371,7 +371,7 @@ def core_layout(spec: EngineSpec) -> tuple[str, set[int] | None]:
     if len(cpus) < 2:
         return ",".join(map(str, cpus)), None
     threads = ",".join(map(str, cpus[1:]))
-    given = spec.cpu_threads or os.environ.get("VLLM_CPU_OMP_THREADS_BIND")  # (an earlier engine's is ours)
+    given = spec.cpu_threads or env("VLLM_CPU_OMP_THREADS_BIND")  # (an earlier engine's is ours)
     if given and given != threads:
         return given, None
     return threads, {cpus[0]}

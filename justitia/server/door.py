@@ -33,14 +33,13 @@ from __future__ import annotations
 import json
 import logging
 import math
-import os
 import re
 from dataclasses import replace
 from typing import Any
 
 from justitia.backends.wire import replay
 from justitia.core import META_KEYS, PRICE_KEYS, SESSION, TURN_START
-from justitia.defaults import ANSWER_CALLS_TOOL_KEY, ANSWER_TOKENS_KEY, DOOR_KEY, ENV_DOOR_TOKEN
+from justitia.defaults import ANSWER_CALLS_TOOL_KEY, ANSWER_TOKENS_KEY, DOOR_KEY, door_token
 from justitia.server.errors import answer, error_doc
 from justitia.server.identity import Identity, IdentityError, harness_turn, identify, opens_turn, turn_opener
 from justitia.server.keys import ANONYMOUS
@@ -308,7 +307,7 @@ class Door:
         if not client.trusted or "agent_weight" not in given:
             if client.weight != 1:
                 given["agent_weight"] = client.weight
-        token = os.environ.get(ENV_DOOR_TOKEN)
+        token = door_token()
         if token:  # checked here: the plug-in may read the prices and the tenant above (justitia.vllm.general)
             given[DOOR_KEY] = token
         holder[name] = given

@@ -107,11 +107,11 @@ def vllm_environment(
     the plugin's settings (``server.plugin.serve_config``), a calibration to start the clock's M
     from (``JUSTITIA_CALIBRATION``), and where the plug-in keeps what its own pricing learned
     (``JUSTITIA_PRICING_STATE``)."""
-    from justitia.defaults import ENV_CALIBRATION, ENV_DOOR_TOKEN, ENV_POLICY, ENV_PRICING_STATE
-    from justitia.server.plugin import ENV_SERVE
+    from justitia.defaults import ENV_CALIBRATION, ENV_DOOR_TOKEN, ENV_POLICY, ENV_PRICING_STATE, ENV_SERVE, door_token
+    from justitia.defaults import env as environ
     from justitia.vllm.engine import has_gpu
 
-    plugins = [p for p in os.environ.get("VLLM_PLUGINS", "").split(",") if p]
+    plugins = [p for p in environ("VLLM_PLUGINS", "").split(",") if p]
     env = {
         "VLLM_PLUGINS": ",".join(dict.fromkeys(plugins + ["justitia"])),
         ENV_POLICY: policy,
@@ -121,11 +121,11 @@ def vllm_environment(
         if not calibration.is_file():
             raise ValueError(f"--calibration: no file at {calibration}.")
         env[ENV_CALIBRATION] = str(calibration.resolve())
-    if pricing_state is not None and ENV_PRICING_STATE not in os.environ:
+    if pricing_state is not None and environ(ENV_PRICING_STATE) is None:
         env[ENV_PRICING_STATE] = str(pricing_state)
-    env.setdefault("HF_HUB_OFFLINE", os.environ.get("HF_HUB_OFFLINE", "1"))  # the model is a local directory
-    env[ENV_DOOR_TOKEN] = os.environ.get(ENV_DOOR_TOKEN) or secrets.token_hex(16)  # justitia.vllm.general
-    if "VLLM_CPU_KVCACHE_SPACE" not in os.environ and not has_gpu():
+    env.setdefault("HF_HUB_OFFLINE", environ("HF_HUB_OFFLINE", "1"))  # the model is a local directory
+    env[ENV_DOOR_TOKEN] = door_token() or secrets.token_hex(16)  # justitia.vllm.general
+    if environ("VLLM_CPU_KVCACHE_SPACE") is None and not has_gpu():
         env["VLLM_CPU_KVCACHE_SPACE"] = "1"  # GiB, as the benches' engines (vLLM's own default is 4)
     return env
 

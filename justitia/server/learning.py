@@ -16,6 +16,7 @@ from pathlib import Path
 
 from justitia.predictors import ONLINE_PRIOR, Predictor, make_online, make_predictor
 from justitia.predictors.online import keep, load_kept
+from justitia.server import logs
 
 SAVE_EVERY = 32  # finished agents or turns between two saves of an online predictor's state
 log = logging.getLogger("justitia.server")
@@ -33,6 +34,6 @@ def server_predictor(spec: str, state_path: str | Path | None = None) -> Predict
     pred = make_online(spec.partition(":")[2] or ONLINE_PRIOR, background=True)  # the bench's cold start too
     if state_path is not None:
         path = Path(state_path)
-        print(f"justitia: online predictor: {load_kept(pred, path)}", flush=True)
+        logs.event("online_predictor", state=str(path), loaded=load_kept(pred, path))
         atexit.register(keep(pred, path, SAVE_EVERY, log.warning))
     return pred

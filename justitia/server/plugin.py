@@ -24,19 +24,18 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 from pathlib import Path
 
-from justitia.defaults import policy_settings
+from justitia.defaults import ENV_SERVE, env, policy_settings
+from justitia.server import logs
 
-ENV_SERVE = "JUSTITIA_SERVE"
 log = logging.getLogger("justitia.server")
 SERVE_KEYS = ("predictor", "predictor_state", "api_keys", "api_keys_file", "journal", "limits")
 
 
 def serve_config(environ=None) -> dict:
     """``JUSTITIA_SERVE`` read and checked (a bad one raises ValueError, naming the key)."""
-    raw = (os.environ if environ is None else environ).get(ENV_SERVE, "{}")
+    raw = env(ENV_SERVE, "{}") if environ is None else environ.get(ENV_SERVE, "{}")
     try:
         doc = json.loads(raw)
     except ValueError as exc:
@@ -105,17 +104,13 @@ class JustitiaPlugin:
         register_collector(self)
         if self.journal is not None:
             finished, resumed = await self.manager.recover()
-            print(
-                f"justitia: journal {self.journal.path}: {finished} finished and {resumed} unfinished agent(s) "
-                f"reloaded",
-                flush=True,
-            )
-        print(
-            f"justitia: policy {self.policy} on {backend.model} ({backend.kv_tokens:,} KV tokens); "
-            + (
-                f"{len(self.keys)} API key(s)"
-                if not self.keys.open
-                else "no API key: open to every client that can reach it"
-            ),
-            flush=True,
+            logs.setup()
+            logs.event("journal_reloaded", path=self.journal.path, finished=finished, unfinished=resumed)
+        logs.setup()
+        logs.event(
+            "serving",
+            engine=backend.model,
+            kv_tokens=backend.kv_tokens,
+            policy=self.policy,
+            api_keys=len(self.keys) if not self.keys.open else "none: open to every client that can reach it",
         )

@@ -16,7 +16,7 @@ import os
 import secrets
 import sys
 
-from justitia.defaults import ENV_DOOR_TOKEN
+from justitia.defaults import ENV_DOOR_TOKEN, door_token
 
 SERVER_MODULES = ("vllm.entrypoints.launchers", "vllm.entrypoints.cli", "vllm.entrypoints.openai.api_server")
 
@@ -24,5 +24,5 @@ SERVER_MODULES = ("vllm.entrypoints.launchers", "vllm.entrypoints.cli", "vllm.en
 def register() -> None:
     """Set the door's token for this server's processes (once: the first process sets it), if this
     process is vLLM's OpenAI server."""
-    if not os.environ.get(ENV_DOOR_TOKEN) and any(m.startswith(SERVER_MODULES) for m in list(sys.modules)):
+    if not door_token() and any(m.startswith(SERVER_MODULES) for m in list(sys.modules)):
         os.environ[ENV_DOOR_TOKEN] = secrets.token_hex(16)

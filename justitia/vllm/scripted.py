@@ -33,9 +33,9 @@ from dataclasses import dataclass
 import torch
 from vllm.v1.sample.logits_processor import BatchUpdate, LogitsProcessor, MoveDirectionality
 
-from justitia.defaults import ANSWER_TOKENS_KEY
+from justitia.defaults import ANSWER_TOKENS_KEY, ENV_SCRIPT, env
 
-SCRIPT_ENV = "JUSTITIA_SCRIPT"
+SCRIPT_ENV = ENV_SCRIPT
 MAX_ANSWER_TOKENS = 1 << 20
 
 
@@ -85,7 +85,7 @@ class ScriptedAnswers(LogitsProcessor):
         model = vllm_config.model_config
         self.tokenizer = AutoTokenizer.from_pretrained(model.tokenizer, trust_remote_code=model.trust_remote_code)
         self.eos = self.tokenizer.eos_token_id
-        self.script, self.script_mtime, self.rules = os.environ.get(SCRIPT_ENV), None, []
+        self.script, self.script_mtime, self.rules = env(SCRIPT_ENV), None, []
         self.plans: dict[int, _Plan] = {}
 
     def is_argmax_invariant(self) -> bool:

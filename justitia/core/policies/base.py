@@ -60,6 +60,12 @@ class Policy:
     pools: ClassVar[bool] = False  # a tenant's agents share one service counter (vtc): charged every step
     settles_on_service: ClassVar[bool] = False  # a leaving agent settles at the service it was charged, not at
     # its requests' prices (justitia-guarded: its clock follows the true work whatever the prices)
+    # which events it reads (an engine skips the rest): the service charged (``charge``), work revealed
+    # past a price (``revise``), an agent queueing again (``backlogged``); tests/test_policies.py holds
+    # each to the methods its class defines
+    reads_service: ClassVar[bool] = False
+    revises: ClassVar[bool] = False
+    lifts_on_backlog: ClassVar[bool] = False
 
     def agent_arrived(self, agent: AgentInfo, now_s: float) -> None:
         """An agent arrived with its predicted cost."""

@@ -28,6 +28,8 @@ from justitia.core.policies.justitia import Justitia
 class EligibleJustitia(Justitia):
     """Justitia's tags, served eligible agents first (WF2Q-style)."""
 
+    reads_service = True
+
     name = "justitia-eligible"
     dynamic = True
     timed = True

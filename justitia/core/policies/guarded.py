@@ -38,6 +38,8 @@ _URGENT_STAMP = 1e12  # a front end's stamp for an urgent agent: its due time le
 class GuardedJustitia(Justitia):
     """Justitia's tags behind a lag guard: the paper's order, and a bound whatever the prices."""
 
+    reads_service = True
+
     name = "justitia-guarded"
     dynamic = True
     rising = True

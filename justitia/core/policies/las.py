@@ -9,6 +9,8 @@ class LAS(Policy):
 
     The counters are exact integers, so charging is exact in any grouping of steps."""
 
+    reads_service = True
+
     name = "las"
     agent_level = True
     dynamic = True

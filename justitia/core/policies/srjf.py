@@ -9,6 +9,8 @@ class SRJF(LAS):
     """Serve the agent with the least predicted remaining cost: LAS's attained service,
     subtracted from the prediction."""
 
+    revises = True
+
     name = "srjf"
     rising = False  # remaining cost falls as service is added
 
