@@ -8,6 +8,7 @@ import contextlib
 import json
 import threading
 import time
+from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -113,15 +114,13 @@ class RecordingBackend(Backend):
             return StreamingResponse(chunks(), media_type="text/event-stream")
         return JSONResponse(answer)
 
-    async def register(
-        self, agent_id, agent_type, predicted_cost, weight=1.0, tenant=None, resume_cost=None, session=False, dist=None
-    ):
+    async def register(self, reg):
         if self.register_failures:  # the engine cannot take an agent now
             self.register_failures -= 1
             raise BackendError("the engine is busy")
-        self.registered.append((agent_id, weight, tenant))
-        self.book.register(agent_id, agent_type, predicted_cost, 0.0, weight, tenant, resume_cost, session)
-        return self.book.virtual_finish(agent_id)
+        self.registered.append((reg.agent_id, reg.weight, reg.tenant))
+        self.book.register(replace(reg, dist=None), 0.0)
+        return self.book.virtual_finish(reg.agent_id)
 
     async def retire(self, agent_id, pause=False):
         if pause:

@@ -9,7 +9,7 @@ from helpers import agent, engine
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from justitia.core import KV, AgentScheduler, CapacityMeter, Charge, RequestMeta, VirtualClock
+from justitia.core import KV, AgentScheduler, CapacityMeter, Charge, Registration, RequestMeta, VirtualClock
 from justitia.core.policies import make_policy
 from justitia.lab.calibrate import calibrated_capacity
 from justitia.lab.metrics import delay_bound_s, gps_finish_times
@@ -100,7 +100,7 @@ def test_only_a_policy_with_a_clock_is_measured_and_m_changes_only_at_arrivals()
     assert core.traits.measures_capacity and core.clock().schedule == [(0.0, 100.0)]
     core.observe_service(1.0, Charge(kv_token_iters=50))
     assert core.clock().capacity_per_s == 100.0  # not until an agent arrives
-    core.agent_arrived("a", "t", 10.0, 3.0)
+    core.agent_arrived(Registration("a", "t", 10.0), 3.0)
     assert core.clock().capacity_per_s == pytest.approx(50.0) and core.clock().schedule[-1] == (
         3.0,
         pytest.approx(50.0),

@@ -8,7 +8,7 @@ import pytest
 from test_sessions import session
 
 from justitia.agent import AgentProcess, Answer, drive
-from justitia.core import AgentBook
+from justitia.core import AgentBook, Registration
 from justitia.lab.runner import SessionPrompts
 from justitia.predictors import OraclePredictor
 from justitia.workload import Agent, Stage, Task
@@ -94,7 +94,6 @@ def test_the_runner_registers_a_price_that_is_a_distribution_ahead_of_its_reques
     holds the distribution, which it reprices as it serves the turn. A point price registers nothing."""
     from dataclasses import replace
 
-    from justitia.core import CostDist
     from justitia.lab.runner import register_args
     from justitia.predictors import OnlinePredictor
 
@@ -105,18 +104,8 @@ def test_the_runner_registers_a_price_that_is_a_distribution_ahead_of_its_reques
 
     async def serve(call):
         meta, args = call.meta, register_args(proc, call)
-        if args is not None:  # as the runner sends it (control REGISTER), as the plug-in reads it (parse_dist)
-            values, probs = args["dist"]
-            book.register(
-                args["agent_id"],
-                args["agent_type"],
-                args["predicted_cost"],
-                0.0,
-                args["weight"],
-                args["tenant"],
-                session=args["session"],
-                dist=CostDist(tuple(values), tuple(probs)),
-            )
+        if args is not None:  # as the runner sends it (control REGISTER), as the plug-in reads it
+            book.register(Registration.from_json(args), 0.0)
             meta = replace(meta, turn_start=False)
         book.arrive(call.request_id, meta, call.task.prompt_tokens, call.task.output_tokens, 0.0)
         if args is not None:

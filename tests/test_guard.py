@@ -13,7 +13,7 @@ from helpers import engine, task_parallel_agents
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from justitia.core import AgentScheduler, Charge
+from justitia.core import AgentScheduler, Charge, Registration
 from justitia.core.guard import GUARD_FACTOR, Trace
 from justitia.core.policies import make_policy
 from justitia.lab.bench import delivered_capacity
@@ -145,8 +145,8 @@ def test_an_agent_left_behind_by_more_than_l_goes_first():
     # two agents at once: "big" priced low goes first; "small" priced 1e6x waits, and once its
     # pace point is more than L behind V it is urgent and its request comes before big's next one
     core = AgentScheduler.for_policy("justitia-guarded", 100.0)
-    core.agent_arrived("big", "t", 10.0, 0.0)
-    core.agent_arrived("small", "t", 1e9, 0.0)
+    core.agent_arrived(Registration("big", "t", 10.0), 0.0)
+    core.agent_arrived(Registration("small", "t", 1e9), 0.0)
     big = [core.request_arrived(f"b{i}", "big", 10, 100.0, 0.0) for i in range(3)]
     core.request_arrived("s0", "small", 10, 1e9, 0.0)
     core.advance(0.0)
@@ -162,7 +162,7 @@ def test_an_agent_left_behind_by_more_than_l_goes_first():
 def test_lag_is_price_free_and_scaled_by_the_largest_burst_served():
     pol = make_policy("justitia-guarded", 100.0)
     core = AgentScheduler(pol)
-    core.agent_arrived("a", "t", 1e12, 0.0)  # a price of 1e12 moves nothing
+    core.agent_arrived(Registration("a", "t", 1e12), 0.0)  # a price of 1e12 moves nothing
     req = core.request_arrived("a0", "a", 10, 1e12, 0.0)
     core.advance(1.0)
     assert pol.lag_s == 0.0
@@ -178,8 +178,8 @@ def test_a_deployment_s_history_sets_l_from_the_start():
     first = {}
     for scale in (0.0, 1e9):
         core = AgentScheduler.for_policy("justitia-guarded", 100.0, guard_scale=scale)
-        core.agent_arrived("big", "t", 10.0, 0.0)
-        core.agent_arrived("small", "t", 1e9, 0.0)
+        core.agent_arrived(Registration("big", "t", 10.0), 0.0)
+        core.agent_arrived(Registration("small", "t", 1e9), 0.0)
         big = [core.request_arrived(f"b{i}", "big", 10, 100.0, 0.0) for i in range(3)]
         core.request_arrived("s0", "small", 10, 1e9, 0.0)
         core.advance(0.0)
@@ -197,7 +197,7 @@ def test_a_session_s_scale_is_its_work_as_it_came_not_its_turn():
     for session in (True, False):
         pol = make_policy("justitia-guarded", 100.0)
         core = AgentScheduler(pol)
-        core.agent_arrived("s", "t", 1.0, 0.0, session=session)
+        core.agent_arrived(Registration("s", "t", 1.0, session=session), 0.0)
         for i, (t, amount) in enumerate([(0.0, 300.0), (5.0, 100.0)]):
             req = core.request_arrived(f"s{i}", "s", 10, 1.0, t)
             core.dequeue(req)
@@ -214,14 +214,14 @@ def test_a_session_back_from_a_long_tool_is_not_urgent_for_the_wait():
     # V(100 s) = 400, so its lag counts from then and the agent goes first; with its pace kept from
     # before the tool (V = 100, reached at 1 s) the session would be the more behind
     core = AgentScheduler.for_policy("justitia-guarded", 100.0, guard_scale=200.0)  # L = 2.5 s
-    core.agent_arrived("s", "t", 1e6, 0.0, session=True)
+    core.agent_arrived(Registration("s", "t", 1e6, session=True), 0.0)
     req = core.request_arrived("s0", "s", 10, 1e6, 0.0)
     core.dequeue(req)
     core.advance(0.0)
     core.charge(req, Charge(10, 10, 100.0), 1.0)
     core.request_finished(req)
     core.advance(1.0)
-    core.agent_arrived("a", "t", 1e5, 2.0)
+    core.agent_arrived(Registration("a", "t", 1e5), 2.0)
     core.request_arrived("a0", "a", 10, 1e5, 2.0)
     for t in range(2, 101):
         core.advance(float(t))

@@ -10,7 +10,7 @@ from helpers import engine
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from justitia.core import AgentScheduler
+from justitia.core import AgentScheduler, Registration
 from justitia.core.policies import POLICY_NAMES, make_policy
 from justitia.lab.bench import RunSpec
 from justitia.lab.sessions import TAG_EVICTION_LABEL, sessions_specs
@@ -136,9 +136,9 @@ def test_a_finished_session_is_unknown_and_a_paused_one_keeps_its_tag_in_the_eng
     cfg = replace(engine(blocks=8, budget=256), prefix_caching=True, kv_eviction="tag")
     core = AgentScheduler(make_policy("justitia", cfg.capacity_per_s("kv"), "kv"))
     e = PlainRun(cfg, core, lambda r: None)
-    core.agent_arrived("early", "t", 100.0, 0.0)
-    core.agent_arrived("late", "t", 10_000.0, 0.0)
-    core.agent_arrived("next", "t", 10.0, 0.0)
+    core.agent_arrived(Registration("early", "t", 100.0), 0.0)
+    core.agent_arrived(Registration("late", "t", 10_000.0), 0.0)
+    core.agent_arrived(Registration("next", "t", 10.0), 0.0)
     early, late = req("early", "E", 3), req("late", "L", 3)
     e.submit([late, early])
     while e.busy:

@@ -14,7 +14,7 @@ from helpers import agent, engine, task_parallel_agents
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from justitia.core import KV, AgentScheduler, Charge, CostDist, make_policy
+from justitia.core import KV, AgentScheduler, Charge, CostDist, Registration, make_policy
 from justitia.lab.metrics import delay_bound_s, gps_finish_times
 from justitia.predictors import OnlinePredictor, make_predictor
 from justitia.predictors.base import OraclePredictor
@@ -68,15 +68,15 @@ def test_a_malformed_distribution_is_refused(values, probs):
 # ----------------------------------------------------------------------- inside the clock
 def test_a_known_distribution_stamps_the_tag_a_point_price_does():
     a, b = (AgentScheduler.for_policy("justitia", 1000.0) for _ in range(2))
-    a.agent_arrived("x", "t", 5000.0, 0.0)
-    b.agent_arrived("x", "t", 0.0, 0.0, dist=CostDist.known(5000.0))
+    a.agent_arrived(Registration("x", "t", 5000.0), 0.0)
+    b.agent_arrived(Registration("x", "t", 0.0, dist=CostDist.known(5000.0)), 0.0)
     assert a.agent("x").virtual_finish == b.agent("x").virtual_finish == 5000.0
 
 
 def test_service_past_an_atom_reprices_the_tag_anchored_at_its_start():
     core = AgentScheduler.for_policy("justitia", 1000.0)
     d = CostDist((100.0, 10_000.0), (0.5, 0.5))
-    core.agent_arrived("x", "t", 0.0, 0.0, dist=d)
+    core.agent_arrived(Registration("x", "t", 0.0, dist=d), 0.0)
     first = core.agent("x").virtual_finish
     req = core.request_arrived("x/0", "x", 10, 1.0, 0.0)
     core.charge(req, Charge(10, 0, 150), 50.0)  # past the first atom, long after it arrived
@@ -88,7 +88,7 @@ def test_service_past_an_atom_reprices_the_tag_anchored_at_its_start():
 def test_repricing_needs_retagging():
     core = AgentScheduler.for_policy("justitia", 1000.0, retag=False)
     d = CostDist((100.0, 10_000.0), (0.5, 0.5))
-    core.agent_arrived("x", "t", 0.0, 0.0, dist=d)
+    core.agent_arrived(Registration("x", "t", 0.0, dist=d), 0.0)
     req = core.request_arrived("x/0", "x", 10, 1.0, 0.0)
     core.charge(req, Charge(10, 0, 150), 5.0)
     assert core.agent("x").virtual_finish == d.index(0)
@@ -325,13 +325,13 @@ def test_the_bench_learns_only_from_what_finished_earlier_in_the_run():
 def test_las_turn_starts_each_turn_afresh_where_las_remembers_the_session():
     for name, fresh in (("las-turn", True), ("las", False)):
         core = AgentScheduler.for_policy(name)
-        core.agent_arrived("s", "t", 1.0, 0.0, session=True)
-        core.agent_arrived("o", "t", 1.0, 0.0)
+        core.agent_arrived(Registration("s", "t", 1.0, session=True), 0.0)
+        core.agent_arrived(Registration("o", "t", 1.0), 0.0)
         req = core.request_arrived("s/0", "s", 10, 1.0, 0.0)
         core.charge(req, Charge(10, 5, 500))
         core.request_finished(req)
         core.agent_finished("s", 1.0, pause=True)
-        core.agent_arrived("s", "t", 1.0, 2.0)  # its next turn
+        core.agent_arrived(Registration("s", "t", 1.0), 2.0)  # its next turn
         other = core.request_arrived("o/0", "o", 10, 1.0, 2.0)
         core.charge(other, Charge(10, 1, 100))
         core.request_arrived("s/1", "s", 10, 1.0, 2.0)
@@ -340,11 +340,11 @@ def test_las_turn_starts_each_turn_afresh_where_las_remembers_the_session():
 
 def test_las_decay_forgets_service_long_past_as_llm_d_does():
     core = AgentScheduler.for_policy("las-decay")
-    core.agent_arrived("old", "t", 1.0, 0.0)
+    core.agent_arrived(Registration("old", "t", 1.0), 0.0)
     r = core.request_arrived("old/0", "old", 10, 1.0, 0.0)
     core.charge(r, Charge(1000, 0, 0))  # 1,000 weighted tokens at t = 0
     core.request_finished(r)
-    core.agent_arrived("new", "t", 1.0, 600.0)  # ten half-lives later
+    core.agent_arrived(Registration("new", "t", 1.0), 600.0)  # ten half-lives later
     r2 = core.request_arrived("new/0", "new", 10, 1.0, 600.0)
     core.charge(r2, Charge(10, 0, 0))  # 10 tokens now: more than what is left of the 1,000
     core.request_arrived("old/1", "old", 10, 1.0, 600.0)
@@ -352,7 +352,7 @@ def test_las_decay_forgets_service_long_past_as_llm_d_does():
     # under plain LAS the old agent's 1,000 tokens count in full
     las = AgentScheduler.for_policy("las", cost="compute")
     for a, t in (("old", 0.0), ("new", 600.0)):
-        las.agent_arrived(a, "t", 1.0, t)
+        las.agent_arrived(Registration(a, "t", 1.0), t)
     las.charge(las.request_arrived("old/0", "old", 10, 1.0, 0.0), Charge(1000, 0, 0))
     las.charge(las.request_arrived("new/0", "new", 10, 1.0, 600.0), Charge(10, 0, 0))
     las.request_arrived("old/1", "old", 10, 1.0, 600.0)

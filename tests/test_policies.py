@@ -15,6 +15,7 @@ from justitia.core import (
     AgentBook,
     AgentScheduler,
     Charge,
+    Registration,
     RequestInfo,
     RequestMeta,
     cost_model,
@@ -68,8 +69,8 @@ def order(core):
 )
 def test_fcfs_serves_requests_in_arrival_order_and_parrot_keeps_an_agents_requests_together(policy, served):
     core = scheduler(policy)
-    core.agent_arrived("x", "t", 500, 0.0)  # x first but dearer: neither policy looks at the cost
-    core.agent_arrived("y", "t", 5, 0.0)
+    core.agent_arrived(Registration("x", "t", 500), 0.0)  # x first but dearer: neither policy looks at the cost
+    core.agent_arrived(Registration("y", "t", 5), 0.0)
     for rid, a in [("x1", "x"), ("y1", "y"), ("x2", "x")]:
         core.request_arrived(rid, a, 10, 1.0)
     assert order(core) == served
@@ -77,7 +78,7 @@ def test_fcfs_serves_requests_in_arrival_order_and_parrot_keeps_an_agents_reques
 
 def test_sjf_serves_the_cheapest_request_first():
     core = scheduler("sjf")
-    core.agent_arrived("x", "t", 0, 0.0)
+    core.agent_arrived(Registration("x", "t", 0), 0.0)
     for rid, cost in [("big", 90.0), ("small", 5.0), ("mid", 40.0)]:
         core.request_arrived(rid, "x", 10, cost)
     assert order(core) == ["small", "mid", "big"]
@@ -100,8 +101,8 @@ def test_srjf_prefers_least_remaining_and_las_least_attained_service_and_both_up
     policy, costs, first, service, then
 ):
     core = scheduler(policy)
-    core.agent_arrived("x", "t", costs[0], 0.0)
-    core.agent_arrived("y", "t", costs[1], 0.0)
+    core.agent_arrived(Registration("x", "t", costs[0]), 0.0)
+    core.agent_arrived(Registration("y", "t", costs[1]), 0.0)
     rx = core.request_arrived("x1", "x", 10, 1.0)
     core.request_arrived("y1", "y", 10, 1.0)
     assert core.peek().agent_id == first
@@ -112,7 +113,7 @@ def test_srjf_prefers_least_remaining_and_las_least_attained_service_and_both_up
 def test_vtc_counts_input_once_and_output_twice_and_lifts_returning_agents():
     core = scheduler("vtc")
     for a in "xyz":
-        core.agent_arrived(a, "t", 0, 0.0)
+        core.agent_arrived(Registration(a, "t", 0), 0.0)
     rx = core.request_arrived("x1", "x", 10, 1.0)
     ry = core.request_arrived("y1", "y", 10, 1.0)
     core.dequeue(rx)  # x admitted: 100 prompt tokens, then 10 output tokens
@@ -131,7 +132,7 @@ def test_vtc_counts_input_once_and_output_twice_and_lifts_returning_agents():
 def test_advance_names_the_agents_whose_keys_moved_and_no_others():
     core = scheduler("vtc")
     for a in "xyz":
-        core.agent_arrived(a, "t", 0, 0.0)
+        core.agent_arrived(Registration(a, "t", 0), 0.0)
     rx, ry = core.request_arrived("x1", "x", 10, 1.0), core.request_arrived("y1", "y", 10, 1.0)
     core.dequeue(rx)
     core.dequeue(ry)
@@ -149,9 +150,9 @@ def test_advance_names_the_agents_whose_keys_moved_and_no_others():
 
 def test_justitia_orders_by_finish_tag_not_arrival():
     core = scheduler("justitia", capacity=100)
-    core.agent_arrived("A", "t", 200, 0.0)
+    core.agent_arrived(Registration("A", "t", 200), 0.0)
     core.request_arrived("a1", "A", 10, 20.0)
-    core.agent_arrived("B", "t", 30, 1.0)
+    core.agent_arrived(Registration("B", "t", 30), 1.0)
     core.request_arrived("b1", "B", 10, 15.0)
     assert core.agent("A").virtual_finish == 200 and core.agent("B").virtual_finish == pytest.approx(130)
     assert order(core) == ["b1", "a1"]
@@ -160,8 +161,8 @@ def test_justitia_orders_by_finish_tag_not_arrival():
 def test_justitia_eligible_holds_back_an_agent_ahead_of_gps_until_v_catches_up():
     core = scheduler("justitia-eligible", capacity=100)
     assert core.traits.timed and core.traits.keys_move
-    core.agent_arrived("A", "t", 100, 0.0)  # tag 100
-    core.agent_arrived("B", "t", 300, 0.0)  # tag 300: plain justitia serves A first, whatever A got
+    core.agent_arrived(Registration("A", "t", 100), 0.0)  # tag 100
+    core.agent_arrived(Registration("B", "t", 300), 0.0)  # tag 300: plain justitia serves A first, whatever A got
     a1 = core.request_arrived("a1", "A", 10, 50.0)
     core.request_arrived("b1", "B", 10, 50.0)
     core.advance(0.0)
@@ -186,8 +187,8 @@ LOWEST_PRIORITY = {"fcfs": "y1", "sjf": "x1", "parrot": "y1", "vtc": "x1", "srjf
 def test_victim_is_the_lowest_priority_and_finished_agents_leave_no_state(name):
     policy = make_policy(name, 100.0)
     core = AgentScheduler(policy)
-    core.agent_arrived("x", "t", 10, 0.0)
-    core.agent_arrived("y", "t", 1000, 0.5)
+    core.agent_arrived(Registration("x", "t", 10), 0.0)
+    core.agent_arrived(Registration("y", "t", 1000), 0.5)
     rx = core.request_arrived("x1", "x", 10, 50.0)
     ry = core.request_arrived("y1", "y", 10, 5.0)
     for req in (rx, ry):
@@ -231,7 +232,10 @@ def test_dynamic_queue_order_and_vtc_lift_match_the_plain_computation(name, seed
     agents = [f"a{i}" for i in range(int(rng.integers(2, 24)))]
     for i, a in enumerate(agents):
         core.agent_arrived(
-            a, "t", float(rng.integers(1, 5000)), 0.0, weight=float(rng.choice([0.5, 1.0, 3.0])) if weighted else 1.0
+            Registration(
+                a, "t", float(rng.integers(1, 5000)), weight=float(rng.choice([0.5, 1.0, 3.0])) if weighted else 1.0
+            ),
+            0.0,
         )
     waiting, running, n = [], [], 0
     for _ in range(int(rng.integers(20, 600))):
@@ -305,7 +309,7 @@ def test_agent_book_registers_on_first_request_and_releases_on_done_cancel_or_id
     assert book.sweep(12.0) == [] and book.sweep(13.0) == ["b"] and book.agent("b") is None
 
     # cancel: released at once, its open request finishes later without error
-    book.register("c", "t", 30.0, 14.0)
+    book.register(Registration("c", "t", 30.0), 14.0)
     book.arrive("c1", RequestMeta("c"), 10, 4, now_s=14.0)
     assert book.release("c", 14.5) and not book.release("c", 14.6)
     assert book.finish("c1", 15.0) is not None and book.agent("c") is None

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 import justitia.sim.simulator as simulator
 from justitia.agent import AgentProcess
-from justitia.core import AgentScheduler
+from justitia.core import AgentScheduler, Registration
 from justitia.core.policies import POLICY_NAMES, make_policy
 from justitia.predictors import make_predictor
 from justitia.sim import LatencyProfile, Simulator
@@ -101,7 +101,7 @@ def test_touching_a_free_cached_block_takes_it_out_of_the_free_queue():
 def make_engine(blocks=64, budget=256, seqs=64, caching=True, policy="fcfs") -> PlainRun:
     cfg = replace(engine(blocks=blocks, budget=budget, seqs=seqs), prefix_caching=caching)
     core = AgentScheduler(make_policy(policy, cfg.capacity_per_s("kv"), "kv"))
-    core.agent_arrived("a", "t", 1.0, 0.0)
+    core.agent_arrived(Registration("a", "t", 1.0), 0.0)
     return PlainRun(cfg, core, lambda r: None)
 
 

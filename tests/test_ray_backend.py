@@ -15,6 +15,7 @@ from ray.exceptions import ActorDiedError, RayTaskError  # noqa: E402
 from justitia.backends.base import DEADLINE, BackendError, BackendInterrupted, Completion, Sampling  # noqa: E402
 from justitia.backends.ray.backend import RayBackend  # noqa: E402
 from justitia.backends.ray.replica import EngineDead, ReplicaOutput  # noqa: E402
+from justitia.core import Registration
 
 
 class FakeHandle:
@@ -93,7 +94,7 @@ async def _run(backend, agent_id="a", ids=(1, 2, 3, 4, 5, 6), done=True):
 
 def test_every_request_carries_its_agents_tag_and_the_router_reads_its_cost_and_first_block():
     backend = _backend(["ok"])
-    tag = asyncio.run(backend.register("a", "mrs", 500.0))
+    tag = asyncio.run(backend.register(Registration("a", "mrs", 500.0)))
     outs = asyncio.run(_run(backend))
     call = backend.handle.calls[0]
     assert call["xargs"]["agent_tag"] == tag == 500.0  # V(0) + C
@@ -107,7 +108,7 @@ def test_the_clock_runs_at_the_replicas_measured_m_from_the_next_arrival():
     backend = _backend(["ok"])
     asyncio.run(_run(backend, "a"))  # replica 11 reports 400 per second
     assert backend.capacity() == 800.0  # the mean of the reports x 2 replicas
-    asyncio.run(backend.register("b", "mrs", 100.0))
+    asyncio.run(backend.register(Registration("b", "mrs", 100.0)))
     assert backend.book.clock().capacity_per_s == 800.0
 
 

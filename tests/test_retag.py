@@ -7,7 +7,7 @@ import pytest
 from helpers import agent, engine
 
 from justitia.agent import AgentProcess
-from justitia.core import KV, AgentScheduler, Charge, make_policy
+from justitia.core import KV, AgentScheduler, Charge, Registration, make_policy
 from justitia.predictors import OraclePredictor
 from justitia.sim import Simulator
 
@@ -18,8 +18,8 @@ def core(policy="justitia", retag=True):
 
 def test_an_agent_that_reveals_more_work_moves_back_to_v_now_plus_what_remains():
     c = core()
-    c.agent_arrived("T", "t", 10.0, 0.0)  # priced at 10: its tag is 10
-    c.agent_arrived("H", "t", 100.0, 0.0)
+    c.agent_arrived(Registration("T", "t", 10.0), 0.0)  # priced at 10: its tag is 10
+    c.agent_arrived(Registration("H", "t", 100.0), 0.0)
     first = c.request_arrived("T/0", "T", 1, 10.0, 0.0)
     assert c.agent("T").virtual_finish == pytest.approx(10.0)
     c.dequeue(first)
@@ -33,7 +33,7 @@ def test_an_agent_that_reveals_more_work_moves_back_to_v_now_plus_what_remains()
 
 def test_without_retagging_the_first_tag_stays():
     c = core(retag=False)
-    c.agent_arrived("T", "t", 10.0, 0.0)
+    c.agent_arrived(Registration("T", "t", 10.0), 0.0)
     c.request_arrived("T/0", "T", 1, 10.0, 0.0)
     c.request_arrived("T/1", "T", 1, 190.0, 0.1)
     assert c.agent("T").virtual_finish == pytest.approx(10.0)
@@ -41,7 +41,7 @@ def test_without_retagging_the_first_tag_stays():
 
 def test_work_within_the_prediction_never_moves_a_tag():
     c = core()
-    c.agent_arrived("A", "t", 100.0, 0.0)
+    c.agent_arrived(Registration("A", "t", 100.0), 0.0)
     for i in range(4):  # 4 x 25 = the predicted 100 exactly
         c.request_arrived(f"A/{i}", "A", 1, 25.0, 0.1 * i)
     assert c.agent("A").virtual_finish == pytest.approx(100.0)
@@ -49,8 +49,8 @@ def test_work_within_the_prediction_never_moves_a_tag():
 
 def test_a_tag_only_moves_back():
     c = core()
-    c.agent_arrived("A", "t", 100.0, 0.0)
-    c.agent_arrived("B", "t", 1000.0, 0.0)
+    c.agent_arrived(Registration("A", "t", 100.0), 0.0)
+    c.agent_arrived(Registration("B", "t", 1000.0), 0.0)
     r = c.request_arrived("A/0", "A", 1, 90.0, 0.0)
     c.dequeue(r)
     c.request_finished(r)  # 90 done
@@ -60,21 +60,21 @@ def test_a_tag_only_moves_back():
 
 def test_an_agent_gps_had_finished_counts_again_when_it_reveals_more():
     c = core()
-    c.agent_arrived("A", "t", 10.0, 0.0)
+    c.agent_arrived(Registration("A", "t", 10.0), 0.0)
     r = c.request_arrived("A/0", "A", 1, 10.0, 0.0)
     c.dequeue(r)
     assert c.clock().active == 1 and c.clock(0.5).virtual_time == pytest.approx(10.0) and c.clock().active == 0
     c.request_finished(r)
     c.request_arrived("A/1", "A", 1, 50.0, 0.5)  # V stopped at 10 when GPS finished A
     assert c.agent("A").virtual_finish == pytest.approx(60.0) and c.clock().active == 1  # V + 50
-    c.agent_arrived("B", "t", 50.0, 0.5)
+    c.agent_arrived(Registration("B", "t", 50.0), 0.5)
     assert c.clock(0.6).virtual_time == pytest.approx(10.0 + 0.1 * 100 / 2)  # two agents share the clock again
 
 
 def test_srjf_does_not_keep_an_underpriced_agent_first_for_good():
     c = core("srjf")
-    c.agent_arrived("T", "t", 10.0, 0.0)
-    c.agent_arrived("H", "t", 100.0, 0.0)
+    c.agent_arrived(Registration("T", "t", 10.0), 0.0)
+    c.agent_arrived(Registration("H", "t", 100.0), 0.0)
     t0 = c.request_arrived("T/0", "T", 1, 10.0, 0.0)
     c.dequeue(t0)
     c.charge(t0, Charge(kv_token_iters=50))  # served past its price
@@ -124,11 +124,11 @@ def test_an_agent_charged_beyond_its_price_moves_back_whatever_its_requests_said
     priced at 10 whose requests claim 5 each but are charged 300 moves to about ``V(now) + 290``, its
     waiting request with it, behind an honest agent that arrived later."""
     c = core()
-    c.agent_arrived("T", "t", 10.0, 0.0)
+    c.agent_arrived(Registration("T", "t", 10.0), 0.0)
     running = c.request_arrived("T/0", "T", 1, 5.0, 0.0)
     waiting = c.request_arrived("T/1", "T", 1, 5.0, 0.0)
     c.dequeue(running)
-    c.agent_arrived("H", "t", 100.0, 0.1)  # V(0.1) = 10 (T alone until then): H's tag is 110
+    c.agent_arrived(Registration("H", "t", 100.0), 0.1)  # V(0.1) = 10 (T alone until then): H's tag is 110
     honest = c.request_arrived("H/0", "H", 1, 100.0, 0.1)
     assert c.peek() is waiting  # T's 10 is ahead of H's 110
     for step in range(30):  # 30 steps of 10 KV token-time each, at 0.2 s
@@ -146,7 +146,7 @@ def test_charges_without_a_time_or_within_the_price_never_retag():
     tag; without retagging, even attained service beyond it does."""
     for retag, now, total in ((True, None, 300), (True, 0.2, 10), (False, 0.2, 300)):
         c = core(retag=retag)
-        c.agent_arrived("T", "t", 10.0, 0.0)
+        c.agent_arrived(Registration("T", "t", 10.0), 0.0)
         r = c.request_arrived("T/0", "T", 1, 5.0, 0.0)
         c.dequeue(r)
         c.charge(r, Charge(0, 1, total), now)
@@ -162,7 +162,7 @@ def test_retagging_on_attained_service_is_geometric():
     revise = policy.revise
     policy.revise = lambda *a: (revisions.append(a[1]), revise(*a))
     c = AgentScheduler(policy)
-    c.agent_arrived("T", "t", 10.0, 0.0)
+    c.agent_arrived(Registration("T", "t", 10.0), 0.0)
     r = c.request_arrived("T/0", "T", 1, 10.0, 0.0)
     c.dequeue(r)
     for _ in range(1000):
@@ -175,14 +175,14 @@ def test_a_resumed_agent_is_stamped_with_what_gps_still_owed_it_and_keeps_its_wh
     """``resume_cost`` places an agent resumed after a restart at ``V(now) + owed / w``; its requests,
     which add up to its whole predicted cost, do not retag it (the core keeps the whole cost)."""
     c = core()
-    c.agent_arrived("R", "t", 100.0, 0.0, resume_cost=20.0)
-    c.agent_arrived("N", "t", 100.0, 0.0)  # a newcomer of the same cost
+    c.agent_arrived(Registration("R", "t", 100.0, resume_cost=20.0), 0.0)
+    c.agent_arrived(Registration("N", "t", 100.0), 0.0)  # a newcomer of the same cost
     assert c.agent("R").virtual_finish == pytest.approx(20.0) and c.agent("N").virtual_finish == pytest.approx(100.0)
     r = [c.request_arrived(f"R/{i}", "R", 1, 50.0, 0.0) for i in range(2)]  # 100 revealed: its whole cost
     n = c.request_arrived("N/0", "N", 1, 100.0, 0.0)
     assert c.agent("R").virtual_finish == pytest.approx(20.0)  # not retagged
     assert c.peek() is r[0] and c.priority(r[1]) < c.priority(n)
     with pytest.raises(ValueError, match="resume_cost"):
-        c.agent_arrived("X", "t", 100.0, 0.0, resume_cost=float("nan"))
-    c.agent_arrived("Y", "t", 100.0, 0.0, resume_cost=500.0)  # never more than its cost
+        c.agent_arrived(Registration("X", "t", 100.0, resume_cost=float("nan")), 0.0)
+    c.agent_arrived(Registration("Y", "t", 100.0, resume_cost=500.0), 0.0)  # never more than its cost
     assert c.agent("Y").virtual_finish <= c.clock(0.0).virtual_time + 100.0 + 1e-9

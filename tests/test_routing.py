@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from justitia.core import AgentBook, AgentScheduler, ReplicaLoad, Replicas, RequestMeta, RouteRequest
+from justitia.core import AgentBook, AgentScheduler, Registration, ReplicaLoad, Replicas, RequestMeta, RouteRequest
 from justitia.core.routing import make_router
 
 
@@ -86,7 +86,7 @@ def test_an_engine_behind_one_clock_serves_its_requests_in_the_tags_the_front_en
     cores = [AgentScheduler.for_policy("tagged", 100.0, measure_every_s=1.0) for _ in range(2)]
     engines = [AgentBook(core) for core in cores]
     for name, cost in (("big", 5000.0), ("small", 50.0), ("mid", 500.0)):
-        front.register(name, "t", cost, 0.0)
+        front.register(Registration(name, "t", cost), 0.0)
     for i, name in enumerate(("big", "small", "mid") * 2):
         info, _ = front.tag(f"{name}/{i}", RequestMeta(name), 10, 10, 0.0)
         tag = front.stamp(info)[0]
@@ -104,7 +104,7 @@ def test_an_engine_behind_one_clock_serves_its_requests_in_the_tags_the_front_en
 
 def test_a_tagged_engine_puts_untagged_requests_last_and_only_a_trusted_sender_may_tag():
     core = AgentScheduler.for_policy("tagged")
-    core.agent_arrived("a", "t", 1.0, 0.0)
+    core.agent_arrived(Registration("a", "t", 1.0), 0.0)
     late = core.request_arrived("untagged", "a", 1, 1.0)
     early = core.request_arrived("tagged", "a", 1, 1.0, tag=7.0)
     assert core.peek() is early and core.priority(late) > core.priority(early)

@@ -13,6 +13,7 @@ import pytest
 from inprocess import RecordingBackend, WordTokenizer
 from servers import Server, free_port, metric, metric_sum, samples, sigkill, wait_agent
 
+from justitia.core import Registration
 from justitia.lab import abuse
 from justitia.predictors import make_predictor
 from justitia.server.agents import AgentManager, Settings
@@ -45,7 +46,7 @@ def test_placeholders_render_earlier_outputs_and_bad_ones_are_refused():
 def test_metrics_report_the_clock_of_the_policy_that_orders_the_engine_or_say_there_is_none(policy):
     backend = RecordingBackend(policy, capacity=100.0, state_at=1.0)  # its clock (if any): M = 100/s, read at t=1
     manager = AgentManager(backend, None, Settings(policy=policy), make_predictor("oracle"))
-    tag = asyncio.run(backend.register("a", "t", 50.0))
+    tag = asyncio.run(backend.register(Registration("a", "t", 50.0)))
     text = prometheus_text(manager, asyncio.run(backend.state()))
     values = {name: value for name, labels, value in samples(text) if labels == {"model_name": manager.watch.model}}
     assert values["justitia_policy_agents"] == 1

@@ -8,6 +8,7 @@ import pytest
 from helpers import engine
 
 from justitia.agent import AgentProcess, Answer, drive
+from justitia.core import Registration
 from justitia.predictors import OraclePredictor
 from justitia.sim import Simulator
 from justitia.workload import Agent, Segment, Stage, Task, WorkloadError, load_workload, save_workload, scale_tokens
@@ -248,42 +249,44 @@ def _burst(core, agent_id, cost, now, n=1):
 
 def test_a_session_back_before_gps_finished_its_work_queues_behind_it():
     core = _core("justitia")
-    core.agent_arrived("s", "coding", 300.0, 0.0)  # f = 300; alone, V runs at 100/s
+    core.agent_arrived(Registration("s", "coding", 300.0), 0.0)  # f = 300; alone, V runs at 100/s
     _burst(core, "s", 300.0, 0.0)
-    core.agent_arrived("x", "t", 1000.0, 0.0)  # two flows: V runs at 50/s
+    core.agent_arrived(Registration("x", "t", 1000.0), 0.0)  # two flows: V runs at 50/s
     [req] = [core.peek()]
     core.dequeue(req)
     core.request_finished(req)  # the engine ran the burst ahead of GPS
     core.agent_finished("s", 1.0, pause=True)  # V(1) = 50 < 300: GPS still serves its burst
-    core.agent_arrived("s", "coding", 200.0, 2.0)  # back at V(2) = 100
+    core.agent_arrived(Registration("s", "coding", 200.0), 2.0)  # back at V(2) = 100
     assert core.agent("s").virtual_finish == pytest.approx(300.0 + 200.0)  # behind its earlier work, not 100 + 200
     late = _core("justitia")
-    late.agent_arrived("s", "coding", 100.0, 0.0)
+    late.agent_arrived(Registration("s", "coding", 100.0), 0.0)
     _burst(late, "s", 100.0, 0.0)
     r = late.peek()
     late.dequeue(r)
     late.request_finished(r)
     late.agent_finished("s", 0.5, pause=True)
-    late.agent_arrived("s", "coding", 50.0, 5.0)  # GPS finished it at t=1 and V stood still since: V = 100
+    late.agent_arrived(
+        Registration("s", "coding", 50.0), 5.0
+    )  # GPS finished it at t=1 and V stood still since: V = 100
     assert late.agent("s").virtual_finish == pytest.approx(100.0 + 50.0)
 
 
 def test_a_pause_settles_the_burst_at_what_it_asked_for():
     core = _core("justitia")
-    core.agent_arrived("s", "coding", 1000.0, 0.0)  # predicted 1000, asks for 100
+    core.agent_arrived(Registration("s", "coding", 1000.0), 0.0)  # predicted 1000, asks for 100
     _burst(core, "s", 100.0, 0.0)
     r = core.peek()
     core.dequeue(r)
     core.request_finished(r)
     core.agent_finished("s", 0.1, pause=True)
-    core.agent_arrived("s", "coding", 50.0, 0.2)  # V(0.2) = 20: its settled f is 100, not 1000
+    core.agent_arrived(Registration("s", "coding", 50.0), 0.2)  # V(0.2) = 20: its settled f is 100, not 1000
     assert core.agent("s").virtual_finish == pytest.approx(150.0)
 
 
 def test_las_counts_a_sessions_service_across_its_pauses():
     core = _core("las")
     for a in ("s", "new"):
-        core.agent_arrived(a, "t", 1.0, 0.0)
+        core.agent_arrived(Registration(a, "t", 1.0), 0.0)
     _burst(core, "s", 1.0, 0.0)
     r = core.peek()
     core.dequeue(r)
@@ -292,7 +295,7 @@ def test_las_counts_a_sessions_service_across_its_pauses():
     core.charge(r, Charge(0, 10, 500))
     core.request_finished(r)
     core.agent_finished("s", 1.0, pause=True)
-    core.agent_arrived("s", "t", 1.0, 2.0)
+    core.agent_arrived(Registration("s", "t", 1.0), 2.0)
     _burst(core, "s", 1.0, 2.0)
     _burst(core, "new", 1.0, 2.0)
     assert core.peek().agent_id == "new"  # "s" keeps the service it had before its pause
@@ -300,7 +303,7 @@ def test_las_counts_a_sessions_service_across_its_pauses():
 
 def test_only_a_session_with_nothing_open_pauses():
     core = _core("justitia")
-    core.agent_arrived("s", "t", 10.0, 0.0)
+    core.agent_arrived(Registration("s", "t", 10.0), 0.0)
     _burst(core, "s", 10.0, 0.0)
     with pytest.raises(ValueError, match="cannot pause"):
         core.agent_finished("s", 0.1, pause=True)
@@ -435,11 +438,11 @@ def test_both_stepping_modes_agree_on_sessions_with_the_cache_on(policy, burst):
 
 def test_a_session_burst_that_reveals_more_moves_back_from_its_start():
     core = _core("justitia")
-    core.agent_arrived("x", "t", 10_000.0, 0.0)
-    core.agent_arrived("s", "coding", 100.0, 0.0, session=True)  # f = 100, predicted small
+    core.agent_arrived(Registration("x", "t", 10_000.0), 0.0)
+    core.agent_arrived(Registration("s", "coding", 100.0, session=True), 0.0)  # f = 100, predicted small
     plain = _core("justitia")
-    plain.agent_arrived("x", "t", 10_000.0, 0.0)
-    plain.agent_arrived("s", "coding", 100.0, 0.0)
+    plain.agent_arrived(Registration("x", "t", 10_000.0), 0.0)
+    plain.agent_arrived(Registration("s", "coding", 100.0), 0.0)
     for c in (core, plain):
         _burst(c, "s", 100.0, 0.0)
         r = c.peek()

@@ -12,7 +12,7 @@ from helpers import agent, engine, retained
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from justitia.core import KV, AgentScheduler, Charge
+from justitia.core import KV, AgentScheduler, Charge, Registration
 from justitia.core.policies import make_policy
 from justitia.lab.metrics import delay_bound_s, gps_finish_times
 from justitia.lab.tenants import backlog_shares, tenant_lags
@@ -179,7 +179,7 @@ def test_the_grouped_queue_always_offers_the_request_with_the_smallest_key(ops, 
         now += 0.01
         agent_id = f"a{agent_no}"
         if core.agent(agent_id) is None:
-            core.agent_arrived(agent_id, "t", cost * 3, now, tenant=(None, "x", "y", "x")[agent_no % 4])
+            core.agent_arrived(Registration(agent_id, "t", cost * 3, tenant=(None, "x", "y", "x")[agent_no % 4]), now)
         if op == 0 or not waiting:
             seq += 1
             info = core.request_arrived(f"r{seq}", agent_id, 10, cost, now)
@@ -203,11 +203,11 @@ def test_the_grouped_queue_always_offers_the_request_with_the_smallest_key(ops, 
 
 def test_an_arrival_in_a_tenant_moves_its_agents_keys_for_the_engine_to_restamp():
     core = AgentScheduler.for_policy("justitia", 100.0)
-    core.agent_arrived("a", "t", 1000.0, 0.0, tenant="T")
-    core.agent_arrived("b", "t", 10.0, 0.0)  # no tenant: its key never moves
+    core.agent_arrived(Registration("a", "t", 1000.0, tenant="T"), 0.0)
+    core.agent_arrived(Registration("b", "t", 10.0), 0.0)  # no tenant: its key never moves
     core.advance(0.1)
     before = core.lookahead.agent_key("a")
-    core.agent_arrived("c", "t", 1.0, 0.1, tenant="T")  # cuts in ahead of a inside T
+    core.agent_arrived(Registration("c", "t", 1.0, tenant="T"), 0.1)  # cuts in ahead of a inside T
     assert core.traits.keys_shift and core.advance(0.1) == {"a", "c"}
     assert core.lookahead.agent_key("a") > before
     assert core.advance(0.1) == set()
@@ -222,7 +222,7 @@ def test_a_tagging_front_end_that_never_peeks_keeps_no_stale_queue_entries():
     def held_after(n):
         core = AgentScheduler.for_policy("justitia", 100.0)
         for i in range(n):
-            core.agent_arrived(f"a{i}", "t", 10.0, i * 1.0, tenant=("x", None)[i % 2])
+            core.agent_arrived(Registration(f"a{i}", "t", 10.0, tenant=("x", None)[i % 2]), i * 1.0)
             info = core.request_arrived(f"r{i}", f"a{i}", 10, 10.0, i * 1.0)
             core.dequeue(info)
             core.request_finished(info)
@@ -241,13 +241,13 @@ def test_a_long_running_clock_forgets_every_agent_of_its_tenants():
         core = AgentScheduler(policy)
         for i in range(n):
             now = i * 0.5
-            core.agent_arrived(f"a{i}", "t", 20.0, now, tenant=f"t{i % 3}")
+            core.agent_arrived(Registration(f"a{i}", "t", 20.0, tenant=f"t{i % 3}"), now)
             info = core.request_arrived(f"r{i}", f"a{i}", 10, 20.0, now)
             core.dequeue(info)
             core.request_finished(info)
             core.agent_finished(f"a{i}", now)  # done at once: far ahead of its tenant's GPS
         core.clock(10_000.0)
-        core.agent_arrived("late", "t", 1.0, 10_000.0, tenant="t0")  # moves t0's schedule to now
+        core.agent_arrived(Registration("late", "t", 1.0, tenant="t0"), 10_000.0)  # moves t0's schedule to now
         return retained(policy.clock)
 
     assert held_after(300) == held_after(30)

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import AsyncIterator
 
-from justitia.core import CostDist, PolicyState
+from justitia.core import PolicyState, Registration
 
 
 def metric_lines(name: str, kind: str, text: str, *samples: str) -> list[str]:
@@ -141,24 +141,11 @@ class Backend(ABC):
         """Serve one request (``prompt``: ``{"prompt_token_ids": [...]}``); see the module's docstring."""
 
     @abstractmethod
-    async def register(
-        self,
-        agent_id: str,
-        agent_type: str,
-        predicted_cost: float,
-        weight: float = 1.0,
-        tenant: str | None = None,
-        resume_cost: float | None = None,
-        session: bool = False,
-        dist: CostDist | None = None,
-    ) -> float | None:
-        """Register an agent (of ``weight``, in ``tenant``: hierarchical GPS) with the policy that orders the
-        engine, ahead of its requests; its virtual finish tag (None under a policy without a clock).
-        ``resume_cost``: an agent resumed from the journal, with this much still owed by GPS
-        (``AgentScheduler.agent_arrived``). ``session``: a session, kept across its pauses; one
-        paused between turns, registered again, returns with ``predicted_cost`` its next turn's
-        price (``AgentBook.register``). ``dist``: its price as a distribution (``core.gittins``): an
-        engine that charges service as it schedules it reprices it by its Gittins index."""
+    async def register(self, reg: Registration) -> float | None:
+        """Register an agent (``Registration``) with the policy that orders the engine, ahead of its
+        requests; its virtual finish tag (None under a policy without a clock). An engine that
+        charges service as it schedules it reprices an agent priced as a distribution by its
+        Gittins index."""
 
     @abstractmethod
     async def retire(self, agent_id: str, pause: bool = False) -> None:

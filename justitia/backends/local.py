@@ -13,7 +13,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from justitia.backends.base import Backend, Completion, Output, Sampling
-from justitia.core import REGISTER, RETIRE, STATE, ControlCall, CostDist, PolicyState
+from justitia.core import REGISTER, RETIRE, STATE, ControlCall, PolicyState, Registration
 from justitia.defaults import DOOR_KEY, door_token
 from justitia.vllm.engine import control
 
@@ -39,30 +39,9 @@ class EngineBackend(Backend):
         async for out in self.llm.generate(prompt, vllm_params(params), request_id):
             yield output_of(out)
 
-    async def register(
-        self,
-        agent_id: str,
-        agent_type: str,
-        predicted_cost: float,
-        weight: float = 1.0,
-        tenant: str | None = None,
-        resume_cost: float | None = None,
-        session: bool = False,
-        dist: CostDist | None = None,
-    ) -> float | None:
+    async def register(self, reg: Registration) -> float | None:
         """Register the agent in the plug-in; the tag its clock stamped."""
-        args = {
-            "agent_id": agent_id,
-            "agent_type": agent_type,
-            "predicted_cost": predicted_cost,
-            "weight": weight,
-            "tenant": tenant,
-            "resume_cost": resume_cost,
-            "session": session,
-        }
-        if dist is not None:
-            args["dist"] = [list(dist.values), list(dist.probs)]
-        return await control(self.llm, ControlCall(REGISTER, args))
+        return await control(self.llm, ControlCall(REGISTER, reg.to_json()))
 
     async def retire(self, agent_id: str, pause: bool = False) -> None:
         """Retire (or pause) the agent in the plug-in (``AgentBook.retire``: once vLLM holds none of its requests)."""

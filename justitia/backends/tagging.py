@@ -32,9 +32,9 @@ from justitia.core import (
     KV,
     AgentBook,
     Charge,
-    CostDist,
     CostModel,
     PolicyState,
+    Registration,
     RequestInfo,
     RequestMeta,
     kv_token_iters,
@@ -135,22 +135,12 @@ class TaggingBackend(Backend):
     def _arriving(self, agent_id: str, now_s: float) -> None:
         """An agent is about to be registered (or tagged for the first time) at ``now_s``."""
 
-    async def register(
-        self,
-        agent_id: str,
-        agent_type: str,
-        predicted_cost: float,
-        weight: float = 1.0,
-        tenant: str | None = None,
-        resume_cost: float | None = None,
-        session: bool = False,
-        dist: CostDist | None = None,
-    ) -> float | None:
+    async def register(self, reg: Registration) -> float | None:
         """Register the agent with the clock here; its tag."""
         now = self.now()
-        self._arriving(agent_id, now)
-        self.book.register(agent_id, agent_type, predicted_cost, now, weight, tenant, resume_cost, session, dist)
-        return self.book.virtual_finish(agent_id)
+        self._arriving(reg.agent_id, now)
+        self.book.register(reg, now)
+        return self.book.virtual_finish(reg.agent_id)
 
     async def retire(self, agent_id: str, pause: bool = False) -> None:
         """The agent leaves the clock once none of its requests is out at an engine (``AgentBook.retire``;

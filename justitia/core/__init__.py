@@ -45,6 +45,7 @@ from justitia.core.protocol import (
     TURN_START,
     ControlCall,
     PolicyState,
+    Registration,
     RequestMeta,
 )
 from justitia.core.routing import ROUTER_NAMES, ReplicaLoad, Replicas, RouteRequest
@@ -52,6 +53,7 @@ from justitia.core.scheduler import AgentScheduler, Standing
 from justitia.core.validate import is_positive_finite, positive_finite
 
 __all__ = [
+    "Registration",
     "POLICIES",
     # the scheduler, the book over it, and what their verbs take and give
     "AgentScheduler",

@@ -33,7 +33,7 @@ from justitia.core.cost import KV, Charge, CostModel, cost_model
 from justitia.core.gittins import CostDist
 from justitia.core.ledger import NO_TENANT, Ledger
 from justitia.core.policies import STATIC_POLICY_NAMES, AgentInfo, RequestInfo, make_policy
-from justitia.core.protocol import PolicyState, RequestMeta
+from justitia.core.protocol import PolicyState, Registration, RequestMeta
 from justitia.core.scheduler import AgentScheduler, ClockReading, Standing
 
 # An agent with no open request for this long is released even if it never said agent_done (the
@@ -127,37 +127,16 @@ class AgentBook:
         return cls.for_policy(policy, capacity_per_s, cost, idle_release_s, measure_every_s, retag, session_keep_s)
 
     # ------------------------------------------------------------------------------ agents
-    def register(
-        self,
-        agent_id: str,
-        agent_type: str,
-        predicted_cost: float,
-        now_s: float,
-        weight: float = 1.0,
-        tenant: str | None = None,
-        resume_cost: float | None = None,
-        session: bool = False,
-        dist: CostDist | None = None,
-    ) -> AgentInfo | None:
-        """Register an agent ahead of its requests (``resume_cost``: a resumed one, ``agent_arrived``;
-        ``session``: a session, kept across pauses); its info if it is new or a paused session's
-        return, None if it is known and not paused."""
+    def register(self, reg: Registration, now_s: float) -> AgentInfo | None:
+        """Register an agent ahead of its requests (``Registration``); its info if it is new or a
+        paused session's return, None if it is known and not paused."""
+        agent_id, session = reg.agent_id, reg.session
         standing = self._core.agent(agent_id)
         if standing is not None and not standing.paused:
             if session:  # registered ahead as an agent, its requests say it is a session: kept as one
                 self._sessions.add(agent_id)
             return None
-        info = self._core.agent_arrived(
-            agent_id,
-            agent_type,
-            predicted_cost,
-            now_s,
-            weight,
-            tenant,
-            resume_cost,
-            session or agent_id in self._sessions,
-            dist,
-        )
+        info = self._core.agent_arrived(dataclasses.replace(reg, session=session or agent_id in self._sessions), now_s)
         self._ledger.started(agent_id, now_s)
         self._known.add(agent_id)
         if session:
@@ -375,14 +354,16 @@ class AgentBook:
         if standing is not None and not standing.open_requests:  # a new burst: the session leaves, then returns
             self.pause(agent_id, now_s)
         new = self.register(
-            agent_id,
-            meta.agent_type,
-            agent_cost,
+            Registration(
+                agent_id,
+                meta.agent_type,
+                agent_cost,
+                meta.agent_weight or 1.0,
+                meta.tenant,
+                session=meta.session and meta.agent_id is not None,
+                dist=dist,
+            ),
             now_s,
-            meta.agent_weight or 1.0,
-            meta.tenant,
-            session=meta.session and meta.agent_id is not None,
-            dist=dist,
         )
         self._idle_since.pop(agent_id, None)
         if meta.agent_done or meta.agent_id is None:  # an unnamed request is an agent of its own

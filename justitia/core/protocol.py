@@ -35,8 +35,10 @@ from __future__ import annotations
 
 import logging
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Mapping
+
+from justitia.core.gittins import CostDist
 
 AGENT_ID, AGENT_TYPE, AGENT_COST, REQUEST_COST, AGENT_DONE, AGENT_WEIGHT, TENANT, AGENT_TAG, AGENT_RANK = (
     "agent_id",
@@ -183,6 +185,64 @@ def _cost(value: Any, key: str, request_id: str, log: logging.Logger | None, pos
 
 
 # ------------------------------------------------------------------------------ control calls
+@dataclass(frozen=True)
+class Registration:
+    """An agent's registration, the one payload that registers an agent across every engine boundary
+    (a backend's ``register``, the plug-in's ``register`` control call, ``AgentBook.register``): built
+    once, serialized once (``to_json``), parsed once (``from_json``); the core takes its fields
+    (``AgentScheduler.agent_arrived``).
+
+    ``weight``: its share under weighted fairness; ``tenant``: hierarchical GPS; ``resume_cost``: an
+    agent resumed from the journal, with this much still owed by GPS; ``session``: a session, kept
+    across its pauses (one paused between turns, registered again, returns with ``predicted_cost``
+    its next turn's price); ``dist``: its price as a distribution (``core.gittins``)."""
+
+    agent_id: str
+    agent_type: str
+    predicted_cost: float
+    weight: float = 1.0
+    tenant: str | None = None
+    resume_cost: float | None = None
+    session: bool = False
+    dist: CostDist | None = None
+
+    def to_json(self) -> dict:
+        """Plain JSON values (``dist`` as ``[values, probs]``), for the plug-in's channel."""
+        doc = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "dist"}
+        if self.dist is not None:
+            doc["dist"] = [list(self.dist.values), list(self.dist.probs)]
+        return doc
+
+    @classmethod
+    def from_json(cls, doc: Mapping, log: logging.Logger | None = None) -> "Registration":
+        """From ``to_json``'s form. A malformed ``dist`` is dropped (the agent is priced at its point
+        price; ``log`` says so); a malformed required field raises ValueError naming it."""
+        try:
+            agent_id, price = str(doc["agent_id"]), float(doc["predicted_cost"])
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ValueError(f"register: agent_id and a numeric predicted_cost are required ({exc}).") from None
+        resume, dist = doc.get("resume_cost"), doc.get("dist")
+        if dist is not None:
+            try:
+                values, probs = dist
+                dist = CostDist(tuple(float(v) for v in values), tuple(float(p) for p in probs))
+            except (TypeError, ValueError):
+                if log is not None:
+                    log.warning("justitia: a register call's price distribution is malformed; its point price is used.")
+                dist = None
+        tenant = doc.get("tenant")
+        return cls(
+            agent_id,
+            str(doc.get("agent_type", "")),
+            price,
+            float(doc.get("weight", 1.0)),
+            None if tenant is None else str(tenant),
+            None if resume is None else float(resume),
+            doc.get("session") is True,
+            dist,
+        )
+
+
 ENGINE_UTILITY = "justitia_control"  # the method the plug-in adds to vLLM's EngineCore
 REGISTER, RETIRE, STATE, RESET = "register", "retire", "state", "reset"
 VERBS = (REGISTER, RETIRE, STATE, RESET)
@@ -192,9 +252,8 @@ VERBS = (REGISTER, RETIRE, STATE, RESET)
 class ControlCall:
     """One call into the plug-in: a verb and its arguments (plain JSON values).
 
-    ``register``: ``agent_id``, ``agent_type``, ``predicted_cost`` (and ``weight``, ``tenant``,
-    ``resume_cost``, ``session``: ``AgentBook.register``'s) -> the agent's virtual finish tag (None
-    under a policy without a clock); ``retire``: ``agent_id`` -> whether it was released now (else: when its last
+    ``register``: ``Registration.to_json()`` -> the agent's virtual finish tag (None under a policy
+    without a clock); ``retire``: ``agent_id`` -> whether it was released now (else: when its last
     open request ends),
     or with ``pause`` true: a session paused between bursts, settled now or when its last open request ends;
     ``state`` -> ``PolicyState.to_json()``; ``reset``: ``policy``, ``cost``,

@@ -37,6 +37,7 @@ from justitia.core.cost import KV, NO_CHARGE, Charge, CostModel, cost_model
 from justitia.core.gittins import CostDist
 from justitia.core.policies import make_policy
 from justitia.core.policies.base import AgentInfo, Policy, RequestInfo
+from justitia.core.protocol import Registration
 from justitia.core.queue import WaitingQueue
 from justitia.core.validate import positive_finite
 
@@ -141,29 +142,21 @@ class AgentScheduler:
         return cls(make_policy(name, capacity_per_s, cost, guard_scale), meter, retag, cost)
 
     # ------------------------------------------------------------------------------ agents
-    def agent_arrived(
-        self,
-        agent_id: str,
-        agent_type: str,
-        predicted_cost: float,
-        now_s: float,
-        weight: float = 1.0,
-        tenant: str | None = None,
-        resume_cost: float | None = None,
-        session: bool = False,
-        dist: CostDist | None = None,
-    ) -> AgentInfo:
-        """Register an agent with its predicted total cost, its weight (its share under weighted
-        fairness) and its tenant (justitia: hierarchical GPS; vtc: one counter per tenant); justitia's clock
-        stamps it here. ``resume_cost``: an agent resumed after a restart, with this much of its
-        predicted cost still owed by GPS (clipped to ``[0, predicted_cost]``): justitia stamps it
-        ``V(now) + resume_cost / w``, its old place; its predicted cost stays whole (retagging and
-        settling read it). ``session``: the agent is a session, priced burst by burst: a burst that
-        reveals more work than predicted also moves back to ``S + revealed / w`` (justitia). ``dist``: its
-        price as a distribution (``core.gittins``): it is priced at its Gittins index, ``dist.index(0)``
-        on arrival (``predicted_cost`` is then ignored), and repriced at ``dist.index(attained)`` as
-        the engine charges it service past each of the distribution's atoms (``charge`` with
-        ``now_s``), anchored at its start; it settles at the service it was charged."""
+    def agent_arrived(self, reg: Registration, now_s: float) -> AgentInfo:
+        """Register an agent (``Registration``: its predicted total cost, its weight, its share under
+        weighted fairness, and its tenant: justitia runs hierarchical GPS, vtc one counter per
+        tenant); justitia's clock stamps it here. ``resume_cost``: an agent resumed after a restart,
+        with this much of its predicted cost still owed by GPS (clipped to ``[0, predicted_cost]``):
+        justitia stamps it ``V(now) + resume_cost / w``, its old place; its predicted cost stays
+        whole (retagging and settling read it). ``session``: the agent is a session, priced burst by
+        burst: a burst that reveals more work than predicted also moves back to ``S + revealed /
+        w`` (justitia). ``dist``: its price as a distribution (``core.gittins``): it is priced at its
+        Gittins index, ``dist.index(0)`` on arrival (``predicted_cost`` is then ignored), and
+        repriced at ``dist.index(attained)`` as the engine charges it service past each of the
+        distribution's atoms (``charge`` with ``now_s``), anchored at its start; it settles at the
+        service it was charged."""
+        agent_id, agent_type, predicted_cost = reg.agent_id, reg.agent_type, reg.predicted_cost
+        weight, tenant, resume_cost, session, dist = reg.weight, reg.tenant, reg.resume_cost, reg.session, reg.dist
         if dist is not None:
             predicted_cost = dist.index(0.0)
         if agent_id in self._paused:

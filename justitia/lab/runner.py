@@ -47,7 +47,17 @@ from typing import Callable
 
 from justitia.agent import AgentProcess, AgentResult, Answer, Call, RunResult, drive
 from justitia.backends.tagging import Tagger
-from justitia.core import REGISTER, RESET, RETIRE, STATE, WINDOW_STEPS, ControlCall, PolicyState, cost_model
+from justitia.core import (
+    REGISTER,
+    RESET,
+    RETIRE,
+    STATE,
+    WINDOW_STEPS,
+    ControlCall,
+    PolicyState,
+    Registration,
+    cost_model,
+)
 from justitia.core import capacity_per_s as default_capacity  # run() takes a capacity_per_s of its own
 from justitia.defaults import ITERATION_S, env, process_cpus
 from justitia.predictors import make_predictor
@@ -299,8 +309,8 @@ class VllmEngine(RunningEngine):
 def register_args(process: AgentProcess, call: Call) -> dict | None:
     """The plug-in's ``register`` arguments for what ``call`` opens, where its price is a
     distribution: the agent (a call of its first stage) or the session's turn (the call that opens
-    it, ``turn_start``). The plug-in takes a distribution only there (``parse_dist``: ``dist`` as
-    ``[values, probs]``), never from a request's metadata, which carries the point price. None for
+    it, ``turn_start``). The plug-in takes a distribution only there (``Registration.from_json``: ``dist``
+    as ``[values, probs]``), never from a request's metadata, which carries the point price. None for
     a call that opens nothing, or a point price."""
     meta = call.meta
     if process.agent.is_session:
@@ -309,15 +319,15 @@ def register_args(process: AgentProcess, call: Call) -> dict | None:
         dist = process.predicted_dist if call.stage == 0 else None
     if dist is None:
         return None
-    return {
-        "agent_id": meta.agent_id,
-        "agent_type": meta.agent_type,
-        "predicted_cost": meta.agent_cost,
-        "weight": meta.agent_weight or 1.0,
-        "tenant": meta.tenant,
-        "session": meta.session,
-        "dist": [list(dist.values), list(dist.probs)],
-    }
+    return Registration(
+        meta.agent_id,
+        meta.agent_type,
+        meta.agent_cost,
+        meta.agent_weight or 1.0,
+        meta.tenant,
+        session=meta.session,
+        dist=dist,
+    ).to_json()
 
 
 async def replay(

@@ -25,6 +25,7 @@ from dataclasses import replace
 
 from justitia.agent import Answer, Call, drive
 from justitia.backends.base import Backend, BackendInterrupted, Sampling
+from justitia.core import Registration
 from justitia.predictors import Predictor
 from justitia.server.admission import Admission
 from justitia.server.journal import Journal, Record
@@ -175,13 +176,17 @@ class AgentManager:
         ``V_READ_EVERY_S``; None under a policy without a clock. ``resume_cost``: what GPS still
         owed a resumed agent (``Backend.register``). A session's is its current turn's (``server.turns``)."""
         client = run.client
-        extra = {"resume_cost": resume_cost} if resume_cost is not None else {}
-        if run.session:
-            extra["session"] = True
-        if run.process.predicted_dist is not None:
-            extra["dist"] = run.process.predicted_dist
         register = self.backend.register(
-            run.agent_id, run.spec.type, run.process.predicted_cost, client.weight, client.tenant, **extra
+            Registration(
+                run.agent_id,
+                run.spec.type,
+                run.process.predicted_cost,
+                client.weight,
+                client.tenant,
+                resume_cost,
+                run.session,
+                run.process.predicted_dist,
+            )
         )
         now = self.now()
         if self.journal is None or not self._clocked or now - self._v_read[0] < V_READ_EVERY_S:

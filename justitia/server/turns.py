@@ -7,7 +7,7 @@ answered it does not finish: it **waits** for its client (status ``waiting``), p
 ``POST /v1/agents/{id}/turns`` brings its next turn (``continue_session``), ends it (``"last":
 true`` with no stages), or ``Settings.session_keep_s`` passes (it ends as ``done``). Each turn is
 priced on its own (``price_turn``) and registered ahead of its requests, as a session
-(``Backend.register(..., session=True)``): the first turn arrives, each later one returns the
+(``Backend.register``, a ``Registration`` with ``session``): the first turn arrives, each later one returns the
 paused session at its own price (``AgentBook.register``), and ``virtual_finish`` is the current
 turn's tag. Every request says ``session``, and the last turn's last stage says ``agent_done``.
 Where a turn could not be registered (pausing the session failed, so the engine may still hold it

@@ -34,6 +34,7 @@ from justitia.core import (
     AgentScheduler,
     CapacityMeter,
     CostModel,
+    Registration,
     cost_model,
     keeps_front_clock,
     make_policy,
@@ -78,7 +79,7 @@ class GlobalClock:
             if total != self.core.clock().capacity_per_s:
                 self.core.set_capacity(total, now_s)
                 self.schedule.append((now_s, total))
-        self.book.register(agent.agent_id, agent.type, predicted_cost, now_s, agent.weight, agent.tenant)
+        self.book.register(Registration(agent.agent_id, agent.type, predicted_cost, agent.weight, agent.tenant), now_s)
 
     def tag(self, call: Call, now_s: float) -> tuple[float, float | None]:
         """The request's stamp: its agent's virtual finish tag (after any retag; in a tenant, its root

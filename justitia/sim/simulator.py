@@ -18,6 +18,7 @@ from justitia.core import (
     CostDist,
     CostModel,
     Policy,
+    Registration,
     ReplicaLoad,
     Replicas,
     RouteRequest,
@@ -382,14 +383,16 @@ class EngineLoop:
                 else:
                     cost, dist = run.burst_cost, run.burst_dist
                 e.core.agent_arrived(
-                    flow,
-                    agent.type,
-                    cost,
+                    Registration(
+                        flow,
+                        agent.type,
+                        cost,
+                        weight=agent.weight,
+                        tenant=agent.tenant,
+                        session=agent.is_session and flow == agent.agent_id,
+                        dist=dist,
+                    ),
                     e.now_ps / PS_PER_S,
-                    agent.weight,
-                    agent.tenant,
-                    session=agent.is_session and flow == agent.agent_id,
-                    dist=dist,
                 )
                 run.burst.add(key)
                 if key not in run.engines:

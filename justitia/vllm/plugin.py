@@ -65,7 +65,7 @@ from justitia.core import (
     AgentScheduler,
     Charge,
     ControlCall,
-    CostDist,
+    Registration,
     RequestMeta,
     calibrated_capacity,
     capacity_per_s,
@@ -82,19 +82,6 @@ from justitia.vllm.base import (  # noqa: F401  (named here too)
     logger,
 )
 from justitia.vllm.pricer import BurstPricer
-
-
-def parse_dist(doc) -> CostDist | None:
-    """A register call's ``dist`` (``[values, probs]``, ``CostDist``'s), or None if it has none or
-    it is malformed (the agent is then priced at its point price)."""
-    if doc is None:
-        return None
-    try:
-        values, probs = doc
-        return CostDist(tuple(float(v) for v in values), tuple(float(p) for p in probs))
-    except (TypeError, ValueError):
-        logger.warning("justitia: a register call's price distribution is malformed; its point price is used.")
-        return None
 
 
 def trusted(extra_args, client_prices: bool | None, door_token: str | None) -> bool:
@@ -284,20 +271,10 @@ class JustitiaScheduler(StepLogScheduler):
         """One control call from the process that started the engine (see the module's docstring)."""
         args, now = call.args, self._now()
         if call.verb == REGISTER:
-            agent_id = str(args["agent_id"])
-            resume = args.get("resume_cost")
+            reg = Registration.from_json(args, logger)
+            agent_id = reg.agent_id
             before = self.core.agent(agent_id)  # a paused session's standing: its return is logged as one
-            agent = self.book.register(
-                agent_id,
-                str(args.get("agent_type", "")),
-                float(args["predicted_cost"]),
-                now,
-                float(args.get("weight", 1.0)),
-                args.get("tenant"),
-                None if resume is None else float(resume),
-                args.get("session") is True,
-                parse_dist(args.get("dist")),
-            )
+            agent = self.book.register(reg, now)
             if agent is not None:
                 self._log_arrival(agent, before)
             return self.book.virtual_finish(agent_id)
