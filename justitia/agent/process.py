@@ -120,8 +120,11 @@ class AgentProcess:
         """Whether every stage has been answered."""
         return self.state == "done"
 
-    def predict(self) -> float:
-        """The agent's predicted total cost (the predictor runs once)."""
+    def predict(self, bounds: tuple[float, float] | None = None) -> float:
+        """The agent's predicted total cost (the predictor runs once). The process is its price's one
+        owner: ``bounds`` (``low, high``), what a server knows of it, holds the price (each value of a
+        distribution) within ``[low, high]`` (``high`` wins), after the floor of its requests' own
+        prices under ``all-stages`` pricing."""
         if self.predicted_cost is None:
             dist = None if self.agent.is_session else self.predictor.agent_dist(self.agent, self.cost)
             if dist is None:
@@ -137,11 +140,24 @@ class AgentProcess:
                     dist = CostDist.from_weighted([(max(v, floor), q) for v, q in zip(dist.values, dist.probs)])
                 else:
                     cost = max(cost, floor)
+            if bounds is not None:
+                low, high = bounds
+                if dist is not None:
+                    dist = CostDist.from_weighted(
+                        [(min(max(v, low), high), q) for v, q in zip(dist.values, dist.probs)]
+                    )
+                else:
+                    cost = min(max(cost, low), high)
             if dist is not None:
                 self.predicted_dist = dist
                 cost = dist.index(0.0)
             self.predicted_cost = cost
         return self.predicted_cost
+
+    def keep_price(self, cost: float) -> None:
+        """The point price it had before a restart (the journal's), which it keeps: a restarted
+        server prices it again (its distribution), but places it at what it was registered with."""
+        self.predicted_cost = float(cost)
 
     def start(self) -> list[Call]:
         """Predict (if not yet done) and return the first stage's calls."""

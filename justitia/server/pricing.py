@@ -11,7 +11,7 @@ import functools
 import time
 
 from justitia.agent import AgentProcess
-from justitia.core import KV, CostDist
+from justitia.core import KV
 from justitia.predictors import Predictor
 from justitia.server.keys import Client
 from justitia.server.schema import PLACEHOLDER, AgentSpec, SpecError, render
@@ -104,17 +104,16 @@ class Pricer:
 
     def priced(self, agent_id: str, spec: AgentSpec, client: Client) -> tuple[AgentProcess, list[list[int]], float]:
         """``_process`` and its price (and how long the predictor took), in one trip to a worker
-        thread. The rule (docs/reference.md, "Keys, owners and prices"): a task's KV token-time is at most ``p*m +
-        m^2/2``
-        for its prompt's ``p`` tokens and ``m = max_tokens`` (its bound), and exactly that with
-        ``ignore_eos``. The price is the predictor's, raised to what the ``ignore_eos`` tasks will
-        cost (whatever a predictor reads of their text) and never above the sum of every task's
-        bound (a prompt with placeholders, whose filled length is not known yet, at the longest the
-        context allows: ``max_model_len - m``). What the predictor misses below that, retagging on
+        thread. The rule (docs/reference.md, "Keys, owners and prices"): a task's KV token-time is at
+        most ``p*m + m^2/2`` for its prompt's ``p`` tokens and ``m = max_tokens`` (its bound), and
+        exactly that with ``ignore_eos``. The price is the predictor's, raised to what the
+        ``ignore_eos`` tasks will cost (whatever a predictor reads of their text) and never above the
+        sum of every task's bound (a prompt with placeholders, whose filled length is not known yet,
+        at the longest the context allows: ``max_model_len - m``); the process applies both
+        (``AgentProcess.predict``'s ``bounds``). What the predictor misses below that, retagging on
         attained service catches in the engine."""
         process, first = self.process(agent_id, spec, client)
         t0 = time.perf_counter()
-        process.predict()
         known = ceiling = 0.0
         for s, stage in enumerate(process.agent.stages):
             for i, task in enumerate(stage):
@@ -125,14 +124,5 @@ class Pricer:
                 ceiling += KV.request_cost(p, task.output_tokens)
                 if given.ignore_eos:
                     known += KV.request_cost(task.prompt_tokens, task.output_tokens)
-        if process.predicted_dist is not None:  # every value of a distribution within the same limits
-            process.predicted_dist = CostDist.from_weighted(
-                [
-                    (min(max(v, known), ceiling), q)
-                    for v, q in zip(process.predicted_dist.values, process.predicted_dist.probs)
-                ]
-            )
-            process.predicted_cost = process.predicted_dist.index(0.0)
-        else:
-            process.predicted_cost = min(max(process.predicted_cost, known), ceiling)
+        process.predict((known, ceiling))  # every value of a distribution within the same limits
         return process, first, time.perf_counter() - t0

@@ -115,7 +115,7 @@ async def _restore(manager, rec: Record) -> AgentRun:
         except SpecError:  # the server now runs a model with a shorter context: fail it, with why
             run.process = AgentProcess(Agent(rec.agent_id, spec.type, 0.0, ((Task("", 1, 1),),)), manager.predictor, KV)
             rec.status, rec.error = "failed", rec.error or "the restarted server cannot fit its first stage."
-        run.process.predicted_cost = current.predicted_cost if current else rec.predicted_cost
+        run.process.keep_price(current.predicted_cost if current else rec.predicted_cost)
     return run
 
 
