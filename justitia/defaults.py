@@ -53,7 +53,7 @@ ENV_CLIENT_PRICES = "JUSTITIA_CLIENT_PRICES"
 # its engine process) share: set once per server (justitia.vllm.general), inherited by vLLM's processes
 ENV_DOOR_TOKEN = "JUSTITIA_DOOR_TOKEN"
 DOOR_KEY = "justitia_door"  # the extra-args key that carries it
-# benches only: an answer's length, read by the scripted logits processor (justitia.vllm.scripted), never by pricing
+# benches only: an answer's length, read by the scripted logits processor (justitia.engine.scripted), never by pricing
 ANSWER_TOKENS_KEY = "justitia_answer_tokens"
 # benches only: the answer stands for a tool call (a scripted answer's text calls none), read by the door
 # as it reads a real answer's tool calls (server.door.AnswerWatch), never by pricing
@@ -63,7 +63,7 @@ ENV_STATE_DIR = "JUSTITIA_STATE_DIR"  # the server's journal (default ~/.local/s
 # `justitia serve`'s settings for its vLLM endpoint plug-in, as JSON (server.plugin.serve_config)
 ENV_SERVE = "JUSTITIA_SERVE"
 ENV_API_KEY = "JUSTITIA_API_KEY"  # `justitia top`'s key when --api-key is not given
-# benches only: the scripted answers' rules file (justitia.vllm.scripted), never read by pricing
+# benches only: the scripted answers' rules file (justitia.engine.scripted), never read by pricing
 ENV_SCRIPT = "JUSTITIA_SCRIPT"
 # vLLM's own, read where Justitia starts or joins an engine: the plug-ins it loads, whether Hugging
 # Face may reach the network, the CPU backend's KV cache size and its threads' cores

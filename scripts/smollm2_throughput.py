@@ -17,7 +17,7 @@ if __name__ == "__main__":
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
 
-    from justitia.vllm.models import smollm2_model
+    from justitia.engine.models import smollm2_model
 
     dtype = sys.argv[1] if len(sys.argv) > 1 else "float32"
     llm = LLM(

@@ -146,7 +146,7 @@ def open_app(backend, settings, keyring, journal=None):
     ``TestClient`` with ``backend``, ``manager`` and ``journal`` on it; ``close_app`` ends it."""
     from fastapi.testclient import TestClient
 
-    from justitia.frontend.app import create_app
+    from justitia.gateway.app import create_app
     from justitia.predictors import make_predictor
 
     app = create_app(backend, WordTokenizer(), settings, make_predictor("oracle"), keyring, journal)
@@ -191,7 +191,7 @@ def door_app(tmp_path, keys: str):
     key file ``keys`` (one key per line, as ``KeyRing`` reads it)."""
     from fastapi.testclient import TestClient
 
-    from justitia.frontend.app import Settings, create_app
+    from justitia.gateway.app import Settings, create_app
     from justitia.predictors import make_predictor
     from justitia.server.keys import KeyRing
 

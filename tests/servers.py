@@ -12,8 +12,8 @@ from pathlib import Path
 import httpx
 import pytest
 
+from justitia.engine.reaper import descendants  # noqa: F401  (the tests use it from here too)
 from justitia.lab.servers import metric, samples, wait_agent  # noqa: F401  (the tests use them from here)
-from justitia.vllm.reaper import descendants  # noqa: F401  (the tests use it from here too)
 
 
 def free_port() -> int:

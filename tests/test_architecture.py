@@ -17,18 +17,19 @@ PRODUCT = (
     "justitia.defaults",
     "justitia.sim",
     "justitia.vllm",
+    "justitia.engine",
     "justitia.backends",
     "justitia.server",
-    "justitia.frontend",
+    "justitia.gateway",
 )
 # The house's floors, lowest first: a module imports only from its own floor or below (design.md).
 LAYERS = (
     ("justitia.core",),
     ("justitia.defaults", "justitia.workload", "justitia.predictors"),
     ("justitia.agent",),
-    ("justitia.sim", "justitia.vllm", "justitia.backends"),
+    ("justitia.sim", "justitia.vllm", "justitia.engine", "justitia.backends"),
     ("justitia.server",),
-    ("justitia.frontend",),
+    ("justitia.gateway",),
     ("justitia.lab",),
     ("justitia.cli", "justitia.__main__"),
 )
@@ -154,7 +155,7 @@ def test_the_floors_hold_the_arrows_they_guard():
     # a rule that sees no arrow cannot fail: these cross floors downwards and must stay visible
     assert "justitia.backends.base" in GRAPH["justitia.server.agents"]
     assert "justitia.backends.base" in GRAPH["justitia.backends.ray.replica"]
-    assert "justitia.server.app" in GRAPH["justitia.frontend.app"]  # the front end stands on the server
+    assert "justitia.server.app" in GRAPH["justitia.gateway.app"]  # the front end stands on the server
     assert not any(_in(t, ("justitia.server",)) for m in MODULES if _in(m, ("justitia.backends",)) for t in GRAPH[m])
 
 
@@ -336,7 +337,7 @@ def test_the_product_and_the_bench_run_without_matplotlib(tmp_path):
     code = f"""
 import sys
 sys.modules["matplotlib"] = None  # an import of it raises ImportError
-import justitia.cli, justitia.server.app, justitia.server.plugin, justitia.frontend.serve
+import justitia.cli, justitia.server.app, justitia.server.plugin, justitia.gateway.serve
 from justitia.cli import main
 assert main(["bench", "--agents", "4", "--policies", "fcfs,justitia", "--out", {str(tmp_path)!r}, "--no-progress"]) == 0
 """

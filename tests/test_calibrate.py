@@ -164,8 +164,8 @@ def test_calibration_agents_are_scaled_to_fit_the_engine_whatever_their_lengths(
 def test_the_bench_calibrates_on_agents_that_fit_the_engines_context_and_cache(monkeypatch):
     import asyncio
 
+    from justitia.engine.launch import EngineSpec
     from justitia.lab import vllm_bench
-    from justitia.vllm.engine import EngineSpec
 
     class FakeEngine:  # the engine's limits as VllmEngine reports them once started
         spec = EngineSpec(max_model_len=2048)
@@ -202,8 +202,8 @@ def test_the_calibration_throws_runs_away_until_the_engine_is_warm(monkeypatch):
     import asyncio
     from types import SimpleNamespace
 
+    from justitia.engine.launch import EngineSpec
     from justitia.lab import vllm_bench
-    from justitia.vllm.engine import EngineSpec
 
     def steps(ms):  # ten busy steps of ``ms`` each (the step log's first six columns)
         return [StepRow(k * ms / 1000, 64, 0, 0, 1, 1) for k in range(11)]
@@ -384,8 +384,8 @@ def test_the_fit_finds_what_each_request_and_each_arrival_adds_to_a_step():
 
 
 def test_the_runner_gives_the_model_and_the_front_end_cores_of_their_own(monkeypatch):
+    from justitia.engine.launch import EngineSpec
     from justitia.lab import runner
-    from justitia.vllm.engine import EngineSpec
 
     monkeypatch.delenv("VLLM_CPU_OMP_THREADS_BIND", raising=False)
     monkeypatch.setattr(runner, "process_cpus", lambda: frozenset({0, 1}))
@@ -404,11 +404,11 @@ def test_the_runner_gives_the_model_and_the_front_end_cores_of_their_own(monkeyp
 def test_a_speed_probe_recovers_the_engines_speed_and_the_run_speed_reads_the_steps():
     from dataclasses import replace
 
+    from justitia.engine.launch import EngineSpec
     from justitia.lab.bench import RunSpec, simulate
     from justitia.lab.calibrate import fit_speed, probe_speed, run_speed
     from justitia.lab.presets import make_preset
     from justitia.lab.vllm_bench import engine_config
-    from justitia.vllm.engine import EngineSpec
 
     probe = make_preset("engine").calibration_agents[:12]
     profile = LatencyProfile("p", 0.0, 4.8, 0.0309, 0.00028, 1.0, 23, "test", 128, request_latency_ms=30.0)
@@ -433,10 +433,10 @@ def test_the_vllm_bench_predicts_each_run_at_the_speed_its_probe_found(monkeypat
     """The engine's speed moves from run to run; probes of the calibration agents just before and just
     after each run find it (from their steps where the engine logs them, else from their mean JCTs),
     and the simulator's prediction follows, where one profile, or the probe before alone, cannot."""
+    from justitia.engine.launch import EngineSpec
     from justitia.lab import vllm_bench
     from justitia.lab.bench import RunSpec
     from justitia.lab.presets import make_preset
-    from justitia.vllm.engine import EngineSpec
 
     preset = make_preset("engine")
     agents, probe = preset.agents[:16], preset.calibration_agents[:12]
@@ -482,10 +482,10 @@ def test_the_vllm_bench_predicts_each_run_at_the_speed_its_probe_found(monkeypat
 def test_the_vllm_benchs_tagging_run_reads_its_probes_steps_from_the_step_log_base(monkeypatch):
     """The tagging run's engine is stock vLLM's scheduler under the plug-in's step-log base, so its
     probes and runs are read from their steps, as the plug-in's are."""
+    from justitia.engine.launch import EngineSpec
     from justitia.lab import vllm_bench
     from justitia.lab.bench import RunSpec
     from justitia.lab.presets import make_preset
-    from justitia.vllm.engine import EngineSpec
 
     preset = make_preset("engine")
     agents, probe = preset.agents[:12], preset.calibration_agents[:8]
@@ -517,8 +517,8 @@ def test_a_bench_document_loads_back_into_the_simulators_view_of_its_engine(tmp_
     """The analysis scripts read a vLLM bench's results.json back: its profile, engine and config."""
     from dataclasses import asdict
 
+    from justitia.engine.launch import EngineSpec
     from justitia.lab.vllm_bench import engine_config, load_bench
-    from justitia.vllm.engine import EngineSpec
 
     profile = LatencyProfile("p", 0.0, 4.8, 0.0309, 0.00028, 1.0, 23, "test", 128, request_latency_ms=7.5)
     spec = EngineSpec(kv_blocks=24, max_num_seqs=64)

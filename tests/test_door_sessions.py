@@ -307,9 +307,9 @@ def test_the_benchs_door_runs_say_which_answers_stand_for_a_tool_call():
 def test_the_labs_servers_start_without_the_callers_saved_pricing_state(monkeypatch, tmp_path):
     """A bench's ``justitia serve`` (a door run's) starts from nothing learned whatever the caller's
     shell keeps in ``JUSTITIA_PRICING_STATE``; a launch that names a state file keeps it. Nothing starts."""
+    from justitia.engine.launch import EngineSpec
     from justitia.lab import servers
     from justitia.lab.door import door_server
-    from justitia.vllm.engine import EngineSpec
 
     class NotStarted:
         def __init__(self, cmd, env=None, **_):

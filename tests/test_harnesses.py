@@ -4,7 +4,7 @@ flags on vLLM's own server, headless, on ``tiny-long`` (the tiny model with a 65
 
 Each runs one session of two user turns: a tool round trip in the first, and a subagent (Claude
 Code's ``Agent`` tool) or a plain answer (Codex) in the second. The engine answers from a script
-(``justitia.vllm.scripted``) that pricing never reads; the requests are the harnesses' own. Every
+(``justitia.engine.scripted``) that pricing never reads; the requests are the harnesses' own. Every
 request must get a 200, each harness session must be one session of the door with its turns
 counted exactly, and the plug-in must log each later turn's return with that turn's own price.
 
@@ -31,7 +31,7 @@ BENCH_KEY = "sk-harness-bench"  # trusted: may send a bench's answer length
 
 @pytest.fixture(scope="module", params=["justitia-serve", "vllm-serve-flags"])
 def server(request, tmp_path_factory):
-    from justitia.vllm.models import resolve_model
+    from justitia.engine.models import resolve_model
 
     if not (BIN / "claude").exists() or not (BIN / "codex").exists():
         pytest.fail(f"the harnesses are not installed in {BIN}: run `make harnesses` (npm ci in tests/harnesses)")
@@ -46,7 +46,7 @@ def server(request, tmp_path_factory):
         "--tool-call-parser",
         "hermes",
         "--logits-processors",
-        "justitia.vllm.scripted:ScriptedAnswers",
+        "justitia.engine.scripted:ScriptedAnswers",
     ]
     env = {
         "JUSTITIA_SCRIPT": str(write_script(where / "script.json")),

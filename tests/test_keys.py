@@ -10,7 +10,7 @@ from fastapi.testclient import TestClient
 from inprocess import RecordingBackend, WordTokenizer, auth, settle
 
 from justitia.core import RequestMeta
-from justitia.frontend.app import Settings, create_app
+from justitia.gateway.app import Settings, create_app
 from justitia.predictors import make_predictor
 from justitia.server.keys import ANONYMOUS, KeyFileError, KeyRing
 

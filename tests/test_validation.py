@@ -12,7 +12,7 @@ from inprocess import RecordingBackend, WordTokenizer
 from pydantic import ValidationError
 
 from justitia.backends.base import Backend
-from justitia.frontend.app import Settings, create_app
+from justitia.gateway.app import Settings, create_app
 from justitia.predictors import make_predictor
 from justitia.server.metrics import MAX_METRIC_TYPES
 from justitia.server.schema import AgentSpec

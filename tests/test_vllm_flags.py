@@ -24,7 +24,7 @@ PER_KEY = 4  # requests in flight per key
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    from justitia.vllm.models import resolve_model
+    from justitia.engine.models import resolve_model
 
     where = tmp_path_factory.mktemp("flags")
     keys = where / "keys.txt"

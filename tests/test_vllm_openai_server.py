@@ -22,7 +22,7 @@ def free_port() -> int:
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    from justitia.vllm.models import tiny_model
+    from justitia.engine.models import tiny_model
 
     model = str(tiny_model())
     port = free_port()

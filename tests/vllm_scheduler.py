@@ -17,7 +17,7 @@ from vllm.v1.outputs import ModelRunnerOutput
 from vllm.v1.request import Request
 from vllm.v1.structured_output import StructuredOutputManager
 
-from justitia.vllm.models import tiny_model
+from justitia.engine.models import tiny_model
 
 BLOCK = 16
 init_none_hash(sha256)

@@ -25,7 +25,7 @@ if __name__ == "__main__":
     from vllm.v1.core.sched.scheduler import Scheduler
 
     from justitia.core import RESET, ControlCall
-    from justitia.vllm.models import tiny_model
+    from justitia.engine.models import tiny_model
     from justitia.vllm.plugin import StepLogScheduler
     from justitia.vllm.steplog import read_step_log
 

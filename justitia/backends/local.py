@@ -2,7 +2,7 @@
 ``EngineClient``, an ``AsyncLLM`` with the Justitia plug-in as its scheduler).
 
 The plug-in runs in vLLM's engine process; agents are registered and released, and its clock is
-read, through control calls (``justitia.vllm.engine.control``), so the tags the server reports
+read, through control calls (``justitia.engine.launch.control``), so the tags the server reports
 are the ones that order the engine. vLLM's own OpenAI and Anthropic endpoints reach the same engine
 on their own; their requests carry the identity the door wrote into ``vllm_xargs``.
 """
@@ -15,7 +15,7 @@ from pathlib import Path
 from justitia.backends.base import Backend, Completion, Output, Sampling
 from justitia.core import REGISTER, RETIRE, STATE, ControlCall, PolicyState, Registration
 from justitia.defaults import DOOR_KEY, door_token
-from justitia.vllm.engine import control
+from justitia.engine.launch import control
 
 
 class EngineBackend(Backend):

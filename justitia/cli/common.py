@@ -25,7 +25,7 @@ def add_workload_args(p: argparse.ArgumentParser, agents: int = 300, density: fl
 
 
 def add_engine_args(p: argparse.ArgumentParser) -> None:
-    from justitia.vllm.engine import EngineSpec
+    from justitia.engine.launch import EngineSpec
 
     d = EngineSpec()
     p.add_argument("--model", help=f"vllm: tiny, tiny-long, smollm2 or a model directory (default {d.model})")
@@ -41,7 +41,7 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
 
 def engine_spec(args, preset_options: dict | None = None):
     """The vLLM engine to start: command-line flags, then the preset's settings, then EngineSpec's defaults."""
-    from justitia.vllm.engine import EngineSpec
+    from justitia.engine.launch import EngineSpec
 
     options = dict(preset_options or {})
     for name in ("model", "kv_blocks", "max_num_seqs", "max_num_batched_tokens", "max_model_len"):

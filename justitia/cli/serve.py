@@ -1,7 +1,7 @@
 """``justitia serve``: serve agents over HTTP on vLLM with the Justitia scheduler. Its options become a
 ``ServeSettings`` (``justitia.server.settings``: one field per option, checked when made; the ``--ray``
 options a ``RaySpec``), which runs vLLM's own server with Justitia's plug-ins (``justitia.server.launch``)
-or, with ``--upstream`` or ``--ray``, the front end over those engines (``justitia.frontend.serve``)."""
+or, with ``--upstream`` or ``--ray``, the front end over those engines (``justitia.gateway.serve``)."""
 
 from __future__ import annotations
 
@@ -208,7 +208,7 @@ def run(args) -> int:
     given = {f.name: getattr(args, f.name) for f in fields(ServeSettings) if f.name != "ray"}
     settings = ServeSettings(**given, ray=ray)
     if settings.front_end:
-        from justitia.frontend.serve import run
+        from justitia.gateway.serve import run
     else:
         from justitia.server.launch import run
     return run(settings)

@@ -116,7 +116,7 @@ async def load(url: str, n: int, concurrency: int, tokens: int) -> tuple[float, 
 
 
 def main() -> None:
-    from justitia.vllm.models import resolve_model
+    from justitia.engine.models import resolve_model
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--requests", type=int, default=320)

@@ -187,7 +187,7 @@ def main() -> int:
         *(x for key in keys for x in ("--api-key", key)),
     )
     if url is None and args.upstream:
-        from justitia.vllm.models import resolve_model
+        from justitia.engine.models import resolve_model
 
         model = str(resolve_model("tiny"))
         replicas = [start_replica(model) for _ in range(args.upstream)]

@@ -197,7 +197,7 @@ def main() -> None:
     os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "0-1")
     from vllm.v1.core.sched.scheduler import Scheduler
 
-    from justitia.vllm.models import tiny_model
+    from justitia.engine.models import tiny_model
     from justitia.vllm.plugin import JustitiaScheduler
 
     passthrough = passthrough_scheduler()

@@ -36,7 +36,7 @@ def quartiles(xs: list[float]) -> tuple[float, float]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from justitia.vllm.models import resolve_model
+    from justitia.engine.models import resolve_model
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rounds", type=int, default=20)

@@ -90,8 +90,8 @@ async def _direct(n: int, concurrency: int, tokens: int) -> dict:
     from vllm import SamplingParams
     from vllm.sampling_params import RequestOutputKind
 
-    from justitia.frontend.serve import local_spec
-    from justitia.vllm.engine import plugin_environment, start_engine
+    from justitia.engine.launch import plugin_environment, start_engine
+    from justitia.gateway.serve import local_spec
 
     # the engine `justitia serve` starts (same spec, same plug-in), called directly
     llm, _ = start_engine(local_spec("tiny", None, 256, 2048), plugin_env=plugin_environment("justitia"))

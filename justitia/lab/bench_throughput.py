@@ -120,7 +120,7 @@ def main() -> None:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     from vllm.v1.core.sched.scheduler import Scheduler
 
-    from justitia.vllm.models import tiny_model
+    from justitia.engine.models import tiny_model
     from justitia.vllm.plugin import JustitiaScheduler
 
     model = str(tiny_model())

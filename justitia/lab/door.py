@@ -12,7 +12,7 @@ Nothing in the request names the call's cost. ``max_tokens`` is one cap whatever
 harness sends it (``MAX_TOKENS``, clipped to the room the prompt leaves in the context: ``cap``);
 the answer ends at the workload's length by a bench-only key that pricing never reads
 (``vllm_xargs.justitia_answer_tokens``, from a trusted key, read by the scripted logits processor
-``justitia.vllm.scripted``). The plug-in prices each turn where it opens from what the engine sees
+``justitia.engine.scripted``). The plug-in prices each turn where it opens from what the engine sees
 (``vllm/pricer.py``), learning from the turns that ended earlier in the run: each run is a fresh
 server, which the caller's saved pricing state does not reach (``servers.child_env``). The door
 learns a turn when its answer calls no tool; the scripted answers call none, so one that the turn
@@ -34,10 +34,10 @@ from justitia.agent import AgentProcess
 from justitia.agent.calls import AgentResult, Answer, Call, RunResult
 from justitia.core import cost_model
 from justitia.defaults import ANSWER_CALLS_TOOL_KEY, ANSWER_TOKENS_KEY
+from justitia.engine.launch import EngineSpec
 from justitia.lab.runner import EngineRun, SessionPrompts, replay
 from justitia.lab.servers import start_server
 from justitia.predictors import make_predictor
-from justitia.vllm.engine import EngineSpec
 from justitia.workload import Agent
 
 KEY = "sk-bench-door-trusted-0001"
@@ -169,7 +169,7 @@ def door_server(policy: str, spec: EngineSpec):
         "--max-num-batched-tokens",
         str(spec.max_num_batched_tokens),
         "--logits-processors",
-        "justitia.vllm.scripted:ScriptedAnswers",
+        "justitia.engine.scripted:ScriptedAnswers",
     ]
     if spec.kv_blocks:
         args += ["--kv-blocks", str(spec.kv_blocks)]

@@ -101,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
         "--tool-call-parser",
         "hermes",
         "--logits-processors",
-        "justitia.vllm.scripted:ScriptedAnswers",
+        "justitia.engine.scripted:ScriptedAnswers",
         quiet=True,
     )
     try:

@@ -6,7 +6,7 @@ pointed at the server by the variables and the config docs/sessions.md gives as 
 sends its own requests: nothing here changes them.
 
 A random-weight model never chooses a tool, so the engine answers from ``SCRIPT``
-(``justitia.vllm.scripted``, loaded with ``--logits-processors``): a tool call when the user's
+(``justitia.engine.scripted``, loaded with ``--logits-processors``): a tool call when the user's
 message asks for one, a plain answer once its result follows, a subagent through Claude Code's
 ``Agent`` tool. ``SESSION`` is what each harness says, turn by turn.
 """

@@ -41,7 +41,7 @@ SETTINGS = {
 
 def pin_engine_core(cpus: set[int]) -> None:
     """Every thread of this process's descendants but vLLM's model worker on ``cpus``."""
-    from justitia.vllm.reaper import descendants
+    from justitia.engine.reaper import descendants
 
     for pid in descendants(os.getpid()):
         try:
@@ -56,9 +56,9 @@ def pin_engine_core(cpus: set[int]) -> None:
 def one_setting(name: str, n: int, repeats: int, seed: int) -> dict:
     from dataclasses import replace
 
+    from justitia.engine.launch import EngineSpec
     from justitia.lab.presets import CPU_SCALE, ENGINE_DENSITY, ENGINE_OPTIONS, build_workload
     from justitia.lab.runner import VllmEngine, pin_process
-    from justitia.vllm.engine import EngineSpec
     from justitia.workload import scale_tokens
     from justitia.workload.arrivals import MOONCAKE_ARRIVALS
 

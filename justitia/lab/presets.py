@@ -414,6 +414,7 @@ def _engine(name: str, seed: int) -> Preset:
 def _sessions_engine(name: str, seed: int) -> Preset:
     # Sessions on real vLLM with its prefix cache on (its default), sized by lab.sessions for the
     # engine preset's engine; the calibration's agents are the engine preset's (no shared text).
+    from justitia.engine.launch import EngineSpec
     from justitia.lab.door import door_label
     from justitia.lab.sessions import (
         ONLINE_LABEL,
@@ -422,7 +423,6 @@ def _sessions_engine(name: str, seed: int) -> Preset:
         sessions_engine_summary,
         sessions_engine_workload,
     )
-    from justitia.vllm.engine import EngineSpec
 
     spec = EngineSpec(**ENGINE_OPTIONS)
     agents, info = sessions_engine_workload(seed, spec.usable_blocks * CPU_BLOCK_SIZE, CPU_BLOCK_SIZE)
@@ -531,10 +531,10 @@ def _tau2(name: str, seed: int) -> Preset:
 def _tau2_engine(name: str, seed: int) -> Preset:
     # tau2-bench's conversations on real vLLM (tiny model, CPU), its prefix cache on, through justitia
     # serve's door as a harness sends them (lab.door), priced by the server; calibrated as sessions-engine is
+    from justitia.engine.launch import EngineSpec
     from justitia.lab.door import door_label
     from justitia.lab.sessions import sessions_engine_summary
     from justitia.lab.tau2 import TAU2_ENGINE_POLICIES, tau2_engine_workload
-    from justitia.vllm.engine import EngineSpec
 
     spec = EngineSpec(**ENGINE_OPTIONS)
     agents, info = tau2_engine_workload(seed, spec.usable_blocks * CPU_BLOCK_SIZE, spec.max_model_len)

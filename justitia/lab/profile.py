@@ -27,9 +27,9 @@ from pathlib import Path
 import numpy as np
 
 from justitia.core import KV
+from justitia.engine.launch import EngineSpec, RunningEngine
+from justitia.engine.models import BUILT_IN_MODELS, chat_ids
 from justitia.lab.progress import progress_bar
-from justitia.vllm.engine import EngineSpec, RunningEngine
-from justitia.vllm.models import BUILT_IN_MODELS, chat_ids
 from justitia.workload import Agent, Task, append_agent, load_workload
 from justitia.workload.workflows import WORKFLOW_TYPES, output_cap, staged_agent
 

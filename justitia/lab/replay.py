@@ -112,8 +112,8 @@ def start_llm(spec):
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     from vllm import LLM
 
+    from justitia.engine.models import resolve_model
     from justitia.vllm.accounting import step_delivered
-    from justitia.vllm.models import resolve_model
     from justitia.vllm.plugin import JustitiaScheduler
 
     class Replay(JustitiaScheduler):
@@ -185,8 +185,8 @@ def compare(
 
 
 def main() -> None:
+    from justitia.engine.launch import EngineSpec
     from justitia.lab.presets import make_preset
-    from justitia.vllm.engine import EngineSpec
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--agents", type=int, default=100, help="the engine preset's first N agents (default all 100)")

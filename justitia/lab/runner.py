@@ -60,8 +60,8 @@ from justitia.core import (
 )
 from justitia.core import capacity_per_s as default_capacity  # run() takes a capacity_per_s of its own
 from justitia.defaults import ITERATION_S, env, process_cpus
+from justitia.engine.launch import EngineSpec, RunningEngine, control
 from justitia.predictors import make_predictor
-from justitia.vllm.engine import EngineSpec, RunningEngine, control
 from justitia.vllm.steplog import StepRow, read_step_log
 from justitia.workload import Agent
 from justitia.workload.text import shared_text

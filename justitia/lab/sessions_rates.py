@@ -18,12 +18,12 @@ from pathlib import Path
 
 import numpy as np
 
+from justitia.engine.launch import EngineSpec
 from justitia.lab.bench import RunSpec, simulate
 from justitia.lab.metrics import turn_stats
 from justitia.lab.presets import CPU_BLOCK_SIZE, ENGINE_OPTIONS
 from justitia.lab.sessions import sessions_engine_workload
 from justitia.lab.vllm_bench import load_bench
-from justitia.vllm.engine import EngineSpec
 
 POLICIES = ("fcfs", "vtc", "las", "srjf", "justitia")
 

@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from justitia.agent import RunResult
+from justitia.engine.launch import EngineSpec
 from justitia.lab.bench import RunSpec, check_labels, simulate, summarize
 from justitia.lab.calibrate import (
     delivered_capacity,
@@ -34,7 +35,6 @@ from justitia.lab.progress import progress_bar
 from justitia.lab.runner import VllmEngine
 from justitia.sim import EngineConfig, LatencyProfile
 from justitia.sim.config import FRONTEND_FIELDS
-from justitia.vllm.engine import EngineSpec
 from justitia.workload import Agent, fit_tokens
 
 TAGGING_LABEL = "justitia@tagging"
@@ -331,9 +331,9 @@ async def door_runs(
     from transformers import AutoTokenizer
 
     from justitia.defaults import process_cpus
+    from justitia.engine.models import resolve_model
     from justitia.lab.door import door_server, run_through_door
     from justitia.lab.runner import pin_process
-    from justitia.vllm.models import resolve_model
 
     pin_process(set(process_cpus()))  # the in-process engine pinned this process; the server gets every core
     tokenizer = AutoTokenizer.from_pretrained(str(resolve_model(engine_spec.model)))

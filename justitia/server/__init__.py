@@ -5,6 +5,6 @@ options), ``launch`` (vLLM's own server in this process, with the plug-ins), ``p
 endpoint plugin), ``app`` (the door and the agent API on a FastAPI app), ``door``, ``limits``,
 ``errors`` and ``admission`` (what the door checks, answers and counts), ``agents`` (the agent
 manager), ``store``, ``recovery``, ``turns``, ``journal``, ``pricing``, ``schema``. The front end
-over several engines (``--upstream``, ``--ray``) is ``justitia.frontend``, above it. Needs the
+over several engines (``--upstream``, ``--ray``) is ``justitia.gateway``, above it. Needs the
 ``vllm`` extra.
 """

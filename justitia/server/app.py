@@ -1,5 +1,5 @@
 """Justitia's HTTP surface: the door and the agent API (``add_justitia``), on vLLM's own app (the
-endpoint plugin, ``server.plugin``) or on the front end's (``justitia.frontend.app.create_app``,
+endpoint plugin, ``server.plugin``) or on the front end's (``justitia.gateway.app.create_app``,
 for ``--upstream`` and ``--ray``).
 
 The agents run in ``agents.AgentManager``; the agent API's limits are its ``admission``

@@ -49,7 +49,7 @@ from justitia.server.schema import TYPE_PATTERN
 # where a body carries vLLM's extra args: ``vllm_xargs``, except on vLLM's token-in generate endpoint
 EXTRA_ARGS_AT = {"/inference/v1/generate": ("sampling_params", "extra_args")}
 XARGS_KEYS = (*META_KEYS, "session_id")  # session_id: vLLM's own, the third place it looks for a session
-# a bench's answer length (justitia.vllm.scripted) and its answer standing for a tool call, from a
+# a bench's answer length (justitia.engine.scripted) and its answer standing for a tool call, from a
 # trusted key only: pricing never reads them
 TRUSTED_XARGS_KEYS = (ANSWER_TOKENS_KEY, ANSWER_CALLS_TOOL_KEY)
 TURN_KINDS = ("chat", "messages", "responses")  # the endpoints whose conversations have turns

@@ -1,7 +1,7 @@
 """What a refused request looks like on Justitia's HTTP surface: an error in each endpoint's own
 shape (``error_doc``: Anthropic's for ``/v1/messages``, OpenAI's elsewhere) and its plain ASGI
 answer (``answer``). The door writes them (``door``, ``limits``), and so does a front end for what
-its backend refuses (``justitia.frontend.forward``: ``ForwardRefused``)."""
+its backend refuses (``justitia.gateway.forward``: ``ForwardRefused``)."""
 
 from __future__ import annotations
 

@@ -67,8 +67,8 @@ def vllm_command(
     """The ``vllm serve`` arguments (after ``vllm serve``) that run Justitia: the model, the scheduler
     class, vLLM's priority queue (the plug-in stamps each request's key as its priority), and the
     server options given, then ``passthrough`` (any of vLLM's own options, which win)."""
-    from justitia.vllm.engine import engine_dtype, has_gpu
-    from justitia.vllm.models import resolve_model
+    from justitia.engine.launch import engine_dtype, has_gpu
+    from justitia.engine.models import resolve_model
 
     given = {a.split("=", 1)[0] for a in passthrough if a.startswith("--")}
     if "--model" in given:
@@ -109,7 +109,7 @@ def vllm_environment(
     (``JUSTITIA_PRICING_STATE``)."""
     from justitia.defaults import ENV_CALIBRATION, ENV_DOOR_TOKEN, ENV_POLICY, ENV_PRICING_STATE, ENV_SERVE, door_token
     from justitia.defaults import env as environ
-    from justitia.vllm.engine import has_gpu
+    from justitia.engine.launch import has_gpu
 
     plugins = [p for p in environ("VLLM_PLUGINS", "").split(",") if p]
     env = {

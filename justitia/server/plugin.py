@@ -85,10 +85,10 @@ class JustitiaPlugin:
         from transformers import AutoTokenizer
 
         from justitia.backends.local import EngineBackend
+        from justitia.engine.reaper import guard
         from justitia.server.agents import AgentManager
         from justitia.server.journal import Journal
         from justitia.server.metrics import register_collector
-        from justitia.vllm.reaper import guard
 
         if engine_client is None:
             raise RuntimeError("the justitia plugin needs an engine (not vLLM's render-only server).")

@@ -12,10 +12,10 @@ import time
 
 from justitia.agent import AgentProcess
 from justitia.core import KV
+from justitia.engine.models import chat_ids
 from justitia.predictors import Predictor
 from justitia.server.keys import Client
 from justitia.server.schema import PLACEHOLDER, AgentSpec, SpecError, render
-from justitia.vllm.models import chat_ids
 from justitia.workload import Agent, Task
 
 

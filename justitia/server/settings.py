@@ -1,5 +1,5 @@
 """``justitia serve``'s settings: ``ServeSettings``, one field per option, each checked once, when
-made. ``server.launch`` runs vLLM's own server with them; ``justitia.frontend.serve``, the front end
+made. ``server.launch`` runs vLLM's own server with them; ``justitia.gateway.serve``, the front end
 over several engines (``--upstream``, ``--ray``); ``justitia.cli.serve`` makes them from the
 command line and picks which (``front_end``)."""
 
@@ -100,7 +100,7 @@ class ServeSettings:
 
     @property
     def front_end(self) -> bool:
-        """Whether it fronts engines elsewhere (``upstream``, ``ray``: ``justitia.frontend``) rather
+        """Whether it fronts engines elsewhere (``upstream``, ``ray``: ``justitia.gateway``) rather
         than running vLLM's own server here (``server.launch``)."""
         return bool(self.upstream) or self.ray is not None
 

@@ -99,7 +99,7 @@ class RayBackend(TaggingBackend):
         """Start (or join) Ray, deploy ``ray_spec.replicas`` engines of ``spec`` (an ``EngineSpec``),
         each serving vLLM's own app with ``vllm_argv`` (vLLM's serving options)."""
         from justitia.backends.ray.deployment import deploy, shutdown
-        from justitia.vllm.engine import plugin_environment
+        from justitia.engine.launch import plugin_environment
 
         check_policy(policy)  # before minutes of start-up
         settings = policy_settings()

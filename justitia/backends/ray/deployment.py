@@ -83,7 +83,7 @@ def deploy(ray_spec: RaySpec, engine_spec: dict, plugin_env: dict, vllm_argv: li
         deployment.bind(engine_spec, plugin_env, list(vllm_argv or [])), name=APP_NAME, route_prefix=None
     )
     if ray_spec.address is None:  # a local Ray's processes die with this one, even by SIGKILL
-        from justitia.vllm.reaper import guard
+        from justitia.engine.reaper import guard
 
         guard()
     return handle

@@ -64,7 +64,7 @@ class EngineReplica:
     """One engine: ``generate`` streams answers, ``state`` reads its plug-in, ``describe`` its sizes."""
 
     def __init__(self, spec: dict, plugin_env: dict, vllm_argv: list[str] | None = None):
-        from justitia.vllm.engine import EngineSpec, start_engine
+        from justitia.engine.launch import EngineSpec, start_engine
 
         self.llm, model_dir = start_engine(EngineSpec(**spec), [], plugin_env)
         cache = self.llm.vllm_config.cache_config
@@ -214,14 +214,14 @@ class EngineReplica:
 
     async def state(self) -> dict:
         """The plug-in's policy state (``PolicyState.to_json()``): its measured M among it."""
-        from justitia.vllm.engine import control
+        from justitia.engine.launch import control
 
         return await control(self.llm, ControlCall(STATE))
 
     async def retire(self, agent_id: str, pause: bool = False) -> bool:
         """Retire an agent in the plug-in (a cancelled or failed agent; ``AgentBook.retire``; ``pause``:
         a session between bursts, ``AgentBook.pause``)."""
-        from justitia.vllm.engine import control
+        from justitia.engine.launch import control
 
         return bool(await control(self.llm, ControlCall(RETIRE, {"agent_id": agent_id, "pause": pause})))
 

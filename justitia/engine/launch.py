@@ -18,7 +18,7 @@ from pathlib import Path
 
 from justitia.core import ENGINE_UTILITY, ControlCall
 from justitia.defaults import ENV_AGENT_IDLE_S, ENV_CAPACITY, ENV_COST, ENV_ITERATION_S, ENV_POLICY
-from justitia.vllm.reaper import guard
+from justitia.engine.reaper import guard
 
 PLUGIN_CLASS = "justitia.vllm.plugin.JustitiaScheduler"
 STEP_LOG_CLASS = "justitia.vllm.plugin.StepLogScheduler"
@@ -105,7 +105,7 @@ def start_engine(spec: EngineSpec, stat_loggers: list | None = None, plugin_env:
     from vllm.engine.arg_utils import AsyncEngineArgs
     from vllm.v1.engine.async_llm import AsyncLLM
 
-    from justitia.vllm.models import resolve_model
+    from justitia.engine.models import resolve_model
 
     model_dir = resolve_model(spec.model)
     options = dict(

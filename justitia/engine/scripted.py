@@ -1,7 +1,7 @@
 """Scripted answers, for benches and tests only: a vLLM logits processor that makes a random-weight
 model (``tiny``) answer as a test or a bench needs, by a means that Justitia's pricing never sees.
 
-Loaded with vLLM's own flag, ``--logits-processors justitia.vllm.scripted:ScriptedAnswers`` (or
+Loaded with vLLM's own flag, ``--logits-processors justitia.engine.scripted:ScriptedAnswers`` (or
 ``LLM(logits_processors=[ScriptedAnswers])``); a deployment never loads it. Two ways to drive it:
 
 - **An answer length** (benches): ``SamplingParams.extra_args["justitia_answer_tokens"] = n``,

@@ -49,7 +49,7 @@ async def serve(settings: ServeSettings, ready: asyncio.Event | None = None) -> 
     import uvicorn
     from transformers import AutoTokenizer
 
-    from justitia.frontend.app import Settings, create_app
+    from justitia.gateway.app import Settings, create_app
 
     # the port is taken before the backend starts: a port in use fails now, not after minutes of
     # start-up, and no process the backend starts (Ray's take ports of their own) can take it first
@@ -202,7 +202,7 @@ async def _backend(settings: ServeSettings):
         return await RayBackend.start(spec, settings.policy, settings.ray, settings.vllm_args)
     if settings.upstream:
         from justitia.backends.upstream import UpstreamBackend
-        from justitia.vllm.models import resolve_model
+        from justitia.engine.models import resolve_model
 
         model = resolve_model(settings.model) if settings.model is not None else None
         return await UpstreamBackend.connect(
@@ -214,7 +214,7 @@ async def _backend(settings: ServeSettings):
 def local_spec(model: str, kv_blocks: int | None, max_num_seqs: int, max_model_len: int):
     """The engine of a ``--ray`` replica (and of the server bench): the plug-in, vLLM's own token
     budget and prefix caching, the KV cache the device leaves unless ``kv_blocks`` caps it."""
-    from justitia.vllm.engine import EngineSpec
+    from justitia.engine.launch import EngineSpec
 
     return EngineSpec(
         model,

@@ -8,7 +8,7 @@ from fastapi import FastAPI
 from fastapi.responses import JSONResponse, PlainTextResponse
 
 from justitia.backends.base import Backend
-from justitia.frontend.forward import add_forwarding_routes
+from justitia.gateway.forward import add_forwarding_routes
 from justitia.predictors import Predictor
 from justitia.server.agents import AgentManager, Settings
 from justitia.server.app import add_justitia
