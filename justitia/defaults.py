@@ -98,7 +98,7 @@ def state_dir() -> Path:
 def process_cpus() -> frozenset[int]:
     """The cores this process may run on, as first asked (then kept): the lab pins its front end to
     one of them once an engine has started, and lays out every later engine from these, not from the
-    pinned set. ``justitia.lab.runner`` asks when it is imported, before any engine has pinned it."""
+    pinned set. ``justitia.lab.live.runner`` asks when it is imported, before any engine has pinned it."""
     return frozenset(os.sched_getaffinity(0))
 
 

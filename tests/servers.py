@@ -13,7 +13,7 @@ import httpx
 import pytest
 
 from justitia.engine.reaper import descendants  # noqa: F401  (the tests use it from here too)
-from justitia.lab.servers import metric, samples, wait_agent  # noqa: F401  (the tests use them from here)
+from justitia.lab.live.servers import metric, samples, wait_agent  # noqa: F401  (the tests use them from here)
 
 
 def free_port() -> int:

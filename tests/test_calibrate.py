@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from justitia.cli import main
-from justitia.lab.calibrate import delivered_capacity, fit_profile, step_durations
+from justitia.lab.live.calibrate import delivered_capacity, fit_profile, step_durations
 from justitia.sim.config import LatencyProfile, load_profile
 from justitia.vllm.steplog import StepRow
 from justitia.workload import Agent, Task, scale_tokens
@@ -30,9 +30,9 @@ def simulated_engine(profile: LatencyProfile, speed, logged, schedulers=None):
     (an engine that logs its steps); each engine's scheduler is appended to ``schedulers``."""
     from dataclasses import replace
 
-    from justitia.lab import vllm_bench
     from justitia.lab.bench import RunSpec, simulate
-    from justitia.lab.runner import EngineRun
+    from justitia.lab.live import vllm_bench
+    from justitia.lab.live.runner import EngineRun
 
     class SimulatedEngine:
         def __init__(self, spec):
@@ -165,7 +165,7 @@ def test_the_bench_calibrates_on_agents_that_fit_the_engines_context_and_cache(m
     import asyncio
 
     from justitia.engine.launch import EngineSpec
-    from justitia.lab import vllm_bench
+    from justitia.lab.live import vllm_bench
 
     class FakeEngine:  # the engine's limits as VllmEngine reports them once started
         spec = EngineSpec(max_model_len=2048)
@@ -203,7 +203,7 @@ def test_the_calibration_throws_runs_away_until_the_engine_is_warm(monkeypatch):
     from types import SimpleNamespace
 
     from justitia.engine.launch import EngineSpec
-    from justitia.lab import vllm_bench
+    from justitia.lab.live import vllm_bench
 
     def steps(ms):  # ten busy steps of ``ms`` each (the step log's first six columns)
         return [StepRow(k * ms / 1000, 64, 0, 0, 1, 1) for k in range(11)]
@@ -266,7 +266,7 @@ def test_the_paired_bootstrap_separates_a_real_difference_and_not_noise():
 def test_the_vllm_bench_compares_justitia_with_each_baseline_that_ran():
     from types import SimpleNamespace
 
-    from justitia.lab.vllm_bench import TAGGING_LABEL, comparisons
+    from justitia.lab.live.vllm_bench import TAGGING_LABEL, comparisons
 
     def run(jcts):
         return SimpleNamespace(result=SimpleNamespace(agents=[SimpleNamespace(jct_s=j) for j in jcts]))
@@ -311,7 +311,7 @@ def test_the_front_end_fit_recovers_its_latencies_from_a_step_log_and_the_reques
     step's end: ``fit_frontend`` finds them from the step log's arrival and finish counts."""
     import numpy as np
 
-    from justitia.lab.calibrate import fit_frontend
+    from justitia.lab.live.calibrate import fit_frontend
 
     rng = np.random.default_rng(0)
     sent = np.sort(np.concatenate([np.full(8, 0.1 * k) for k in range(20)]) + rng.uniform(0, 0.002, 160))
@@ -385,7 +385,7 @@ def test_the_fit_finds_what_each_request_and_each_arrival_adds_to_a_step():
 
 def test_the_runner_gives_the_model_and_the_front_end_cores_of_their_own(monkeypatch):
     from justitia.engine.launch import EngineSpec
-    from justitia.lab import runner
+    from justitia.lab.live import runner
 
     monkeypatch.delenv("VLLM_CPU_OMP_THREADS_BIND", raising=False)
     monkeypatch.setattr(runner, "process_cpus", lambda: frozenset({0, 1}))
@@ -406,9 +406,9 @@ def test_a_speed_probe_recovers_the_engines_speed_and_the_run_speed_reads_the_st
 
     from justitia.engine.launch import EngineSpec
     from justitia.lab.bench import RunSpec, simulate
-    from justitia.lab.calibrate import fit_speed, probe_speed, run_speed
+    from justitia.lab.live.calibrate import fit_speed, probe_speed, run_speed
+    from justitia.lab.live.vllm_bench import engine_config
     from justitia.lab.presets import make_preset
-    from justitia.lab.vllm_bench import engine_config
 
     probe = make_preset("engine").calibration_agents[:12]
     profile = LatencyProfile("p", 0.0, 4.8, 0.0309, 0.00028, 1.0, 23, "test", 128, request_latency_ms=30.0)
@@ -434,8 +434,8 @@ def test_the_vllm_bench_predicts_each_run_at_the_speed_its_probe_found(monkeypat
     after each run find it (from their steps where the engine logs them, else from their mean JCTs),
     and the simulator's prediction follows, where one profile, or the probe before alone, cannot."""
     from justitia.engine.launch import EngineSpec
-    from justitia.lab import vllm_bench
     from justitia.lab.bench import RunSpec
+    from justitia.lab.live import vllm_bench
     from justitia.lab.presets import make_preset
 
     preset = make_preset("engine")
@@ -483,8 +483,8 @@ def test_the_vllm_benchs_tagging_run_reads_its_probes_steps_from_the_step_log_ba
     """The tagging run's engine is stock vLLM's scheduler under the plug-in's step-log base, so its
     probes and runs are read from their steps, as the plug-in's are."""
     from justitia.engine.launch import EngineSpec
-    from justitia.lab import vllm_bench
     from justitia.lab.bench import RunSpec
+    from justitia.lab.live import vllm_bench
     from justitia.lab.presets import make_preset
 
     preset = make_preset("engine")
@@ -518,7 +518,7 @@ def test_a_bench_document_loads_back_into_the_simulators_view_of_its_engine(tmp_
     from dataclasses import asdict
 
     from justitia.engine.launch import EngineSpec
-    from justitia.lab.vllm_bench import engine_config, load_bench
+    from justitia.lab.live.vllm_bench import engine_config, load_bench
 
     profile = LatencyProfile("p", 0.0, 4.8, 0.0309, 0.00028, 1.0, 23, "test", 128, request_latency_ms=7.5)
     spec = EngineSpec(kv_blocks=24, max_num_seqs=64)

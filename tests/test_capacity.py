@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from justitia.core import KV, AgentScheduler, CapacityMeter, Charge, Registration, RequestMeta, VirtualClock
 from justitia.core.policies import make_policy
-from justitia.lab.calibrate import calibrated_capacity
+from justitia.lab.live.calibrate import calibrated_capacity
 from justitia.lab.metrics import delay_bound_s, gps_finish_times
 from justitia.predictors import make_predictor
 from justitia.sim import Simulator

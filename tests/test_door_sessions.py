@@ -185,9 +185,9 @@ def test_the_session_keep_time_is_a_setting_with_a_clear_error():
 
 
 def test_the_benchs_door_runs_shape_their_calls_as_a_harness_does():
-    """``lab.door``: a call that opens a turn ends with the user's message, one after a tool pause
+    """``lab.live.door``: a call that opens a turn ends with the user's message, one after a tool pause
     with a tool's result; the door reads them so, and the turns' openers differ."""
-    from justitia.lab.door import messages
+    from justitia.lab.live.door import messages
     from justitia.server.identity import turn_opener
 
     first, inside = messages("context ", "turn one", True), messages("context turn one", " tool said", False)
@@ -222,7 +222,7 @@ def test_the_door_tells_the_engine_a_turn_ended_when_an_answer_calls_no_tool(app
 
 
 def test_a_bench_answer_that_stands_for_a_tool_call_ends_no_turn_and_only_a_trusted_key_says_so(tmp_path):
-    """``justitia_answer_calls_tool`` (the door bench's, ``lab.door.goes_on``): the door reads it
+    """``justitia_answer_calls_tool`` (the door bench's, ``lab.live.door.goes_on``): the door reads it
     and the engine never sees it; from a key that is not trusted it is a 400 naming the field."""
     path, turn, _ = BODIES["chat"]
     says = {"model": "tiny", "vllm_xargs": {"justitia_answer_calls_tool": True}} | turn
@@ -280,21 +280,21 @@ def test_an_answer_ends_its_turn_only_when_it_is_whole_a_200_and_no_stream_event
 
 
 def test_the_benchs_door_runs_send_one_cap_whatever_the_answer_clipped_to_the_context():
-    """``lab.door.cap``: ``max_tokens`` reads the prompt's length and the context, never the answer."""
-    from justitia.lab.door import MAX_TOKENS, TEMPLATE_SLACK, cap
+    """``lab.live.door.cap``: ``max_tokens`` reads the prompt's length and the context, never the answer."""
+    from justitia.lab.live.door import MAX_TOKENS, TEMPLATE_SLACK, cap
 
     assert cap(100, 2048) == MAX_TOKENS
     assert cap(1500, 2048) == 2048 - 1500 - TEMPLATE_SLACK
 
 
 def test_the_benchs_door_runs_say_which_answers_stand_for_a_tool_call():
-    """``lab.door.goes_on``: every answer of a turn but those of its last stage (a subagent's
+    """``lab.live.door.goes_on``: every answer of a turn but those of its last stage (a subagent's
     branch's included) stands for a tool call; the last stage's ends the turn."""
     from types import SimpleNamespace
 
     from test_sessions import session
 
-    from justitia.lab.door import goes_on
+    from justitia.lab.live.door import goes_on
 
     s = session()  # turn 0: stages 0-3 (a fork of two subagents at 2), turn 1: stage 4
     said = {
@@ -308,8 +308,8 @@ def test_the_labs_servers_start_without_the_callers_saved_pricing_state(monkeypa
     """A bench's ``justitia serve`` (a door run's) starts from nothing learned whatever the caller's
     shell keeps in ``JUSTITIA_PRICING_STATE``; a launch that names a state file keeps it. Nothing starts."""
     from justitia.engine.launch import EngineSpec
-    from justitia.lab import servers
-    from justitia.lab.door import door_server
+    from justitia.lab.live import servers
+    from justitia.lab.live.door import door_server
 
     class NotStarted:
         def __init__(self, cmd, env=None, **_):

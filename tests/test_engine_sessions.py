@@ -9,7 +9,7 @@ from test_sessions import session
 
 from justitia.agent import AgentProcess, Answer, drive
 from justitia.core import AgentBook, Registration
-from justitia.lab.runner import SessionPrompts
+from justitia.lab.live.runner import SessionPrompts
 from justitia.predictors import OraclePredictor
 from justitia.workload import Agent, Stage, Task
 
@@ -94,7 +94,7 @@ def test_the_runner_registers_a_price_that_is_a_distribution_ahead_of_its_reques
     holds the distribution, which it reprices as it serves the turn. A point price registers nothing."""
     from dataclasses import replace
 
-    from justitia.lab.runner import register_args
+    from justitia.lab.live.runner import register_args
     from justitia.predictors import OnlinePredictor
 
     s = fast(session())
@@ -192,7 +192,7 @@ def _tries(turns_by_repeat: list[list[list[float]]], hits=(10, 20)):
 
 
 def test_repeats_merge_turn_by_turn_and_sum_the_cache_counts():
-    from justitia.lab.vllm_bench import merge_repeats
+    from justitia.lab.live.vllm_bench import merge_repeats
 
     merged = merge_repeats(_tries([[[1.0, 3.0], [2.0]], [[3.0, 5.0], [4.0]]]))
     assert [a.turns_s for a in merged.agents] == [[2.0, 4.0], [3.0]]
@@ -201,7 +201,7 @@ def test_repeats_merge_turn_by_turn_and_sum_the_cache_counts():
 
 
 def test_turn_comparisons_are_ratios_of_mean_turn_times_not_of_jcts():
-    from justitia.lab.vllm_bench import comparisons
+    from justitia.lab.live.vllm_bench import comparisons
 
     a = [[[1.0, 1.0, 1.0, 1.0], [2.0]]] * 2  # 5 turns, 6 s: mean turn 1.2 s
     b = [[[2.0, 2.0, 2.0, 2.0], [1.0]]] * 2  # mean turn 1.8 s

@@ -109,7 +109,7 @@ def test_real_traffic_ends_within_the_bound_whatever_its_price(seed):
     # paces a session burst by burst on a GPS clock of its own, as the yardstick counts bursts;
     # paced on the tags' clock, where a session counts for its whole turn, 1 and 7 solo chains
     # ended past B on these two workloads
-    from justitia.lab.tau2 import tau2_workload
+    from justitia.lab.studies.tau2 import tau2_workload
     from justitia.sim import EngineConfig
 
     agents, _ = tau2_workload(seed)

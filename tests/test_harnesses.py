@@ -20,7 +20,7 @@ import httpx
 import pytest
 from servers import Server, free_port
 
-from justitia.lab.harnesses import BIN, HARNESSES, SESSION, write_script
+from justitia.lab.live.harnesses import BIN, HARNESSES, SESSION, write_script
 
 MODEL = "tiny-long"
 KEYS = {"claude-code": "sk-harness-team-a", "codex": "sk-harness-team-b"}

@@ -189,7 +189,7 @@ def test_the_compact_file_is_gzip_jsonl():
 
 
 def test_the_tau2_presets_replay_every_simulation_and_fit_the_small_engine():
-    from justitia.lab.tau2 import TAU2_ENGINE_N, tau2_engine_workload, tau2_workload
+    from justitia.lab.studies.tau2 import TAU2_ENGINE_N, tau2_engine_workload, tau2_workload
     from justitia.workload.imports import TAU2_COMPACT
 
     agents, info = tau2_workload(0, copies=3, source=[TAU2_COMPACT])
@@ -203,7 +203,7 @@ def test_the_tau2_presets_replay_every_simulation_and_fit_the_small_engine():
 
 def test_a_warm_row_learns_from_the_other_agent_model_only():
     from justitia.lab.bench import warm_predictor
-    from justitia.lab.tau2 import disjoint_history, other_model
+    from justitia.lab.studies.tau2 import disjoint_history, other_model
     from justitia.predictors import make_predictor
 
     assert other_model("tau2-airline/gpt41") == "tau2-airline/ft"

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from justitia.core import AgentScheduler, Registration
 from justitia.core.policies import POLICY_NAMES, make_policy
 from justitia.lab.bench import RunSpec
-from justitia.lab.sessions import TAG_EVICTION_LABEL, sessions_specs
+from justitia.lab.studies.sessions import TAG_EVICTION_LABEL, sessions_specs
 from justitia.predictors import make_predictor
 from justitia.sim import EngineConfig, LatencyProfile, Simulator
 from justitia.sim.prefix import PrefixCache

@@ -220,7 +220,7 @@ def test_the_prefix_cache_hits_the_engine_reports_are_counted_per_tenant_and_in_
 
 
 def test_the_scrape_bench_judges_the_read_bursts_against_the_unread_ones_of_the_same_round(capsys):
-    from justitia.lab.bench_scrape import PHASES, report
+    from justitia.lab.costs.bench_scrape import PHASES, report
 
     slow = [10.0, 20.0, 10.0, 20.0, 10.0]  # the machine's pace moves from round to round; the ratio does not
     doc = {

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from justitia.core.cost import cost_model
-from justitia.lab.evaluate import evaluate
+from justitia.lab.studies.evaluate import evaluate
 from justitia.predictors.committed import DEFAULT_PROFILE
 from justitia.predictors.files import PredictorFileError
 from justitia.workload import Agent, Task, load_workload

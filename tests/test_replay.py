@@ -1,6 +1,6 @@
 """The simulator against vLLM's own scheduling rules: the `engine` preset's first agents through an
 in-process vLLM engine (tiny model, the plug-in as its scheduler) stepped on the simulator's clock
-(`justitia.lab.replay`), against the simulator on the same latency profile. The engine's timing is
+(`justitia.lab.live.replay`), against the simulator on the same latency profile. The engine's timing is
 out of it, so what differs is the scheduling: which requests vLLM admits, preempts and serves."""
 
 import json
@@ -17,7 +17,7 @@ def test_the_simulator_schedules_as_vllm_does_on_its_clock(tmp_path):
         [
             sys.executable,
             "-m",
-            "justitia.lab.replay",
+            "justitia.lab.live.replay",
             "--agents",
             str(AGENTS),
             "--policies",

@@ -10,7 +10,7 @@ from types import SimpleNamespace
 import pytest
 
 from justitia.engine.scripted import ANSWER_TOKENS_KEY, ScriptedAnswers, load_script, pick
-from justitia.lab.harnesses import MARK, SCRIPT, SUBDONE, SUBTASK
+from justitia.lab.live.harnesses import MARK, SCRIPT, SUBDONE, SUBTASK
 
 
 def test_the_rule_that_matches_latest_in_the_prompt_answers():

@@ -14,7 +14,7 @@ from inprocess import RecordingBackend, WordTokenizer
 from servers import Server, free_port, metric, metric_sum, samples, sigkill, wait_agent
 
 from justitia.core import Registration
-from justitia.lab import abuse
+from justitia.lab.costs import abuse
 from justitia.predictors import make_predictor
 from justitia.server.agents import AgentManager, Settings
 from justitia.server.metrics import prometheus_text
@@ -155,7 +155,7 @@ def server(tmp_path_factory):
     where = tmp_path_factory.mktemp("serve")
     keys = where / "keys.txt"
     keys.write_text(f"{KEY} team-a 1\n{OTHER_KEY} team-b 2\n{ADMIN_KEY} ops 1 admin\n")
-    # the abuse list's server (scripts/abuse.py: its limits are what its cases test)
+    # the abuse list's server (justitia/lab/costs/abuse.py: its limits are what its cases test)
     srv = Server(
         [
             sys.executable,
@@ -614,7 +614,7 @@ def test_beyond_the_agents_in_flight_limit_the_server_answers_429(server):
 
 
 def test_every_case_of_the_abuse_list_is_handled_and_a_bystander_is_untouched(server):
-    """scripts/abuse.py's cases (each a 4xx naming the field, or no effect on the other key's agent),
+    """justitia/lab/costs/abuse.py's cases (each a 4xx naming the field, or no effect on the other key's agent),
     against this module's server (started with the list's flags)."""
     rows = abuse.run(server.server.url, KEY, OTHER_KEY, progress=False)
     assert len(rows) == len(abuse.CASES) + 1

@@ -393,7 +393,7 @@ def test_turn_prediction_errors_are_reported_turn_by_turn():
 def test_a_sessions_bench_reports_turns_the_cache_and_the_bound(tmp_path):
     from justitia.lab.bench import run_bench
     from justitia.lab.presets import SIM_DEFAULT_PROFILE
-    from justitia.lab.sessions import sessions_specs, sessions_summary
+    from justitia.lab.studies.sessions import sessions_specs, sessions_summary
     from justitia.sim import EngineConfig
     from justitia.sim.config import load_profile
     from justitia.workload import generate_sessions
@@ -591,14 +591,14 @@ def test_a_session_call_s_prompt_is_its_context_as_text_then_its_own():
 
 
 def test_the_engine_presets_rate_sweep_shows_ordering_pays_only_once_sessions_queue():
-    """``lab.sessions_rates``, how the sessions-engine preset's rate was chosen: each policy's mean
+    """``lab.studies.sessions_rates``, how the sessions-engine preset's rate was chosen: each policy's mean
     turn time per seed; at a rate the engine keeps up with, Justitia buys nothing over VTC, and at
     the preset's rate, where sessions queue, it does."""
     from justitia.engine.launch import EngineSpec
+    from justitia.lab.live.vllm_bench import engine_config
     from justitia.lab.presets import CPU_BLOCK_SIZE, ENGINE_OPTIONS
-    from justitia.lab.sessions import SESSIONS_ENGINE_RATE_PER_S
-    from justitia.lab.sessions_rates import POLICIES, rate_table
-    from justitia.lab.vllm_bench import engine_config
+    from justitia.lab.studies.sessions import SESSIONS_ENGINE_RATE_PER_S
+    from justitia.lab.studies.sessions_rates import POLICIES, rate_table
     from justitia.sim import LatencyProfile
 
     # the tiny model's steps on this machine as the recorded bench calibrated them (rounded)

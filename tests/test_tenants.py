@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from justitia.core import KV, AgentScheduler, Charge, Registration
 from justitia.core.policies import make_policy
 from justitia.lab.metrics import delay_bound_s, gps_finish_times
-from justitia.lab.tenants import backlog_shares, tenant_lags
+from justitia.lab.studies.tenants import backlog_shares, tenant_lags
 from justitia.predictors import make_predictor
 from justitia.sim import Simulator
 

@@ -158,7 +158,7 @@ def test_a_tagging_run_on_the_step_log_base_logs_its_steps(policies, policy):
 
 
 def test_make_overheads_bench_runs_and_counts_the_plugins_own_code(tmp_path):
-    """justitia.lab.bench_overhead (make overhead) on a small burst: it instruments the plug-in's
+    """justitia.lab.costs.bench_overhead (make overhead) on a small burst: it instruments the plug-in's
     methods wherever they live (its step-log base included), attributes time to the plug-in's code
     for every plug-in run and none for stock vLLM's scheduler. No timing is asserted: the figures
     are the bench's, quoted in docs/results.md."""
@@ -168,7 +168,7 @@ def test_make_overheads_bench_runs_and_counts_the_plugins_own_code(tmp_path):
         [
             sys.executable,
             "-m",
-            "justitia.lab.bench_overhead",
+            "justitia.lab.costs.bench_overhead",
             "--requests",
             "16",
             "--repeats",

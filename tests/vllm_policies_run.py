@@ -20,7 +20,7 @@ from dataclasses import asdict, replace
 if __name__ == "__main__":
     from justitia.core.policies import POLICY_NAMES
     from justitia.engine.launch import EngineSpec
-    from justitia.lab.runner import VllmEngine
+    from justitia.lab.live.runner import VllmEngine
     from justitia.workload import Agent, Task
 
     elephant = Agent(

@@ -19,7 +19,7 @@ must wait), and credits each request that finishes in such a stretch with its co
 at the tokens it produced, to the busy time. The clock's meter (``CapacityMeter``) smooths it,
 within its band around the rate measured so far, as the plug-in's does. With ``max_tokens`` far
 above what requests produce, the front end counts as busy some time that was not, and measures a
-lower M (the band bounds it). The bench's tagging mode (``lab.runner``) uses the same ``Tagger``.
+lower M (the band bounds it). The bench's tagging mode (``lab.live.runner``) uses the same ``Tagger``.
 """
 
 from __future__ import annotations

@@ -234,7 +234,7 @@ def run(args) -> int:
     if preset is not None and preset.summary is not None:
         print("\n".join(preset.summary(doc)))
     elif any("mean_turn_s" in e for e in doc["policies"].values()):  # sessions: their turns, whatever ran them
-        from justitia.lab.sessions import sessions_summary
+        from justitia.lab.studies.sessions import sessions_summary
 
         print("\n".join(sessions_summary(doc)))
     print(f"results: {path}")
@@ -257,8 +257,8 @@ def _sim_config(args, preset_options: dict | None = None):
 
 
 def _bench_vllm(args, agents, specs, info, preset) -> dict:
+    from justitia.lab.live.vllm_bench import run_bench_vllm
     from justitia.lab.presets import CPU_DENSITY
-    from justitia.lab.vllm_bench import run_bench_vllm
     from justitia.sim.config import load_profile
     from justitia.workload import build_workload, scale_tokens
 

@@ -19,7 +19,7 @@ def add_parser(sub) -> None:
 def run(args) -> int:
     import json
 
-    from justitia.lab.vllm_bench import calibrate, engine_config
+    from justitia.lab.live.vllm_bench import calibrate, engine_config
     from justitia.workload import scale_tokens
 
     spec = engine_spec(args)

@@ -42,7 +42,7 @@ def run(args) -> int:
     import json
 
     from justitia.core import KV
-    from justitia.lab.evaluate import evaluate
+    from justitia.lab.studies.evaluate import evaluate
     from justitia.predictors.mlp import DEFAULT_ALPHA, LearnedPredictor
     from justitia.workload import load_workload
 
@@ -90,7 +90,7 @@ def run(args) -> int:
     table.add_row("training s", *(f"{doc['predictors'][n]['train_s']:.1f}" for n in names))
     Console(width=120).print(table)
     if args.cold_start:
-        from justitia.lab.evaluate import cold_start
+        from justitia.lab.studies.evaluate import cold_start
 
         doc["cold_start"] = cold_start(agents, kv, args.seed)
         cs = doc["cold_start"]["mean"]

@@ -22,7 +22,7 @@ def add_parser(sub) -> None:
 
 
 def run(args) -> int:
-    from justitia.lab.profile import ProfileSpec, run_profile
+    from justitia.lab.live.profile import ProfileSpec, run_profile
     from justitia.workload.workflows import WORKFLOW_TYPES
 
     types = tuple(args.types.split(",")) if args.types else WORKFLOW_TYPES

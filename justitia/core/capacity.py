@@ -14,7 +14,7 @@ slower), in the cost model's unit, and the busy time it took. Busy time is the d
 steps that started with a request waiting, and nothing else: a gap in which the engine had
 nothing to run is no step, and a caller that times a step to the next one's start must not count
 a step the engine went idle after (the simulator counts step durations only; the plug-in drops
-the step before an idle gap, as ``lab.calibrate`` does). A caller that counts its steps passes
+the step before an idle gap, as ``lab.live.calibrate`` does). A caller that counts its steps passes
 ``steps``; an interval longer than ``GAP_STEPS`` times the mean step measured so far is taken
 for one that held such a gap, and dropped (``dropped_s``).
 

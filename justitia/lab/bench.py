@@ -18,7 +18,7 @@ from justitia.agent import BURSTS, PRICINGS, SUBAGENTS, AgentResult, RunResult
 from justitia.core import KV, ROUTER_NAMES, cost_model, has_clock, make_policy
 from justitia.lab.metrics import delay_bound_s, fairness, gps_finish_times, jct_stats, turn_prediction, turn_stats
 from justitia.lab.progress import progress_bar
-from justitia.lab.tenants import tenant_report
+from justitia.lab.studies.tenants import tenant_report
 from justitia.predictors import make_predictor
 from justitia.predictors.base import OraclePredictor
 from justitia.sim import CLOCKS, Cluster, EngineConfig, Simulator
@@ -48,7 +48,7 @@ class RunSpec:
     kv_eviction: str | None = None  # the prefix cache's eviction rule for this run (None: the engine config's)
     guard_scale: float = 0.0  # justitia's lag guard starts from this largest burst seen before (0: cold)
     history: tuple = field(default=(), compare=False, repr=False)  # agents an online predictor learns before
-    # the run (a deployment's kept state; lab.tau2.warm_predictor)
+    # the run (a deployment's kept state; lab.studies.tau2.warm_predictor)
 
     def __post_init__(self) -> None:
         if self.capacity not in CAPACITIES:

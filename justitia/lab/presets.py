@@ -2,7 +2,7 @@
 ``Preset`` each builds and ``make_preset`` to look one up; per preset its workload, the runs to
 compare and what to print beside the results. The workloads come from ``justitia.workload``
 (``build_workload``) or, where a preset needs one of its own, from ``justitia.lab.workloads``
-(and ``justitia.lab.sessions``)."""
+(and ``justitia.lab.studies.sessions``)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from typing import Callable
 from justitia.core import POLICY_NAMES
 from justitia.lab.bench import SIM_DEFAULT_PROFILE, RunSpec
 from justitia.lab.metrics import largest_burst
-from justitia.lab.sessions import ONLINE_LABEL, sessions_specs, sessions_summary, sessions_workload
+from justitia.lab.studies.sessions import ONLINE_LABEL, sessions_specs, sessions_summary, sessions_workload
 from justitia.lab.workloads import (
     ABLATION_DENSITY,
     ELEPHANT_STREAM_RATE,
@@ -56,7 +56,7 @@ class Preset:
     replicas: int = 1  # sim: engines in the cluster (sim.Cluster when > 1)
     summary: Callable[[dict], list[str]] | None = None  # lines printed after the results table, from results.json
     compares_predictors: bool = False  # its runs are about predictors: --predictor would override its point
-    door: list[RunSpec] = field(default_factory=list)  # vllm: runs through justitia serve's door (lab.door)
+    door: list[RunSpec] = field(default_factory=list)  # vllm: runs through justitia serve's door (lab.live.door)
 
 
 def online_specs() -> list[RunSpec]:
@@ -412,11 +412,11 @@ def _engine(name: str, seed: int) -> Preset:
 
 
 def _sessions_engine(name: str, seed: int) -> Preset:
-    # Sessions on real vLLM with its prefix cache on (its default), sized by lab.sessions for the
+    # Sessions on real vLLM with its prefix cache on (its default), sized by lab.studies.sessions for the
     # engine preset's engine; the calibration's agents are the engine preset's (no shared text).
     from justitia.engine.launch import EngineSpec
-    from justitia.lab.door import door_label
-    from justitia.lab.sessions import (
+    from justitia.lab.live.door import door_label
+    from justitia.lab.studies.sessions import (
         ONLINE_LABEL,
         PREFIX_LABEL,
         SESSIONS_ENGINE_POLICIES,
@@ -510,7 +510,7 @@ def _sessions(name: str, seed: int) -> Preset:
 
 
 def _tau2(name: str, seed: int) -> Preset:
-    from justitia.lab.tau2 import TAU2_OVERLOAD_COPIES, tau2_specs, tau2_summary, tau2_workload
+    from justitia.lab.studies.tau2 import TAU2_OVERLOAD_COPIES, tau2_specs, tau2_summary, tau2_workload
 
     copies = TAU2_OVERLOAD_COPIES if name == "tau2-overload" else 1
     agents, info = tau2_workload(seed, copies)
@@ -530,11 +530,11 @@ def _tau2(name: str, seed: int) -> Preset:
 
 def _tau2_engine(name: str, seed: int) -> Preset:
     # tau2-bench's conversations on real vLLM (tiny model, CPU), its prefix cache on, through justitia
-    # serve's door as a harness sends them (lab.door), priced by the server; calibrated as sessions-engine is
+    # serve's door as a harness sends them (lab.live.door), priced by the server; calibrated as sessions-engine is
     from justitia.engine.launch import EngineSpec
-    from justitia.lab.door import door_label
-    from justitia.lab.sessions import sessions_engine_summary
-    from justitia.lab.tau2 import TAU2_ENGINE_POLICIES, tau2_engine_workload
+    from justitia.lab.live.door import door_label
+    from justitia.lab.studies.sessions import sessions_engine_summary
+    from justitia.lab.studies.tau2 import TAU2_ENGINE_POLICIES, tau2_engine_workload
 
     spec = EngineSpec(**ENGINE_OPTIONS)
     agents, info = tau2_engine_workload(seed, spec.usable_blocks * CPU_BLOCK_SIZE, spec.max_model_len)

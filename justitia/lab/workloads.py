@@ -30,7 +30,7 @@ def profile_workload(
 ) -> tuple[list[Agent], dict, list[Agent]]:
     """Held-out agents of a real-LM profile, each replayed ``copies`` times at trace (or synthetic)
     arrivals, and the agents to train predictors on. Returns (workload, description, train)."""
-    from justitia.lab.evaluate import split
+    from justitia.lab.studies.evaluate import split
     from justitia.predictors.committed import DEFAULT_PROFILE
 
     path = Path(profile) if profile else DEFAULT_PROFILE

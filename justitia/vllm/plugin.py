@@ -409,7 +409,7 @@ class JustitiaScheduler(StepLogScheduler):
     def update_from_output(self, *args, **kwargs):
         """vLLM's; an engine left with nothing to run is idle until its next step, which is no
         step's time: the last busy step is not measured (the meter's own guard, and
-        ``lab.calibrate``, drop such gaps too)."""
+        ``lab.live.calibrate``, drop such gaps too)."""
         outputs = super().update_from_output(*args, **kwargs)
         if self._busy_step is not None and not self.has_unfinished_requests():
             self._busy_step = None

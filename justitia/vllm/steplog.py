@@ -1,5 +1,5 @@
 """The step log: one CSV line per engine step, written by the plug-in's base (``StepLogScheduler``)
-and read by the lab (``lab.runner`` for a run's steps, ``lab.calibrate`` for the latency fit and
+and read by the lab (``lab.live.runner`` for a run's steps, ``lab.live.calibrate`` for the latency fit and
 the measured M). The format is in docs/formats.md ("Step log").
 
 A line holds ``StepRow``'s fields in order, comma-separated, no header: ``t_s`` with six decimals,
