@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from fastapi import FastAPI, Request
+from fastapi import APIRouter, FastAPI, Request
 from fastapi.responses import HTMLResponse, JSONResponse, StreamingResponse
 from pydantic import ValidationError
 
@@ -66,12 +66,30 @@ def add_justitia(app: FastAPI, holder, keys: KeyRing, settings: Settings) -> Non
 
 
 def add_agent_routes(app: FastAPI, holder) -> None:
-    """The agent API (``/v1/agents``, a session's ``/v1/agents/{id}/turns``) and the door's sessions
-    (``/v1/sessions``) on ``app``."""
+    """The agent API (``/v1/agents``, a session's ``/v1/agents/{id}/turns``), the door's sessions
+    (``/v1/sessions``) and the live page (``/justitia``) on ``app``: an ``APIRouter`` each."""
+    app.include_router(AgentRoutes(holder).router())
+    app.include_router(session_routes(holder))
+    app.include_router(live_routes(holder))
 
-    @app.post("/v1/agents", status_code=202)
-    async def submit(request: Request):
-        manager = holder.manager
+
+class AgentRoutes:
+    """The agent API: submit an agent, read or cancel it, a session's next turn, its events."""
+
+    def __init__(self, holder):
+        self.holder = holder  # holder.manager: the AgentManager, looked up per request
+
+    def router(self) -> APIRouter:
+        r = APIRouter(prefix="/v1/agents")
+        r.add_api_route("", self.submit, methods=["POST"], status_code=202)
+        r.add_api_route("/{agent_id}", self.status, methods=["GET"])
+        r.add_api_route("/{agent_id}", self.cancel, methods=["DELETE"])
+        r.add_api_route("/{agent_id}/turns", self.turn, methods=["POST"], status_code=202)
+        r.add_api_route("/{agent_id}/events", self.events, methods=["GET"])
+        return r
+
+    async def submit(self, request: Request):
+        manager = self.holder.manager
         spec = await _parse(AgentSpec, request)
         if isinstance(spec, JSONResponse):
             return spec
@@ -102,34 +120,9 @@ def add_agent_routes(app: FastAPI, holder) -> None:
                 return _error(503, f"the engine could not take the agent ({exc}); retry later.", retry_after(5))
         return JSONResponse({"agent_id": run.agent_id, "status": run.status}, status_code=202)
 
-    @app.get("/justitia/state")
-    async def live_state(request: Request):
-        """The live page's figures (``observe.Watch.doc``): each tenant's share against its fair
-        share, the head of the queue, the clock and the bound's slack; a key sees its own tenant
-        (an admin key, or any client of an open server, every tenant)."""
-        manager = holder.manager
-        try:
-            await manager.watch.read()
-        except Exception as exc:  # noqa: BLE001  (an engine going away: say so, as /health does)
-            return _error(
-                503, f"the engine's state cannot be read now ({type(exc).__name__}); retry later.", retry_after(1)
-            )
-        return manager.watch.doc(client_of(request))
-
-    @app.get("/justitia", response_class=HTMLResponse, include_in_schema=False)
-    async def live_page():
-        """The live page: plain HTML and a small script that polls ``/justitia/state``."""
-        return HTMLResponse(LIVE_PAGE.read_text())
-
-    @app.get("/v1/sessions")
-    async def sessions(request: Request):
-        """The key's identified agents on the OpenAI and Anthropic endpoints, most recent last."""
-        sessions = holder.manager.admission.sessions
-        return {"object": "list", "data": [s.doc() for s in sessions.of(client_of(request).owner)]}
-
-    def missing(agent_id: str, request: Request) -> JSONResponse:
+    def _missing(self, agent_id: str, request: Request) -> JSONResponse:
         """404 for an unknown agent or another key's; 410 for one of this key's that was dropped."""
-        manager = holder.manager
+        manager = self.holder.manager
         settings = manager.settings
         if manager.store.was_owned(agent_id, client_of(request)):
             return _error(
@@ -139,28 +132,25 @@ def add_agent_routes(app: FastAPI, holder) -> None:
             )
         return _error(404, f"no agent '{agent_id}'.")
 
-    @app.get("/v1/agents/{agent_id}")
-    async def status(agent_id: str, request: Request):
-        run = holder.manager.store.owned(agent_id, client_of(request))
+    async def status(self, agent_id: str, request: Request):
+        run = self.holder.manager.store.owned(agent_id, client_of(request))
         if run is None:  # unknown, or another key's: the same answer
-            return missing(agent_id, request)
+            return self._missing(agent_id, request)
         return run.doc()
 
-    @app.delete("/v1/agents/{agent_id}")
-    async def cancel(agent_id: str, request: Request):
-        if holder.manager.store.owned(agent_id, client_of(request)) is None:
-            return missing(agent_id, request)
-        return (await holder.manager.cancel(agent_id)).doc()
+    async def cancel(self, agent_id: str, request: Request):
+        if self.holder.manager.store.owned(agent_id, client_of(request)) is None:
+            return self._missing(agent_id, request)
+        return (await self.holder.manager.cancel(agent_id)).doc()
 
-    @app.post("/v1/agents/{agent_id}/turns", status_code=202)
-    async def turn(agent_id: str, request: Request):
+    async def turn(self, agent_id: str, request: Request):
         """A waiting session's next turn (202), or its end (``"last": true`` with no stages: 200 and
         its document); ``server.turns``."""
-        manager = holder.manager
+        manager = self.holder.manager
         client = client_of(request)
         run = manager.store.owned(agent_id, client)
         if run is None:
-            return missing(agent_id, request)
+            return self._missing(agent_id, request)
         spec = await _parse(TurnSpec, request)
         if isinstance(spec, JSONResponse):
             return spec
@@ -183,30 +173,70 @@ def add_agent_routes(app: FastAPI, holder) -> None:
             status_code=202,
         )
 
-    @app.get("/v1/agents/{agent_id}/events")
-    async def events(agent_id: str, request: Request):
-        run = holder.manager.store.owned(agent_id, client_of(request))
+    async def events(self, agent_id: str, request: Request):
+        """The agent's events as they happen (server-sent events), from its first."""
+        run = self.holder.manager.store.owned(agent_id, client_of(request))
         if run is None:
-            return missing(agent_id, request)
-        if run.streams >= holder.manager.settings.max_streams_per_agent:
+            return self._missing(agent_id, request)
+        if run.streams >= self.holder.manager.settings.max_streams_per_agent:
             return _error(
                 429, f"agent '{agent_id}' has {run.streams} event streams open, this server's limit.", retry_after(1)
             )
         run.streams += 1
+        return StreamingResponse(_event_stream(run), media_type="text/event-stream")
 
-        async def stream():
-            sent = 0
-            try:
-                while True:
-                    changed = run.changed
-                    while sent < len(run.events):
-                        e = run.events[sent]
-                        sent += 1
-                        yield f"event: {e['event']}\ndata: {json.dumps(e)}\n\n"
-                    if run.status in TERMINAL and sent == len(run.events):
-                        return
-                    await changed.wait()
-            finally:
-                run.streams -= 1
 
-        return StreamingResponse(stream(), media_type="text/event-stream")
+async def _event_stream(run):
+    """A run's events, each once, until it ends; its stream count is given back when it stops."""
+    sent = 0
+    try:
+        while True:
+            changed = run.changed
+            while sent < len(run.events):
+                e = run.events[sent]
+                sent += 1
+                yield f"event: {e['event']}\ndata: {json.dumps(e)}\n\n"
+            if run.status in TERMINAL and sent == len(run.events):
+                return
+            await changed.wait()
+    finally:
+        run.streams -= 1
+
+
+def session_routes(holder) -> APIRouter:
+    """The door's sessions: ``/v1/sessions``."""
+    r = APIRouter()
+
+    @r.get("/v1/sessions")
+    async def sessions(request: Request):
+        """The key's identified agents on the OpenAI and Anthropic endpoints, most recent last."""
+        sessions = holder.manager.admission.sessions
+        return {"object": "list", "data": [s.doc() for s in sessions.of(client_of(request).owner)]}
+
+    return r
+
+
+def live_routes(holder) -> APIRouter:
+    """The live page (``/justitia``) and its figures (``/justitia/state``)."""
+    r = APIRouter()
+
+    @r.get("/justitia/state")
+    async def live_state(request: Request):
+        """The live page's figures (``observe.Watch.doc``): each tenant's share against its fair
+        share, the head of the queue, the clock and the bound's slack; a key sees its own tenant
+        (an admin key, or any client of an open server, every tenant)."""
+        manager = holder.manager
+        try:
+            await manager.watch.read()
+        except Exception as exc:  # noqa: BLE001  (an engine going away: say so, as /health does)
+            return _error(
+                503, f"the engine's state cannot be read now ({type(exc).__name__}); retry later.", retry_after(1)
+            )
+        return manager.watch.doc(client_of(request))
+
+    @r.get("/justitia", response_class=HTMLResponse, include_in_schema=False)
+    async def live_page():
+        """The live page: plain HTML and a small script that polls ``/justitia/state``."""
+        return HTMLResponse(LIVE_PAGE.read_text())
+
+    return r

@@ -153,151 +153,18 @@ class Watch:
         for r in rows:
             groups.setdefault(r["tenant"] if r["tenant"] in names else OTHER, []).append(r)
         model = label(self.model)
+        return [
+            *_tenant_series(groups, model),
+            *_tenant_histograms(groups, model),
+            *_totals(rows, model),
+            *self._bound_and_errors(model),
+        ]
 
-        out = {
-            k: []
-            for k in (
-                "service",
-                "share",
-                "fair",
-                "weight",
-                "waiting",
-                "agents",
-                "sessions",
-                "late",
-                "margin",
-                "viol",
-                "queries",
-                "hits",
-            )
-        }
-        hist = {"turn": [], "agent": []}
-        for name_of, group in sorted(groups.items()):
-            tag = f'model_name="{model}",tenant="{label(name_of)}"'
-
-            def put(key: str, metric: str, field: str, combine=sum) -> None:
-                values = [r[field] for r in group if r[field] is not None]
-                if values:
-                    out[key].append(f"{metric}{{{tag}}} {combine(values):.6g}")
-
-            put("service", "justitia_tenant_service_total", "service")
-            put("share", "justitia_tenant_service_share", "share")
-            put("fair", "justitia_tenant_fair_share", "fair_share")
-            if name_of != OTHER:
-                put("weight", "justitia_tenant_weight", "weight", lambda v: v[0])
-            put("waiting", "justitia_tenant_requests_waiting", "waiting")
-            put("agents", "justitia_tenant_agents_in_flight", "agents")
-            put("sessions", "justitia_tenant_sessions_in_flight", "sessions")
-            put("late", "justitia_tenant_lateness_seconds", "late_s", max)
-            put("margin", "justitia_tenant_bound_margin_seconds", "margin_s", min)
-            put("viol", "justitia_tenant_bound_violations_total", "violations")
-            put("queries", "justitia_tenant_prefix_cache_queries_total", "prompt_tokens")
-            put("hits", "justitia_tenant_prefix_cache_hits_total", "cached_tokens")
-            for kind in hist:
-                counts = [
-                    sum(r["burst_buckets"].get(kind, [0] * len(BURST_BUCKETS))[k] for r in group)
-                    for k in range(len(BURST_BUCKETS))
-                ]
-                hist[kind] += histogram_samples(
-                    f"justitia_tenant_{kind}_seconds",
-                    tag,
-                    BURST_BUCKETS,
-                    counts,
-                    sum(r["burst_sum_s"].get(kind, 0.0) for r in group),
-                )
+    def _bound_and_errors(self, model: str) -> list[str]:
+        """The bound bursts are judged by (when the policy keeps a clock), and the price errors."""
         state = self.last
         bound = self._bound(state)
-        lines = [
-            *metric_lines(
-                "tenant_service_total",
-                "counter",
-                "Service attained by the tenant's agents, in the cost model's unit (KV token-iterations under kv).",
-                *out["service"],
-            ),
-            *metric_lines(
-                "tenant_service_share",
-                "gauge",
-                "The tenant's part of all service attained in the window.",
-                *out["share"],
-            ),
-            *metric_lines(
-                "tenant_fair_share",
-                "gauge",
-                "The tenant's weighted share while backlogged: its weight over the backlogged tenants', averaged "
-                "over the window.",
-                *out["fair"],
-            ),
-            *metric_lines("tenant_weight", "gauge", "The tenant's weight.", *out["weight"]),
-            *metric_lines(
-                "tenant_requests_waiting",
-                "gauge",
-                "The tenant's requests waiting in the engine's queue.",
-                *out["waiting"],
-            ),
-            *metric_lines("tenant_agents_in_flight", "gauge", "The tenant's agents the engine holds.", *out["agents"]),
-            *metric_lines(
-                "tenant_sessions_in_flight", "gauge", "The tenant's sessions the engine holds.", *out["sessions"]
-            ),
-            *metric_lines(
-                "tenant_lateness_seconds",
-                "gauge",
-                "The clock's estimate of how far the tenant's latest agent in flight is past its GPS finish "
-                "(negative: ahead).",
-                *out["late"],
-            ),
-            *metric_lines(
-                "tenant_bound_margin_seconds",
-                "gauge",
-                "The delay bound less the tenant's lateness: below 0, an agent is past the bound.",
-                *out["margin"],
-            ),
-            *metric_lines(
-                "tenant_bound_violations_total",
-                "counter",
-                "The tenant's bursts that ended past their GPS finish by more than the bound.",
-                *out["viol"],
-            ),
-            *metric_lines(
-                "tenant_prefix_cache_queries_total",
-                "counter",
-                "Prompt tokens of the tenant's finished requests whose prefix-cache lookup the engine reported.",
-                *out["queries"],
-            ),
-            *metric_lines(
-                "tenant_prefix_cache_hits_total",
-                "counter",
-                "Of those, the tokens vLLM's prefix cache held when the request was first scheduled.",
-                *out["hits"],
-            ),
-            *metric_lines(
-                "tenant_turn_seconds", "histogram", "Completion time of sessions' turns, by tenant.", *hist["turn"]
-            ),
-            *metric_lines(
-                "tenant_agent_seconds",
-                "histogram",
-                "Completion time of agents (not sessions), by tenant.",
-                *hist["agent"],
-            ),
-            *metric_lines(
-                "bound_violations_total",
-                "counter",
-                "Bursts that ended past their GPS finish by more than the bound.",
-                f'justitia_bound_violations_total{{model_name="{model}"}} {sum(r["violations"] for r in rows)}',
-            ),
-            *metric_lines(
-                "prefix_cache_queries_total",
-                "counter",
-                "Prompt tokens of finished requests whose prefix-cache lookup the engine reported (Justitia's "
-                "requests; vLLM's own vllm:prefix_cache_queries counts every lookup).",
-                f'justitia_prefix_cache_queries_total{{model_name="{model}"}} {sum(r["prompt_tokens"] for r in rows)}',
-            ),
-            *metric_lines(
-                "prefix_cache_hits_total",
-                "counter",
-                "Of those, the tokens vLLM's prefix cache held when each request was first scheduled.",
-                f'justitia_prefix_cache_hits_total{{model_name="{model}"}} {sum(r["cached_tokens"] for r in rows)}',
-            ),
-        ]
+        lines = []
         if bound is not None:
             lines += metric_lines(
                 "bound_seconds",
@@ -320,3 +187,140 @@ class Watch:
                 total,
             )
         return lines
+
+
+def _first(values: list) -> float:
+    return values[0]
+
+
+# Each tenant's series, in the order /metrics gives them: (metric, type, help, the row field it
+# reads, how a group's rows combine, named tenants only)
+TENANT_SERIES = (
+    (
+        "tenant_service_total",
+        "counter",
+        "Service attained by the tenant's agents, in the cost model's unit (KV token-iterations under kv).",
+        "service",
+        sum,
+        False,
+    ),
+    ("tenant_service_share", "gauge", "The tenant's part of all service attained in the window.", "share", sum, False),
+    (
+        "tenant_fair_share",
+        "gauge",
+        "The tenant's weighted share while backlogged: its weight over the backlogged tenants', averaged "
+        "over the window.",
+        "fair_share",
+        sum,
+        False,
+    ),
+    ("tenant_weight", "gauge", "The tenant's weight.", "weight", _first, True),
+    ("tenant_requests_waiting", "gauge", "The tenant's requests waiting in the engine's queue.", "waiting", sum, False),
+    ("tenant_agents_in_flight", "gauge", "The tenant's agents the engine holds.", "agents", sum, False),
+    ("tenant_sessions_in_flight", "gauge", "The tenant's sessions the engine holds.", "sessions", sum, False),
+    (
+        "tenant_lateness_seconds",
+        "gauge",
+        "The clock's estimate of how far the tenant's latest agent in flight is past its GPS finish (negative: ahead).",
+        "late_s",
+        max,
+        False,
+    ),
+    (
+        "tenant_bound_margin_seconds",
+        "gauge",
+        "The delay bound less the tenant's lateness: below 0, an agent is past the bound.",
+        "margin_s",
+        min,
+        False,
+    ),
+    (
+        "tenant_bound_violations_total",
+        "counter",
+        "The tenant's bursts that ended past their GPS finish by more than the bound.",
+        "violations",
+        sum,
+        False,
+    ),
+    (
+        "tenant_prefix_cache_queries_total",
+        "counter",
+        "Prompt tokens of the tenant's finished requests whose prefix-cache lookup the engine reported.",
+        "prompt_tokens",
+        sum,
+        False,
+    ),
+    (
+        "tenant_prefix_cache_hits_total",
+        "counter",
+        "Of those, the tokens vLLM's prefix cache held when the request was first scheduled.",
+        "cached_tokens",
+        sum,
+        False,
+    ),
+)
+TENANT_HISTOGRAMS = (
+    ("turn", "Completion time of sessions' turns, by tenant."),
+    ("agent", "Completion time of agents (not sessions), by tenant."),
+)
+
+
+def _tag(model: str, name: str) -> str:
+    return f'model_name="{model}",tenant="{label(name)}"'
+
+
+def _tenant_series(groups: dict[str, list[dict]], model: str) -> list[str]:
+    """``TENANT_SERIES``, one sample a tenant group (a group's rows combined)."""
+    lines = []
+    for metric, kind, help_text, field, combine, named_only in TENANT_SERIES:
+        samples = []
+        for name, group in sorted(groups.items()):
+            values = [r[field] for r in group if r[field] is not None]
+            if values and not (named_only and name == OTHER):
+                samples.append(f"justitia_{metric}{{{_tag(model, name)}}} {combine(values):.6g}")
+        lines += metric_lines(metric, kind, help_text, *samples)
+    return lines
+
+
+def _tenant_histograms(groups: dict[str, list[dict]], model: str) -> list[str]:
+    """Turn and agent completion times, a histogram per tenant group."""
+    lines = []
+    for kind, help_text in TENANT_HISTOGRAMS:
+        samples = []
+        for name, group in sorted(groups.items()):
+            counts = [
+                sum(r["burst_buckets"].get(kind, [0] * len(BURST_BUCKETS))[k] for r in group)
+                for k in range(len(BURST_BUCKETS))
+            ]
+            total = sum(r["burst_sum_s"].get(kind, 0.0) for r in group)
+            samples += histogram_samples(
+                f"justitia_tenant_{kind}_seconds", _tag(model, name), BURST_BUCKETS, counts, total
+            )
+        lines += metric_lines(f"tenant_{kind}_seconds", "histogram", help_text, *samples)
+    return lines
+
+
+def _totals(rows: list[dict], model: str) -> list[str]:
+    """The bound's violations and the prefix cache's queries and hits over every tenant."""
+    tag = f'model_name="{model}"'
+    return [
+        *metric_lines(
+            "bound_violations_total",
+            "counter",
+            "Bursts that ended past their GPS finish by more than the bound.",
+            f"justitia_bound_violations_total{{{tag}}} {sum(r['violations'] for r in rows)}",
+        ),
+        *metric_lines(
+            "prefix_cache_queries_total",
+            "counter",
+            "Prompt tokens of finished requests whose prefix-cache lookup the engine reported (Justitia's "
+            "requests; vLLM's own vllm:prefix_cache_queries counts every lookup).",
+            f"justitia_prefix_cache_queries_total{{{tag}}} {sum(r['prompt_tokens'] for r in rows)}",
+        ),
+        *metric_lines(
+            "prefix_cache_hits_total",
+            "counter",
+            "Of those, the tokens vLLM's prefix cache held when each request was first scheduled.",
+            f"justitia_prefix_cache_hits_total{{{tag}}} {sum(r['cached_tokens'] for r in rows)}",
+        ),
+    ]
