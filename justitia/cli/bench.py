@@ -10,120 +10,143 @@ from justitia.cli.common import add_engine_args, add_workload_args, engine_spec,
 
 
 def add_parser(sub) -> None:
-    from justitia.core import POLICIES, POLICY_NAMES, ROUTER_NAMES
-    from justitia.lab.presets import PRESET_NAMES
-    from justitia.predictors import SPEC_HELP
-    from justitia.sim import CLOCKS
-    from justitia.sim.config import PROFILES
-
     b = sub.add_parser("bench", help="run policies over a workload and report JCT and fairness")
-    b.add_argument("--engine", choices=["sim", "vllm"], help="engine to run on (default sim; the cpu preset: vllm)")
-    b.add_argument(
+    _run_args(b.add_argument_group("what to run"))
+    _pricing_args(b.add_argument_group("pricing and the clock"))
+    _sim_args(b.add_argument_group("the engine (simulated, or real where it says vllm)"))
+    _vllm_args(b.add_argument_group("the real engine (--engine vllm)"))
+    _output_args(b.add_argument_group("output"))
+
+
+def _run_args(g) -> None:
+    from justitia.core import POLICIES, POLICY_NAMES
+    from justitia.lab.presets import PRESET_NAMES
+
+    g.add_argument("--engine", choices=["sim", "vllm"], help="engine to run on (default sim; the cpu preset: vllm)")
+    g.add_argument(
         "--preset", choices=PRESET_NAMES, help="one of the paper's experiments, or cpu and engine (real vLLM)"
     )
-    b.add_argument("--workload", type=Path, help="JSONL workload file (instead of generating one)")
-    add_workload_args(b)
-    b.add_argument("--scale", type=float, default=1.0, help="divide every token length by this (small engines)")
-    b.add_argument(
+    g.add_argument("--workload", type=Path, help="JSONL workload file (instead of generating one)")
+    add_workload_args(g)
+    g.add_argument("--scale", type=float, default=1.0, help="divide every token length by this (small engines)")
+    g.add_argument(
         "--policies",
         default=",".join(POLICY_NAMES),
         help=f"comma-separated policies (default: the paper's seven, {','.join(POLICY_NAMES)}); also: "
         + "; ".join(f"{n}, {e.summary}" for n, e in POLICIES.items() if e.kind != "paper")
         + " (docs/design.md)",
     )
-    b.add_argument(
+
+
+def _pricing_args(g) -> None:
+    from justitia.predictors import SPEC_HELP
+
+    g.add_argument(
         "--predictor",
         help=f"{SPEC_HELP} (default oracle; with --preset: every run of the preset that "
         "uses the oracle's costs uses this instead, or the bench fails saying why)",
     )
-    b.add_argument(
+    g.add_argument(
         "--cost",
         choices=["kv", "kv-prefix", "compute"],
         default="kv",
         help="cost model (default kv; kv-prefix: a prefix requests sent together share is held once)",
     )
-    b.add_argument(
+    g.add_argument(
         "--capacity",
         choices=["measured", "formula"],
         default="measured",
         help="the clock's M: measured from what the engine delivers (default), or the formula's "
         "(KV tokens / nominal step, the paper's rule)",
     )
-    b.add_argument(
+    g.add_argument(
         "--no-retag",
         action="store_true",
         help="keep each agent's first tag even when its stages reveal more work than predicted",
     )
-    b.add_argument(
+    g.add_argument(
         "--pricing",
         choices=["first-stage", "all-stages"],
         default="first-stage",
         help="price an agent on arrival from its first stage (the predictor's, default) or at least "
         "the sum of every stage's predicted requests (an agent submitted whole)",
     )
-    b.add_argument(
+    g.add_argument(
         "--burst",
         choices=["turn", "pause"],
         default="turn",
         help="sessions: price and tag a session by user turn (default) or by the calls between two pauses "
         "of any kind (docs/sessions.md)",
     )
-    b.add_argument(
+    g.add_argument(
         "--subagents",
         choices=["share", "flows"],
         default="share",
         help="sessions: a session's subagents share its flow (default) or are flows of their own",
     )
-    b.add_argument(
+
+
+def _sim_args(g) -> None:
+    from justitia.core import ROUTER_NAMES
+    from justitia.sim import CLOCKS
+    from justitia.sim.config import PROFILES
+
+    g.add_argument(
         "--prefix-caching",
         action="store_true",
         help="sim: vLLM's prefix cache on (the sessions presets turn it on; default off, as the paper)",
     )
-    b.add_argument(
+    g.add_argument(
         "--kv-eviction",
         choices=["lru", "tag"],
         help="sim, prefix cache on: evict the least recently freed blocks (vLLM's, default), or first "
         "those of the sessions whose next tag comes last",
     )
-    b.add_argument(
+    g.add_argument(
         "--latency",
         help=f"simulator latency profile: {', '.join(sorted(PROFILES))} (sim default) "
         "or a file from 'justitia calibrate' (vllm default: calibrate first)",
     )
-    add_engine_args(b)
-    b.add_argument(
+    add_engine_args(g)
+    g.add_argument(
         "--replicas",
         type=int,
         help="sim: simulate a cluster of this many engines behind one router (default 1; the cluster "
         "presets set their own)",
     )
-    b.add_argument(
+    g.add_argument(
         "--router",
         choices=ROUTER_NAMES,
         help="sim, --replicas > 1: least-load (default), affinity or round-robin (docs/design.md, Clusters)",
     )
-    b.add_argument(
+    g.add_argument(
         "--cluster-clock",
         choices=CLOCKS,
         help="sim, --replicas > 1: justitia's clock, one in front of every engine (global, default) or "
         "one per engine (replica); other policies keep their state per engine",
     )
-    b.add_argument("--tagging", action="store_true", help="vllm: also run justitia by front-end tagging on stock vLLM")
-    b.add_argument(
+
+
+def _vllm_args(g) -> None:
+    g.add_argument("--tagging", action="store_true", help="vllm: also run justitia by front-end tagging on stock vLLM")
+    g.add_argument(
         "--calibration-agents", type=int, default=20, help="vllm: agents in the calibration run (default 20)"
     )
-    b.add_argument(
+    g.add_argument(
         "--repeats", type=int, help="vllm: runs per policy, JCTs averaged per agent (default 1; cpu preset 2)"
     )
-    b.add_argument(
+    g.add_argument(
         "--speed-probes",
         action="store_true",
         help="vllm: run the calibration agents again before and after every run and simulate each run "
         "at the engine's mean speed over the two (the engine preset does)",
     )
-    b.add_argument("--out", type=Path, default=Path("results/bench"), help="output directory")
-    b.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
-    b.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+
+
+def _output_args(g) -> None:
+    g.add_argument("--out", type=Path, default=Path("results/bench"), help="output directory")
+    g.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
+    g.add_argument("--no-progress", action="store_true", help="hide the progress bar")
 
 
 def with_predictor(preset, predictor: str) -> list:
@@ -144,69 +167,14 @@ def with_predictor(preset, predictor: str) -> list:
 
 
 def run(args) -> int:
-    from justitia.core import OPTION_NAMES, POLICY_NAMES
-    from justitia.lab.bench import RunSpec, run_bench, write_results
-    from justitia.lab.presets import make_preset
+    from justitia.lab.bench import run_bench, write_results
     from justitia.lab.report import print_results
-    from justitia.predictors import make_predictor
-    from justitia.workload import load_workload, scale_tokens
 
-    title = ""
-    preset = None
     if args.preset:
-        preset = make_preset(args.preset, args.seed)
-        agents, info = in_tenant(args, preset.agents, preset.workload_info)
-        specs = preset.specs
-        title = f"preset '{preset.name}': {preset.description}"
-        if args.predictor is not None:
-            specs = with_predictor(preset, args.predictor)
-            title += f"; --predictor {args.predictor} for every run that priced by the oracle"
-        for note in preset.notes:
-            print(f"note: {note}", file=sys.stderr)
-        if args.workload:
-            raise ValueError("--preset builds its own workload; drop --workload.")
-        if args.router or args.cluster_clock or args.replicas not in (None, preset.replicas):
-            raise ValueError(
-                f"preset '{preset.name}' sets its own replicas, routers and clocks; "
-                "drop --replicas, --router and --cluster-clock."
-            )
+        preset, agents, info, specs, title = _from_preset(args)
     else:
-        if args.workload:
-            agents = load_workload(args.workload)
-            agents, info = in_tenant(
-                args, agents, {"arrivals": "file", "file": str(args.workload), "agents": len(agents)}
-            )
-        else:
-            agents, info = workload_from_args(args)
-        if args.scale != 1:
-            agents = scale_tokens(agents, args.scale)
-            info |= {"token_scale": args.scale}
-        names = [p.strip() for p in args.policies.split(",") if p.strip()]
-        unknown = [p for p in names if p not in POLICY_NAMES + OPTION_NAMES]
-        if unknown or not names:
-            raise ValueError(
-                f"--policies: unknown policy '{(unknown or [''])[0]}'; expected some of: "
-                f"{', '.join(POLICY_NAMES + OPTION_NAMES)}."
-            )
-        args.predictor = args.predictor or "oracle"
-        make_predictor(args.predictor)  # validate before running anything
-        specs = [
-            RunSpec(
-                p,
-                p,
-                args.predictor,
-                args.cost,
-                args.capacity,
-                not args.no_retag,
-                args.pricing,
-                args.router,
-                args.cluster_clock,
-                burst=args.burst,
-                subagents=args.subagents,
-                kv_eviction=args.kv_eviction,
-            )
-            for p in names
-        ]
+        preset, title = None, ""
+        agents, info, specs = _from_flags(args)
     engine = args.engine or (preset.engine if preset else "sim")
     replicas = preset.replicas if preset else (1 if args.replicas is None else args.replicas)
     if replicas < 1:
@@ -239,6 +207,73 @@ def run(args) -> int:
         print("\n".join(sessions_summary(doc)))
     print(f"results: {path}")
     return 0
+
+
+def _from_preset(args):
+    """The preset's workload and runs (``--predictor`` in place of the oracle's costs), its title."""
+    from justitia.lab.presets import make_preset
+
+    preset = make_preset(args.preset, args.seed)
+    agents, info = in_tenant(args, preset.agents, preset.workload_info)
+    specs = preset.specs
+    title = f"preset '{preset.name}': {preset.description}"
+    if args.predictor is not None:
+        specs = with_predictor(preset, args.predictor)
+        title += f"; --predictor {args.predictor} for every run that priced by the oracle"
+    for note in preset.notes:
+        print(f"note: {note}", file=sys.stderr)
+    if args.workload:
+        raise ValueError("--preset builds its own workload; drop --workload.")
+    if args.router or args.cluster_clock or args.replicas not in (None, preset.replicas):
+        raise ValueError(
+            f"preset '{preset.name}' sets its own replicas, routers and clocks; "
+            "drop --replicas, --router and --cluster-clock."
+        )
+    return preset, agents, info, specs, title
+
+
+def _from_flags(args):
+    """The workload (a file, or generated) and one run per ``--policies`` name, from the flags."""
+    from justitia.core import OPTION_NAMES, POLICY_NAMES
+    from justitia.lab.bench import RunSpec
+    from justitia.predictors import make_predictor
+    from justitia.workload import load_workload, scale_tokens
+
+    if args.workload:
+        agents = load_workload(args.workload)
+        agents, info = in_tenant(args, agents, {"arrivals": "file", "file": str(args.workload), "agents": len(agents)})
+    else:
+        agents, info = workload_from_args(args)
+    if args.scale != 1:
+        agents = scale_tokens(agents, args.scale)
+        info |= {"token_scale": args.scale}
+    names = [p.strip() for p in args.policies.split(",") if p.strip()]
+    unknown = [p for p in names if p not in POLICY_NAMES + OPTION_NAMES]
+    if unknown or not names:
+        raise ValueError(
+            f"--policies: unknown policy '{(unknown or [''])[0]}'; expected some of: "
+            f"{', '.join(POLICY_NAMES + OPTION_NAMES)}."
+        )
+    args.predictor = args.predictor or "oracle"
+    make_predictor(args.predictor)  # validate before running anything
+    specs = [
+        RunSpec(
+            p,
+            p,
+            args.predictor,
+            args.cost,
+            args.capacity,
+            not args.no_retag,
+            args.pricing,
+            args.router,
+            args.cluster_clock,
+            burst=args.burst,
+            subagents=args.subagents,
+            kv_eviction=args.kv_eviction,
+        )
+        for p in names
+    ]
+    return agents, info, specs
 
 
 def _sim_config(args, preset_options: dict | None = None):
