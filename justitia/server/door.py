@@ -160,6 +160,19 @@ def _error_event(data: bytes) -> bool:
     return isinstance(doc, dict) and ("error" in doc or "error" in (doc.get("type"), doc.get("object")))
 
 
+async def _whole_body(receive) -> bytes | None:
+    """The request's whole body (``limits.BodyLimit``, outside, stops one that is too large), or
+    None if the client left first."""
+    chunks = []
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            return None
+        chunks.append(message.get("body", b""))
+        if not message.get("more_body"):
+            return b"".join(chunks)
+
+
 class Door:
     """The checks above, on ``holder.manager``'s ``admission`` (``admission.Admission``: the limits,
     the counts and the sessions seen, through its methods); its requests are counted for
@@ -176,23 +189,11 @@ class Door:
             kind = "other"  # any other POST of vLLM's: its vllm_xargs checked, nothing more
         if kind is None or scope["method"] != "POST":
             if scope["type"] == "http" and scope["path"] == "/metrics" and hasattr(self.holder, "policy_state"):
-                manager = self.holder.manager  # vLLM's /metrics: the policy read now, for the collector
-                if manager is not None:
-                    try:
-                        await manager.watch.read()  # the per-tenant state, read at most once a second
-                        self.holder.policy_state = await manager.backend.state()  # the clock, read now
-                    except Exception:  # noqa: BLE001  (an engine going away: vLLM's metrics still answer)
-                        self.holder.policy_state = None
+                await self._read_policy()
             return await self.app(scope, receive, send)
-        chunks = []
-        while True:  # the whole body (BodyLimit, outside, stops one that is too large)
-            message = await receive()
-            if message["type"] == "http.disconnect":
-                return
-            chunks.append(message.get("body", b""))
-            if not message.get("more_body"):
-                break
-        body = b"".join(chunks)
+        body = await _whole_body(receive)
+        if body is None:  # the client left
+            return
         try:
             doc = load_json(body)
         except JsonTooDeep as exc:  # before vLLM's own parser, which would recurse past its stack (a 500)
@@ -251,6 +252,16 @@ class Door:
             await self.app(scope, replay(body, receive), tracked)
         finally:
             release()
+
+    async def _read_policy(self) -> None:
+        """vLLM's /metrics: the policy read now, for the collector (``server.metrics``)."""
+        manager = self.holder.manager
+        if manager is not None:
+            try:
+                await manager.watch.read()  # the per-tenant state, read at most once a second
+                self.holder.policy_state = await manager.backend.state()  # the clock, read now
+            except Exception:  # noqa: BLE001  (an engine going away: vLLM's metrics still answer)
+                self.holder.policy_state = None
 
     @staticmethod
     def _check(path: str, kind: str, doc: dict, scope, client, manager):

@@ -98,29 +98,7 @@ def prometheus_text(manager, state: PolicyState) -> str:
             f"justitia_policy_agents {state.agents}",
         ),
     ]
-    if state.has_clock:
-        lines += [
-            *_metric(
-                "virtual_time",
-                "gauge",
-                "V(now) of the GPS clock that orders the engine, in cost units.",
-                f"justitia_virtual_time {state.virtual_time:.6g}",
-            ),
-            *_metric(
-                "gps_active_agents",
-                "gauge",
-                "Agents the GPS clock counts as active (N_t).",
-                f"justitia_gps_active_agents {state.gps_active}",
-            ),
-            *_metric(
-                "clock_capacity",
-                "gauge",
-                "The GPS clock's M, in cost units per second.",
-                f"justitia_clock_capacity {state.capacity_per_s:.6g}",
-            ),
-        ]
-    else:
-        lines.append(f"# justitia_virtual_time: none, policy '{state.policy}' keeps no GPS virtual clock")
+    lines += _clock_lines(state)
     lines += [
         *_metric(
             "predictor_latency_seconds",
@@ -138,6 +116,32 @@ def prometheus_text(manager, state: PolicyState) -> str:
     if manager.watch.last is not None:  # the per-tenant series, as the watch last read them (at most 1 s ago)
         lines += manager.watch.metric_lines()
     return "\n".join(with_model(lines + backend.metrics_lines(), manager.watch.model)) + "\n"
+
+
+def _clock_lines(state: PolicyState) -> list[str]:
+    """The GPS clock's V, N_t and M, or a comment saying the policy keeps none."""
+    if not state.has_clock:
+        return [f"# justitia_virtual_time: none, policy '{state.policy}' keeps no GPS virtual clock"]
+    return [
+        *_metric(
+            "virtual_time",
+            "gauge",
+            "V(now) of the GPS clock that orders the engine, in cost units.",
+            f"justitia_virtual_time {state.virtual_time:.6g}",
+        ),
+        *_metric(
+            "gps_active_agents",
+            "gauge",
+            "Agents the GPS clock counts as active (N_t).",
+            f"justitia_gps_active_agents {state.gps_active}",
+        ),
+        *_metric(
+            "clock_capacity",
+            "gauge",
+            "The GPS clock's M, in cost units per second.",
+            f"justitia_clock_capacity {state.capacity_per_s:.6g}",
+        ),
+    ]
 
 
 def register_collector(holder) -> None:
