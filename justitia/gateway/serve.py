@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
+import logging
 import signal
 import socket
 
@@ -35,7 +35,7 @@ async def serve(settings: ServeSettings, ready: asyncio.Event | None = None) -> 
     the next start). ``ready`` is set once it listens. Returns the exit status: 1 if the engine died
     (a supervisor restarts it).
     """
-    policy, host, port, drain_s = settings.policy, settings.host, settings.port, settings.drain_s
+    host, port, drain_s = settings.host, settings.port, settings.drain_s
     from justitia.server.learning import server_predictor
 
     pred = server_predictor(settings.predictor, settings.predictor_state_path())  # before the engine: fails fast
@@ -46,11 +46,6 @@ async def serve(settings: ServeSettings, ready: asyncio.Event | None = None) -> 
 
     path = settings.journal_path()
     book = Journal(path) if path else None  # before the engine: a bad path fails fast
-    import uvicorn
-    from transformers import AutoTokenizer
-
-    from justitia.gateway.app import Settings, create_app
-
     # the port is taken before the backend starts: a port in use fails now, not after minutes of
     # start-up, and no process the backend starts (Ray's take ports of their own) can take it first
     sock = _listen(host, port)
@@ -60,110 +55,145 @@ async def serve(settings: ServeSettings, ready: asyncio.Event | None = None) -> 
         sock.close()
         raise
     try:
-        app_settings = Settings(
-            model=backend.model,
-            policy=policy,
-            max_model_len=backend.max_model_len,
-            max_tasks_per_agent=settings.max_tasks_per_agent,
-            max_agents_in_flight=settings.max_agents_in_flight,
-            max_body_bytes=settings.max_body_bytes,
-            **settings.limits(),
-        )
-        app = create_app(
-            backend, AutoTokenizer.from_pretrained(str(backend.tokenizer_dir)), app_settings, pred, keys, book
-        )
+        app = _app(settings, backend, pred, keys, book)
         manager = app.state.manager
-        log = logs.setup()  # one JSON object a line, on stderr
-        # keep-alive well above the 5 s default: under load a client may reuse a connection that
-        # uvicorn has just closed (httpx then fails with ReadError)
-        from justitia.server.limits import http_with_header_timeout
-
-        server = _uvicorn_server()(
-            uvicorn.Config(
-                app,
-                host=host,
-                port=port,
-                log_level="warning",
-                timeout_keep_alive=75,
-                http=http_with_header_timeout(settings.header_timeout),
-            )
-        )
+        logs.setup()  # one JSON object a line, on stderr
+        server = _server(app, settings)
+        life = _Lifecycle(manager, server, backend, drain_s)
         loop = asyncio.get_running_loop()
-        status = 0
-
-        async def drain():  # stop taking agents; wait for those working (not a waiting session), up to drain_s
-            manager.draining = True
-            deadline = loop.time() + drain_s
-            while manager.working() and loop.time() < deadline:
-                await asyncio.sleep(0.1)
-            server.should_exit = True
-
-        def stop():
-            if not manager.draining:
-                waiting = manager.in_flight() - manager.working()
-                logs.event(
-                    "stopping",
-                    working=manager.working(),
-                    wait_s=drain_s,
-                    sessions_not_waited_for=waiting,
-                    sessions_kept="journal" if manager.journal is not None else "lost: no --journal",
-                )
-                loop.create_task(drain())
-            else:  # a second signal: stop now
-                server.should_exit = True
-
-        async def watch():  # the engine died: exit, so that a supervisor restarts the server
-            nonlocal status
-            while not server.should_exit:
-                if not backend.alive():
-                    log.error(json.dumps({"event": "engine_dead", "action": "exiting"}))
-                    status = 1
-                    server.should_exit = True
-                await asyncio.sleep(1.0)
-
         for sig in (signal.SIGINT, signal.SIGTERM):  # stop serving, then shut the backend down (finally)
-            loop.add_signal_handler(sig, stop)
+            loop.add_signal_handler(sig, life.stop)
         if book is not None:
             finished, resumed = await manager.recover()
             logs.event("journal_reloaded", path=book.path, finished=finished, unfinished=resumed)
-        watcher = asyncio.create_task(watch())
+        watcher = asyncio.create_task(life.watch())
         task = asyncio.create_task(server.serve(sockets=[sock]))
         while not server.started and not task.done():
             await asyncio.sleep(0.05)
         if server.started:
-            ray = settings.ray
-            where = (
-                f"{len(settings.upstream)} upstream vLLM server(s)"
-                if settings.upstream
-                else f"{ray.replicas} Ray Serve replica(s) of {backend.model}"
-                if ray is not None
-                else backend.model
-            )
-            logs.event(
-                "serving",
-                engine=where,
-                kv_tokens=backend.kv_tokens,
-                policy=policy,
-                url=f"http://{host}:{port}",
-                api_docs="/docs",
-                api_keys=len(keys)
-                if not keys.open
-                else "none: open to every client that can reach it (--api-key / --api-keys to require keys)",
-            )
+            _announce(settings, backend, keys)
             if ready is not None:
                 ready.set()
         await task
         watcher.cancel()
-        for run in list(manager.agents.values()):  # unfinished: the journal resumes them at the next start
-            if run.task is not None and not run.task.done():
-                run.task.cancel()
-        await asyncio.gather(*(r.task for r in manager.agents.values() if r.task is not None), return_exceptions=True)
-        return status
+        await _cancel_unfinished(manager)
+        return life.status
     finally:
         sock.close()
         await backend.aclose()
         if book is not None:
             book.close()
+
+
+def _app(settings: ServeSettings, backend, pred, keys, book):
+    """The front end's app (``app.create_app``) over ``backend``, with the model's tokenizer."""
+    from transformers import AutoTokenizer
+
+    from justitia.gateway.app import Settings, create_app
+
+    app_settings = Settings(
+        model=backend.model,
+        policy=settings.policy,
+        max_model_len=backend.max_model_len,
+        max_tasks_per_agent=settings.max_tasks_per_agent,
+        max_agents_in_flight=settings.max_agents_in_flight,
+        max_body_bytes=settings.max_body_bytes,
+        **settings.limits(),
+    )
+    return create_app(
+        backend, AutoTokenizer.from_pretrained(str(backend.tokenizer_dir)), app_settings, pred, keys, book
+    )
+
+
+def _server(app, settings: ServeSettings):
+    """uvicorn's server for ``app``; keep-alive well above the 5 s default: under load a client may
+    reuse a connection that uvicorn has just closed (httpx then fails with ReadError)."""
+    import uvicorn
+
+    from justitia.server.limits import http_with_header_timeout
+
+    config = uvicorn.Config(
+        app,
+        host=settings.host,
+        port=settings.port,
+        log_level="warning",
+        timeout_keep_alive=75,
+        http=http_with_header_timeout(settings.header_timeout),
+    )
+    return _uvicorn_server()(config)
+
+
+class _Lifecycle:
+    """Stopping: the first signal drains (no new agents; those working get up to ``drain_s``), a
+    second stops at once; an engine that dies stops the server with status 1 (a supervisor
+    restarts it)."""
+
+    def __init__(self, manager, server, backend, drain_s: float):
+        self.manager, self.server, self.backend, self.drain_s = manager, server, backend, drain_s
+        self.status = 0
+
+    async def drain(self) -> None:
+        """Stop taking agents; wait for those working (not a waiting session), up to ``drain_s``."""
+        loop = asyncio.get_running_loop()
+        self.manager.draining = True
+        deadline = loop.time() + self.drain_s
+        while self.manager.working() and loop.time() < deadline:
+            await asyncio.sleep(0.1)
+        self.server.should_exit = True
+
+    def stop(self) -> None:
+        manager = self.manager
+        if manager.draining:  # a second signal: stop now
+            self.server.should_exit = True
+            return
+        logs.event(
+            "stopping",
+            working=manager.working(),
+            wait_s=self.drain_s,
+            sessions_not_waited_for=manager.in_flight() - manager.working(),
+            sessions_kept="journal" if manager.journal is not None else "lost: no --journal",
+        )
+        asyncio.get_running_loop().create_task(self.drain())
+
+    async def watch(self) -> None:
+        """The engine died: exit, so that a supervisor restarts the server."""
+        while not self.server.should_exit:
+            if not self.backend.alive():
+                logs.event("engine_dead", logging.ERROR, action="exiting")
+                self.status = 1
+                self.server.should_exit = True
+            await asyncio.sleep(1.0)
+
+
+def _announce(settings: ServeSettings, backend, keys) -> None:
+    """The ``serving`` event: what it serves, where, under which policy, and whether it needs keys."""
+    ray = settings.ray
+    where = (
+        f"{len(settings.upstream)} upstream vLLM server(s)"
+        if settings.upstream
+        else f"{ray.replicas} Ray Serve replica(s) of {backend.model}"
+        if ray is not None
+        else backend.model
+    )
+    logs.event(
+        "serving",
+        engine=where,
+        kv_tokens=backend.kv_tokens,
+        policy=settings.policy,
+        url=f"http://{settings.host}:{settings.port}",
+        api_docs="/docs",
+        api_keys=len(keys)
+        if not keys.open
+        else "none: open to every client that can reach it (--api-key / --api-keys to require keys)",
+    )
+
+
+async def _cancel_unfinished(manager) -> None:
+    """Unfinished agents' tasks cancelled (the journal resumes them at the next start)."""
+    for run in list(manager.agents.values()):
+        if run.task is not None and not run.task.done():
+            run.task.cancel()
+    await asyncio.gather(*(r.task for r in manager.agents.values() if r.task is not None), return_exceptions=True)
 
 
 def _uvicorn_server():

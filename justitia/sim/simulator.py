@@ -148,6 +148,24 @@ class EngineLoop:
                 "replica): the clock in front of a cluster does not yet follow a session's bursts."
             )
         wall0 = time.perf_counter()
+        pending = self._set_up(agents)
+        self._loop(pending)
+        engines = self._engines
+        return RunResult(
+            policy=self.policy_name,
+            agents=sorted(self._results, key=lambda r: r.agent_id),
+            makespan_s=max(e.now_ps for e in engines) / PS_PER_S,
+            iterations=sum(e.iterations for e in engines),
+            steps=sum(e.steps for e in engines),
+            preemptions=sum(e.preemptions for e in engines),
+            wall_s=time.perf_counter() - wall0,
+            served=self._served,
+            prefix_cache=prefix_stats(engines) if self._caching else None,
+        )
+
+    def _set_up(self, agents: list[Agent]) -> list:
+        """The engines (a stepper each, plain or event skipping, as their cores' traits allow), the
+        router's book, the event heaps; the agents' runs in arrival order."""
         cfg = self.config
         tenants = any(a.tenant is not None for a in agents)
         # every step: timed keys (but those that rise with service: they are read only where a
@@ -195,7 +213,12 @@ class EngineLoop:
             ),
             key=lambda r: r.arrival_ps,
         )
-        shortest_step_ps = cfg.profile.iteration_ps(1, 0, 1)
+        return pending
+
+    def _loop(self, pending: list) -> None:
+        """The events in time order: a finish or a delivery, an arrival, or an engine's next step."""
+        shortest_step_ps = self.config.profile.iteration_ps(1, 0, 1)
+        engines = self._engines
         nxt = 0
         finishes, ready = self._finishes, self._ready
         while True:
@@ -218,36 +241,30 @@ class EngineLoop:
                 self._arrived(pending[nxt], arrival)
                 nxt += 1
             elif soonest is not None:
-                i = heapq.heappop(ready)[1]
-                e = engines[i]
-                stops = [
-                    t
-                    for t in (
-                        pending[nxt].arrival_ps if nxt < len(pending) else None,
-                        finishes[0][0] if finishes else None,
-                        ready[0][0] + shortest_step_ps if ready else None,
-                    )
-                    if t is not None
-                ]
-                e.next_arrival_ps = min(stops) if stops else None
-                e.advance()
-                if e.busy:
-                    heapq.heappush(ready, (e.now_ps, i))
-                else:
-                    self._queued[i] = False
+                self._step(heapq.heappop(ready)[1], pending, nxt, shortest_step_ps)
             else:
                 break
-        return RunResult(
-            policy=self.policy_name,
-            agents=sorted(self._results, key=lambda r: r.agent_id),
-            makespan_s=max(e.now_ps for e in engines) / PS_PER_S,
-            iterations=sum(e.iterations for e in engines),
-            steps=sum(e.steps for e in engines),
-            preemptions=sum(e.preemptions for e in engines),
-            wall_s=time.perf_counter() - wall0,
-            served=self._served,
-            prefix_cache=prefix_stats(engines) if self._caching else None,
-        )
+
+    def _step(self, i: int, pending: list, nxt: int, shortest_step_ps: int) -> None:
+        """Engine ``i`` steps (a span of steps, under event skipping) up to the next event that could
+        change what it does: an arrival, a finish, or another engine's next step."""
+        finishes, ready = self._finishes, self._ready
+        e = self._engines[i]
+        stops = [
+            t
+            for t in (
+                pending[nxt].arrival_ps if nxt < len(pending) else None,
+                finishes[0][0] if finishes else None,
+                ready[0][0] + shortest_step_ps if ready else None,
+            )
+            if t is not None
+        ]
+        e.next_arrival_ps = min(stops) if stops else None
+        e.advance()
+        if e.busy:
+            heapq.heappush(ready, (e.now_ps, i))
+        else:
+            self._queued[i] = False
 
     # --------------------------------------------------------------------------- events
     def _reported(self, i: int, r: SimRequest) -> None:

@@ -272,7 +272,6 @@ class RayBackend(TaggingBackend):
         replica the router picks (``EngineReplica.http``); its answer streams back as it is. Sent
         again while no byte came back and the replica (or its engine) died or was unavailable, till
         ``RETRY_FOR_S``."""
-        from ray.exceptions import RayTaskError
         from starlette.responses import StreamingResponse
 
         from justitia.backends.wire import once, prompt_text
@@ -295,46 +294,8 @@ class RayBackend(TaggingBackend):
             self.in_flight -= 1
             self.finish(request_id)
 
-        deadline, wait, tries = self._deadline(), RETRY_S, 0
         try:
-            while True:
-                self.sent += 1
-                tries += 1
-                stream = self.handle.options(stream=True).http.remote(
-                    path, body, [("content-type", "application/json")], route=route
-                )
-                try:
-                    start = await stream.__anext__()
-                    break
-                except Exception as exc:  # noqa: BLE001  (a replica's death, or the engine's word)
-                    stream.cancel()
-                    reason = self._failed_replica(exc)
-                    if reason is None:
-                        if not isinstance(exc, RayTaskError):
-                            raise
-                        end()
-                        raise ForwardRefused(502, f"the replica failed the request: {str(exc).splitlines()[0][:300]}")
-                    if time.monotonic() + wait > deadline:
-                        end()
-                        raise ForwardRefused(
-                            503,
-                            f"no live replica could serve it in {RETRY_FOR_S:g} s ({tries} tries); retry later.",
-                            {"Retry-After": "5"},
-                        )
-                    self.retried += 1
-                    log.warning(
-                        json.dumps(
-                            {
-                                "event": "replica_failed",
-                                "request_id": request_id,
-                                "action": "send again",
-                                "error": reason,
-                                "in_s": wait,
-                            }
-                        )
-                    )
-                    await asyncio.sleep(wait)
-                    wait = min(2 * wait, RETRY_MAX_S)
+            stream, start = await self._first_bytes(path, body, route, request_id)
         except BaseException:
             end()
             raise
@@ -359,6 +320,44 @@ class RayBackend(TaggingBackend):
         return StreamingResponse(
             chunks(), status_code=start["status"], media_type=headers.get("content-type", "application/json")
         )
+
+    async def _first_bytes(self, path: str, body: bytes, route: dict, request_id: str):
+        """The stream from a replica and its first item (status and headers), sent again while no
+        byte came back and the replica (or its engine) died or was unavailable, till ``RETRY_FOR_S``;
+        ``ForwardRefused`` when the replica failed the request or none could serve it."""
+        from ray.exceptions import RayTaskError
+
+        deadline, wait, tries = self._deadline(), RETRY_S, 0
+        while True:
+            self.sent += 1
+            tries += 1
+            stream = self.handle.options(stream=True).http.remote(
+                path, body, [("content-type", "application/json")], route=route
+            )
+            try:
+                return stream, await stream.__anext__()
+            except Exception as exc:  # noqa: BLE001  (a replica's death, or the engine's word)
+                stream.cancel()
+                reason = self._failed_replica(exc)
+                if reason is None:
+                    if not isinstance(exc, RayTaskError):
+                        raise
+                    raise ForwardRefused(502, f"the replica failed the request: {str(exc).splitlines()[0][:300]}")
+                if time.monotonic() + wait > deadline:
+                    raise ForwardRefused(
+                        503,
+                        f"no live replica could serve it in {RETRY_FOR_S:g} s ({tries} tries); retry later.",
+                        {"Retry-After": "5"},
+                    )
+                self.retried += 1
+                log.warning(
+                    json.dumps(
+                        {"event": "replica_failed", "request_id": request_id, "action": "send again", "error": reason}
+                        | {"in_s": wait}
+                    )
+                )
+                await asyncio.sleep(wait)
+                wait = min(2 * wait, RETRY_MAX_S)
 
     def alive(self) -> bool:
         """False once this process has lost Ray (Ray itself restarts replicas that die)."""
