@@ -1,7 +1,11 @@
 """The simulator: a workload's agents, on vLLM v1-style engines over a paged KV cache, on simulated
 time. Agents are ``AgentProcess``es; each engine (``stepping``) drives its own scheduling core
 through its verbs, as the vLLM plug-in does. ``Simulator`` runs one engine; ``cluster.Cluster``
-runs several behind a router, on the same loop (``EngineLoop``)."""
+runs several behind a router, on the same loop (``EngineLoop``).
+
+It is longer than the house's 400 lines: the loop (set-up, events in time order, an engine's step)
+and the handlers of its events (an arrival, a dispatch, a delivery, a finish) share the loop's
+heaps and its agents' runs, and are read together."""
 
 from __future__ import annotations
 

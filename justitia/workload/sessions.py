@@ -234,18 +234,51 @@ def generate_session(agent_id: str, arrival_s: float, rng: np.random.Generator, 
     g = _Gen(p, rng, variant)
     n_turns = _draw(p["turns_per_session"], rng)
     calls = [_draw(p["calls_per_turn"], rng) for _ in range(n_turns)]
-    system = g.tokens(sp["tokens"][variant])
-    sub = p["subagents"]
-
-    stages: list[Stage] = []
-    prev: Task | None = None
+    b = _Conversation(g, p, rng, variant, g.tokens(sp["tokens"][variant]))
     truncated = False
+    for k, m in enumerate(calls):
+        spawn_after = -1
+        if m >= 2 and rng.random() < p["subagents"]["turn_probability"]:
+            spawn_after = int(rng.integers(0, m - 1))  # never after the turn's last call
+        for j in range(m):
+            if j == 0:
+                pause = 0.0 if k == 0 else _draw(p["think_time_s"], rng, integer=False)
+                ok = b.add_call(g.tokens(p["user_message_tokens"]), f"User (turn {k}): {g.pick('user')}", pause, k)
+            elif j == spawn_after + 1:
+                ok = b.subagents(j)
+            else:
+                ok = b.tool_call(j)
+            if not ok:
+                truncated = True
+                break
+        if truncated:
+            break
+    meta = {
+        "system": f"system-{_variant_name(variant)}",
+        "scale": g.scale,
+        "turns_drawn": n_turns,
+        "calls_drawn": calls,
+        "truncated": truncated,
+    }
+    return Agent(agent_id, p["type"]["value"], float(arrival_s), tuple(b.stages), meta)
 
-    def add_call(new: int, prompt: str, pause: float, turn: int | None) -> bool:
-        nonlocal prev
+
+class _Conversation:
+    """A session's main conversation as it is drawn: each call on top of the one before (the first
+    on the system prompt), and the subagents a turn spawns."""
+
+    def __init__(self, g: "_Gen", p: dict, rng: np.random.Generator, variant: int, system: int):
+        self.g, self.p, self.rng, self.variant, self.system = g, p, rng, variant, system
+        self.stages: list[Stage] = []
+        self.prev: Task | None = None
+
+    def add_call(self, new: int, prompt: str, pause: float, turn: int | None) -> bool:
+        """The next main call, ``new`` tokens on top of the last one's prompt and answer; False if it
+        would not fit the cap on a call (the session ends there)."""
+        g, system = self.g, self.system
         out = g.output()
-        if prev is None:  # the session's first call always fits: its user message is cut to the cap
-            ctx = (Segment.shared(f"system-{_variant_name(variant)}", system),)
+        if self.prev is None:  # the session's first call always fits: its user message is cut to the cap
+            ctx = (Segment.shared(f"system-{_variant_name(self.variant)}", system),)
             base = system
             if base + 1 + out > g.cap:
                 raise ValueError(
@@ -254,68 +287,37 @@ def generate_session(agent_id: str, arrival_s: float, rng: np.random.Generator, 
                 )
             new = min(new, g.cap - base - out)
         else:
-            ctx = (Segment.prompt_of(prev.id), Segment.output_of(prev.id))
-            base = prev.prompt_tokens + prev.output_tokens
+            ctx = (Segment.prompt_of(self.prev.id), Segment.output_of(self.prev.id))
+            base = self.prev.prompt_tokens + self.prev.output_tokens
         if base + new + out > g.cap:
             return False
-        prev = Task(prompt, base + new, out, id=f"t{g.next_main}", context=ctx)
+        self.prev = Task(prompt, base + new, out, id=f"t{g.next_main}", context=ctx)
         g.next_main += 1
-        stages.append(Stage((prev,), pause_s=pause, turn=turn))
+        self.stages.append(Stage((self.prev,), pause_s=pause, turn=turn))
         return True
 
-    for k, m in enumerate(calls):
-        spawn_after = -1
-        if m >= 2 and rng.random() < sub["turn_probability"]:
-            spawn_after = int(rng.integers(0, m - 1))  # never after the turn's last call
-        for j in range(m):
-            if j == 0:
-                pause = 0.0 if k == 0 else _draw(p["think_time_s"], rng, integer=False)
-                ok = add_call(g.tokens(p["user_message_tokens"]), f"User (turn {k}): {g.pick('user')}", pause, k)
-            elif j == spawn_after + 1:
-                index = len(stages)
-                fan = _draw(sub["fanout"], rng)
-                branches = tuple(c for c in (_branch(g, index, b) for b in range(fan)) if c)
-                if not branches:  # no subagent's first call fit: the turn goes on with a tool call
-                    spawn_after = -1
-                    ok = add_call(
-                        g.tokens(p["tool_result_tokens"]),
-                        g.tool_text(j),
-                        _draw(p["tool_pause_s"], rng, integer=False),
-                        None,
-                    )
-                    if not ok:
-                        truncated = True
-                        break
-                    continue
-                fan = len(branches)
-                results = sum(chain[-1][0].output_tokens for chain in branches) + fan * g.tokens(
-                    sub["result_overhead_tokens"]
-                )
-                stages.append(Stage((), branches=branches))
-                ok = add_call(results, f"[results of {fan} subagents]", 0.0, None)
-                if not ok:
-                    stages.pop()  # no main call would read them: drop the subagents too
-            else:
-                ok = add_call(
-                    g.tokens(p["tool_result_tokens"]),
-                    g.tool_text(j),
-                    _draw(p["tool_pause_s"], rng, integer=False),
-                    None,
-                )
-            if not ok:
-                truncated = True
-                break
-        if truncated:
-            break
+    def tool_call(self, j: int) -> bool:
+        """A call after a tool's result, the tool's pause before it."""
+        p, g = self.p, self.g
+        return self.add_call(
+            g.tokens(p["tool_result_tokens"]), g.tool_text(j), _draw(p["tool_pause_s"], self.rng, integer=False), None
+        )
 
-    meta = {
-        "system": f"system-{_variant_name(variant)}",
-        "scale": g.scale,
-        "turns_drawn": n_turns,
-        "calls_drawn": calls,
-        "truncated": truncated,
-    }
-    return Agent(agent_id, p["type"]["value"], float(arrival_s), tuple(stages), meta)
+    def subagents(self, j: int) -> bool:
+        """Subagents spawned here, then the call that reads their results (none fit: a tool call)."""
+        sub, g = self.p["subagents"], self.g
+        index = len(self.stages)
+        fan = _draw(sub["fanout"], self.rng)
+        branches = tuple(c for c in (_branch(g, index, b) for b in range(fan)) if c)
+        if not branches:  # no subagent's first call fit: the turn goes on with a tool call
+            return self.tool_call(j)
+        fan = len(branches)
+        results = sum(chain[-1][0].output_tokens for chain in branches) + fan * g.tokens(sub["result_overhead_tokens"])
+        self.stages.append(Stage((), branches=branches))
+        ok = self.add_call(results, f"[results of {fan} subagents]", 0.0, None)
+        if not ok:
+            self.stages.pop()  # no main call would read them: drop the subagents too
+        return ok
 
 
 def generate_sessions(
