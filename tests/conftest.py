@@ -2,9 +2,12 @@
 pass silently. Set JUSTITIA_ALLOW_SKIPS=1 to run a partial suite on purpose."""
 
 import os
+import sys
+from pathlib import Path
 
 import pytest
 
+sys.path.insert(0, str(Path(__file__).parent))  # the shared factories (helpers.py) and drivers, for every folder
 # modules that start vLLM engines, Ray, servers on loopback or the npm harnesses (docs/testing.md,
 # "Tests that start engines"): ``make test-fast`` leaves them out (``-m "not engine"``)
 ENGINE_MODULES = frozenset(

@@ -15,7 +15,7 @@ without an engine; ``requests`` is any mapping from request ids to objects with 
 - ``prefill_attention``: the query-key pairs of a step's prefill chunks, for the step log.
 
 These run on every engine step, so the rule of ``Charge.step_tokens`` is written inline in each
-walk; ``tests/test_policies.py`` holds them to it.
+walk; ``tests/core/test_policies.py`` holds them to it.
 """
 
 from __future__ import annotations

@@ -61,7 +61,7 @@ class Policy:
     settles_on_service: ClassVar[bool] = False  # a leaving agent settles at the service it was charged, not at
     # its requests' prices (justitia-guarded: its clock follows the true work whatever the prices)
     # which events it reads (an engine skips the rest): the service charged (``charge``), work revealed
-    # past a price (``revise``), an agent queueing again (``backlogged``); tests/test_policies.py holds
+    # past a price (``revise``), an agent queueing again (``backlogged``); tests/core/test_policies.py holds
     # each to the methods its class defines
     reads_service: ClassVar[bool] = False
     revises: ClassVar[bool] = False

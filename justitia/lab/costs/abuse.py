@@ -12,7 +12,7 @@ must happen, what the server did. Exit status 1 if any case failed.
 Cases that need what one live server cannot give (a dead engine, a kill -9, failing replicas, a
 rate limit or a finished-agent store small enough to hit) are covered by the tests named in
 ``REFERENCES``; the table lists them too. Loopback only. ``make abuse`` runs it
-(``justitia/lab/costs/abuse.py`` is the same command), and ``tests/test_server.py`` runs every case against its
+(``justitia/lab/costs/abuse.py`` is the same command), and ``tests/server/test_server.py`` runs every case against its
 own server. One file over 400 lines on purpose: it is one list of cases, each a few lines.
 """
 
@@ -68,49 +68,49 @@ REFERENCES = [  # (class, case, what must happen, the test that shows it)
         "limits",
         "a key past its rate (--key-rate)",
         "429 with Retry-After; other keys unaffected",
-        "tests/test_limits.py::test_a_key_over_its_rate_gets_429_with_retry_after",
+        "tests/server/test_limits.py::test_a_key_over_its_rate_gets_429_with_retry_after",
     ),
     (
         "limits",
         "finished agents past --finished-mib / --finished-hours",
         "dropped oldest first; 410 to the owner, 404 to others",
-        "tests/test_limits.py::test_finished_agents_are_kept_by_bytes_and_age_then_answer_410_to_their_owner",
+        "tests/server/test_limits.py::test_finished_agents_are_kept_by_bytes_and_age_then_answer_410_to_their_owner",
     ),
     (
         "metrics",
         "more than 64 agent types",
         "64 JCT series, the rest counted as 'other'",
-        "tests/test_validation.py::test_agent_types_are_safe_metric_labels_and_their_number_is_capped",
+        "tests/server/test_validation.py::test_agent_types_are_safe_metric_labels_and_their_number_is_capped",
     ),
     (
         "faults",
         "the engine dies",
         "/health 503; the server exits; its agents resume at the next start",
-        "tests/test_journal.py::test_health_says_when_the_engine_is_dead_and_a_draining_server_takes_no_agents",
+        "tests/server/test_journal.py::test_health_says_when_the_engine_is_dead_and_a_draining_server_takes_no_agents",
     ),
     (
         "faults",
         "kill -9 mid-run, restart on the journal",
         "every accepted agent finishes with all its outputs",
-        "tests/test_server.py::test_a_server_killed_mid_run_loses_no_accepted_agent_and_leaves_no_engine_behind",
+        "tests/server/test_server.py::test_a_server_killed_mid_run_loses_no_accepted_agent_and_leaves_no_engine_behind",
     ),
     (
         "faults",
         "SIGTERM with agents in flight",
         "drains; unfinished agents resume at the next start",
-        "tests/test_journal.py::test_a_server_that_stops_leaves_its_unfinished_agents_to_be_resumed",
+        "tests/server/test_journal.py::test_a_server_that_stops_leaves_its_unfinished_agents_to_be_resumed",
     ),
     (
         "upstream",
         "a replica refuses, times out or answers 5xx before any token",
         "the request goes to another replica",
-        "tests/test_upstream.py::test_a_request_that_fails_before_any_token_is_retried_on_the_next_replica",
+        "tests/backends/test_upstream.py::test_a_request_that_fails_before_any_token_is_retried_on_the_next_replica",
     ),
     (
         "upstream",
         "a replica fails midway through an agent's task",
         "the task runs once more; the agent finishes",
-        "tests/test_journal.py::test_a_task_whose_replica_fails_midway_runs_once_more_and_a_second_failure_fails_the_agent",
+        "tests/server/test_journal.py::test_a_task_whose_replica_fails_midway_runs_once_more_and_a_second_failure_fails_the_agent",
     ),
 ]
 

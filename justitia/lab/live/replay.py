@@ -9,7 +9,7 @@ what a latency profile says for its tokens, agents arrive on that clock, and a f
 requests go in before the next step (the simulator's hand-off). The engine's timing is out of the
 picture, so what is left between this and the simulator run with the same profile is the
 scheduling itself: which requests vLLM admits, preempts and serves in each step. Prints each
-policy's mean JCT both ways and their steps; ``tests/test_replay.py`` runs it on a few agents and
+policy's mean JCT both ways and their steps; ``tests/lab/test_replay.py`` runs it on a few agents and
 holds the two to each other.
 
 The profile is ``PROFILE`` (the ``engine`` preset's calibration on a 2-core machine), or the one a

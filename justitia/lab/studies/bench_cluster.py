@@ -11,7 +11,7 @@ its arrival rate on N engines (density N), least-load routing, measured M, oracl
 (wall and this process's CPU time: other processes on the machine inflate the first, not the
 second), the engine iterations and loop passes, and writes every row as JSON.
 
-``--bound K`` instead runs K random single-stage workloads (tests/test_bound.py's kind, on 2-4
+``--bound K`` instead runs K random single-stage workloads (tests/core/test_bound.py's kind, on 2-4
 engines) under justitia with one clock (least-load, round-robin) and a clock per engine, and
 counts the workloads where some agent finishes past its GPS finish (one server of the engines'
 total M) + the bound.

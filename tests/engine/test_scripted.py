@@ -1,6 +1,6 @@
 """The scripted answers' rules (``justitia.engine.scripted``), without an engine: which rule answers a
 prompt, what a script file must hold, and which answer lengths a request may ask for. The engine
-follows them in ``tests/test_harnesses.py``."""
+follows them in ``tests/server/test_harnesses.py``."""
 
 from __future__ import annotations
 

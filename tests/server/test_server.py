@@ -479,7 +479,7 @@ def test_every_query_of_the_grafana_dashboard_names_a_metric_the_server_exports(
     samples = {
         re.split(r"[{ ]", line, maxsplit=1)[0] for line in text.splitlines() if line and not line.startswith("#")
     }
-    dashboard = json.loads((Path(__file__).parents[1] / "deploy" / "grafana-dashboard.json").read_text())
+    dashboard = json.loads((Path(__file__).parents[2] / "deploy" / "grafana-dashboard.json").read_text())
     queries = [t["expr"] for p in dashboard["panels"] for t in p["targets"]]
     named = {n for q in queries for n in re.findall(r"\b(?:justitia_|vllm:)[a-zA-Z0-9_:]+", q)}
     assert len(queries) >= 12 and len(named) >= 15
@@ -551,7 +551,7 @@ def test_the_live_page_and_justitia_top_show_both_tenants_shares_in_a_real_brows
         assert row, (tenant, dom[-2000:])
         cells = re.findall(r"<td[^>]*>(.*?)</td>", row.group(1))
         assert cells[0] == tenant and cells[2] == f"{100 * share:.1f} %", (tenant, cells, share)
-    artifacts = Path(__file__).parents[1] / "artifacts"
+    artifacts = Path(__file__).parents[2] / "artifacts"
     artifacts.mkdir(exist_ok=True)
     shot = artifacts / "live-page.png"
     shot.unlink(missing_ok=True)

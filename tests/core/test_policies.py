@@ -454,7 +454,7 @@ def test_the_design_doc_and_the_command_line_list_every_policy(monkeypatch):
     from justitia.cli import main
     from justitia.core import POLICIES
 
-    design = (Path(__file__).resolve().parents[1] / "docs" / "design.md").read_text()
+    design = (Path(__file__).resolve().parents[2] / "docs" / "design.md").read_text()
     table = set(re.findall(r"^\| ([a-z-]+) \| (?:request|agent) \|", design, re.M))
     assert table == set(POLICIES), table ^ set(POLICIES)
     import contextlib

@@ -11,7 +11,7 @@ import pytest
 
 pytest.importorskip("vllm")
 
-HERE = Path(__file__).parent
+HERE = Path(__file__).parents[1]  # the drivers live at tests/
 
 
 def run_script(name: str) -> tuple[dict, str]:

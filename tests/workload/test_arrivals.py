@@ -12,7 +12,7 @@ import pytest
 from justitia.workload import WorkloadError
 from justitia.workload.arrivals import MOONCAKE_ARRIVALS, synthetic_arrivals, trace_arrivals
 
-SHARED_TRACE = Path(__file__).resolve().parents[2] / "shared/traces/mooncake_conversation_trace.jsonl"
+SHARED_TRACE = Path(__file__).resolve().parents[3] / "shared/traces/mooncake_conversation_trace.jsonl"
 
 
 def _trace(tmp_path, lines: list[str]):

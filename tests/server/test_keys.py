@@ -195,7 +195,7 @@ def test_the_plug_ins_scheduler_prices_a_request_by_the_setting(client_prices, m
     """The scheduler itself (vLLM's, built without an engine): in a server with a door token, a
     request's ``agent_cost`` and ``tenant`` are read only with the token (by default), never (0), or
     always (1); an agent not priced by its client is priced by the engine: here by its prompt and
-    ``max_tokens`` (``JUSTITIA_PRICING=max-tokens``; online pricing: tests/test_engine_pricing.py)."""
+    ``max_tokens`` (``JUSTITIA_PRICING=max-tokens``; online pricing: tests/vllm/test_engine_pricing.py)."""
     from vllm_scheduler import make_scheduler, request
 
     from justitia.defaults import DOOR_KEY, ENV_CLIENT_PRICES, ENV_DOOR_TOKEN

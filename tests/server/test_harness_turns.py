@@ -13,7 +13,7 @@ import pytest
 from justitia.server.identity import harness_turn, identify, opens_turn, turn_opener
 from justitia.server.limits import INFERENCE_PATHS
 
-CAPTURED = Path(__file__).parent / "data" / "harness"
+CAPTURED = Path(__file__).parents[1] / "data" / "harness"
 # file -> whether it opens a user turn
 EXPECTED = {
     "claude-code-turn-1.json": True,

@@ -29,7 +29,7 @@ def server(tmp_path_factory):
     log = tmp_path_factory.mktemp("server") / "server.log"
     env = dict(
         os.environ,
-        PYTHONPATH=str(Path(__file__).resolve().parents[1]),
+        PYTHONPATH=str(Path(__file__).resolve().parents[2]),
         JUSTITIA_POLICY="justitia",
         JUSTITIA_LOG_AGENTS="1",
         VLLM_CPU_KVCACHE_SPACE="1",
