@@ -28,12 +28,11 @@ from justitia.core.policies.justitia import Justitia
 class EligibleJustitia(Justitia):
     """Justitia's tags, served eligible agents first (WF2Q-style)."""
 
-    reads_service = True
-
     name = "justitia-eligible"
     dynamic = True
     timed = True
     groups = False  # tenants' agents keep the root key they were stamped with (not hierarchical inside)
+    reads_service = True
 
     def __init__(self, capacity_per_s: float, cost: CostModel = KV) -> None:
         super().__init__(capacity_per_s)

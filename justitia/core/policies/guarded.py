@@ -38,14 +38,13 @@ _URGENT_STAMP = 1e12  # a front end's stamp for an urgent agent: its due time le
 class GuardedJustitia(Justitia):
     """Justitia's tags behind a lag guard: the paper's order, and a bound whatever the prices."""
 
-    reads_service = True
-
     name = "justitia-guarded"
     dynamic = True
     rising = True
     timed = True
     groups = True  # a tenant's requests wait together (the tenant filed under its head's key)
     settles_on_service = True  # a leaving agent settles at the service it was charged, in both clocks
+    reads_service = True
 
     def __init__(
         self, capacity_per_s: float, cost: CostModel = KV, lag_factor: float = GUARD_FACTOR, scale: float = 0.0

@@ -15,11 +15,10 @@ class Justitia(Policy):
     its requests wait in inner-tag order and the tenant is filed under its head's root key, re-read
     when its tenant changes (``take_dirty``)."""
 
-    revises = True
-
     name = "justitia"  # the paper's rule; ``justitia-guarded`` adds the lag guard (policies.guarded)
     agent_level = True
     groups = True
+    revises = True
 
     def __init__(self, capacity_per_s: float, chained: bool = False) -> None:
         """``chained``: a tenant serves its agents in arrival order (``justitia-chained``, the rule

@@ -9,12 +9,11 @@ class LAS(Policy):
 
     The counters are exact integers, so charging is exact in any grouping of steps."""
 
-    reads_service = True
-
     name = "las"
     agent_level = True
     dynamic = True
     rising = True
+    reads_service = True
 
     def __init__(self, cost: CostModel = KV) -> None:
         self.cost = cost  # the unit service is counted in, the predictor's unit

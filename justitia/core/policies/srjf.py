@@ -9,10 +9,9 @@ class SRJF(LAS):
     """Serve the agent with the least predicted remaining cost: LAS's attained service,
     subtracted from the prediction."""
 
-    revises = True
-
     name = "srjf"
     rising = False  # remaining cost falls as service is added
+    revises = True
 
     def __init__(self, cost: CostModel = KV) -> None:
         super().__init__(cost)

@@ -23,12 +23,11 @@ from justitia.core.policies.las import LAS
 class VTC(LAS):
     """Serve the backlogged client that has received the least weighted service."""
 
-    reads_service = True
-    lifts_on_backlog = True
-
     name = "vtc"
     groups = True
     pools = True  # a tenant's agents share one counter
+    reads_service = True
+    lifts_on_backlog = True
 
     def __init__(self) -> None:
         super().__init__(COMPUTE)
