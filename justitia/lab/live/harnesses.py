@@ -20,7 +20,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 BIN = ROOT / "tests" / "harnesses" / "node_modules" / ".bin"
 TIMEOUT_S = 300  # one harness command; the model answers each request in well under a second
 

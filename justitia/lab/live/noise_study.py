@@ -129,7 +129,7 @@ def main() -> None:
             ],
             capture_output=True,
             text=True,
-            env=dict(os.environ, PYTHONPATH=str(Path(__file__).parents[2])),
+            env=dict(os.environ, PYTHONPATH=str(Path(__file__).parents[3])),
         )
         lines = [x for x in proc.stdout.splitlines() if x.startswith("RESULT ")]
         if proc.returncode or not lines:

@@ -16,7 +16,7 @@ import gzip
 import json
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[3]
 OUT = ROOT / "justitia" / "data" / "mooncake_conversation_arrivals.jsonl.gz"
 
 

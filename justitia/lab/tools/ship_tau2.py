@@ -17,7 +17,7 @@ from pathlib import Path
 
 from justitia.workload.imports import TAU2_COMPACT, read_tau2, write_compact
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def main() -> None:
