@@ -214,8 +214,9 @@ def _public_members(cls) -> set[str]:
 
 
 def _sources_outside_the_core():
-    """Every Python file that drives the core: the product outside it, the scripts and the tests."""
-    for path in sorted([*ROOT.rglob("*.py"), *(REPO / "scripts").glob("*.py"), *(REPO / "tests").glob("*.py")]):
+    """Every Python file that drives the core: the product outside it, the lab and the tests."""
+    tests = [p for p in (REPO / "tests").rglob("*.py") if "node_modules" not in p.parts]
+    for path in sorted([*ROOT.rglob("*.py"), *tests]):
         if "justitia/core/" not in path.as_posix():
             yield path, ast.parse(path.read_text())
 
