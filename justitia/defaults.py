@@ -43,6 +43,9 @@ ENV_PRICING = (
 ENV_PRICING_STATE = (
     "JUSTITIA_PRICING_STATE"  # where the plug-in keeps what its online pricing learned (default: nowhere)
 )
+# benches only: a CSV file the engine's scheduler logs every step to from its start, line by line
+# (justitia.vllm.steplog; default: none), so a bench reads the speed of an engine it did not start itself
+ENV_STEP_LOG = "JUSTITIA_STEP_LOG"
 ENV_RETAG = "JUSTITIA_RETAG"  # 0: an agent keeps its first tag (default 1: it moves back when it reveals more work)
 # whether the plug-in reads agent_cost, request_cost, agent_weight, tenant, agent_tag and agent_rank
 # from a request: 1, from every one; 0, from none; unset, from every one in an engine with no door

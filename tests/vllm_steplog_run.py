@@ -6,7 +6,9 @@ print each one's steps (what it scheduled, whom it preempted) and the base's ste
 Both run in process, one after the other, on the same small KV cache (6 blocks of 128 tokens)
 with vLLM's priority policy: 14 requests of mixed sizes and priorities, all queued at once, so
 that the cache fills, requests are preempted and priorities decide who goes first. A step-log
-base that decides nothing schedules step for step as vLLM does.
+base that decides nothing schedules step for step as vLLM does. Its log is the one
+``JUSTITIA_STEP_LOG`` names (as a bench's door server is told), read before the engine stops: it is
+written line by line from the engine's start, with no reset and no close.
 """
 
 import json
@@ -24,7 +26,6 @@ if __name__ == "__main__":
     from vllm.inputs import TokensPrompt
     from vllm.v1.core.sched.scheduler import Scheduler
 
-    from justitia.core import RESET, ControlCall
     from justitia.engine.models import tiny_model
     from justitia.vllm.plugin import StepLogScheduler
     from justitia.vllm.steplog import read_step_log
@@ -48,7 +49,7 @@ if __name__ == "__main__":
     # (prompt tokens, decode tokens, priority): a low priority number goes first
     burst = [(120 + 37 * (k % 5), 24 + 11 * (k % 4), (7 * k) % 5) for k in range(14)]
 
-    def run(cls, step_log: str | None):
+    def run(cls, standing: str | None):
         llm = LLM(
             model=str(tiny_model()),
             scheduler_cls=recording(cls),
@@ -65,8 +66,6 @@ if __name__ == "__main__":
         engine = llm.llm_engine
         sched = engine.engine_core.engine_core.scheduler
         sched.record = []
-        if step_log is not None:
-            assert sched.control(ControlCall(RESET, {"step_log": step_log})) is True
         for k, (p, d, priority) in enumerate(burst):
             engine.add_request(
                 f"r{k:02d}",
@@ -77,19 +76,18 @@ if __name__ == "__main__":
         finished = []
         while engine.has_unfinished_requests():
             finished += [out.request_id for out in engine.step() if out.finished]
-        if step_log is not None:
-            assert sched.control(ControlCall(RESET, {})) is True  # closes (flushes) the log
+        rows = [asdict(row) for row in read_step_log(standing)] if standing is not None else None  # still open
         record = sched.record
         engine.engine_core.shutdown()
         del llm, engine, sched
         gc.collect()
-        return record, finished
+        return record, finished, rows
 
     fd, path = tempfile.mkstemp(suffix=".csv")
     os.close(fd)
-    stock, stock_finished = run(Scheduler, None)
-    logged, logged_finished = run(StepLogScheduler, path)
-    rows = [asdict(row) for row in read_step_log(path)]
+    stock, stock_finished, _ = run(Scheduler, None)
+    os.environ["JUSTITIA_STEP_LOG"] = path
+    logged, logged_finished, rows = run(StepLogScheduler, path)
     os.unlink(path)
     print(
         "RESULT "

@@ -29,6 +29,7 @@ from vllm.v1.engine.core import EngineCore
 from vllm.v1.request import Request
 
 from justitia.core import ENGINE_UTILITY, RESET, ControlCall
+from justitia.defaults import ENV_STEP_LOG, env
 from justitia.vllm.accounting import StepDelivered, prefill_attention, step_delivered
 from justitia.vllm.steplog import StepLogWriter, StepRow
 
@@ -89,13 +90,16 @@ class StepLogScheduler(Scheduler):
         # async scheduling: a sampling request's placeholders per step (accounting.step_delivered's ahead)
         self._ahead = getattr(self, "num_sampled_tokens_per_step", 1) if isinstance(self, AsyncScheduler) else 0
         self._step_log = None
+        self._standing_log = env(ENV_STEP_LOG) or None  # a bench's, for an engine it did not start itself
         self._open_step_log(None)
 
     def _open_step_log(self, path: str | None) -> None:
-        """Close the step log (flushing it) and open ``path``'s (None: none); restart the step clock."""
+        """Close the step log (flushing it) and open ``path``'s (None: the one ``JUSTITIA_STEP_LOG``
+        names, written line by line, or none); restart the step clock."""
         if self._step_log is not None:
             self._step_log.close()
-        self._step_log = StepLogWriter(path) if path else None
+        path = path or self._standing_log
+        self._step_log = StepLogWriter(path, by_line=path == self._standing_log) if path else None
         self.t0 = time.monotonic()
         self._steps: deque[tuple] = deque()  # (output, its line's fields) of steps scheduled, not yet back
         self._preemptions = self._arrived = self._finished = 0

@@ -72,10 +72,11 @@ def read_step_log(path: str | Path) -> list[StepRow]:
 
 
 class StepLogWriter:
-    """Appends rows to a step log file, buffered (``close`` flushes)."""
+    """Appends rows to a step log file, buffered (``close`` flushes); ``by_line``: each row written as
+    it comes (a log an engine keeps until it is stopped, which may never close it)."""
 
-    def __init__(self, path: str | Path):
-        self._file: IO[str] = open(path, "a", buffering=1 << 16)
+    def __init__(self, path: str | Path, by_line: bool = False):
+        self._file: IO[str] = open(path, "a", buffering=1 if by_line else 1 << 16)
 
     def write(self, row: StepRow) -> None:
         self._file.write(row.line())

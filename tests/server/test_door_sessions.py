@@ -306,7 +306,8 @@ def test_the_benchs_door_runs_say_which_answers_stand_for_a_tool_call():
 
 def test_the_labs_servers_start_without_the_callers_saved_pricing_state(monkeypatch, tmp_path):
     """A bench's ``justitia serve`` (a door run's) starts from nothing learned whatever the caller's
-    shell keeps in ``JUSTITIA_PRICING_STATE``; a launch that names a state file keeps it. Nothing starts."""
+    shell keeps in ``JUSTITIA_PRICING_STATE``; a launch that names a state file keeps it; a door run
+    that names a step log has its engine told where to write it. Nothing starts."""
     from justitia.engine.launch import EngineSpec
     from justitia.lab.live import servers
     from justitia.lab.live.door import door_server
@@ -329,6 +330,9 @@ def test_the_labs_servers_start_without_the_callers_saved_pricing_state(monkeypa
         door_server("justitia", EngineSpec())
     with pytest.raises(SystemExit):
         servers.start_server(journal=False, env={"JUSTITIA_PRICING_STATE": "/tmp/this-run.json"})
-    (door, door_env), (_, asked) = launched
+    with pytest.raises(SystemExit):  # a bench's door run: its engine logs its steps where the bench reads them
+        door_server("justitia", EngineSpec(), tmp_path / "steps.csv")
+    (door, door_env), (_, asked), (_, logged) = launched
     assert "serve" in door and "JUSTITIA_PRICING_STATE" not in door_env and door_env["PATH"]
     assert asked["JUSTITIA_PRICING_STATE"] == "/tmp/this-run.json"
+    assert "JUSTITIA_STEP_LOG" not in door_env and logged["JUSTITIA_STEP_LOG"] == str(tmp_path / "steps.csv")

@@ -33,7 +33,7 @@ import httpx
 from justitia.agent import AgentProcess
 from justitia.agent.calls import AgentResult, Answer, Call, RunResult
 from justitia.core import cost_model
-from justitia.defaults import ANSWER_CALLS_TOOL_KEY, ANSWER_TOKENS_KEY
+from justitia.defaults import ANSWER_CALLS_TOOL_KEY, ANSWER_TOKENS_KEY, ENV_STEP_LOG
 from justitia.engine.launch import EngineSpec
 from justitia.lab.live.runner import EngineRun, SessionPrompts, replay
 from justitia.lab.live.servers import start_server
@@ -150,9 +150,10 @@ async def run_through_door(
     return EngineRun(run, [], max(lags) if lags else 0.0, requests)
 
 
-def door_server(policy: str, spec: EngineSpec):
+def door_server(policy: str, spec: EngineSpec, step_log: str | Path | None = None):
     """``justitia serve`` for one door run: the engine ``spec`` describes, ``policy``, the scripted
-    logits processor, one trusted key; no journal (each run starts afresh). Returns (process, url)."""
+    logits processor, one trusted key; no journal (each run starts afresh); its engine's steps logged
+    to ``step_log`` if given (``JUSTITIA_STEP_LOG``). Returns (process, url)."""
     keys = Path(tempfile.mkdtemp(prefix="justitia-door-")) / "keys.txt"
     keys.write_text(f"{KEY} bench 1 trusted\n")
     args = [
@@ -173,4 +174,5 @@ def door_server(policy: str, spec: EngineSpec):
     ]
     if spec.kv_blocks:
         args += ["--kv-blocks", str(spec.kv_blocks)]
-    return start_server(*args, quiet=True, journal=False)
+    env = {ENV_STEP_LOG: str(step_log)} if step_log is not None else None
+    return start_server(*args, quiet=True, journal=False, env=env)

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import tempfile
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -35,6 +37,7 @@ from justitia.lab.metrics import paired_bootstrap, turn_stats
 from justitia.lab.progress import progress_bar
 from justitia.sim import EngineConfig, LatencyProfile
 from justitia.sim.config import FRONTEND_FIELDS
+from justitia.vllm.steplog import read_step_log
 from justitia.workload import Agent, fit_tokens
 
 TAGGING_LABEL = "justitia@tagging"
@@ -327,7 +330,8 @@ async def door_runs(
     walls: dict,
 ) -> None:
     """Each door spec's runs through ``justitia serve`` (``lab.live.door``), interleaved over ``repeats``,
-    each on a fresh server with the engine ``engine_spec`` describes; into ``tries`` and ``walls``."""
+    each on a fresh server with the engine ``engine_spec`` describes, its steps logged (the simulator
+    is read at the run's own speed); into ``tries`` and ``walls``."""
     from transformers import AutoTokenizer
 
     from justitia.defaults import process_cpus
@@ -340,7 +344,9 @@ async def door_runs(
     with progress_bar(len(agents) * len(door) * repeats, progress, "door") as advance:
         for _ in range(repeats):
             for spec in door:
-                proc, url = door_server(spec.policy, engine_spec)
+                fd, steps = tempfile.mkstemp(prefix="justitia-door-steps-", suffix=".csv")
+                os.close(fd)
+                proc, url = door_server(spec.policy, engine_spec, steps)
                 try:
                     t = time.perf_counter()
                     run = await run_through_door(
@@ -354,10 +360,13 @@ async def door_runs(
                         served=engine_spec.model,
                     )
                     walls[spec.label] = walls.get(spec.label, 0.0) + time.perf_counter() - t
-                    tries.setdefault(spec.label, []).append(run)
                 finally:
                     proc.terminate()
                     proc.wait(timeout=120)
+                    logged = read_step_log(steps)  # written line by line: whole once the run is answered
+                    os.unlink(steps)
+                run.steps = logged
+                tries.setdefault(spec.label, []).append(run)
 
 
 @dataclass

@@ -1,0 +1,131 @@
+"""tau2-engine's conversations off the engine and on it, to read what its runs measure.
+
+    python -m justitia.lab.studies.tau2_engine --engine-speeds 1 4 8 16 [--profile-from RESULTS_JSON]
+    python -m justitia.lab.studies.tau2_engine --door-idle justitia las-turn fcfs
+
+``--engine-speeds``: the preset's conversations on the simulator at the profile a vLLM bench
+calibrated, its step times slowed by each factor: where the engine keeps up, every policy gives the
+same turn times; where turns queue, the order counts. ``--door-idle``: the first ten of them through
+``justitia serve``'s door on the real engine (the tiny model), one every 4 s, so that nothing
+queues: what a call and a turn take on the door's own path, per policy.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+
+from justitia.engine.launch import EngineSpec
+from justitia.lab.bench import RunSpec, simulate
+from justitia.lab.metrics import turn_stats
+from justitia.lab.presets import CPU_BLOCK_SIZE, ENGINE_OPTIONS
+from justitia.lab.studies.tau2 import GUARDED, ONLINE, ORACLE, REFERENCE, WARM, disjoint_history, tau2_engine_workload
+
+
+def engine_speeds(config, speeds: list[float], seed: int = 0) -> list[dict[str, float]]:
+    """``tau2-engine``'s conversations on the simulated engine ``config`` (a vLLM bench's, as
+    ``lab.live.vllm_bench.load_bench`` reads it), its step times x each of ``speeds``: per speed,
+    each run's mean turn time over every turn. At the calibrated speed the simulated engine is
+    seldom backlogged; a slower engine (or more traffic for it) is where the order counts."""
+    spec = EngineSpec(**ENGINE_OPTIONS)
+    agents, _ = tau2_engine_workload(seed, spec.usable_blocks * CPU_BLOCK_SIZE, spec.max_model_len)
+    specs = [RunSpec(p, p) for p in ("fcfs", "las", REFERENCE, "las-decay")] + [
+        RunSpec(ORACLE, "justitia"),
+        RunSpec(ONLINE, "justitia", "online"),
+        RunSpec(WARM, "justitia", "online", history=tuple(disjoint_history(agents))),
+        RunSpec(GUARDED, "justitia-guarded", "online"),
+    ]
+    rows = []
+    for speed in speeds:
+        run = replace(config, profile=replace(config.profile, scale=config.profile.scale * speed))
+        rows.append({s.label: turn_stats(simulate(agents, s, run, seed).agents)["mean_turn_s"] for s in specs})
+    return rows
+
+
+def speeds_table(speeds: list[float], rows: list[dict[str, float]]) -> list[str]:
+    """``engine_speeds``' rows as lines: each run's mean turn time, and / las-turn's."""
+    labels = list(rows[0]) if rows else []
+    lines = [
+        "speed   " + " ".join(f"{label:>22s}" for label in labels) + "   (mean turn s over every turn; / las-turn)"
+    ]
+    for speed, turns in zip(speeds, rows):
+        lines.append(
+            f"x{speed:<6g} " + " ".join(f"{turns[k]:14.3f} ({turns[k] / turns[REFERENCE]:.2f})" for k in labels)
+        )
+    return lines
+
+
+def door_idle(policies: list[str], sessions: int = 10, gap_s: float = 4.0, seed: int = 0) -> list[str]:
+    """The first ``sessions`` of ``tau2-engine``'s conversations through ``justitia serve``'s door
+    (the tiny model, each policy on a fresh server), one every ``gap_s`` seconds, so that the
+    engine is seldom backlogged: what a call and a turn take on the door's own path."""
+    from transformers import AutoTokenizer
+
+    from justitia.engine.models import resolve_model
+    from justitia.lab.live.door import door_server, run_through_door
+
+    spec = EngineSpec(**ENGINE_OPTIONS)
+    agents, _ = tau2_engine_workload(seed, spec.usable_blocks * CPU_BLOCK_SIZE, spec.max_model_len)
+    agents = [replace(a, arrival_s=i * gap_s) for i, a in enumerate(agents[:sessions])]
+    tokenizer = AutoTokenizer.from_pretrained(str(resolve_model(spec.model)))
+    lines = [f"{sessions} conversations, one every {gap_s:g} s, through the door: per call and per turn (s)"]
+    for policy in policies:
+        proc, url = door_server(policy, spec)
+        try:
+            run = asyncio.run(run_through_door(url, agents, policy, tokenizer, spec.max_model_len, seed))
+        finally:
+            proc.terminate()
+            proc.wait(60)
+        calls = np.array([done - sent for _, sent, done in run.requests])
+        turns = [t for r in run.result.agents for t in (r.turns_s or [])]
+        lines.append(
+            f"{policy:12s} {len(calls)} calls: mean {calls.mean():.3f}, p50 {np.median(calls):.3f}, "
+            f"p90 {np.percentile(calls, 90):.3f}; {len(turns)} turns: mean {np.mean(turns):.3f}"
+        )
+    return lines
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--engine-speeds", type=float, nargs="+", default=None, help="step times x each (e.g. 1 4 8 16)")
+    ap.add_argument(
+        "--profile-from",
+        type=Path,
+        default=Path("results/tau2-engine/results.json"),
+        help="the vLLM bench whose calibrated profile the simulator runs at",
+    )
+    ap.add_argument(
+        "--door-idle",
+        nargs="+",
+        default=None,
+        metavar="POLICY",
+        help="the first conversations through the door, one at a time, on the real engine",
+    )
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args()
+    if not (args.engine_speeds or args.door_idle):
+        ap.error("give --engine-speeds or --door-idle")
+    if args.door_idle:
+        from justitia.core import OPTION_NAMES, POLICY_NAMES
+
+        names = POLICY_NAMES + OPTION_NAMES
+        if unknown := [p for p in args.door_idle if p not in names]:
+            ap.error(f"--door-idle: unknown policy '{unknown[0]}'; expected some of: {', '.join(names)}")
+        print("\n".join(door_idle(args.door_idle, seed=args.seed)))
+    if args.engine_speeds:
+        if any(s <= 0 for s in args.engine_speeds):
+            ap.error("--engine-speeds: each must be above 0")
+        if not args.profile_from.is_file():
+            ap.error(f"--profile-from: no such file {args.profile_from} (make tau2-engine writes one)")
+        from justitia.lab.live.vllm_bench import load_bench
+
+        config = load_bench(args.profile_from)[3]
+        print("\n".join(speeds_table(args.engine_speeds, engine_speeds(config, args.engine_speeds, args.seed))))
+
+
+if __name__ == "__main__":
+    main()
