@@ -95,12 +95,14 @@ class StepLogScheduler(Scheduler):
 
     def _open_step_log(self, path: str | None) -> None:
         """Close the step log (flushing it) and open ``path``'s (None: the one ``JUSTITIA_STEP_LOG``
-        names, written line by line, or none); restart the step clock."""
+        names, written line by line with its times on the system's monotonic clock; or none); restart
+        the step clock."""
         if self._step_log is not None:
             self._step_log.close()
         path = path or self._standing_log
-        self._step_log = StepLogWriter(path, by_line=path == self._standing_log) if path else None
         self.t0 = time.monotonic()
+        standing = path == self._standing_log  # its times on the system's clock: a bench's, in another process
+        self._step_log = StepLogWriter(path, by_line=standing, origin=self.t0 if standing else 0.0) if path else None
         self._steps: deque[tuple] = deque()  # (output, its line's fields) of steps scheduled, not yet back
         self._preemptions = self._arrived = self._finished = 0
 

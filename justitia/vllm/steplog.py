@@ -12,7 +12,7 @@ Needs no vLLM: the lab reads logs without importing the engine.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import IO
 
@@ -22,6 +22,7 @@ class StepRow:
     """One engine step, as the step log records it."""
 
     t_s: float  # seconds from the log's opening (the reset that opened it) to when the step was scheduled
+    # (in a log ``JUSTITIA_STEP_LOG`` names: the system's monotonic clock, ``time.monotonic``)
     batched_tokens: int  # tokens computed in the step: prefill chunks and decodes
     decode_context_tokens: int  # KV tokens the step's decoding requests attend to
     prefill_reqs: int  # requests in the step that prefill
@@ -73,13 +74,16 @@ def read_step_log(path: str | Path) -> list[StepRow]:
 
 class StepLogWriter:
     """Appends rows to a step log file, buffered (``close`` flushes); ``by_line``: each row written as
-    it comes (a log an engine keeps until it is stopped, which may never close it)."""
+    it comes (a log an engine keeps until it is stopped, which may never close it); ``origin``: added
+    to every row's time (such a log's times are the system's monotonic clock, which a reader in
+    another process shares)."""
 
-    def __init__(self, path: str | Path, by_line: bool = False):
+    def __init__(self, path: str | Path, by_line: bool = False, origin: float = 0.0):
         self._file: IO[str] = open(path, "a", buffering=1 if by_line else 1 << 16)
+        self._origin = origin
 
     def write(self, row: StepRow) -> None:
-        self._file.write(row.line())
+        self._file.write((replace(row, t_s=row.t_s + self._origin) if self._origin else row).line())
 
     def close(self) -> None:
         self._file.close()

@@ -5,40 +5,13 @@ import asyncio
 import json
 
 import pytest
-from helpers import engine
+from helpers import engine, session
 
 from justitia.agent import AgentProcess, Answer, drive
 from justitia.core import Registration
 from justitia.predictors import OraclePredictor
 from justitia.sim import Simulator
 from justitia.workload import Agent, Segment, Stage, Task, WorkloadError, load_workload, save_workload, scale_tokens
-
-
-def session(agent_id: str = "s", arrival_s: float = 0.0) -> Agent:
-    """Turn 0: a call on a shared system prompt, a tool pause, a call on the conversation so far,
-    then two subagents (one of two calls with a pause between them) whose outputs the last call
-    reads; turn 1 after the user's 5 s."""
-    sys = Segment.shared("system", 40)
-    t0 = Task("hi", 50, 10, "t0", (sys,))
-    t1 = Task("tool said", 50 + 10 + 7, 8, "t1", (Segment.prompt_of("t0"), Segment.output_of("t0")))
-    b0 = (
-        Stage([Task("sub a", 45, 6, "a0", (sys,))]),
-        Stage(
-            [Task("sub a again", 45 + 6 + 3, 4, "a1", (Segment.prompt_of("a0"), Segment.output_of("a0")))], pause_s=1.0
-        ),
-    )
-    b1 = (Stage([Task("sub b", 44, 5, "b0", (sys,))]),)
-    fork = Stage([], pause_s=0.5, branches=[b0, b1])
-    t2 = Task(
-        "merge",
-        67 + 8 + 4 + 5 + 2,
-        9,
-        "t2",
-        (Segment.prompt_of("t1"), Segment.output_of("t1"), Segment.output_of("a1"), Segment.output_of("b0")),
-    )
-    t3 = Task("next question", 86 + 9 + 5, 6, "t3", (Segment.prompt_of("t2"), Segment.output_of("t2")))
-    stages = (Stage([t0], turn=0), Stage([t1], pause_s=2.0), fork, Stage([t2]), Stage([t3], pause_s=5.0, turn=1))
-    return Agent(agent_id, "coding", arrival_s, stages)
 
 
 def test_a_session_round_trips_and_old_files_read_the_same(tmp_path):

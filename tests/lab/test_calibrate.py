@@ -560,3 +560,50 @@ def test_the_step_log_reads_back_what_it_wrote_and_older_logs_with_their_missing
     path.write_text("0.1,2,3,4,5,x\n")
     with pytest.raises(ValueError, match=r"steps.csv:1: a step-log line is a number of seconds, then integers"):
         read_step_log(path)
+
+
+def test_a_standing_step_log_is_readable_row_by_row_on_the_systems_clock(tmp_path):
+    """The log an engine keeps from its start (``JUSTITIA_STEP_LOG``, a door run's) is written line
+    by line, its times moved by its origin (the engine's ``time.monotonic`` at start), so another
+    process reads every step before the engine stops, on a clock both share."""
+    from justitia.vllm.steplog import StepLogWriter, read_step_log
+
+    path = tmp_path / "steps.csv"
+    writer = StepLogWriter(path, by_line=True, origin=1000.0)
+    writer.write(StepRow(0.25, 64, 0, 1, 0, 1))
+    writer.write(StepRow(0.5, 32, 96, 0, 1, 0))
+    assert [r.t_s for r in read_step_log(path)] == [1000.25, 1000.5]  # not closed: each row is there already
+    writer.close()
+    buffered = StepLogWriter(tmp_path / "other.csv")
+    buffered.write(StepRow(0.25, 64, 0, 1, 0, 1))
+    assert read_step_log(tmp_path / "other.csv") == []  # a bench's own log waits for its close
+    buffered.close()
+
+
+def test_the_doors_front_end_fit_reaches_past_the_in_process_ones_grid():
+    """A front end that takes 12 ms per request (an HTTP server rendering and tokenizing each one),
+    sent in bursts of eight so that they queue in it, is found with the door's wider grid
+    (``DOOR_PER_REQUEST_MS_MAX``); the in-process grid, which stops at 3 ms, cannot find it."""
+    import numpy as np
+
+    from justitia.lab.live.calibrate import fit_frontend
+    from justitia.lab.live.vllm_bench import DOOR_PER_REQUEST_MS_MAX
+
+    sent = np.sort(np.concatenate([np.full(8, 0.25 * k) for k in range(16)]))
+    free, ready = -1.0, []
+    for t in sent:  # one at a time, 12 ms each, then 5 ms
+        free = max(free, t) + 0.012
+        ready.append(free + 0.005)
+    starts = np.arange(0.0, 4.5, 0.002)
+    joined = np.searchsorted(starts, ready)
+    ends = joined + 5
+    rows = [
+        StepRow(float(t), 64, 0, 1, 1, 1, 0, 0, 0, 0, int((joined == k).sum()), int((ends == k).sum()), 0)
+        for k, t in enumerate(starts)
+    ]
+    requests = [(f"r{i}", float(s), float(starts[e + 1])) for i, (s, e) in enumerate(zip(sent, ends))]
+    wide = fit_frontend([(rows, requests)], DOOR_PER_REQUEST_MS_MAX)
+    assert wide["frontend_ms_per_request"] == pytest.approx(12.0, abs=0.6)
+    assert wide["request_latency_ms"] == pytest.approx(5.0, abs=1.0) and wide["join_mean_abs_error_ms"] < 1.5
+    narrow = fit_frontend([(rows, requests)])
+    assert narrow["frontend_ms_per_request"] <= 3.0 and narrow["join_mean_abs_error_ms"] > 5

@@ -5,7 +5,7 @@ turn_start, the burst's cost, the pauses between bursts), and the token ids the 
 import asyncio
 
 import pytest
-from test_sessions import session
+from helpers import session
 
 from justitia.agent import AgentProcess, Answer, drive
 from justitia.core import AgentBook, Registration

@@ -292,7 +292,7 @@ def test_the_benchs_door_runs_say_which_answers_stand_for_a_tool_call():
     branch's included) stands for a tool call; the last stage's ends the turn."""
     from types import SimpleNamespace
 
-    from test_sessions import session
+    from helpers import session
 
     from justitia.lab.live.door import goes_on
 

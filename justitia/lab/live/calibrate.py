@@ -129,7 +129,9 @@ def fit_profile(
     return profile, stats
 
 
-def fit_frontend(runs: Iterable[tuple[Sequence[StepRow], Sequence[tuple[str, float, float]]]]) -> dict:
+def fit_frontend(
+    runs: Iterable[tuple[Sequence[StepRow], Sequence[tuple[str, float, float]]]], per_request_ms_max: float = 3.0
+) -> dict:
     """The front end's latencies (``LatencyProfile.frontend_ms``) measured on runs: each a step log
     (``arrived_before`` and ``finished`` columns) and the requests as the agents saw them (``EngineRun.requests``:
     id, sent, answered, seconds into the run; the step log's clock starts up to a millisecond
@@ -140,7 +142,9 @@ def fit_frontend(runs: Iterable[tuple[Sequence[StepRow], Sequence[tuple[str, flo
     which requests finished. The front end is fitted as the simulator models it: one request at a
     time, ``frontend_ms_per_request`` each, then ``request_latency_ms``, then the next step's start
     (least squares over a grid); the answer latency is the mean delay from a finishing step's end to
-    the agent's answer. Returns the three fields, and the fit's mean absolute error in ms."""
+    the agent's answer. Returns the three fields, and the fit's mean absolute error in ms.
+    ``per_request_ms_max``: the grid's largest time per request (sixty steps up to it; an HTTP
+    server's door, which renders and tokenizes each request, takes longer than the in-process one)."""
     sends, joins, ends, answers, starts = [], [], [], [], []
     for rows, requests in runs:
         if not requests or len(rows) < 2 or rows[0].finished is None:  # (an older log: no arrivals, no finishes)
@@ -156,7 +160,7 @@ def fit_frontend(runs: Iterable[tuple[Sequence[StepRow], Sequence[tuple[str, flo
     if not sends:
         raise ValueError("the front end's latency needs step logs with arrivals and the runs' requests.")
     best = None
-    for per_request_ms in np.arange(0.0, 3.0001, 0.05):
+    for per_request_ms in np.linspace(0.0, per_request_ms_max, 61):
         s = per_request_ms / 1000
         free = []
         for sent in sends:  # q_i = max_j<=i (sent_j + (i - j + 1) s): the front end, one at a time

@@ -25,6 +25,7 @@ from __future__ import annotations
 import tempfile
 import time
 import uuid
+from dataclasses import replace
 from pathlib import Path
 from typing import Callable
 
@@ -38,6 +39,7 @@ from justitia.engine.launch import EngineSpec
 from justitia.lab.live.runner import EngineRun, SessionPrompts, replay
 from justitia.lab.live.servers import start_server
 from justitia.predictors import make_predictor
+from justitia.vllm.steplog import read_step_log
 from justitia.workload import Agent
 
 KEY = "sk-bench-door-trusted-0001"
@@ -86,9 +88,11 @@ async def run_through_door(
     seed: int = 0,
     on_agent_finish: Callable[[AgentResult], None] | None = None,
     served: str = "tiny",
+    step_log: str | Path | None = None,
 ) -> EngineRun:
     """Every session of ``agents`` through the door at ``url`` (serving the model as ``served``), on
-    the wall clock; their results."""
+    the wall clock; their results, with the steps of the server's engine if it logs them to
+    ``step_log`` (``door_server``), on the run's clock."""
     model = cost_model("kv")
     pred = make_predictor("oracle", seed)  # the process's own bookkeeping: nothing of it is sent
     prompts = SessionPrompts(tokenizer, max_model_len)
@@ -147,7 +151,10 @@ async def run_through_door(
     for r in results:  # the prices were the server's, which it does not report: the process's own (the workload's
         r.turn_costs = None  # true costs, its bookkeeping) are no prediction; its predicted_cost stays that bookkeeping
     run = RunResult(policy, results, max(r.finish_s for r in results), 0, 0, 0, wall)
-    return EngineRun(run, [], max(lags) if lags else 0.0, requests)
+    steps = []  # the engine's, written line by line on the system's monotonic clock: moved to the run's
+    if step_log is not None:
+        steps = [replace(row, t_s=row.t_s - t0) for row in read_step_log(step_log)]
+    return EngineRun(run, steps, max(lags) if lags else 0.0, requests)
 
 
 def door_server(policy: str, spec: EngineSpec, step_log: str | Path | None = None):

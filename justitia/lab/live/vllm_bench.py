@@ -37,10 +37,10 @@ from justitia.lab.metrics import paired_bootstrap, turn_stats
 from justitia.lab.progress import progress_bar
 from justitia.sim import EngineConfig, LatencyProfile
 from justitia.sim.config import FRONTEND_FIELDS
-from justitia.vllm.steplog import read_step_log
 from justitia.workload import Agent, fit_tokens
 
 TAGGING_LABEL = "justitia@tagging"
+DOOR_PER_REQUEST_MS_MAX = 30.0  # the door's front end: the largest time per request its fit tries
 WARM_RUNS_MAX, WARM_TOLERANCE = 4, 0.05  # the calibration's warm-up: runs at most, agreement of two in a row
 
 
@@ -305,12 +305,19 @@ def run_bench_vllm(
     if any(a.is_session for a in agents):
         doc["turn_comparisons"] = comparisons(tries, seed, "turn")
 
+    door_config = config
+    door_tries = [run for spec in door for run in tries[spec.label]]
+    if door_tries and all(run.steps for run in door_tries):  # the door's own front end: HTTP, the chat
+        # template, tokenizing (its runs' step logs against their requests, as calibrate fits the in-process one)
+        doc["door_frontend"] = fit_frontend([(r.steps, r.requests) for r in door_tries], DOOR_PER_REQUEST_MS_MAX)
+        door_profile = replace(config.profile, **{k: doc["door_frontend"][k] for k in FRONTEND_FIELDS})
+        door_config = replace(config, profile=door_profile)
     for spec in all_specs:
         _judge_against_simulator(
             doc["policies"][spec.label],
             spec,
             agents,
-            config,
+            door_config if spec in door else config,
             seed,
             _Observed(
                 tries[spec.label], walls[spec.label], probes.get(spec.label), probe_steps.get(spec.label), probe_agents
@@ -358,15 +365,14 @@ async def door_runs(
                         seed,
                         on_agent_finish=lambda _r, s=spec: advance(s.label),
                         served=engine_spec.model,
+                        step_log=steps,
                     )
                     walls[spec.label] = walls.get(spec.label, 0.0) + time.perf_counter() - t
+                    tries.setdefault(spec.label, []).append(run)
                 finally:
                     proc.terminate()
                     proc.wait(timeout=120)
-                    logged = read_step_log(steps)  # written line by line: whole once the run is answered
                     os.unlink(steps)
-                run.steps = logged
-                tries.setdefault(spec.label, []).append(run)
 
 
 @dataclass
