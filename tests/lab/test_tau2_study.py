@@ -30,3 +30,23 @@ def test_the_engine_presets_conversations_queue_only_on_a_slower_engine():
     assert slow[ORACLE] < 0.95 * slow[REFERENCE]  # and the true costs' order pays
     lines = speeds_table([0.1, 8.0], [fast, slow])
     assert len(lines) == 3 and lines[2].startswith("x8") and "(1.00)" in lines[2]
+
+
+def test_the_studys_command_line_names_what_it_refuses(monkeypatch, capsys, tmp_path):
+    """Nothing runs on a bad flag: an unknown policy, a speed of 0, a missing profile, or no study."""
+    import sys
+
+    import pytest
+
+    from justitia.lab.studies import tau2_engine
+
+    for argv, said in [
+        (["--door-idle", "sjf-ish"], "--door-idle: unknown policy 'sjf-ish'"),
+        (["--engine-speeds", "0"], "--engine-speeds: each must be above 0"),
+        (["--engine-speeds", "2", "--profile-from", str(tmp_path / "none.json")], "--profile-from: no such file"),
+        ([], "give --engine-speeds or --door-idle"),
+    ]:
+        monkeypatch.setattr(sys, "argv", ["tau2_engine", *argv])
+        with pytest.raises(SystemExit) as exc:
+            tau2_engine.main()
+        assert exc.value.code == 2 and said in capsys.readouterr().err
