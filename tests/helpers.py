@@ -99,3 +99,24 @@ def session(agent_id: str = "s", arrival_s: float = 0.0) -> Agent:
     t3 = Task("next question", 86 + 9 + 5, 6, "t3", (Segment.prompt_of("t2"), Segment.output_of("t2")))
     stages = (Stage([t0], turn=0), Stage([t1], pause_s=2.0), fork, Stage([t2]), Stage([t3], pause_s=5.0, turn=1))
     return Agent(agent_id, "coding", arrival_s, stages)
+
+
+def tiny_cpu_config() -> EngineConfig:
+    """The simulated engine of the lab's CPU presets: the tiny model's steps on this machine as a
+    recorded sessions-engine bench calibrated them (rounded), on the presets' engine settings."""
+    from justitia.engine.launch import EngineSpec
+    from justitia.lab.live.vllm_bench import engine_config
+    from justitia.lab.presets import CPU_BLOCK_SIZE, ENGINE_OPTIONS
+
+    profile = LatencyProfile(
+        name="tiny-cpu",
+        floor_ms=0.0,
+        base_ms=1.85,
+        per_batched_token_ms=0.015,
+        per_context_token_ms=3e-5,
+        scale=1.0,
+        kv_blocks=23,
+        source="rounded from a sessions-engine calibration",
+        block_size=CPU_BLOCK_SIZE,
+    )
+    return engine_config(profile, EngineSpec(**ENGINE_OPTIONS), CPU_BLOCK_SIZE)

@@ -5,7 +5,7 @@ import asyncio
 import json
 
 import pytest
-from helpers import engine, session
+from helpers import engine, session, tiny_cpu_config
 
 from justitia.agent import AgentProcess, Answer, drive
 from justitia.core import Registration
@@ -567,26 +567,10 @@ def test_the_engine_presets_rate_sweep_shows_ordering_pays_only_once_sessions_qu
     """``lab.studies.sessions_rates``, how the sessions-engine preset's rate was chosen: each policy's mean
     turn time per seed; at a rate the engine keeps up with, Justitia buys nothing over VTC, and at
     the preset's rate, where sessions queue, it does."""
-    from justitia.engine.launch import EngineSpec
-    from justitia.lab.live.vllm_bench import engine_config
-    from justitia.lab.presets import CPU_BLOCK_SIZE, ENGINE_OPTIONS
     from justitia.lab.studies.sessions import SESSIONS_ENGINE_RATE_PER_S
     from justitia.lab.studies.sessions_rates import POLICIES, rate_table
-    from justitia.sim import LatencyProfile
 
-    # the tiny model's steps on this machine as the recorded bench calibrated them (rounded)
-    profile = LatencyProfile(
-        name="tiny-cpu",
-        floor_ms=0.0,
-        base_ms=1.85,
-        per_batched_token_ms=0.015,
-        per_context_token_ms=3e-5,
-        scale=1.0,
-        kv_blocks=23,
-        source="rounded from a sessions-engine calibration",
-        block_size=CPU_BLOCK_SIZE,
-    )
-    config = engine_config(profile, EngineSpec(**ENGINE_OPTIONS), CPU_BLOCK_SIZE)
+    config = tiny_cpu_config()
     light, dense = rate_table(config, [1.0, SESSIONS_ENGINE_RATE_PER_S], seeds=1)
     assert set(light["mean_turn_s"]) == set(POLICIES) and all(len(v) == 1 for v in light["mean_turn_s"].values())
     ratio = {

@@ -1,28 +1,15 @@
 """``lab.studies.tau2_engine``: tau2-engine's conversations on the simulated engine, slowed (``engine_speeds``)."""
 
-from justitia.engine.launch import EngineSpec
-from justitia.lab.live.vllm_bench import engine_config
-from justitia.lab.presets import CPU_BLOCK_SIZE, ENGINE_OPTIONS
+from helpers import tiny_cpu_config
+
 from justitia.lab.studies.tau2 import ORACLE, REFERENCE
 from justitia.lab.studies.tau2_engine import engine_speeds, speeds_table
-from justitia.sim import LatencyProfile
 
 
 def test_the_engine_presets_conversations_queue_only_on_a_slower_engine():
     """On an engine ten times the tiny model's speed every policy gives the same turn times (it keeps
     up with them); at 8x slower steps turns queue, and ordering by the true costs pays."""
-    profile = LatencyProfile(  # the tiny model's steps on this machine as a recorded bench calibrated them
-        name="tiny-cpu",
-        floor_ms=0.0,
-        base_ms=1.85,
-        per_batched_token_ms=0.015,
-        per_context_token_ms=3e-5,
-        scale=1.0,
-        kv_blocks=23,
-        source="rounded from a sessions-engine calibration",
-        block_size=CPU_BLOCK_SIZE,
-    )
-    config = engine_config(profile, EngineSpec(**ENGINE_OPTIONS), CPU_BLOCK_SIZE)
+    config = tiny_cpu_config()  # the tiny model on this machine, as a recorded bench calibrated it
     fast, slow = engine_speeds(config, [0.1, 8.0])
     assert set(fast) == set(slow) and {REFERENCE, ORACLE} <= set(fast)
     assert max(fast.values()) < 1.05 * min(fast.values())  # the engine keeps up: no order matters
