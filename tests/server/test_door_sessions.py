@@ -197,6 +197,22 @@ def test_the_benchs_door_runs_shape_their_calls_as_a_harness_does():
     )
 
 
+def test_a_door_run_reads_the_engines_prefix_cache_hits_from_the_doors_metrics():
+    """``lab.live.door.door_prefix_cache``: the door's counters of its requests' prompt tokens and the
+    tokens vLLM's cache held, summed over models; none counted (the cache off) is no report."""
+    from justitia.lab.live.door import door_prefix_cache
+
+    text = (
+        'justitia_prefix_cache_queries_total{model_name="tiny"} 1000\n'
+        'justitia_prefix_cache_hits_total{model_name="tiny"} 600\n'
+        'justitia_prefix_cache_queries_total{model_name="other"} 1000\n'
+        'justitia_prefix_cache_hits_total{model_name="other"} 200\n'
+        'vllm:prefix_cache_queries_total{model_name="tiny"} 99999\n'
+    )
+    assert door_prefix_cache(text) == {"queried_tokens": 2000, "hit_tokens": 800, "hit_rate": 0.4}
+    assert door_prefix_cache('justitia_prefix_cache_queries_total{model_name="tiny"} 0\n') is None
+
+
 def test_the_door_tells_the_engine_a_turn_ended_when_an_answer_calls_no_tool(app):
     """The engine learns a turn's cost when the door sees it end: an answer to a step of the turn
     (its opening request, or one after a tool's result) that calls no tool, streamed or not; an

@@ -33,7 +33,7 @@ from urllib.parse import urlparse
 
 import httpx
 
-from justitia.lab.live.servers import metric, start_server, wait_agent
+from justitia.lab.live.servers import metric, start_server, stop, wait_agent
 from justitia.lab.report import write_doc
 
 # the server the cases expect (the limits they test are these)
@@ -714,8 +714,7 @@ def main() -> int:
         rows = run(url, args.key, args.other_key)
     finally:
         if proc is not None:
-            proc.terminate()
-            proc.wait(timeout=60)
+            stop(proc)
     print(table(rows))
     failed = [r for r in rows if not r["ok"]]
     print(f"\n{len(rows) - len(failed)} of {len(rows)} cases handled; {len(REFERENCES)} more in the tests named.")

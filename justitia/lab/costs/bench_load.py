@@ -28,7 +28,7 @@ from urllib.parse import urlparse
 
 import httpx
 
-from justitia.lab.live.servers import ray_split, replica_split, samples, start_replica, start_server
+from justitia.lab.live.servers import ray_split, replica_split, samples, start_replica, start_server, stop
 from justitia.lab.report import write_doc
 
 
@@ -212,8 +212,7 @@ def main() -> int:
             result["replicas"] = ray_split(url)
     finally:
         for proc in reversed(procs):  # the front end first, then the replicas
-            proc.terminate()
-            proc.wait(timeout=60)
+            stop(proc)
     print(json.dumps(result, indent=1))
     if args.out:
         write_doc(args.out, result)

@@ -80,8 +80,7 @@ def main(argv: list[str] | None = None) -> int:
                 rate[phase].append(args.requests / wall)
             print(f"round {r + 1}: " + "  ".join(f"{p} {rate[p][-1]:.1f}/s" for p in PHASES), flush=True)
     finally:
-        proc.terminate()
-        proc.wait(timeout=120)
+        stop(proc, 120)
     doc = {
         "rounds": args.rounds,
         "requests": args.requests,

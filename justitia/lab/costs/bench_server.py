@@ -159,7 +159,7 @@ def main() -> int:
         "tokens": args.tokens,
         "direct": asyncio.run(direct(args.requests, args.concurrency, args.tokens)),
     }
-    from justitia.lab.live.servers import start_server
+    from justitia.lab.live.servers import start_server, stop
 
     ray = ("--ray", "--replicas", str(args.ray)) if args.ray else ()
     proc, url = start_server("--predictor", "mean", *ray, quiet=True, journal=not args.no_journal)
@@ -168,8 +168,7 @@ def main() -> int:
     try:
         result |= asyncio.run(served(url, proc.pid, args.requests, args.concurrency, args.tokens))
     finally:
-        proc.terminate()
-        proc.wait(timeout=60)
+        stop(proc)
     d = result["direct"]
     print(f"{args.requests} requests of {args.tokens} tokens; sequential latency, then {args.concurrency} in flight")
     print(

@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 
 from justitia.lab.live.harnesses import BIN, HARNESSES, write_script
-from justitia.lab.live.servers import start_server
+from justitia.lab.live.servers import start_server, stop
 from justitia.lab.report import write_doc
 
 MODEL = "tiny-long"
@@ -122,8 +122,7 @@ def main(argv: list[str] | None = None) -> int:
             t.join()
         elapsed = time.monotonic() - start
     finally:
-        proc.terminate()
-        proc.wait(timeout=60)
+        stop(proc)
     tenants = {tenant: summary(t, start, deadline) for tenant, t in turns.items()}
     total = sum(s["tokens"] for s in tenants.values()) or 1
     for s in tenants.values():

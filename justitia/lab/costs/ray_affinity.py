@@ -24,7 +24,7 @@ from pathlib import Path
 
 import httpx
 
-from justitia.lab.live.servers import samples, start_server
+from justitia.lab.live.servers import samples, start_server, stop
 from justitia.lab.report import write_doc
 
 WORDS = (
@@ -102,8 +102,7 @@ def main() -> int:
         try:
             r = asyncio.run(run(url, bodies))
         finally:
-            proc.terminate()
-            proc.wait(timeout=120)
+            stop(proc, 120)
         result["runs"][router] = r
         print(
             f"{router:<12} done {r['done']}/{args.agents}  mean JCT {r['mean_jct_s']:.2f} s  wall {r['wall_s']:.2f} s  "

@@ -36,7 +36,7 @@ from pathlib import Path
 import httpx
 
 from justitia.core import kv_token_iters
-from justitia.lab.live.servers import samples, start_server, wait_agent
+from justitia.lab.live.servers import samples, start_server, stop, wait_agent
 
 KEYS = {"batch-a": "sk-watch-batch-a-1", "batch-b": "sk-watch-batch-b-2", "stream": "sk-watch-stream-3"}
 ADMIN = "sk-watch-admin-0"
@@ -127,8 +127,7 @@ def main(argv: list[str] | None = None) -> int:
         ).stdout
     finally:
         done.set()
-        proc.terminate()
-        proc.wait(timeout=60)
+        stop(proc)
     served: dict[str, float] = {}
     for tenant, p, d in log:
         served[tenant] = served.get(tenant, 0.0) + kv_token_iters(p, d)

@@ -37,7 +37,7 @@ from justitia.core import cost_model
 from justitia.defaults import ANSWER_CALLS_TOOL_KEY, ANSWER_TOKENS_KEY, ENV_STEP_LOG
 from justitia.engine.launch import EngineSpec
 from justitia.lab.live.runner import EngineRun, SessionPrompts, replay
-from justitia.lab.live.servers import start_server
+from justitia.lab.live.servers import samples, start_server
 from justitia.predictors import make_predictor
 from justitia.vllm.steplog import read_step_log
 from justitia.workload import Agent
@@ -148,13 +148,25 @@ async def run_through_door(
             t0,
             on_agent_finish=on_agent_finish,
         )
+        cache = door_prefix_cache((await client.get("/metrics")).text)
     for r in results:  # the prices were the server's, which it does not report: the process's own (the workload's
         r.turn_costs = None  # true costs, its bookkeeping) are no prediction; its predicted_cost stays that bookkeeping
-    run = RunResult(policy, results, max(r.finish_s for r in results), 0, 0, 0, wall)
+    run = RunResult(policy, results, max(r.finish_s for r in results), 0, 0, 0, wall, prefix_cache=cache)
     steps = []  # the engine's, written line by line on the system's monotonic clock: moved to the run's
     if step_log is not None:
         steps = [replace(row, t_s=row.t_s - t0) for row in read_step_log(step_log)]
     return EngineRun(run, steps, max(lags) if lags else 0.0, requests)
+
+
+def door_prefix_cache(metrics: str) -> dict | None:
+    """The engine's prefix cache on the door's requests, from its ``/metrics``: the prompt tokens of
+    its finished requests and the tokens vLLM's cache held when each was first scheduled
+    (``justitia_prefix_cache_*``); None when the door reports none (its cache off)."""
+    queried = sum(v for _, _, v in samples(metrics, "justitia_prefix_cache_queries_total"))
+    hits = sum(v for _, _, v in samples(metrics, "justitia_prefix_cache_hits_total"))
+    if not queried:
+        return None
+    return {"queried_tokens": int(queried), "hit_tokens": int(hits), "hit_rate": hits / queried}
 
 
 def door_server(policy: str, spec: EngineSpec, step_log: str | Path | None = None):

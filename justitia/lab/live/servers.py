@@ -21,6 +21,7 @@ from pathlib import Path
 import httpx
 
 from justitia.defaults import ENV_PRICING_STATE
+from justitia.engine.reaper import guard
 
 
 def free_port() -> int:
@@ -50,12 +51,24 @@ def start(
     while proc.poll() is None and time.time() < deadline:
         try:
             if httpx.get(url + ready, timeout=5).status_code == 200:
+                guard()  # it and its engine's processes die with this one, even by SIGKILL
                 return proc, url
         except httpx.TransportError:
             pass
         time.sleep(0.5)
     proc.kill()
     raise SystemExit(f"{cmd[:4]} did not start")
+
+
+def stop(proc: subprocess.Popen, timeout_s: float = 60.0) -> None:
+    """Stop a server ``start`` started: SIGTERM, then SIGKILL if it has not ended in ``timeout_s`` (a
+    server still draining requests whose client is gone)."""
+    proc.terminate()
+    try:
+        proc.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(timeout=30)
 
 
 def start_server(

@@ -345,6 +345,7 @@ async def door_runs(
     from justitia.engine.models import resolve_model
     from justitia.lab.live.door import door_server, run_through_door
     from justitia.lab.live.runner import pin_process
+    from justitia.lab.live.servers import stop
 
     pin_process(set(process_cpus()))  # the in-process engine pinned this process; the server gets every core
     tokenizer = AutoTokenizer.from_pretrained(str(resolve_model(engine_spec.model)))
@@ -370,8 +371,7 @@ async def door_runs(
                     walls[spec.label] = walls.get(spec.label, 0.0) + time.perf_counter() - t
                     tries.setdefault(spec.label, []).append(run)
                 finally:
-                    proc.terminate()
-                    proc.wait(timeout=120)
+                    stop(proc, 120)
                     os.unlink(steps)
 
 
@@ -448,6 +448,9 @@ def _judge_against_simulator(
                 at_speed = float(np.mean([turn_stats(sim_run(spec, s).agents)["mean_turn_s"] for s in speeds]))
                 entry["sim_mean_turn_s_at_run_speed"] = at_speed
                 entry["sim_turn_error_at_run_speed"] = at_speed / entry["mean_turn_s"] - 1
+                if sim_run(spec, speeds[0]).prefix_cache is not None:  # what the cache held at that speed
+                    hits = [sim_run(spec, s).prefix_cache["hit_rate"] for s in speeds]
+                    entry["sim_prefix_hit_rate_at_run_speed"] = float(np.mean(hits))
     entry["sim_mean_jct_s"] = sim_mean
     entry["sim_error"] = sim_mean / entry["mean_jct_s"] - 1
     if "mean_turn_s" in entry:  # sessions: the turn time at the speeds the JCT was predicted at

@@ -80,7 +80,8 @@ def sessions_engine_workload(
 
 def sessions_engine_summary(doc: dict) -> list[str]:
     """Per run: mean turn time on the engine and on the simulator, vLLM's and the simulator's
-    prefix-cache hit rates, the bound; then Justitia's mean turn time against the others, with the
+    prefix-cache hit rates (the simulator's at the run's speed where its steps were logged: a
+    slower engine keeps a session's blocks less long), the bound; then Justitia's mean turn time against the others, with the
     paired bootstrap's 95 % intervals."""
     lines = [
         "                                        the simulator's turn s (error)",
@@ -90,7 +91,8 @@ def sessions_engine_summary(doc: dict) -> list[str]:
     nan = float("nan")
     for label, e in doc["policies"].items():
         over = f"{e['bound_violations']} of {len(e['agents'])}" if "bound_violations" in e else "-"
-        hit, sim_hit = e.get("prefix_cache", {}).get("hit_rate"), e.get("sim_prefix_hit_rate")
+        hit = e.get("prefix_cache", {}).get("hit_rate")
+        sim_hit = e.get("sim_prefix_hit_rate_at_run_speed", e.get("sim_prefix_hit_rate"))  # beside the engine's
         own = f"{e.get('sim_mean_turn_s_at_run_speed', nan):.2f} ({e.get('sim_turn_error_at_run_speed', nan):+.1%})"
         probed = f"{e.get('sim_mean_turn_s', nan):.2f} ({e.get('sim_turn_error', nan):+.1%})"
         lines.append(

@@ -67,6 +67,7 @@ def door_idle(policies: list[str], sessions: int = 10, gap_s: float = 4.0, seed:
 
     from justitia.engine.models import resolve_model
     from justitia.lab.live.door import door_server, run_through_door
+    from justitia.lab.live.servers import stop
 
     spec = EngineSpec(**ENGINE_OPTIONS)
     agents, _ = tau2_engine_workload(seed, spec.usable_blocks * CPU_BLOCK_SIZE, spec.max_model_len)
@@ -78,13 +79,14 @@ def door_idle(policies: list[str], sessions: int = 10, gap_s: float = 4.0, seed:
         try:
             run = asyncio.run(run_through_door(url, agents, policy, tokenizer, spec.max_model_len, seed))
         finally:
-            proc.terminate()
-            proc.wait(60)
+            stop(proc)
         calls = np.array([done - sent for _, sent, done in run.requests])
         turns = [t for r in run.result.agents for t in (r.turns_s or [])]
+        cache = run.result.prefix_cache
         lines.append(
             f"{policy:12s} {len(calls)} calls: mean {calls.mean():.3f}, p50 {np.median(calls):.3f}, "
-            f"p90 {np.percentile(calls, 90):.3f}; {len(turns)} turns: mean {np.mean(turns):.3f}"
+            f"p90 {np.percentile(calls, 90):.3f}; {len(turns)} turns: mean {np.mean(turns):.3f}; "
+            f"vLLM's prefix cache held {100 * cache['hit_rate'] if cache else 0:.1f} % of prompt tokens"
         )
     return lines
 
