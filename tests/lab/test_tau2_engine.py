@@ -31,7 +31,10 @@ def test_the_studys_command_line_names_what_it_refuses(monkeypatch, capsys, tmp_
         (["--door-idle", "sjf-ish"], "--door-idle: unknown policy 'sjf-ish'"),
         (["--engine-speeds", "0"], "--engine-speeds: each must be above 0"),
         (["--engine-speeds", "2", "--profile-from", str(tmp_path / "none.json")], "--profile-from: no such file"),
-        ([], "give --engine-speeds or --door-idle"),
+        (["--self-fit", "nope"], "--self-fit: unknown policy 'nope'"),
+        (["--door-idle", "fcfs", "--self-fit", "nope"], "--self-fit: unknown policy 'nope'"),  # before the door runs
+        (["--self-fit", "fcfs", "--profile-from", str(tmp_path / "none.json")], "--profile-from: no such file"),
+        ([], "give --engine-speeds, --door-idle or --self-fit"),
     ]:
         monkeypatch.setattr(sys, "argv", ["tau2_engine", *argv])
         with pytest.raises(SystemExit) as exc:

@@ -81,8 +81,8 @@ def sessions_engine_workload(
 def sessions_engine_summary(doc: dict) -> list[str]:
     """Per run: mean turn time on the engine and on the simulator, vLLM's and the simulator's
     prefix-cache hit rates (the simulator's at the run's speed where its steps were logged: a
-    slower engine keeps a session's blocks less long), the bound; then Justitia's mean turn time against the others, with the
-    paired bootstrap's 95 % intervals."""
+    slower engine keeps a session's blocks less long), the bound; then Justitia's mean turn time
+    against the others, with the paired bootstrap's 95 % intervals."""
     lines = [
         "                                        the simulator's turn s (error)",
         "run                    engine turn s   at the run's speed   at the probes' speeds   vLLM hit   sim hit   "

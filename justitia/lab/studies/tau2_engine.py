@@ -2,12 +2,17 @@
 
     python -m justitia.lab.studies.tau2_engine --engine-speeds 1 4 8 16 [--profile-from RESULTS_JSON]
     python -m justitia.lab.studies.tau2_engine --door-idle justitia las-turn fcfs
+    python -m justitia.lab.studies.tau2_engine --self-fit fcfs [--profile-from RESULTS_JSON]
 
 ``--engine-speeds``: the preset's conversations on the simulator at the profile a vLLM bench
 calibrated, its step times slowed by each factor: where the engine keeps up, every policy gives the
 same turn times; where turns queue, the order counts. ``--door-idle``: the first ten of them through
 ``justitia serve``'s door on the real engine (the tiny model), one every 4 s, so that nothing
-queues: what a call and a turn take on the door's own path, per policy.
+queues: what a call and a turn take on the door's own path, per policy. ``--self-fit``: one run of
+the preset's conversations through the door, its engine's steps logged, and the simulator against
+it at the bench's profile slowed to the run's speed (as the preset judges it) and at a profile
+fitted to the run's own steps, each with the door's front end fitted to the run: how much of the
+simulator's error is the step times' shape, and how much is left.
 """
 
 from __future__ import annotations
@@ -91,6 +96,59 @@ def door_idle(policies: list[str], sessions: int = 10, gap_s: float = 4.0, seed:
     return lines
 
 
+def self_fit(config, policy: str, seed: int = 0) -> list[str]:
+    """One run of ``tau2-engine``'s conversations through the door under ``policy`` (real engine),
+    its steps logged; the simulator's mean turn time against the engine's at ``config``'s profile
+    slowed to the run's speed, and at a profile fitted to the run's own steps (``--self-fit``)."""
+    import tempfile
+
+    from transformers import AutoTokenizer
+
+    from justitia.engine.models import resolve_model
+    from justitia.lab.live.calibrate import fit_frontend, fit_profile, run_speed
+    from justitia.lab.live.door import door_server, run_through_door
+    from justitia.lab.live.servers import stop
+    from justitia.lab.live.vllm_bench import DOOR_PER_REQUEST_MS_MAX
+    from justitia.sim.config import FRONTEND_FIELDS
+
+    spec = EngineSpec(**ENGINE_OPTIONS)
+    agents, _ = tau2_engine_workload(seed, spec.usable_blocks * CPU_BLOCK_SIZE, spec.max_model_len)
+    tokenizer = AutoTokenizer.from_pretrained(str(resolve_model(spec.model)))
+    with tempfile.NamedTemporaryFile(prefix="justitia-self-fit-", suffix=".csv") as log:
+        proc, url = door_server(policy, spec, log.name)
+        try:
+            run = asyncio.run(
+                run_through_door(url, agents, policy, tokenizer, spec.max_model_len, seed, step_log=log.name)
+            )
+        finally:
+            stop(proc, 120)
+    engine = turn_stats(run.result.agents)["mean_turn_s"]
+    frontend = fit_frontend([(run.steps, run.requests)], DOOR_PER_REQUEST_MS_MAX)
+    speed = run_speed(config.profile, run.steps)
+    own, stats = fit_profile([run.steps], "self-fit", config.blocks, config.block_size, "the run's own steps")
+    hit = run.result.prefix_cache
+    lines = [
+        f"{policy} through the door: mean turn {engine:.3f} s; vLLM's prefix cache held "
+        f"{100 * hit['hit_rate'] if hit else 0:.1f} % of prompt tokens; steps at {speed:.2f}x the bench's profile; "
+        f"the front end {frontend['frontend_ms_per_request']:g} ms a request, "
+        f"then {frontend['request_latency_ms']:g} ms, "
+        f"answers {frontend['answer_latency_ms']:.1f} ms after their step",
+    ]
+    rs = RunSpec(policy, policy, "online" if policy == "justitia" else "oracle")
+    for name, profile in (
+        ("the bench's profile at the run's speed", replace(config.profile, scale=config.profile.scale * speed)),
+        (f"a profile fitted to the run's {stats['steps']} steps (R^2 {stats['r2']:.2f})", own),
+    ):
+        profile = replace(profile, **{k: frontend[k] for k in FRONTEND_FIELDS})
+        sim = simulate(agents, rs, replace(config, profile=profile), seed)
+        t = turn_stats(sim.agents)["mean_turn_s"]
+        lines.append(
+            f"  the simulator, {name}: {t:.3f} s ({t / engine - 1:+.1%}); its prefix cache held "
+            f"{100 * sim.prefix_cache['hit_rate']:.1f} %"
+        )
+    return lines
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--engine-speeds", type=float, nargs="+", default=None, help="step times x each (e.g. 1 4 8 16)")
@@ -107,26 +165,37 @@ def main() -> None:
         metavar="POLICY",
         help="the first conversations through the door, one at a time, on the real engine",
     )
+    ap.add_argument(
+        "--self-fit",
+        default=None,
+        metavar="POLICY",
+        help="one run through the door, the simulator at a profile fitted to its own steps (real engine)",
+    )
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
-    if not (args.engine_speeds or args.door_idle):
-        ap.error("give --engine-speeds or --door-idle")
-    if args.door_idle:
-        from justitia.core import OPTION_NAMES, POLICY_NAMES
+    if not (args.engine_speeds or args.door_idle or args.self_fit):
+        ap.error("give --engine-speeds, --door-idle or --self-fit")
+    from justitia.core import OPTION_NAMES, POLICY_NAMES
 
-        names = POLICY_NAMES + OPTION_NAMES
-        if unknown := [p for p in args.door_idle if p not in names]:
-            ap.error(f"--door-idle: unknown policy '{unknown[0]}'; expected some of: {', '.join(names)}")
+    names = POLICY_NAMES + OPTION_NAMES
+    if unknown := [p for p in args.door_idle or [] if p not in names]:
+        ap.error(f"--door-idle: unknown policy '{unknown[0]}'; expected some of: {', '.join(names)}")
+    if args.self_fit is not None and args.self_fit not in names:
+        ap.error(f"--self-fit: unknown policy '{args.self_fit}'; expected one of: {', '.join(names)}")
+    if args.engine_speeds and any(s <= 0 for s in args.engine_speeds):
+        ap.error("--engine-speeds: each must be above 0")
+    if (args.engine_speeds or args.self_fit) and not args.profile_from.is_file():
+        ap.error(f"--profile-from: no such file {args.profile_from} (make tau2-engine writes one)")
+    if args.door_idle:  # every flag read before anything runs
         print("\n".join(door_idle(args.door_idle, seed=args.seed)))
-    if args.engine_speeds:
-        if any(s <= 0 for s in args.engine_speeds):
-            ap.error("--engine-speeds: each must be above 0")
-        if not args.profile_from.is_file():
-            ap.error(f"--profile-from: no such file {args.profile_from} (make tau2-engine writes one)")
+    if args.engine_speeds or args.self_fit:
         from justitia.lab.live.vllm_bench import load_bench
 
         config = load_bench(args.profile_from)[3]
-        print("\n".join(speeds_table(args.engine_speeds, engine_speeds(config, args.engine_speeds, args.seed))))
+        if args.engine_speeds:
+            print("\n".join(speeds_table(args.engine_speeds, engine_speeds(config, args.engine_speeds, args.seed))))
+        if args.self_fit:
+            print("\n".join(self_fit(config, args.self_fit, args.seed)))
 
 
 if __name__ == "__main__":
