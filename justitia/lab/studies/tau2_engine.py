@@ -124,7 +124,7 @@ def self_fit(config, policy: str, seed: int = 0) -> list[str]:
             stop(proc, 120)
     engine = turn_stats(run.result.agents)["mean_turn_s"]
     frontend = fit_frontend([(run.steps, run.requests)], DOOR_PER_REQUEST_MS_MAX)
-    speed = run_speed(config.profile, run.steps)
+    speed = run_speed(config.profile, run.steps) or 1.0  # (1: no step of the run was measurable)
     own, stats = fit_profile([run.steps], "self-fit", config.blocks, config.block_size, "the run's own steps")
     hit = run.result.prefix_cache
     lines = [
