@@ -104,7 +104,8 @@ class EngineLoop:
     two steps or idle: with one engine, the step boundary where the engine takes the agent in, as a
     real engine does; with many, at most the shortest of their steps in progress later. At the same
     moment finishes come first, then arrivals. A request handed to an engine in the middle of a
-    step waits for its end. An engine's span of skipped steps never starts a step at or past the
+    step waits for its end; one an agent sends the moment it learns of an answer reaches the engine
+    a picosecond later, after the step that starts then was scheduled (``_dispatch``). An engine's span of skipped steps never starts a step at or past the
     next event, nor past the moment another engine could end a step (its next step's start plus
     the shortest step), so both stepping modes handle every event at the same moment, with the same
     steps behind it.
@@ -282,9 +283,10 @@ class EngineLoop:
             self.front.arrived(run.process.agent, run.process.predicted_cost, now_ps / PS_PER_S, self._engines)
         self._send(run, calls, now_ps)
 
-    def _send(self, run: _AgentRun, calls: list[Call], now_ps: int) -> None:
+    def _send(self, run: _AgentRun, calls: list[Call], now_ps: int, answered: bool = False) -> None:
         """An agent has ``calls`` at ``now_ps``: each is sent after its pause (tool time, a client's own
-        work; the agent holds nothing in any engine meanwhile)."""
+        work; the agent holds nothing in any engine meanwhile). ``answered``: they follow an answer
+        the agent learned of now."""
         due: dict[float, list[Call]] = {}
         for c in calls:
             due.setdefault(c.pause_s, []).append(c)
@@ -293,11 +295,15 @@ class EngineLoop:
                 self._seq += 1
                 heapq.heappush(self._finishes, (now_ps + round(pause_s * PS_PER_S), -1, self._seq, _Paused(run, batch)))
             else:
-                self._dispatch(run, batch, now_ps)
+                self._dispatch(run, batch, now_ps, answered)
 
-    def _dispatch(self, run: _AgentRun, calls: list[Call], now_ps: int) -> None:
+    def _dispatch(self, run: _AgentRun, calls: list[Call], now_ps: int, answered: bool = False) -> None:
         """An agent sends ``calls`` at ``now_ps``: through the front end (one at a time, then the request
-        latency) to the engines; at once when the front end takes no time."""
+        latency) to the engines; at once when the front end takes no time, except calls that answer a
+        step's output the moment it ends (``answered``, no answer latency): they reach the engine a
+        picosecond later, after it has scheduled its next step. vLLM's engine loop schedules the next
+        step as soon as it has handed out the last one's outputs, before any client can answer them
+        (``EngineCore.step``; with async scheduling, ``step_with_batch_queue``, the step after too)."""
         proc = run.process
         if proc.agent.is_session and proc.opens_burst(calls):  # the session's first burst, or its next
             if run.burst:  # a next turn sent with no pause before it: the last one leaves first
@@ -306,7 +312,10 @@ class EngineLoop:
             run.burst_dist = proc.burst_dist(calls)
         proc.sent(calls, now_ps / PS_PER_S)
         if not (self._in_ps or self._per_request_ps):
-            self._submit(run, calls, now_ps)
+            if answered and not self._out_ps:
+                self._deliver(run, calls, now_ps + 1)
+            else:
+                self._submit(run, calls, now_ps)
             return
         batch: list[Call] = []
         due = None
@@ -334,7 +343,7 @@ class EngineLoop:
             self.front.request_finished(r.request_id, now_s)
         upcoming = proc.answered(call, Answer("", r.prompt_tokens, r.output_tokens), now_s)
         if upcoming:
-            self._send(run, upcoming, now_ps)
+            self._send(run, upcoming, now_ps, answered=True)
         while proc.ended_flows:  # a subagent's own flow ended (subagents="flows"): its engines forget it
             flow = proc.ended_flows.pop()
             for key in [k for k in run.engines if k[1] == flow]:

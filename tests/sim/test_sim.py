@@ -76,6 +76,22 @@ def test_stages_run_one_after_another():
     assert f["a"] == pytest.approx(0.35)
 
 
+def test_a_stage_sent_on_an_answer_misses_the_step_the_engine_schedules_then():
+    """vLLM's engine loop schedules its next step as soon as it has handed out the last one's
+    outputs, before any client can answer them. With 10 ms steps, an agent's stage of two tokens
+    ends at 20 ms; its next stage, sent then, misses the step that starts at 20 ms when another
+    agent keeps the engine busy (it runs 30-50 ms), and misses nothing on an idle engine (20-40
+    ms). A front end of one picosecond changes no step."""
+    chain = agent("b", 0.0, [(10, 2)], [(10, 2)])
+    busy = agent("x", 0.0, [(10, 20)])
+    assert finish(run([chain, busy]))["b"] == pytest.approx(0.050)
+    assert finish(run([chain]))["b"] == pytest.approx(0.040)
+    blink = engine(profile=replace(engine().profile, request_latency_ms=1e-9))  # 1 ps
+    for agents in ([chain, busy], [chain]):
+        plain, fronted = finish(run(agents)), finish(run(agents, cfg=blink))
+        assert plain == pytest.approx(fronted, abs=1e-9)
+
+
 def test_task_that_cannot_fit_the_cache_is_refused():
     with pytest.raises(ValueError, match="can never fit"):
         run([agent("a", 0.0, [(2000, 10)])], cfg=engine(blocks=64))

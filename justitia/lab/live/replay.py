@@ -6,7 +6,8 @@
 Runs the ``engine`` preset's first ``--agents`` agents through an in-process vLLM engine (the tiny
 model, the plug-in as its scheduler) one step at a time, but on a virtual clock: each step lasts
 what a latency profile says for its tokens, agents arrive on that clock, and a finished stage's next
-requests go in before the next step (the simulator's hand-off). The engine's timing is out of the
+requests go in once the engine has scheduled the next step without them (the simulator's hand-off:
+vLLM's engine loop schedules a step as soon as it has handed out the last one's outputs). The engine's timing is out of the
 picture, so what is left between this and the simulator run with the same profile is the
 scheduling itself: which requests vLLM admits, preempts and serves in each step. Prints each
 policy's mean JCT both ways and their steps; ``tests/lab/test_replay.py`` runs it on a few agents and
@@ -83,7 +84,12 @@ def replay(llm, scheduler, agents, policy: str, profile: LatencyProfile, capacit
             ids = [3 + (k % 500) for k in range(c.task.prompt_tokens)]
             engine.add_request(c.request_id, TokensPrompt(prompt_token_ids=ids), params)
 
-    while nxt < len(pending) or engine.has_unfinished_requests():
+    held = []  # (agent, calls) sent in answer to the last step's outputs: in once the next step is scheduled
+    while nxt < len(pending) or engine.has_unfinished_requests() or held:
+        if held and not engine.has_unfinished_requests():  # no step to schedule before them: in now
+            for proc, up in held:
+                submit(proc, up)
+            held = []
         if not engine.has_unfinished_requests():
             CLOCK[0] = max(CLOCK[0], pending[nxt].arrival_s)
         while nxt < len(pending) and pending[nxt].arrival_s <= CLOCK[0] + 1e-12:
@@ -95,12 +101,15 @@ def replay(llm, scheduler, agents, policy: str, profile: LatencyProfile, capacit
         batched, ctx, requests = scheduler.replay_last
         CLOCK[0] += profile.iteration_s(batched, ctx, requests, arrivals[0])
         arrivals[0] = 0
+        for proc, up in held:  # answers to the step before: the engine scheduled this one without them
+            submit(proc, up)
+        held = []
         for out in outputs:
             if out.finished:
                 proc, c = calls.pop(out.request_id)
                 upcoming = proc.answered(c, Answer("", c.task.prompt_tokens, len(out.outputs[0].token_ids)))
                 if upcoming:
-                    submit(proc, upcoming)
+                    held.append((proc, upcoming))
                 elif proc.done:
                     finish[proc.agent.agent_id] = CLOCK[0]
     return {"jct_s": {a.agent_id: finish[a.agent_id] - a.arrival_s for a in agents}, "steps": steps}

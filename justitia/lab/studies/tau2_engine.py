@@ -1,12 +1,15 @@
 """tau2-engine's conversations off the engine and on it, to read what its runs measure.
 
-    python -m justitia.lab.studies.tau2_engine --engine-speeds 1 4 8 16 [--profile-from RESULTS_JSON]
+    python -m justitia.lab.studies.tau2_engine --engine-speeds 1 4 8 16 [--profile-from RESULTS_JSON] [--gpu-steps]
     python -m justitia.lab.studies.tau2_engine --door-idle justitia las-turn fcfs
     python -m justitia.lab.studies.tau2_engine --self-fit fcfs [--profile-from RESULTS_JSON]
 
 ``--engine-speeds``: the preset's conversations on the simulator at the profile a vLLM bench
 calibrated, its step times slowed by each factor: where the engine keeps up, every policy gives the
-same turn times; where turns queue, the order counts. ``--door-idle``: the first ten of them through
+same turn times; where turns queue, the order counts. ``--gpu-steps``: the same, with a GPU's step
+times (the simulator's default profile, LLaMA-7B on an A100) in place of the CPU's, the engine's KV
+cache, block size and batching kept: how much of what the engine gives is its step times' shape
+(a CPU step's time grows with the tokens it computes far more than a GPU's). ``--door-idle``: the first ten of them through
 ``justitia serve``'s door on the real engine (the tiny model), one every 4 s, so that nothing
 queues: what a call and a turn take on the door's own path, per policy. ``--self-fit``: one run of
 the preset's conversations through the door, its engine's steps logged, and the simulator against
@@ -49,6 +52,23 @@ def engine_speeds(config, speeds: list[float], seed: int = 0) -> list[dict[str, 
         run = replace(config, profile=replace(config.profile, scale=config.profile.scale * speed))
         rows.append({s.label: turn_stats(simulate(agents, s, run, seed).agents)["mean_turn_s"] for s in specs})
     return rows
+
+
+def gpu_steps(config):
+    """``config`` (a vLLM bench's calibrated engine) with the simulator's GPU step times in place of
+    its own: the same KV cache, block size, batching, prefix cache and front end (the door's path
+    to the engine and back), another step-time shape."""
+    from justitia.lab.bench import SIM_DEFAULT_PROFILE
+    from justitia.sim.config import load_profile
+
+    own = config.profile
+    steps = replace(
+        load_profile(SIM_DEFAULT_PROFILE),
+        request_latency_ms=own.request_latency_ms,
+        answer_latency_ms=own.answer_latency_ms,
+        frontend_ms_per_request=own.frontend_ms_per_request,
+    )
+    return replace(config, profile=steps, kv_blocks=config.blocks, block_size=config.block_size)
 
 
 def speeds_table(speeds: list[float], rows: list[dict[str, float]]) -> list[str]:
@@ -159,6 +179,11 @@ def main() -> None:
         help="the vLLM bench whose calibrated profile the simulator runs at",
     )
     ap.add_argument(
+        "--gpu-steps",
+        action="store_true",
+        help="--engine-speeds at a GPU's step times (the simulator's LLaMA-7B on an A100), the engine's cache kept",
+    )
+    ap.add_argument(
         "--door-idle",
         nargs="+",
         default=None,
@@ -182,6 +207,8 @@ def main() -> None:
         ap.error(f"--door-idle: unknown policy '{unknown[0]}'; expected some of: {', '.join(names)}")
     if args.self_fit is not None and args.self_fit not in names:
         ap.error(f"--self-fit: unknown policy '{args.self_fit}'; expected one of: {', '.join(names)}")
+    if args.gpu_steps and not args.engine_speeds:
+        ap.error("--gpu-steps goes with --engine-speeds")
     if args.engine_speeds and any(s <= 0 for s in args.engine_speeds):
         ap.error("--engine-speeds: each must be above 0")
     if (args.engine_speeds or args.self_fit) and not args.profile_from.is_file():
@@ -193,7 +220,9 @@ def main() -> None:
 
         config = load_bench(args.profile_from)[3]
         if args.engine_speeds:
-            print("\n".join(speeds_table(args.engine_speeds, engine_speeds(config, args.engine_speeds, args.seed))))
+            run = gpu_steps(config) if args.gpu_steps else config
+            print(f"step times: {run.profile.name} (x1 as the profile has them); KV cache {run.kv_tokens} tokens")
+            print("\n".join(speeds_table(args.engine_speeds, engine_speeds(run, args.engine_speeds, args.seed))))
         if args.self_fit:
             print("\n".join(self_fit(config, args.self_fit, args.seed)))
 
