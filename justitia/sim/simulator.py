@@ -95,20 +95,20 @@ class EngineLoop:
     """Agents on simulated time over one engine per core, each request routed on submission
     (``core.Replicas``), each engine stepped by ``stepping``.
 
-    NOTE on time: events are an agent's arrival, a request's finish (when its agent learns of it) and
-    the front end's delivery of requests an agent sent (the profile's ``frontend_ms``; with none, an
-    agent's requests reach the engines when it sends them). Between events, the engine
+    NOTE on time: events are an agent's arrival, a request's finish (when its agent learns of it)
+    and the front end's delivery of requests an agent sent (the profile's ``frontend_ms``; with
+    none, an agent's requests reach the engines when it sends them). Between events, the engine
     whose next step starts first takes it (ties by index). A finish is handled at its step's end
     (the stepper reports it; the loop handles it once every step that starts earlier has run). An
     agent's arrival is handled at the first moment at or after it at which some engine is between
     two steps or idle: with one engine, the step boundary where the engine takes the agent in, as a
     real engine does; with many, at most the shortest of their steps in progress later. At the same
-    moment finishes come first, then arrivals. A request handed to an engine in the middle of a
-    step waits for its end; one an agent sends the moment it learns of an answer reaches the engine
-    a picosecond later, after the step that starts then was scheduled (``_dispatch``). An engine's span of skipped steps never starts a step at or past the
-    next event, nor past the moment another engine could end a step (its next step's start plus
-    the shortest step), so both stepping modes handle every event at the same moment, with the same
-    steps behind it.
+    moment finishes come first, then arrivals. A request handed to an engine in the middle of a step
+    waits for its end; one an agent sends the moment it learns of an answer reaches the engine a
+    picosecond later, after the step that starts then was scheduled (``_dispatch``). An engine's
+    span of skipped steps never starts a step at or past the next event, nor past the moment another
+    engine could end a step (its next step's start plus the shortest step), so both stepping modes
+    handle every event at the same moment, with the same steps behind it.
     """
 
     def __init__(

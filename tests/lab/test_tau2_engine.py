@@ -24,9 +24,9 @@ def test_gpu_steps_change_the_step_times_and_nothing_else():
     engine's KV cache (blocks and their size), its batching, its prefix cache and its front end; its step times
     differ in shape: a GPU step costs its floor (the weights read from memory) until its batch is
     large, a CPU step grows with every token it computes."""
-    from justitia.lab.bench import SIM_DEFAULT_PROFILE
-
     from dataclasses import replace
+
+    from justitia.lab.bench import SIM_DEFAULT_PROFILE
 
     tiny = tiny_cpu_config()
     door = {"request_latency_ms": 3.0, "answer_latency_ms": 2.0, "frontend_ms_per_request": 0.5}

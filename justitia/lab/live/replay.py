@@ -7,11 +7,11 @@ Runs the ``engine`` preset's first ``--agents`` agents through an in-process vLL
 model, the plug-in as its scheduler) one step at a time, but on a virtual clock: each step lasts
 what a latency profile says for its tokens, agents arrive on that clock, and a finished stage's next
 requests go in once the engine has scheduled the next step without them (the simulator's hand-off:
-vLLM's engine loop schedules a step as soon as it has handed out the last one's outputs). The engine's timing is out of the
-picture, so what is left between this and the simulator run with the same profile is the
-scheduling itself: which requests vLLM admits, preempts and serves in each step. Prints each
-policy's mean JCT both ways and their steps; ``tests/lab/test_replay.py`` runs it on a few agents and
-holds the two to each other.
+vLLM's engine loop schedules a step as soon as it has handed out the last one's outputs). The
+engine's timing is out of the picture, so what is left between this and the simulator run with the
+same profile is the scheduling itself: which requests vLLM admits, preempts and serves in each step.
+Prints each policy's mean JCT both ways and their steps; ``tests/lab/test_replay.py`` runs it on a
+few agents and holds the two to each other.
 
 The profile is ``PROFILE`` (the ``engine`` preset's calibration on a 2-core machine), or the one a
 vLLM bench's ``results.json`` ran with (``--results``); either way without the front end's
