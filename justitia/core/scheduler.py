@@ -60,6 +60,8 @@ class Traits(NamedTuple):
     timed: bool  # keys also move with time (justitia-eligible): ``advance`` before each step, no skipping
     keys_rise: bool = False  # keys only grow as service is charged (las, vtc, justitia-guarded): a timed
     # policy whose keys also rise may be stepped with event skipping, advanced before each pass
+    holds_place: bool = False  # an agent whose last open request finished keeps its place for the next
+    # admission pass (justitia: ``AgentScheduler.begin_pass`` before each step's admission)
 
 
 class Standing(NamedTuple):
@@ -111,6 +113,12 @@ class AgentScheduler:
         self._moved: set[str] = set()  # dynamic policies: agents whose keys may have moved (advance)
         self._paused: set[str] = set()  # sessions waiting on a tool: they arrive again
         self._shifts = policy.groups
+        # an agent's place kept across a hand-off (``begin_pass``): agents whose last open request
+        # finished -> admission passes left to keep it; those keeping it in this pass; requests running
+        self.hold_passes = 1 if policy.holds_place else 0  # 2 under vLLM's async scheduling
+        self._armed: dict[str, int] = {}
+        self._held: list[str] = []
+        self._open_total = 0  # requests arrived and not finished, of every agent (``_open`` summed)
         self._traits = Traits(
             policy.name,
             policy.dynamic,
@@ -121,6 +129,7 @@ class AgentScheduler:
             self._meter is not None,
             policy.timed,
             policy.rising,
+            policy.holds_place,
         )
         self._lookahead = LookAhead(self._policy, self._waiting)
 
@@ -212,6 +221,7 @@ class AgentScheduler:
         ``pause``: a session whose requests have all finished waits on a tool (or its client) and
         will arrive again (``agent_arrived`` with the same id and its next burst's cost): it is
         settled for the burst it ran, and its policy keeps the rest (``docs/sessions.md``)."""
+        self._armed.pop(agent_id, None)  # a session between bursts, or gone: nothing of it is on its way
         if pause:
             if agent_id not in self._agents or self._open[agent_id] or agent_id in self._paused:
                 raise ValueError(f"agent '{agent_id}' cannot pause: it is not known, has requests open, or is paused.")
@@ -228,7 +238,7 @@ class AgentScheduler:
         for req in self._waiting.requests_of(agent_id):
             self.request_finished(req)
         self._agents.pop(agent_id, None)
-        self._open.pop(agent_id, None)
+        self._open_total -= self._open.pop(agent_id, 0)
         self._moved.discard(agent_id)
         self._policy.agent_finished(agent_id, now_s)
 
@@ -284,7 +294,9 @@ class AgentScheduler:
                 self._waiting.touch(agent_id)
         req = RequestInfo(request_id, agent_id, self._request_seq, prompt_tokens, predicted_cost, tag, rank)
         self._request_seq += 1
+        self._armed.pop(agent_id, None)  # what it kept its place for has come: it waits by its own key
         self._open[agent_id] += 1
+        self._open_total += 1
         if self._open[agent_id] == 1:
             self._policy.requests_opened(agent_id, now_s)
         self._waiting.add(req)
@@ -303,10 +315,14 @@ class AgentScheduler:
         self._waiting.remove(req)
 
     def request_finished(self, req: RequestInfo) -> None:
-        """A waiting or running request finished or was aborted."""
+        """A waiting or running request finished or was aborted. An agent left with no request open
+        keeps its place for the next ``hold_passes`` admission passes (``begin_pass``)."""
         if req in self._waiting:
             self._waiting.remove(req)
         self._open[req.agent_id] -= 1
+        self._open_total -= 1
+        if not self._open[req.agent_id] and self.hold_passes:
+            self._armed[req.agent_id] = self.hold_passes
         revealed = self._revealed.get(req.agent_id)
         if revealed is not None:
             revealed[1] += req.predicted_cost
@@ -370,9 +386,47 @@ class AgentScheduler:
                 moved |= shifted
         return moved
 
+    def begin_pass(self) -> None:
+        """The engine is about to admit waiting requests for its next step (call it once per step, or
+        per pass of skipped steps, before admission). An agent whose last open request finished
+        since the pass before, and that has neither finished nor paused, keeps its place in this
+        pass: no waiting request whose agent's key comes after its key is admitted while some
+        request runs. vLLM's engine loop schedules the next step before a client can answer the
+        last one's outputs, so an agent's next call, sent on its answer, misses that step; in it the
+        engine would hand the memory the agent just freed, and often its cached blocks, to the
+        requests behind it in the order. Keeping its place for that pass (two under async
+        scheduling) is what keeps pampering an agent that works call after call (docs/design.md,
+        "An agent's place across a hand-off")."""
+        if not self._armed and not self._held:
+            return
+        self._held = [a for a in self._armed if a in self._agents]
+        for agent_id in list(self._armed):
+            self._armed[agent_id] -= 1
+            if self._armed[agent_id] <= 0:
+                del self._armed[agent_id]
+
+    @property
+    def holding(self) -> bool:
+        """Whether some agent keeps its place in this admission pass."""
+        return bool(self._held)
+
+    def held(self, req: RequestInfo) -> bool:
+        """Whether admitting ``req`` now would pass an agent that keeps its place (``begin_pass``)."""
+        if not self._held or self._open_total <= len(self._waiting):  # nothing runs: nothing to keep it from
+            return False
+        key = self._policy.agent_key(req.agent_id)
+        return any(
+            a != req.agent_id and a in self._agents and not self._open[a] and self._policy.agent_key(a) < key
+            for a in self._held
+        )
+
     def peek(self) -> RequestInfo | None:
-        """The request to admit next, or None."""
-        return self._waiting.peek()
+        """The request to admit next, or None (nothing waits, or the next would pass an agent that
+        keeps its place: ``begin_pass``)."""
+        head = self._waiting.peek()
+        if head is not None and self._held and self.held(head):
+            return None
+        return head
 
     def __len__(self) -> int:
         """Requests waiting for admission (``len(core)``, as vLLM's queues answer it; so an idle core

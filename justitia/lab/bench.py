@@ -47,6 +47,8 @@ class RunSpec:
     subagents: str = "share"  # a session's subagents share its flow, or are flows of their own
     kv_eviction: str | None = None  # the prefix cache's eviction rule for this run (None: the engine config's)
     guard_scale: float = 0.0  # justitia's lag guard starts from this largest burst seen before (0: cold)
+    hold: bool = True  # an agent keeps its place across a hand-off (AgentScheduler.begin_pass); False: a
+    # run without it, to measure what it buys
     history: tuple = field(default=(), compare=False, repr=False)  # agents an online predictor learns before
     # the run (a deployment's kept state; lab.studies.tau2.warm_predictor)
 
@@ -84,6 +86,8 @@ class RunSpec:
             doc["kv_eviction"] = self.kv_eviction
         if self.guard_scale:
             doc["guard_scale"] = self.guard_scale
+        if not self.hold:
+            doc["hold"] = False
         if self.history:
             doc["warm_from_agents"] = len(self.history)
         return doc | {"per_agent": True} if self.per_agent else doc
@@ -143,6 +147,7 @@ def simulate(
         pricing=spec.pricing,
         burst=spec.burst,
         subagents=spec.subagents,
+        hold=spec.hold,
     )
     return sim.run(agents)
 

@@ -518,7 +518,7 @@ def _tau2(name: str, seed: int) -> Preset:
         name,
         f"tau2-bench's real agent traffic ({info['sessions']} sessions, {info['solo_agents']} solo "
         f"agents; {copies} cop{'ies' if copies > 1 else 'y'}), the prefix cache on: fcfs, vtc, las, las-turn, "
-        "las-decay, srjf, justitia (oracle), justitia online, guarded, warm",
+        "las-decay, srjf, justitia (oracle), justitia online, guarded, warm, no-hold",
         agents,
         info,
         tau2_specs(agents),

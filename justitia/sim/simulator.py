@@ -456,8 +456,10 @@ class Simulator:
         pricing: str = "first-stage",
         burst: str = "turn",
         subagents: str = "share",
+        hold: bool = True,
     ):
-        """``measure_capacity``: the policy's clock starts at the M it was made with (the engine's
+        """``hold``: False, no agent keeps its place across a hand-off (``AgentScheduler.begin_pass``;
+        a what-if, to measure what the rule buys). ``measure_capacity``: the policy's clock starts at the M it was made with (the engine's
         formula M, as a rule) and then follows what the engine delivers (``core.CapacityMeter``:
         the first window's rate replaces it); else it keeps it. The meter counts only steps that
         started with a request waiting, never the time an idle engine waits for work (``meter``:
@@ -475,6 +477,7 @@ class Simulator:
         self.on_agent_finish = on_agent_finish
         self.measure_capacity = measure_capacity
         self.retag = retag
+        self.hold = hold
         self.options = Options(pricing, burst, subagents)
         self.meter: CapacityMeter | None = None
 
@@ -488,6 +491,8 @@ class Simulator:
         )
         self.meter = meter
         core = AgentScheduler(self.policy, meter, self.retag, self.cost)
+        if not self.hold:
+            core.hold_passes = 0
         loop = EngineLoop(
             cfg,
             [core],

@@ -79,6 +79,8 @@ class SkippingRun(PlainRun):
     def advance(self) -> None:
         """One pass: a span of decode-only steps, one lazy step, or the plain step."""
         self.steps += 1
+        if self.holds:
+            self.core.begin_pass()
         if self.timed:  # keys that move with time (and rise with service): read at the pass's start
             self.core.advance(self.now_ps / PS_PER_S)
         if not (self._lazy_span() or self._lazy_step()):
@@ -217,10 +219,12 @@ class SkippingRun(PlainRun):
                 return agent_id
             self._flush_group(group, upto_it)
 
-    def _front(self) -> RequestInfo:
-        """The waiting request to admit next, its agent's key (and those ahead of it) charged."""
+    def _front(self) -> RequestInfo | None:
+        """The waiting request to admit next, its agent's key (and those ahead of it) charged; None
+        if it would pass an agent keeping its place (``AgentScheduler.begin_pass``)."""
         if self.charged and self.core.lookahead.keys_rise:
-            return self.core.lookahead.agent_head(self._charge_front(self.iterations + 1))  # this step's decodes too
+            head = self.core.lookahead.agent_head(self._charge_front(self.iterations + 1))  # this step's decodes too
+            return None if self.core.held(head) else head
         return self.core.peek()
 
     def _flush_charges(self, upto_it: int, everyone: bool = False, also: str | None = None) -> None:
@@ -343,8 +347,8 @@ class SkippingRun(PlainRun):
         """Take ``k >= 2`` decode-only steps at once when nothing can change in them."""
         cfg = self.config
         n = len(self._decoders)
-        if self._prefilling or n == 0 or n > cfg.max_num_batched_tokens:
-            return False
+        if self._prefilling or n == 0 or n > cfg.max_num_batched_tokens or self.core.holding:
+            return False  # (an agent keeping its place: the pass after may admit what this one may not)
         it = self.iterations
         k = self._next_due(self._done) - it  # requests finish only in the span's last step
         if k < 2:

@@ -81,6 +81,7 @@ class PlainRun:
         # keys timed and rising (justitia-guarded): charged every step with the time, so the core retags
         # and reprices on service as it is charged, as the plug-in does
         self.charge_now = self.timed and core.traits.keys_rise and self.charge_finished
+        self.holds = core.traits.holds_place  # an agent keeps its place across a hand-off: a pass begins
         self.now_ps = 0
         self.next_arrival_ps: int | None = None  # the simulator keeps this up to date
         self.free = config.blocks
@@ -123,6 +124,8 @@ class PlainRun:
     def advance(self) -> None:
         """One pass of the engine loop: here, one iteration."""
         self.steps += 1
+        if self.holds:
+            self.core.begin_pass()
         self._step()
 
     def report_service(self) -> None:
@@ -302,8 +305,8 @@ class PlainRun:
                 if r.generated == r.output_tokens:
                     self._finish(r)
 
-    def _front(self) -> RequestInfo:
-        """The waiting request to admit next."""
+    def _front(self) -> RequestInfo | None:
+        """The waiting request to admit next (None: the next would pass an agent keeping its place)."""
         return self.core.peek()
 
     def _admit_waiting(self, budget: int) -> list[tuple[SimRequest, int]]:
@@ -312,7 +315,10 @@ class PlainRun:
         core = self.core
         admitted = []
         while budget > 0 and len(self.running) < cfg.max_num_seqs and len(core):
-            r = self.reqs[self._front().request_id]
+            front = self._front()
+            if front is None:
+                break  # the next would pass an agent keeping its place (AgentScheduler.begin_pass)
+            r = self.reqs[front.request_id]
             if self.cache is None:
                 if ceil_div(r.num_tokens, cfg.block_size) > self.free:
                     break  # head-of-line: vLLM does not look past a request that does not fit

@@ -143,7 +143,9 @@ class _CoreQueue(RequestQueue):
                 self.remove_request(request)
 
     def __bool__(self) -> bool:
-        return bool(self.requests)
+        """Whether a request may be admitted now: vLLM's admission loop stops when this is false, so
+        a request that would pass an agent keeping its place waits (``AgentScheduler.begin_pass``)."""
+        return bool(self.requests) and self.plugin.core.peek() is not None
 
     def __len__(self) -> int:
         return len(self.requests)
@@ -234,6 +236,8 @@ class JustitiaScheduler(StepLogScheduler):
         """Fresh policy state and clock (at start-up, or on a ``reset`` of an idle engine)."""
         window = WINDOW_STEPS * self.iteration_s if measure else None
         self.core = AgentScheduler.for_policy(policy, capacity, cost, window, retag, self.guard_scale)
+        if self.core.hold_passes and isinstance(self, AsyncScheduler):  # the step after is scheduled
+            self.core.hold_passes = 2  # before the freed memory shows: an agent keeps its place in both
         self.book = AgentBook(self.core, cost, self.idle_release_s, self.session_keep_s)
         # what the policy needs from each step, read once (they are fixed for a policy)
         traits = self.core.traits
@@ -395,6 +399,7 @@ class JustitiaScheduler(StepLogScheduler):
         for agent_id in self.book.sweep(now_s):
             self._released(agent_id, " (idle)")
         core, info_of = self.core, self.book.request
+        core.begin_pass()  # an agent whose last request just finished keeps its place in this step
         moved = core.advance(now_s)  # keys that move with time refreshed (justitia-eligible)
         if self._rekey and moved:  # keys moved with service, or with their tenant
             for request in self.running:

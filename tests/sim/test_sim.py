@@ -92,6 +92,25 @@ def test_a_stage_sent_on_an_answer_misses_the_step_the_engine_schedules_then():
         assert plain == pytest.approx(fronted, abs=1e-9)
 
 
+def test_justitia_keeps_an_agents_place_across_its_hand_off(monkeypatch):
+    """Two requests run at a time (10 ms steps). "b", a chain of two calls and first in tag order,
+    ends its first call at 20 ms; its second misses the step scheduled then. Left free, that step
+    admits "w", which waited behind b, and b's second call waits for w's ten tokens (b ends at
+    140 ms). b keeps its place for that step instead (AgentScheduler.begin_pass): its second call
+    runs 30-50 ms, and w starts after it."""
+    from justitia.core.policies.justitia import Justitia
+
+    chain = agent("b", 0.0, [(10, 2)], [(10, 2)])
+    busy = agent("x", 0.0, [(10, 20)])
+    waiter = agent("w", 0.005, [(10, 10)])
+    cfg = engine(seqs=2)
+    f = finish(run([chain, busy, waiter], "justitia", cfg))
+    assert f["b"] == pytest.approx(0.050) and f["w"] == pytest.approx(0.150)
+    monkeypatch.setattr(Justitia, "holds_place", False)  # the mechanism off: w takes b's place
+    f = finish(run([chain, busy, waiter], "justitia", cfg))
+    assert f["b"] == pytest.approx(0.140) and f["w"] == pytest.approx(0.120)
+
+
 def test_task_that_cannot_fit_the_cache_is_refused():
     with pytest.raises(ValueError, match="can never fit"):
         run([agent("a", 0.0, [(2000, 10)])], cfg=engine(blocks=64))

@@ -190,3 +190,44 @@ def test_the_lag_guard_admits_an_over_priced_agent_that_the_paper_s_rule_leaves_
         assert scheduler.book.open_count == 0
     assert admitted["justitia"][-1] == "small-1"
     assert admitted["justitia-guarded"].index("small-1") < len(admitted["justitia-guarded"]) - 1
+
+
+@pytest.mark.parametrize("async_scheduling", [False, True])
+def test_an_agent_keeps_its_place_across_its_hand_off_in_vllms_scheduler(async_scheduling, monkeypatch):
+    """Two requests at a time. "b", priced first, sends its second call when its first one's output
+    has come back and the engine has scheduled the next step (a client answers after vLLM's loop
+    has moved on: one step under sync scheduling, two under async). "w" waits behind b from the
+    start. The plug-in keeps b's place across that gap, so its second call goes in before w; with
+    the mechanism off, w takes the freed place first."""
+    from justitia.core.policies.justitia import Justitia
+
+    def admitted() -> list[str]:
+        monkeypatch.setenv("JUSTITIA_POLICY", "justitia")
+        scheduler = make_scheduler(JustitiaScheduler, async_scheduling, max_num_seqs=2)
+        for agent_id, price in (("b", 100.0), ("x", 1e4), ("w", 1e5)):
+            scheduler.control(ControlCall(REGISTER, {"agent_id": agent_id, "predicted_cost": price}))
+        scheduler.add_request(request("b-0", 32, 2, first_token=100, agent_id="b"))
+        scheduler.add_request(request("x-0", 32, 40, first_token=300, agent_id="x"))
+        scheduler.add_request(request("w-0", 32, 20, first_token=500, agent_id="w"))
+        driver = Driver(scheduler, 2 if async_scheduling else 1)
+        due, sent = None, False  # the scheduling count after which b's second call reaches the engine
+        while scheduler.has_unfinished_requests() or driver.in_flight or due is not None:
+            if due is not None and driver.steps >= due:
+                scheduler.add_request(request("b-1", 32, 2, first_token=700, agent_id="b"))
+                due, sent = None, True
+            if scheduler.has_unfinished_requests() and len(driver.in_flight) < driver.depth:
+                driver.schedule()
+                if len(driver.in_flight) < driver.depth:
+                    continue
+            if driver.in_flight:
+                driver.complete()
+            if not sent and due is None and "b-0" not in scheduler.requests:
+                due = driver.steps + 1  # the step vLLM schedules next goes without it
+            assert driver.steps < 1000
+        return driver.admitted
+
+    kept = admitted()
+    assert kept.index("b-1") < kept.index("w-0"), kept
+    monkeypatch.setattr(Justitia, "holds_place", False)
+    free = admitted()
+    assert free.index("w-0") < free.index("b-1"), free

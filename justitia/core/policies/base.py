@@ -63,6 +63,8 @@ class Policy:
     # which events it reads (an engine skips the rest): the service charged (``charge``), work revealed
     # past a price (``revise``), an agent queueing again (``backlogged``); tests/core/test_policies.py holds
     # each to the methods its class defines
+    holds_place: ClassVar[bool] = False  # an agent whose last open request finished keeps its place in
+    # the engine's next admission pass (``AgentScheduler.begin_pass``): justitia, which pampers by tag
     reads_service: ClassVar[bool] = False
     revises: ClassVar[bool] = False
     lifts_on_backlog: ClassVar[bool] = False

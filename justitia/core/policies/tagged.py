@@ -27,10 +27,12 @@ class Tagged(Policy):
     agent_level = False
     reports_capacity = True
     groups = True
+    holds_place = True  # as justitia's engines do: an agent keeps its place by its last stamped tag
 
     def __init__(self) -> None:
         self._tenant: dict[str, str] = {}  # agents in a tenant -> the tenant
         self._place: dict[str, float] = {}  # tenants with a request waiting -> their first request's tag
+        self._last: dict[str, float] = {}  # agents -> the tag last stamped on one of their requests
 
     def agent_arrived(self, agent: AgentInfo, now_s: float) -> None:
         """Note the agent's tenant."""
@@ -40,11 +42,18 @@ class Tagged(Policy):
     def agent_finished(self, agent_id: str, now_s: float) -> None:
         """Forget it."""
         self._tenant.pop(agent_id, None)
+        self._last.pop(agent_id, None)
+
+    def agent_key(self, agent_id: str, extra=None) -> tuple:
+        """The tag last stamped on one of the agent's requests (where it keeps its place:
+        ``AgentScheduler.begin_pass``)."""
+        return (self._last.get(agent_id, math.inf),)
 
     def key(self, req: RequestInfo) -> tuple:
         """The request's tag (none: last), then arrival order; in a tenant, the tenant's place (its
         first waiting request's tag, or the request's own when none waits), then its rank."""
         tag = math.inf if req.tag is None else req.tag
+        self._last[req.agent_id] = tag
         if req.rank is not None and (tenant := self._tenant.get(req.agent_id)) is not None:
             return (self._place.get(tenant, tag), req.rank, req.seq)
         return (tag, req.seq)

@@ -13,7 +13,9 @@ Rows: the policies a user would pick (fcfs, vtc, las, las-turn, las-decay, srjf)
 oracle's costs (a labelled reference, never the headline), with ``online`` (what ships), behind its
 lag guard, and with ``online`` started warm from a disjoint history: each simulation's prices start
 from what the *other* agent model's simulations taught (the same tasks, another agent: what a
-deployment that keeps its online state across a model upgrade has), then learn in the run.
+deployment that keeps its online state across a model upgrade has), then learn in the run; and
+with ``online`` but no agent keeping its place across a hand-off (``RunSpec.hold``: what that rule
+buys, docs/design.md, "An agent's place across a hand-off").
 
 The load: 2 simulations a second with lengths halved (``TAU2_RATE_PER_S``, ``TAU2_SCALE``), where
 the user who first replayed them looked. ``python -m justitia.lab.studies.tau2`` runs fcfs, las-turn and
@@ -46,6 +48,7 @@ REFERENCE = "las-turn"  # what the rows are compared with: the non-clairvoyant r
 ONLINE = "justitia@online"
 GUARDED = "justitia-guarded@online"
 WARM = "justitia@online/warm"
+NO_HOLD = "justitia@online/no-hold"  # no agent keeps its place across a hand-off: what that rule buys
 ORACLE = "justitia"  # the oracle's costs: a reference row
 
 
@@ -99,6 +102,7 @@ def tau2_specs(agents: list[Agent]) -> list[RunSpec]:
         RunSpec(ONLINE, "justitia", "online"),
         RunSpec(GUARDED, "justitia-guarded", "online"),
         RunSpec(WARM, "justitia", "online", history=history),
+        RunSpec(NO_HOLD, "justitia", "online", hold=False),
     ]
 
 
