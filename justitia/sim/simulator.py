@@ -458,15 +458,15 @@ class Simulator:
         subagents: str = "share",
         hold: bool = True,
     ):
-        """``hold``: False, no agent keeps its place across a hand-off (``AgentScheduler.begin_pass``;
-        a what-if, to measure what the rule buys). ``measure_capacity``: the policy's clock starts at the M it was made with (the engine's
-        formula M, as a rule) and then follows what the engine delivers (``core.CapacityMeter``:
-        the first window's rate replaces it); else it keeps it. The meter counts only steps that
-        started with a request waiting, never the time an idle engine waits for work (``meter``:
-        the last run's). ``retag``: an
-        agent whose stages reveal more work than predicted moves back (``core.AgentScheduler``). ``pricing``:
-        how an agent is priced on arrival (``AgentProcess``). ``policy``: a name, built by
-        ``core.make_policy`` at the engine's formula M (as ``Cluster``'s is), or a policy object."""
+        """``hold``: False, no agent keeps its place across a hand-off (``AgentScheduler.begin_pass``; a
+        what-if, to measure what the rule buys). ``measure_capacity``: the policy's clock starts at the M it
+        was made with (the engine's formula M, as a rule) and then follows what the engine delivers
+        (``core.CapacityMeter``: the first window's rate replaces it); else it keeps it. The meter counts
+        only steps that started with a request waiting, never the time an idle engine waits for work
+        (``meter``: the last run's). ``retag``: an agent whose stages reveal more work than predicted moves
+        back (``core.AgentScheduler``). ``pricing``: how an agent is priced on arrival (``AgentProcess``).
+        ``policy``: a name, built by ``core.make_policy`` at the engine's formula M (as ``Cluster``'s is),
+        or a policy object."""
         self.config = config
         self.predictor = predictor
         self.cost = cost_model(cost)
