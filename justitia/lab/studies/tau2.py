@@ -20,9 +20,9 @@ buys, docs/design.md, "An agent's place across a hand-off").
 The load: 2 simulations a second with lengths halved (``TAU2_RATE_PER_S``, ``TAU2_SCALE``), where
 the user who first replayed them looked. ``python -m justitia.lab.studies.tau2`` runs fcfs, las-turn and
 Justitia at several rates: at 1 a second or less the engine keeps up with the 280 simulations and
-every policy gives the same turn times (2.2 s); from about 1.25 a second their work outruns it,
-turns queue, and the policies part (Justitia ``online`` 0.82x las-turn at 1.25, 0.67-0.72x from 1.5
-to 4). 2 a second is well inside that range without being the deepest backlog; ``tau2-overload``
+every policy gives the same turn times (1.3-2.3 s); from about 1.25 a second their work outruns
+it, turns queue, and the policies part (Justitia ``online`` 0.67x las-turn at 1.25, 0.60-0.69x from
+1.5 to 4). 2 a second is well inside that range without being the deepest backlog; ``tau2-overload``
 is three copies of the simulations, shuffled, at the same rate.
 """
 
