@@ -111,6 +111,19 @@ def test_justitia_keeps_an_agents_place_across_its_hand_off(monkeypatch):
     assert f["b"] == pytest.approx(0.140) and f["w"] == pytest.approx(0.120)
 
 
+def test_a_bench_run_without_the_hold_is_the_mechanism_off():
+    """``RunSpec(hold=False)`` (tau2's ``no-hold`` row) runs the same engine with no agent keeping its
+    place, and says so in its results."""
+    from justitia.lab.bench import RunSpec, simulate
+
+    agents = [agent("b", 0.0, [(10, 2)], [(10, 2)]), agent("x", 0.0, [(10, 20)]), agent("w", 0.005, [(10, 10)])]
+    cfg = engine(seqs=2)
+    held, free = RunSpec("j", "justitia"), RunSpec("j/no-hold", "justitia", hold=False)
+    ends = {s.label: {a.agent_id: a.finish_s for a in simulate(agents, s, cfg, 0).agents} for s in (held, free)}
+    assert ends["j"]["b"] == pytest.approx(0.050) and ends["j/no-hold"]["b"] == pytest.approx(0.140)
+    assert "hold" not in held.to_json() and free.to_json()["hold"] is False
+
+
 def test_task_that_cannot_fit_the_cache_is_refused():
     with pytest.raises(ValueError, match="can never fit"):
         run([agent("a", 0.0, [(2000, 10)])], cfg=engine(blocks=64))
