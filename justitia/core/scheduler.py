@@ -114,7 +114,7 @@ class AgentScheduler:
         self._paused: set[str] = set()  # sessions waiting on a tool: they arrive again
         self._shifts = policy.groups
         # an agent's place kept across a hand-off (``begin_pass``): agents whose last open request
-        # finished -> admission passes left to keep it; those keeping it in this pass; requests running
+        # finished -> admission passes left to keep it; those keeping it in this pass
         self.hold_passes = 1 if policy.holds_place else 0  # 2 under vLLM's async scheduling
         self._armed: dict[str, int] = {}
         self._held: list[str] = []

@@ -10,13 +10,13 @@ same turn times; where turns queue, the order counts. ``--gpu-steps``: the same,
 times (the simulator's default profile, LLaMA-7B on an A100) in place of the CPU's, the engine's KV
 cache, block size, batching and the door's front end kept: how much of what the engine gives is its
 step times' shape (a GPU step costs its floor until its batch is large; a CPU step grows with every
-token it computes). ``--door-idle``: the first
-ten of them through ``justitia serve``'s door on the real engine (the tiny model), one every 4 s, so
-that nothing queues: what a call and a turn take on the door's own path, per policy. ``--self-fit``:
-one run of the preset's conversations through the door, its engine's steps logged, and the simulator
-against it at the bench's profile slowed to the run's speed (as the preset judges it) and at a
-profile fitted to the run's own steps, each with the door's front end fitted to the run: how much of
-the simulator's error is the step times' shape, and how much is left.
+token it computes). ``--door-idle``: the first ten of them through ``justitia serve``'s door on the
+real engine (the tiny model), one every 4 s, so that nothing queues: what a call and a turn take on
+the door's own path, per policy. ``--self-fit``: one run of the preset's conversations through the
+door, its engine's steps logged, and the simulator against it at the bench's profile slowed to the
+run's speed (as the preset judges it) and at a profile fitted to the run's own steps, each with the
+door's front end fitted to the run: how much of the simulator's error is the step times' shape, and
+how much is left.
 """
 
 from __future__ import annotations
