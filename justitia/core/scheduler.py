@@ -61,7 +61,7 @@ class Traits(NamedTuple):
     keys_rise: bool = False  # keys only grow as service is charged (las, vtc, justitia-guarded): a timed
     # policy whose keys also rise may be stepped with event skipping, advanced before each pass
     holds_place: bool = False  # an agent whose last open request finished keeps its place for the next
-    # admission pass (justitia: ``AgentScheduler.begin_pass`` before each step's admission)
+    # admission pass (justitia): the engine calls ``advance`` before every step's admission
 
 
 class Standing(NamedTuple):
@@ -93,11 +93,15 @@ class AgentScheduler:
         meter: CapacityMeter | None = None,
         retag: bool = True,
         cost: str | CostModel | None = None,
+        hold_passes: int = 1,
     ):
-        """``retag``: when an agent's requests reveal more work than its predicted cost, or it is
-        charged more service than that (``charge`` with ``now_s``), its policy may move it back
-        (``Policy.revise``: justitia's tag ``f = max(f, V(now) + remaining / w)``). ``cost``: the unit
-        of predicted costs and of attained service (default: the meter's, else KV token-time)."""
+        """``hold_passes``: the admission passes for which an agent whose last open request finished
+        keeps its place, under a policy that keeps places (``advance``; 2 where the engine schedules a
+        step ahead, as vLLM's async scheduling does; 0: never). ``retag``: when an agent's requests
+        reveal more work than its predicted cost, or it is charged more service than that
+        (``charge`` with ``now_s``), its policy may move it back (``Policy.revise``: justitia's tag
+        ``f = max(f, V(now) + remaining / w)``). ``cost``: the unit of predicted costs and of attained
+        service (default: the meter's, else KV token-time)."""
         self._policy = policy
         self._cost = cost_model(cost) if cost is not None else (meter.cost if meter is not None else cost_model(KV))
         self._attained: dict[str, list[float]] = {}  # agent id -> [service charged, the next retag's threshold]
@@ -113,9 +117,10 @@ class AgentScheduler:
         self._moved: set[str] = set()  # dynamic policies: agents whose keys may have moved (advance)
         self._paused: set[str] = set()  # sessions waiting on a tool: they arrive again
         self._shifts = policy.groups
-        # an agent's place kept across a hand-off (``begin_pass``): agents whose last open request
-        # finished -> admission passes left to keep it; those keeping it in this pass
-        self.hold_passes = 1 if policy.holds_place else 0  # 2 under vLLM's async scheduling
+        # an agent's place kept across a hand-off (``advance``): agents whose last open request
+        # finished -> the pass it finished in; those keeping their place in this pass
+        self._hold_passes = max(0, int(hold_passes)) if policy.holds_place else 0
+        self._pass, self._pass_s = 0, None  # admission passes begun; the time of the last
         self._armed: dict[str, int] = {}
         self._held: list[str] = []
         self._open_total = 0  # requests arrived and not finished, of every agent (``_open`` summed)
@@ -131,7 +136,7 @@ class AgentScheduler:
             policy.rising,
             policy.holds_place,
         )
-        self._lookahead = LookAhead(self._policy, self._waiting)
+        self._lookahead = LookAhead(self._policy, self._waiting, self)
 
     @classmethod
     def for_policy(
@@ -142,13 +147,15 @@ class AgentScheduler:
         measure_every_s: float | None = None,
         retag: bool = True,
         guard_scale: float = 0.0,
+        hold_passes: int = 1,
     ) -> "AgentScheduler":
         """A core running the policy ``name``; ``capacity_per_s`` is the clock's M to start from,
         then measured every ``measure_every_s`` busy seconds (``CapacityMeter``), or kept (None);
-        ``guard_scale``: justitia-guarded's lag guard starts from this largest burst seen."""
+        ``guard_scale``: justitia-guarded's lag guard starts from this largest burst seen;
+        ``hold_passes``: as the constructor's."""
         cost = cost_model(cost)
         meter = CapacityMeter(capacity_per_s, cost, measure_every_s) if measure_every_s and capacity_per_s else None
-        return cls(make_policy(name, capacity_per_s, cost, guard_scale), meter, retag, cost)
+        return cls(make_policy(name, capacity_per_s, cost, guard_scale), meter, retag, cost, hold_passes)
 
     # ------------------------------------------------------------------------------ agents
     def agent_arrived(self, reg: Registration, now_s: float) -> AgentInfo:
@@ -316,13 +323,13 @@ class AgentScheduler:
 
     def request_finished(self, req: RequestInfo) -> None:
         """A waiting or running request finished or was aborted. An agent left with no request open
-        keeps its place for the next ``hold_passes`` admission passes (``begin_pass``)."""
+        keeps its place for the next admission passes (``advance``)."""
         if req in self._waiting:
             self._waiting.remove(req)
         self._open[req.agent_id] -= 1
         self._open_total -= 1
-        if not self._open[req.agent_id] and self.hold_passes:
-            self._armed[req.agent_id] = self.hold_passes
+        if not self._open[req.agent_id] and self._hold_passes:
+            self._armed[req.agent_id] = self._pass
         revealed = self._revealed.get(req.agent_id)
         if revealed is not None:
             revealed[1] += req.predicted_cost
@@ -374,7 +381,19 @@ class AgentScheduler:
         (a no-op unless ``traits.timed``). Returns the agents whose keys may have moved with service
         or their tenant since the last advance (charged, revised or lifted; or their tenant's key
         moved), and starts afresh: an engine that stamps keys on running requests re-keys only
-        theirs. Empty under a static policy without tenants."""
+        theirs. Empty under a static policy without tenants.
+
+        It also begins the step's admission pass (once per moment: a second call at the same
+        ``now_s`` begins none). An agent whose last open request finished in the last
+        ``hold_passes`` passes, and that has neither finished nor paused, keeps its place in this
+        one: no waiting request whose agent's key comes after its key is admitted (``peek``) while
+        some request runs. vLLM's engine loop schedules the next step before a client can answer the
+        last one's outputs, so an agent's next call, sent on its answer, misses that step; in it the
+        engine would hand the memory the agent just freed, and often its cached blocks, to the
+        requests behind it in the order. Keeping its place is what keeps pampering an agent that
+        works call after call (docs/design.md, "An agent's place across a hand-off")."""
+        if self._armed or self._held:
+            self._begin_pass(now_s)
         if self._policy.timed:
             for agent_id in self._policy.advance(now_s):
                 self._waiting.touch(agent_id)
@@ -386,32 +405,19 @@ class AgentScheduler:
                 moved |= shifted
         return moved
 
-    def begin_pass(self) -> None:
-        """The engine is about to admit waiting requests for its next step (call it once per step, or
-        per pass of skipped steps, before admission). An agent whose last open request finished
-        since the pass before, and that has neither finished nor paused, keeps its place in this
-        pass: no waiting request whose agent's key comes after its key is admitted while some
-        request runs. vLLM's engine loop schedules the next step before a client can answer the
-        last one's outputs, so an agent's next call, sent on its answer, misses that step; in it the
-        engine would hand the memory the agent just freed, and often its cached blocks, to the
-        requests behind it in the order. Keeping its place for that pass (two under async
-        scheduling) is what keeps pampering an agent that works call after call (docs/design.md,
-        "An agent's place across a hand-off")."""
-        if not self._armed and not self._held:
+    def _begin_pass(self, now_s: float) -> None:
+        """The admission pass at ``now_s`` begins (``advance``): the places kept in it."""
+        if self._pass_s is not None and now_s <= self._pass_s:
             return
-        self._held = [a for a in self._armed if a in self._agents]
-        for agent_id in list(self._armed):
-            self._armed[agent_id] -= 1
-            if self._armed[agent_id] <= 0:
-                del self._armed[agent_id]
+        self._pass_s = now_s
+        self._pass += 1
+        passes, agents = self._hold_passes, self._agents
+        self._held = [a for a, p in self._armed.items() if self._pass - p <= passes and a in agents]
+        for agent_id in [a for a, p in self._armed.items() if self._pass - p >= passes]:
+            del self._armed[agent_id]
 
-    @property
-    def holding(self) -> bool:
-        """Whether some agent keeps its place in this admission pass."""
-        return bool(self._held)
-
-    def held(self, req: RequestInfo) -> bool:
-        """Whether admitting ``req`` now would pass an agent that keeps its place (``begin_pass``)."""
+    def _passes_place(self, req: RequestInfo) -> bool:
+        """Whether admitting ``req`` now would pass an agent that keeps its place (``advance``)."""
         if not self._held or self._open_total <= len(self._waiting):  # nothing runs: nothing to keep it from
             return False
         key = self._policy.agent_key(req.agent_id)
@@ -422,9 +428,9 @@ class AgentScheduler:
 
     def peek(self) -> RequestInfo | None:
         """The request to admit next, or None (nothing waits, or the next would pass an agent that
-        keeps its place: ``begin_pass``)."""
+        keeps its place: ``advance``)."""
         head = self._waiting.peek()
-        if head is not None and self._held and self.held(head):
+        if head is not None and self._held and self._passes_place(head):
             return None
         return head
 
@@ -492,14 +498,24 @@ class LookAhead:
     (``sim.skipping``), which must know which requests would be admitted over several steps without
     taking them. It reads; it changes nothing."""
 
-    def __init__(self, policy: Policy, waiting: WaitingQueue):
+    def __init__(self, policy: Policy, waiting: WaitingQueue, core: "AgentScheduler"):
         self._policy = policy
         self._waiting = waiting
+        self._core = core
         self.keys_rise = policy.rising  # keys only grow as service is charged (vtc, las): a key as
         # charged so far is a lower bound, and only agents at the front need charging
         # queueing a request of an agent with none waiting reads service counters (VTC's lift rule:
         # its own, and the front backlogged agent's): charge before such a request arrives
         self.reads_service_on_backlog = policy.reads_service and policy.lifts_on_backlog
+
+    @property
+    def holding(self) -> bool:
+        """Whether some agent keeps its place in this admission pass (``AgentScheduler.advance``)."""
+        return bool(self._core._held)
+
+    def passes_place(self, req: RequestInfo) -> bool:
+        """Whether admitting ``req`` now would pass an agent that keeps its place."""
+        return self._core._passes_place(req)
 
     def is_waiting(self, req: RequestInfo) -> bool:
         """Whether the request is in the waiting queue."""

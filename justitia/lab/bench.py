@@ -47,7 +47,7 @@ class RunSpec:
     subagents: str = "share"  # a session's subagents share its flow, or are flows of their own
     kv_eviction: str | None = None  # the prefix cache's eviction rule for this run (None: the engine config's)
     guard_scale: float = 0.0  # justitia's lag guard starts from this largest burst seen before (0: cold)
-    hold: bool = True  # an agent keeps its place across a hand-off (AgentScheduler.begin_pass); False: a
+    hold: bool = True  # an agent keeps its place across a hand-off (AgentScheduler.advance); False: a
     # run without it, to measure what it buys
     history: tuple = field(default=(), compare=False, repr=False)  # agents an online predictor learns before
     # the run (a deployment's kept state; lab.studies.tau2.warm_predictor)

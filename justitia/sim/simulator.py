@@ -458,7 +458,7 @@ class Simulator:
         subagents: str = "share",
         hold: bool = True,
     ):
-        """``hold``: False, no agent keeps its place across a hand-off (``AgentScheduler.begin_pass``; a
+        """``hold``: False, no agent keeps its place across a hand-off (``AgentScheduler.advance``; a
         what-if, to measure what the rule buys). ``measure_capacity``: the policy's clock starts at the M it
         was made with (the engine's formula M, as a rule) and then follows what the engine delivers
         (``core.CapacityMeter``: the first window's rate replaces it); else it keeps it. The meter counts
@@ -490,9 +490,7 @@ class Simulator:
             CapacityMeter(start, self.cost, WINDOW_STEPS * cfg.nominal_iteration_s) if self.measure_capacity else None
         )
         self.meter = meter
-        core = AgentScheduler(self.policy, meter, self.retag, self.cost)
-        if not self.hold:
-            core.hold_passes = 0
+        core = AgentScheduler(self.policy, meter, self.retag, self.cost, hold_passes=1 if self.hold else 0)
         loop = EngineLoop(
             cfg,
             [core],

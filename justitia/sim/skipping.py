@@ -79,10 +79,8 @@ class SkippingRun(PlainRun):
     def advance(self) -> None:
         """One pass: a span of decode-only steps, one lazy step, or the plain step."""
         self.steps += 1
-        if self.holds:
-            self.core.begin_pass()
-        if self.timed:  # keys that move with time (and rise with service): read at the pass's start
-            self.core.advance(self.now_ps / PS_PER_S)
+        if self.timed or self.holds:  # keys that move with time (and rise with service), and the places
+            self.core.advance(self.now_ps / PS_PER_S)  # agents keep: read at the pass's start
         if not (self._lazy_span() or self._lazy_step()):
             self._materialize()
             self._step()
@@ -221,10 +219,10 @@ class SkippingRun(PlainRun):
 
     def _front(self) -> RequestInfo | None:
         """The waiting request to admit next, its agent's key (and those ahead of it) charged; None
-        if it would pass an agent keeping its place (``AgentScheduler.begin_pass``)."""
+        if it would pass an agent keeping its place (``AgentScheduler.advance``)."""
         if self.charged and self.core.lookahead.keys_rise:
             head = self.core.lookahead.agent_head(self._charge_front(self.iterations + 1))  # this step's decodes too
-            return None if self.core.held(head) else head
+            return None if self.core.lookahead.passes_place(head) else head
         return self.core.peek()
 
     def _flush_charges(self, upto_it: int, everyone: bool = False, also: str | None = None) -> None:
@@ -347,7 +345,7 @@ class SkippingRun(PlainRun):
         """Take ``k >= 2`` decode-only steps at once when nothing can change in them."""
         cfg = self.config
         n = len(self._decoders)
-        if self._prefilling or n == 0 or n > cfg.max_num_batched_tokens or self.core.holding:
+        if self._prefilling or n == 0 or n > cfg.max_num_batched_tokens or self.core.lookahead.holding:
             return False  # (an agent keeping its place: the pass after may admit what this one may not)
         it = self.iterations
         k = self._next_due(self._done) - it  # requests finish only in the span's last step

@@ -81,7 +81,8 @@ class PlainRun:
         # keys timed and rising (justitia-guarded): charged every step with the time, so the core retags
         # and reprices on service as it is charged, as the plug-in does
         self.charge_now = self.timed and core.traits.keys_rise and self.charge_finished
-        self.holds = core.traits.holds_place  # an agent keeps its place across a hand-off: a pass begins
+        self.holds = core.traits.holds_place  # an agent keeps its place across a hand-off: ``advance``
+        # begins each pass
         self.now_ps = 0
         self.next_arrival_ps: int | None = None  # the simulator keeps this up to date
         self.free = config.blocks
@@ -124,8 +125,8 @@ class PlainRun:
     def advance(self) -> None:
         """One pass of the engine loop: here, one iteration."""
         self.steps += 1
-        if self.holds:
-            self.core.begin_pass()
+        if self.holds and not self.timed:  # (a timed policy's step advances the core itself)
+            self.core.advance(self.now_ps / PS_PER_S)  # the pass begins: an agent may keep its place
         self._step()
 
     def report_service(self) -> None:
@@ -317,7 +318,7 @@ class PlainRun:
         while budget > 0 and len(self.running) < cfg.max_num_seqs and len(core):
             front = self._front()
             if front is None:
-                break  # the next would pass an agent keeping its place (AgentScheduler.begin_pass)
+                break  # the next would pass an agent keeping its place (AgentScheduler.advance)
             r = self.reqs[front.request_id]
             if self.cache is None:
                 if ceil_div(r.num_tokens, cfg.block_size) > self.free:

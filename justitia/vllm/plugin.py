@@ -144,7 +144,7 @@ class _CoreQueue(RequestQueue):
 
     def __bool__(self) -> bool:
         """Whether a request may be admitted now: vLLM's admission loop stops when this is false, so
-        a request that would pass an agent keeping its place waits (``AgentScheduler.begin_pass``)."""
+        a request that would pass an agent keeping its place waits (``AgentScheduler.advance``)."""
         return bool(self.requests) and self.plugin.core.peek() is not None
 
     def __len__(self) -> int:
@@ -235,9 +235,10 @@ class JustitiaScheduler(StepLogScheduler):
     ) -> None:
         """Fresh policy state and clock (at start-up, or on a ``reset`` of an idle engine)."""
         window = WINDOW_STEPS * self.iteration_s if measure else None
-        self.core = AgentScheduler.for_policy(policy, capacity, cost, window, retag, self.guard_scale)
-        if self.core.hold_passes and isinstance(self, AsyncScheduler):  # the step after is scheduled
-            self.core.hold_passes = 2  # before the freed memory shows: an agent keeps its place in both
+        # an agent keeps its place for the step scheduled as its last request ends; under async
+        # scheduling the step after is scheduled before the freed memory shows too: both
+        passes = 2 if isinstance(self, AsyncScheduler) else 1
+        self.core = AgentScheduler.for_policy(policy, capacity, cost, window, retag, self.guard_scale, passes)
         self.book = AgentBook(self.core, cost, self.idle_release_s, self.session_keep_s)
         # what the policy needs from each step, read once (they are fixed for a policy)
         traits = self.core.traits
@@ -399,8 +400,9 @@ class JustitiaScheduler(StepLogScheduler):
         for agent_id in self.book.sweep(now_s):
             self._released(agent_id, " (idle)")
         core, info_of = self.core, self.book.request
-        core.begin_pass()  # an agent whose last request just finished keeps its place in this step
-        moved = core.advance(now_s)  # keys that move with time refreshed (justitia-eligible)
+        # keys that move with time refreshed (justitia-eligible), and the step's admission pass begun
+        # (an agent whose last request just finished keeps its place in it)
+        moved = core.advance(now_s)
         if self._rekey and moved:  # keys moved with service, or with their tenant
             for request in self.running:
                 info = info_of(request.request_id)

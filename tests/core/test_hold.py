@@ -1,4 +1,4 @@
-"""An agent keeps its place across a hand-off (``AgentScheduler.begin_pass``): when its last open
+"""An agent keeps its place across a hand-off (``AgentScheduler.advance``): when its last open
 request finishes, the engine's next admission pass admits nothing ordered after it, so that its
 next call, sent on the answer, finds its place (and its cached blocks) still there."""
 
@@ -25,10 +25,12 @@ def test_the_agent_whose_call_ended_keeps_its_place_for_one_pass():
     a0, _ = running(core, "a0", "a"), running(core, "x0", "x")
     b0 = core.request_arrived("b0", "b", 10, 10.0, 0.0)
     core.request_finished(a0)  # a has nothing open now: its next call is on its way
-    core.begin_pass()
-    assert core.holding and core.peek() is None  # b comes after a: not admitted in this pass
-    core.begin_pass()
-    assert not core.holding and core.peek() is b0  # the pass after, a's place is given up
+    core.advance(1.0)
+    assert core.lookahead.holding and core.peek() is None  # b comes after a: not admitted in this pass
+    core.advance(1.0)  # the same moment: no new pass
+    assert core.peek() is None
+    core.advance(2.0)
+    assert not core.lookahead.holding and core.peek() is b0  # the pass after, a's place is given up
 
 
 def test_its_next_call_and_anything_ahead_of_it_go_in():
@@ -36,7 +38,7 @@ def test_its_next_call_and_anything_ahead_of_it_go_in():
     a0, _ = running(core, "a0", "a"), running(core, "x0", "x")
     core.request_arrived("b0", "b", 10, 10.0, 0.0)
     core.request_finished(a0)
-    core.begin_pass()
+    core.advance(3.0)
     a1 = core.request_arrived("a1", "a", 10, 10.0, 0.0)  # a's next call comes
     assert core.peek() is a1
     core.dequeue(a1)
@@ -47,7 +49,7 @@ def test_its_next_call_and_anything_ahead_of_it_go_in():
     a0, _ = running(early, "a0", "a"), running(early, "x0", "x")
     z0 = early.request_arrived("z0", "z", 10, 10.0, 0.0)
     early.request_finished(a0)
-    early.begin_pass()
+    early.advance(4.0)
     assert early.peek() is z0  # z is ordered before a: a's place does not hold it back
 
 
@@ -58,13 +60,28 @@ def test_no_place_is_kept_for_an_agent_that_ended_or_paused_nor_on_an_idle_engin
         b0 = core.request_arrived("b0", "b", 10, 10.0, 0.0)
         core.request_finished(a0)
         core.agent_finished("a", 1.0, pause=end == "paused")
-        core.begin_pass()
+        core.advance(5.0)
         assert core.peek() is b0, end
     core = core_with()
     a0 = running(core, "a0", "a")
     b0 = core.request_arrived("b0", "b", 10, 10.0, 0.0)
     core.request_finished(a0)  # nothing else runs: holding b would leave the engine idle
-    core.begin_pass()
+    core.advance(6.0)
+    assert core.peek() is b0
+
+
+def test_under_async_scheduling_the_place_is_kept_for_two_passes():
+    core = AgentScheduler.for_policy("justitia", 100.0, hold_passes=2)
+    for agent, price in (("a", 10.0), ("x", 50.0), ("b", 1000.0)):
+        core.agent_arrived(Registration(agent, "t", price), 0.0)
+    a0, _ = running(core, "a0", "a"), running(core, "x0", "x")
+    b0 = core.request_arrived("b0", "b", 10, 10.0, 0.0)
+    core.request_finished(a0)
+    core.advance(1.0)
+    assert core.peek() is None
+    core.advance(2.0)
+    assert core.peek() is None
+    core.advance(3.0)
     assert core.peek() is b0
 
 
@@ -74,5 +91,5 @@ def test_the_baselines_keep_no_place():
         a0, _ = running(core, "a0", "a"), running(core, "x0", "x")
         b0 = core.request_arrived("b0", "b", 10, 10.0, 0.0)
         core.request_finished(a0)
-        core.begin_pass()
+        core.advance(7.0)
         assert core.peek() is b0, policy

@@ -96,7 +96,7 @@ def test_justitia_keeps_an_agents_place_across_its_hand_off(monkeypatch):
     """Two requests run at a time (10 ms steps). "b", a chain of two calls and first in tag order,
     ends its first call at 20 ms; its second misses the step scheduled then. Left free, that step
     admits "w", which waited behind b, and b's second call waits for w's ten tokens (b ends at
-    140 ms). b keeps its place for that step instead (AgentScheduler.begin_pass): its second call
+    140 ms). b keeps its place for that step instead (AgentScheduler.advance): its second call
     runs 30-50 ms, and w starts after it."""
     from justitia.core.policies.justitia import Justitia
 

@@ -64,7 +64,7 @@ class Policy:
     # past a price (``revise``), an agent queueing again (``backlogged``); tests/core/test_policies.py holds
     # each to the methods its class defines
     holds_place: ClassVar[bool] = False  # an agent whose last open request finished keeps its place in
-    # the engine's next admission pass (``AgentScheduler.begin_pass``): justitia, which pampers by tag
+    # the engine's next admission pass (``AgentScheduler.advance``): justitia, which pampers by tag
     reads_service: ClassVar[bool] = False
     revises: ClassVar[bool] = False
     lifts_on_backlog: ClassVar[bool] = False

@@ -19,7 +19,7 @@ class Justitia(Policy):
     agent_level = True
     groups = True
     revises = True
-    holds_place = True  # the agent at the front keeps its place across a hand-off (AgentScheduler.begin_pass)
+    holds_place = True  # the agent at the front keeps its place across a hand-off (AgentScheduler.advance)
 
     def __init__(self, capacity_per_s: float, chained: bool = False) -> None:
         """``chained``: a tenant serves its agents in arrival order (``justitia-chained``, the rule

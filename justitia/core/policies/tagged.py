@@ -46,7 +46,7 @@ class Tagged(Policy):
 
     def agent_key(self, agent_id: str, extra=None) -> tuple:
         """The tag last stamped on one of the agent's requests (where it keeps its place:
-        ``AgentScheduler.begin_pass``)."""
+        ``AgentScheduler.advance``)."""
         return (self._last.get(agent_id, math.inf),)
 
     def key(self, req: RequestInfo) -> tuple:
