@@ -181,12 +181,11 @@ TAU2_ENGINE_POLICIES = ("justitia", REFERENCE, "fcfs")
 
 
 def tau2_engine_workload(seed: int, kv_tokens: int, max_model_len: int, source=None) -> tuple[list[Agent], dict]:
-    """``TAU2_ENGINE_N`` of tau2-bench's simulations, arriving at ``TAU2_ENGINE_RATE_PER_S``, shrunk
-    to fit a small engine. Every one is a session through the door: a solo (ticket) agent's as one
-    turn, its calls under one session id, as a harness that runs it sends them."""
+    """``TAU2_ENGINE_N`` of tau2-bench's conversations (the solo ones are not sessions a harness
+    sends), arriving at ``TAU2_ENGINE_RATE_PER_S``, shrunk to fit a small engine."""
     from justitia.workload import fit_tokens
 
-    convs = [replace(c, solo=False) for c in read_tau2(source or [TAU2_COMPACT])]
+    convs = [c for c in read_tau2(source or [TAU2_COMPACT]) if not c.solo]
     rng = np.random.default_rng(seed)
     pick = [convs[i] for i in sorted(rng.choice(len(convs), TAU2_ENGINE_N, replace=False))]
     pick = [pick[i] for i in rng.permutation(len(pick))]
