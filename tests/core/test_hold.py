@@ -4,11 +4,12 @@ next call, sent on the answer, finds its place (and its cached blocks) still the
 
 from justitia.core import AgentScheduler, Registration
 
+PRICES = (("a", 10.0), ("x", 50.0), ("b", 1000.0))  # "a" served first, "b" last; "x" keeps the engine busy
 
-def core_with(policy: str = "justitia") -> AgentScheduler:
-    # "a" is priced lowest (served first), "b" highest; "x" keeps the engine busy
-    core = AgentScheduler.for_policy(policy, 100.0)
-    for agent, price in (("a", 10.0), ("x", 50.0), ("b", 1000.0)):
+
+def core_with(policy: str = "justitia", prices=PRICES, hold_passes: int = 1) -> AgentScheduler:
+    core = AgentScheduler.for_policy(policy, 100.0, hold_passes=hold_passes)
+    for agent, price in prices:
         core.agent_arrived(Registration(agent, "t", price), 0.0)
     return core
 
@@ -43,9 +44,7 @@ def test_its_next_call_and_anything_ahead_of_it_go_in():
     assert core.peek() is a1
     core.dequeue(a1)
     assert core.peek().request_id == "b0"  # a's call is in: b need not wait for it any more
-    early = AgentScheduler.for_policy("justitia", 100.0)
-    for agent, price in (("z", 1.0), ("a", 10.0), ("x", 50.0)):
-        early.agent_arrived(Registration(agent, "t", price), 0.0)
+    early = core_with(prices=(("z", 1.0), *PRICES))
     a0, _ = running(early, "a0", "a"), running(early, "x0", "x")
     z0 = early.request_arrived("z0", "z", 10, 10.0, 0.0)
     early.request_finished(a0)
@@ -71,9 +70,7 @@ def test_no_place_is_kept_for_an_agent_that_ended_or_paused_nor_on_an_idle_engin
 
 
 def test_under_async_scheduling_the_place_is_kept_for_two_passes():
-    core = AgentScheduler.for_policy("justitia", 100.0, hold_passes=2)
-    for agent, price in (("a", 10.0), ("x", 50.0), ("b", 1000.0)):
-        core.agent_arrived(Registration(agent, "t", price), 0.0)
+    core = core_with(hold_passes=2)
     a0, _ = running(core, "a0", "a"), running(core, "x0", "x")
     b0 = core.request_arrived("b0", "b", 10, 10.0, 0.0)
     core.request_finished(a0)
