@@ -396,7 +396,7 @@ class AgentBook:
         self._tagged.discard(request_id)
         if info is None or self._core.agent(info.agent_id) is None:
             return info
-        self._core.request_finished(info)
+        self._core.request_finished(info, output_tokens)
         self._ledger.finished(info.agent_id, now_s)
         if cached_tokens is not None and cached_tokens >= 0:
             self._ledger.cached(self._core.agent(info.agent_id).info.tenant, info.prompt_tokens, cached_tokens)

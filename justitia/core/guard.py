@@ -11,11 +11,16 @@ earliest first (EDF on each unit's GPS time plus ``L``); the rest keep their tag
 watched the same way on ``R``, the engine shared by weight among the tenants (and lone agents)
 present, with its agents' service over its weight since it came in.
 
-``L`` is ``GUARD_FACTOR`` times the largest burst of work seen so far (attained service: what the
-engine charged, never a price) over M: no prediction is in it. EDF on each unit's GPS time plus
-``L`` gives ``f_j <= F_j + L + 2 c_max``; the bench states ``2 c_max + max(L, LAG_FACTOR * C_max /
-M)`` (``LAG_FACTOR = 1.5``: at most 1.5x the paper's bound while ``L`` stays under it). The margin
-between the two factors covers the clock's drift from GPS on the true work.
+``L`` is the larger of ``GUARD_FACTOR`` times the largest burst of work seen so far over M (``Ĉ /
+M̄``; attained service: what the engine charged, never a price) and ``ĉ + Ĉ / M̄``, the paper's bound
+less one request's hold: ``ĉ`` the most steps one request was charged times the engine's nominal
+step (when the engine names it). No prediction is in it. EDF on each unit's GPS time plus ``L``
+gives ``f_j <= F_j + L + 2 c_max``; the bench states ``2 c_max + max(L, LAG_FACTOR * C_max / M)``
+(``LAG_FACTOR = 1.5``), at most 1.5x the paper's bound ``2 c_max + C_max / M`` while ``Ĉ / M̄``
+stays within its own margin (the margin between the two factors covers the clock's drift from GPS
+on the true work). A price cannot say that a waiting burst is large, so a bound whatever the
+prices must serve every burst ``L`` behind its pace; the larger ``L`` can be, the less often that
+is (``lab.studies.guard_watch`` counts it).
 
 Units: time in seconds, virtual time and service in cost units. ``Trace`` keeps a clock's
 recent (time, V) samples, to read ``V(now - L)`` and the time a pace point was reached.
@@ -26,7 +31,7 @@ from __future__ import annotations
 import bisect
 
 LAG_FACTOR = 1.5  # the bound: 2 c_max + LAG_FACTOR * C_max / M, at most 1.5x the paper's
-GUARD_FACTOR = 1.25  # L = GUARD_FACTOR * (largest burst seen) / M: the margin up to LAG_FACTOR covers the
+GUARD_FACTOR = 1.25  # L >= GUARD_FACTOR * (largest burst seen) / M: the margin up to LAG_FACTOR covers the
 # clock's drift from GPS on the true work (its N_t counts an over-priced agent until it leaves)
 
 

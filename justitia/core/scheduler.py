@@ -94,6 +94,7 @@ class AgentScheduler:
         retag: bool = True,
         cost: str | CostModel | None = None,
         hold_passes: int = 1,
+        step_s: float = 0.0,
     ):
         """``hold_passes``: the admission passes for which an agent whose last open request finished
         keeps its place, under a policy that keeps places (``advance``; 2 where the engine schedules a
@@ -101,8 +102,12 @@ class AgentScheduler:
         reveal more work than its predicted cost, or it is charged more service than that
         (``charge`` with ``now_s``), its policy may move it back (``Policy.revise``: justitia's tag
         ``f = max(f, V(now) + remaining / w)``). ``cost``: the unit of predicted costs and of attained
-        service (default: the meter's, else KV token-time)."""
+        service (default: the meter's, else KV token-time). ``step_s``: the engine's nominal step (one
+        iteration at saturation, in seconds; 0: not known), for a policy that reads it
+        (``Policy.set_step``: justitia-guarded's ``L``)."""
         self._policy = policy
+        if step_s:
+            policy.set_step(positive_finite(step_s, "step_s"))
         self._cost = cost_model(cost) if cost is not None else (meter.cost if meter is not None else cost_model(KV))
         self._attained: dict[str, list[float]] = {}  # agent id -> [service charged, the next retag's threshold]
         # only a clock needs M (or a policy that measures it for a clock elsewhere: tagged)
@@ -148,14 +153,15 @@ class AgentScheduler:
         retag: bool = True,
         guard_scale: float = 0.0,
         hold_passes: int = 1,
+        step_s: float = 0.0,
     ) -> "AgentScheduler":
         """A core running the policy ``name``; ``capacity_per_s`` is the clock's M to start from,
         then measured every ``measure_every_s`` busy seconds (``CapacityMeter``), or kept (None);
         ``guard_scale``: justitia-guarded's lag guard starts from this largest burst seen;
-        ``hold_passes``: as the constructor's."""
+        ``hold_passes``, ``step_s``: as the constructor's."""
         cost = cost_model(cost)
         meter = CapacityMeter(capacity_per_s, cost, measure_every_s) if measure_every_s and capacity_per_s else None
-        return cls(make_policy(name, capacity_per_s, cost, guard_scale), meter, retag, cost, hold_passes)
+        return cls(make_policy(name, capacity_per_s, cost, guard_scale), meter, retag, cost, hold_passes, step_s)
 
     # ------------------------------------------------------------------------------ agents
     def agent_arrived(self, reg: Registration, now_s: float) -> AgentInfo:
@@ -321,11 +327,14 @@ class AgentScheduler:
         """The engine takes a waiting request out of the queue (to run it, or to drop it)."""
         self._waiting.remove(req)
 
-    def request_finished(self, req: RequestInfo) -> None:
-        """A waiting or running request finished or was aborted. An agent left with no request open
-        keeps its place for the next admission passes (``advance``)."""
+    def request_finished(self, req: RequestInfo, output_tokens: int | None = None) -> None:
+        """A waiting or running request finished or was aborted (having produced ``output_tokens``,
+        where the engine says: ``Policy.request_done``). An agent left with no request open keeps
+        its place for the next admission passes (``advance``)."""
         if req in self._waiting:
             self._waiting.remove(req)
+        if output_tokens:
+            self._policy.request_done(req, output_tokens)
         self._open[req.agent_id] -= 1
         self._open_total -= 1
         if not self._open[req.agent_id] and self._hold_passes:

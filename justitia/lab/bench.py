@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Callable
 
 from justitia.agent import BURSTS, PRICINGS, SUBAGENTS, AgentResult, RunResult
-from justitia.core import KV, ROUTER_NAMES, cost_model, has_clock, make_policy
+from justitia.core import KV, ROUTER_NAMES, Policy, cost_model, has_clock, make_policy
 from justitia.lab.metrics import delay_bound_s, fairness, gps_finish_times, jct_stats, turn_prediction, turn_stats
 from justitia.lab.progress import progress_bar
 from justitia.lab.studies.tenants import tenant_report
@@ -108,8 +108,11 @@ def simulate(
     event_skipping: bool = True,
     on_agent_finish: Callable[[AgentResult], None] | None = None,
     replicas: int = 1,
+    policy: Policy | None = None,
 ) -> RunResult:
-    """Run one spec over ``agents`` on the simulator (a cluster of ``replicas`` engines if > 1)."""
+    """Run one spec over ``agents`` on the simulator (a cluster of ``replicas`` engines if > 1).
+    ``policy``: a policy built by the caller, run in place of the spec's (one engine; a study's
+    what-if, such as ``lab.studies.guard_watch``)."""
     predictor = make_predictor(spec.predictor, seed)
     if spec.history:  # started warm: what a disjoint history taught it
         warm_predictor(predictor, list(spec.history))
@@ -131,7 +134,7 @@ def simulate(
             retag=spec.retag,
             pricing=spec.pricing,
         ).run(agents)
-    policy = spec.policy
+    policy = spec.policy if policy is None else policy
     if spec.guard_scale and policy == "justitia-guarded":  # the guard warm from an earlier history's largest burst
         cost = cost_model(spec.cost)
         policy = make_policy(policy, config.capacity_per_s(cost), cost, spec.guard_scale)

@@ -147,7 +147,10 @@ class Cluster:
             clock = make_policy("justitia", sum([m] * n), cost)
             front = GlobalClock(AgentScheduler(clock, None, self.retag), meters if self.measure_capacity else None)
         else:
-            cores = [AgentScheduler(make_policy(self.policy, m, cost), meter, self.retag) for meter in meters]
+            cores = [
+                AgentScheduler(make_policy(self.policy, m, cost), meter, self.retag, step_s=cfg.nominal_iteration_s)
+                for meter in meters
+            ]
         loop = EngineLoop(
             cfg,
             cores,

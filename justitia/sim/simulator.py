@@ -490,7 +490,14 @@ class Simulator:
             CapacityMeter(start, self.cost, WINDOW_STEPS * cfg.nominal_iteration_s) if self.measure_capacity else None
         )
         self.meter = meter
-        core = AgentScheduler(self.policy, meter, self.retag, self.cost, hold_passes=1 if self.hold else 0)
+        core = AgentScheduler(
+            self.policy,
+            meter,
+            self.retag,
+            self.cost,
+            hold_passes=1 if self.hold else 0,
+            step_s=self.config.nominal_iteration_s,
+        )
         loop = EngineLoop(
             cfg,
             [core],

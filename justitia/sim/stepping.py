@@ -214,7 +214,7 @@ class PlainRun:
             self.cache.forget(r)
         if self.charge_finished and not self.charged:
             self._charge_finished(r)
-        self.core.request_finished(r.info)
+        self.core.request_finished(r.info, r.generated)
         del self.reqs[r.info.request_id]
         self.finished(r)
 

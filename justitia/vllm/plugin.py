@@ -238,7 +238,9 @@ class JustitiaScheduler(StepLogScheduler):
         # an agent keeps its place for the step scheduled as its last request ends; under async
         # scheduling the step after is scheduled before the freed memory shows too: both
         passes = 2 if isinstance(self, AsyncScheduler) else 1
-        self.core = AgentScheduler.for_policy(policy, capacity, cost, window, retag, self.guard_scale, passes)
+        self.core = AgentScheduler.for_policy(
+            policy, capacity, cost, window, retag, self.guard_scale, passes, step_s=self.iteration_s
+        )
         self.book = AgentBook(self.core, cost, self.idle_release_s, self.session_keep_s)
         # what the policy needs from each step, read once (they are fixed for a policy)
         traits = self.core.traits
@@ -376,7 +378,7 @@ class JustitiaScheduler(StepLogScheduler):
             if self.pricer is not None:  # what its burst was charged, before the book may settle it
                 agent_id = self.book.request(request.request_id).agent_id
                 self.pricer.charged(agent_id, self.core.agent(agent_id))
-            info = self.book.finish(request.request_id, self._now(), cached_tokens=cached)
+            info = self.book.finish(request.request_id, self._now(), request.num_output_tokens, cached)
             if self.core.agent(info.agent_id) is None:
                 self._released(info.agent_id)
         return super()._free_request(request, *args, **kwargs)

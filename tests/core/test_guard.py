@@ -165,6 +165,26 @@ def test_an_agent_left_behind_by_more_than_l_goes_first():
     assert core.peek().agent_id == "small"  # more than L behind: urgent
 
 
+@pytest.mark.parametrize("watch, floor_s, first", [(False, 0.0, "small"), (True, 0.0, "big"), (False, 10.0, "big")])
+def test_watching_counts_the_urgent_without_acting_and_a_floor_on_l_waits_longer(watch, floor_s, first):
+    # the scene above at 6 s: small is urgent. Watching, the guard counts it and keeps the paper's
+    # order; with L floored at 10 s, small is not yet behind by L (lab.studies.guard_watch)
+    pol = make_policy("justitia-guarded", 100.0)
+    pol.watch, pol.lag_floor_s = watch, floor_s
+    core = AgentScheduler(pol)
+    core.agent_arrived(Registration("big", "t", 10.0), 0.0)
+    core.agent_arrived(Registration("small", "t", 1e9), 0.0)
+    big = [core.request_arrived(f"b{i}", "big", 10, 100.0, 0.0) for i in range(3)]
+    core.request_arrived("s0", "small", 10, 1e9, 0.0)
+    core.advance(0.0)
+    core.dequeue(big[0])
+    core.charge(big[0], Charge(10, 10, 200.0), 1.0)
+    core.advance(6.0)
+    assert core.peek().agent_id == first
+    assert (pol.urgent_events, pol.bursts) == (0 if floor_s else 1, 2)
+    assert pol.lag_s == max(floor_s, GUARD_FACTOR * 200.0 / 100.0)
+
+
 def test_lag_is_price_free_and_scaled_by_the_largest_burst_served():
     pol = make_policy("justitia-guarded", 100.0)
     core = AgentScheduler(pol)
@@ -176,6 +196,23 @@ def test_lag_is_price_free_and_scaled_by_the_largest_burst_served():
     core.charge(req, Charge(10, 10, 400.0))
     core.advance(2.0)
     assert pol.lag_s == GUARD_FACTOR * 400.0 / 100.0
+
+
+@pytest.mark.parametrize("step_s, lag_s", [(0.0, GUARD_FACTOR * 4.0), (0.5, 10 * 0.5 + 4.0)])
+def test_lag_is_at_least_the_paper_s_bound_less_one_hold(step_s, lag_s):
+    # one request of 10 output tokens, 400 token-iterations in all (M = 100/s: C / M = 4 s). With the
+    # engine's nominal step named, L is at least ĉ + Ĉ / M̄, the most tokens one request produced
+    # (its decode steps) times that step plus the largest burst over M: here 9 s > 5 s
+    pol = make_policy("justitia-guarded", 100.0)
+    core = AgentScheduler(pol, step_s=step_s)
+    core.agent_arrived(Registration("a", "t", 1e12), 0.0)
+    core.agent_arrived(Registration("b", "t", 1e12), 0.0)
+    req = core.request_arrived("a0", "a", 10, 1e12, 0.0)
+    core.dequeue(req)
+    core.charge(req, Charge(10, 10, 400))
+    core.request_finished(req, output_tokens=10)
+    core.advance(2.0)
+    assert pol.lag_s == pytest.approx(lag_s)
 
 
 def test_a_deployment_s_history_sets_l_from_the_start():

@@ -69,6 +69,14 @@ class Policy:
     revises: ClassVar[bool] = False
     lifts_on_backlog: ClassVar[bool] = False
 
+    def set_step(self, step_s: float) -> None:
+        """The engine's nominal step, one iteration at saturation, in seconds (the core passes it on
+        when the engine names it; justitia-guarded reads it)."""
+
+    def request_done(self, req: RequestInfo, output_tokens: int) -> None:
+        """A request finished having produced ``output_tokens`` (where the engine says; justitia-guarded
+        reads it: a request's decode steps, for ``L``)."""
+
     def agent_arrived(self, agent: AgentInfo, now_s: float) -> None:
         """An agent arrived with its predicted cost."""
 

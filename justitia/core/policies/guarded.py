@@ -47,13 +47,28 @@ class GuardedJustitia(Justitia):
     reads_service = True
 
     def __init__(
-        self, capacity_per_s: float, cost: CostModel = KV, lag_factor: float = GUARD_FACTOR, scale: float = 0.0
+        self,
+        capacity_per_s: float,
+        cost: CostModel = KV,
+        lag_factor: float = GUARD_FACTOR,
+        scale: float = 0.0,
+        lag_floor_s: float = 0.0,
+        watch: bool = False,
     ) -> None:
         """``scale``: the largest burst of work (cost units) this deployment has seen before, to start
-        from (0: cold; the guard learns it from the service it charges, never from a price)."""
+        from (0: cold; the guard learns it from the service it charges, never from a price).
+        ``lag_floor_s``: ``L`` is never below it (a what-if: ``lab.studies.guard_watch``).
+        ``watch``: the guard watches and counts but never acts: every key is the paper's order
+        (``urgent_events``: how often an agent or a tenant fell ``L`` behind its pace)."""
         super().__init__(capacity_per_s)
         self.cost = cost
         self.lag_factor = lag_factor
+        self.lag_floor_s = float(lag_floor_s)
+        self.watch = watch
+        self.step_s = 0.0  # the engine's nominal step (``set_step``; 0: not known, no ĉ in L)
+        self._longest = 0  # the most tokens one request produced: its decode steps (ĉ, in steps)
+        self.urgent_events = 0  # an agent (or a tenant) fell more than L behind its pace
+        self.bursts = 0  # bursts that joined the pace clock (an agent's work, a session's each burst)
         self.lag_s = 0.0  # L, as of the last advance
         self.lag_max_s = 0.0  # the largest L it ran at: the bound it kept is 2 c_max + this
         self._largest = float(scale)  # L's scale: the largest burst's attained service seen (a session's:
@@ -124,6 +139,7 @@ class GuardedJustitia(Justitia):
         """A burst of an agent on its own joins the pace clock now; its pace starts at its GPS start."""
         agent, pace = self._info[agent_id], self._pace[agent_id]
         counted = self._counted(agent)
+        self.bursts += 1
         self._gps.arrive(agent_id, counted, now_s, agent.weight)
         pace[0], pace[2], pace[4] = self._gps.start(agent_id), 0.0, 0.0
         self._counts[agent_id] = counted
@@ -193,6 +209,14 @@ class GuardedJustitia(Justitia):
             self._r_t = now_s
         return self._r
 
+    def set_step(self, step_s: float) -> None:
+        self.step_s = float(step_s)
+
+    def request_done(self, req, output_tokens: int) -> None:
+        """ĉ counts a request's decode steps (its prompt's chunks are left out: ĉ stays under c_max)."""
+        if output_tokens > self._longest:
+            self._longest = int(output_tokens)
+
     def charge(self, req, service: Charge) -> None:
         """The pace point moves on; an urgent agent (or tenant) that caught up is no longer urgent."""
         pace = self._pace.get(req.agent_id)
@@ -254,7 +278,8 @@ class GuardedJustitia(Justitia):
         # sums depend on the steps, and tenants' count past B with them (7 read so, 12 not)
         self.clock.virtual_time(self._now_s)
         v = self._gps.virtual_time(self._now_s)
-        self.lag_s = self.lag_factor * self._largest / self._mean_capacity(self._now_s)
+        big = self._largest / self._mean_capacity(self._now_s)  # Ĉ / M̄
+        self.lag_s = max(self.lag_floor_s, self.lag_factor * big, self._longest * self.step_s + big)
         if self.lag_s > self.lag_max_s:
             self.lag_max_s = self.lag_s
         keep_s = 2 * self.lag_s + 1.0
@@ -278,6 +303,7 @@ class GuardedJustitia(Justitia):
             point = pace[0] + pace[2] / pace[1]
             if point < self._vlag:
                 self._urgent.add(agent_id)
+                self.urgent_events += 1
                 moved.append(agent_id)
             else:
                 heapq.heappush(heap, (point, agent_id))
@@ -287,6 +313,7 @@ class GuardedJustitia(Justitia):
             tp = self._tpace[tenant]
             urgent = tp[0] + tp[2] / tp[1] < self._rlag
             if urgent != (tenant in self._turgent):
+                self.urgent_events += urgent
                 (self._turgent.add if urgent else self._turgent.discard)(tenant)
                 self._groups.moved(tenant)
         return moved
@@ -324,13 +351,13 @@ class GuardedJustitia(Justitia):
         tenant = pace[3]
         if tenant is None:
             point = pace[0] + (pace[2] + more) / pace[1]
-            if agent_id in self._urgent and point < self._vlag:
+            if agent_id in self._urgent and point < self._vlag and not self.watch:
                 return (0, self._root.when(point), entry[0], entry[1])
             return (1, entry[0], entry[0], entry[1])
         inner = self._inner.get(agent_id, float("inf"))
         tp = self._tpace[tenant]
         point = tp[0] + (tp[2] + more) / tp[1]
-        if tenant in self._turgent and point < self._rlag:
+        if tenant in self._turgent and point < self._rlag and not self.watch:
             return (0, self._rtrace.when(point), inner, entry[1])
         return (1, self.clock.root_key(agent_id), inner, entry[1])
 
