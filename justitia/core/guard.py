@@ -13,8 +13,8 @@ present, with its agents' service over its weight since it came in.
 
 ``L`` is the larger of ``GUARD_FACTOR`` times the largest burst of work seen so far over M (``Ĉ /
 M̄``; attained service: what the engine charged, never a price) and ``ĉ + Ĉ / M̄``, the paper's bound
-less one request's hold: ``ĉ`` the most steps one request was charged times the engine's nominal
-step (when the engine names it). No prediction is in it. EDF on each unit's GPS time plus ``L``
+less one request's hold: ``ĉ`` the most tokens one request produced (its decode steps) times the
+engine's nominal step (when the engine names both). No prediction is in it. EDF on each unit's GPS time plus ``L``
 gives ``f_j <= F_j + L + 2 c_max``; the bench states ``2 c_max + max(L, LAG_FACTOR * C_max / M)``
 (``LAG_FACTOR = 1.5``), at most 1.5x the paper's bound ``2 c_max + C_max / M`` while ``Ĉ / M̄``
 stays within its own margin (the margin between the two factors covers the clock's drift from GPS
